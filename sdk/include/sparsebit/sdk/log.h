@@ -1,0 +1,20 @@
+#pragma once
+/// \file
+/// Logging for plugins. Plugins never link spdlog themselves: they log through the host, whose
+/// verbosity the user sets with -v / --quiet.
+
+#include <string>
+
+#include "sparsebit/sdk/export.h"
+
+namespace sparsebit::sdk {
+
+enum class LogLevel { kDebug, kInfo, kWarn, kError };
+
+SPARSEBIT_API void log(LogLevel level, const std::string& message);
+
+inline void log_debug(const std::string& m) { log(LogLevel::kDebug, m); }
+inline void log_info(const std::string& m) { log(LogLevel::kInfo, m); }
+inline void log_warn(const std::string& m) { log(LogLevel::kWarn, m); }
+
+}  // namespace sparsebit::sdk

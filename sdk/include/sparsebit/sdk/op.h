@@ -1,0 +1,48 @@
+#pragma once
+/// \file
+/// QModules: how one ONNX op runs (with ATen, on whatever device its inputs are on, with
+/// whatever shapes arrive) and which of its inputs are quantized.
+///
+/// A QModule is created once per node, after import, from the node's attributes and the
+/// model's opset. Validate attributes in the constructor and throw sparsebit::Error naming
+/// node.describe(); the host adds the plugin's name.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "sparsebit/sdk/graph.h"
+
+namespace sparsebit {
+
+/// How the host treats one input of a node.
+enum class InputRole {
+  kFloat,       ///< never quantized (shapes, indices, biases, pass-through data)
+  kActivation,  ///< quantized with the [a] scheme, calibrated on data
+  kWeight,      ///< quantized with the [w] scheme; per channel along `channel_axis`
+  kBias,        ///< added to the product of the node's kActivation and kWeight inputs:
+                ///< int32 at scale s_act * s_weight where the backend quantizes biases
+};
+
+struct InputSpec {
+  InputRole role = InputRole::kFloat;
+  std::int64_t channel_axis = 0;  ///< for kWeight: the output-channel axis of the weight
+};
+
+struct OpContext {
+  const Node& node;
+  std::int64_t opset;  ///< version of the node's domain imported by the model
+};
+
+class QModule {
+ public:
+  virtual ~QModule() = default;
+  /// Role of input i (index into node.inputs); inputs past the end are kFloat.
+  virtual std::vector<InputSpec> input_specs() const = 0;
+  /// Runs the op. An omitted optional input arrives as an undefined tensor. Must be
+  /// differentiable through ATen (QAT runs autograd through it).
+  virtual std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs) = 0;
+};
+
+}  // namespace sparsebit

@@ -1,0 +1,52 @@
+#pragma once
+/// \file
+/// Graph passes. A pass runs at one of two stages of the pipeline:
+///   - kSimplify, before conversion: rewrites the IR (Graph) and keeps its float function;
+///   - kFuse, after conversion: sees which node inputs are quantized (QuantState) and may
+///     bypass quantizers that deployment fuses away ("fake fused": kept, neither applied in
+///     simulation nor exported).
+/// `[schedule]` in the config turns passes on by name.
+
+#include <cstddef>
+#include <string>
+
+#include "sparsebit/sdk/graph.h"
+#include "sparsebit/sdk/options.h"
+
+namespace sparsebit {
+
+struct PassContext {
+  const Options& options;
+};
+
+/// The quantization state a kFuse pass works on.
+class QuantState {
+ public:
+  virtual ~QuantState() = default;
+  virtual const Graph& graph() const = 0;
+  /// True if input `input` of `node` has a quantizer that is not bypassed.
+  virtual bool is_quantized(const Node& node, std::size_t input) const = 0;
+  /// Bypasses (or restores) that quantizer; no-op if the input has none.
+  virtual void set_fake_fused(const Node& node, std::size_t input, bool fused) = 0;
+};
+
+class Pass {
+ public:
+  enum class Stage { kSimplify, kFuse };
+  virtual ~Pass() = default;
+  virtual Stage stage() const = 0;
+  /// kSimplify passes: rewrite `graph`; return true if it changed.
+  virtual bool run(Graph& graph, const PassContext& ctx) {
+    (void)graph;
+    (void)ctx;
+    return false;
+  }
+  /// kFuse passes: adjust quantizers; return true if anything changed.
+  virtual bool run_quant(QuantState& state, const PassContext& ctx) {
+    (void)state;
+    (void)ctx;
+    return false;
+  }
+};
+
+}  // namespace sparsebit

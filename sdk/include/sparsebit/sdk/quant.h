@@ -1,0 +1,67 @@
+#pragma once
+/// \file
+/// What a quantizer computes with: the scheme of one quantized tensor (QSpec) and its
+/// parameters (QParams), plus the reference arithmetic every observer and quantizer shares.
+///
+/// Note [Quantization arithmetic]
+///   q  = clamp(round_half_to_even(x / scale) + zero_point, qmin, qmax)
+///   x' = (q - zero_point) * scale
+/// Division (not multiplication by 1/scale) and round-half-to-even are what ONNX Runtime's
+/// QuantizeLinear does, so the simulation equals the deployed integer values bit for bit.
+/// Symmetric: zero_point = 0, range [-2^(b-1), 2^(b-1)-1] ([-2^(b-1)+1, ...] when narrow),
+///   scale = 2 * max|x| / (qmax - qmin)   (the original toolkit's definition).
+/// Affine: range [0, 2^b - 1], scale = (max - min) / (qmax - qmin),
+///   zero_point = clamp(round(qmin - min / scale), qmin, qmax).
+/// The observed range is always widened to include 0 (so 0 is exactly representable, which
+/// zero padding needs) and the scale is floored at kMinScale (a constant tensor quantizes
+/// to a finite scale instead of NaN).
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+#include "sparsebit/sdk/export.h"
+
+namespace sparsebit {
+
+struct SPARSEBIT_API QSpec {
+  int bits = 8;
+  bool symmetric = true;
+  bool per_channel = false;
+  std::int64_t channel_axis = 0;  ///< used when per_channel
+  bool narrow_range = false;
+  bool is_weight = false;
+
+  std::int64_t qmin() const;
+  std::int64_t qmax() const;
+  /// "per-channel-symmetric" etc.; the config spelling.
+  std::string qscheme() const;
+  /// "int8 per-channel(axis 0) symmetric" for messages and reports.
+  std::string describe() const;
+};
+
+inline constexpr double kMinScale = 1e-6;
+
+/// Scale (float32) and zero point (int32 as float-free integer tensor). Per-tensor: 0-dim
+/// tensors; per-channel: 1-D of the channel count.
+struct QParams {
+  at::Tensor scale;
+  at::Tensor zero_point;
+  bool defined() const { return scale.defined(); }
+};
+
+/// Scale and zero point from an observed range (tensors of equal shape; 0-dim per tensor).
+/// Non-finite bounds are an Error naming `where`.
+SPARSEBIT_API QParams qparams_from_range(const at::Tensor& min, const at::Tensor& max,
+                                         const QSpec& spec, const std::string& where);
+
+/// Fake quantization per Note [Quantization arithmetic], broadcasting per-channel parameters
+/// along spec.channel_axis. Gradients: straight-through inside the clamp range, zero outside
+/// (the same as torch.fake_quantize_*).
+SPARSEBIT_API at::Tensor fake_quantize(const at::Tensor& x, const QParams& p, const QSpec& spec);
+
+/// The integer values q (int32) of Note [Quantization arithmetic]; export writes these.
+SPARSEBIT_API at::Tensor quantize_to_int(const at::Tensor& x, const QParams& p, const QSpec& spec);
+
+}  // namespace sparsebit
