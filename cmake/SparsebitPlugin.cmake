@@ -1,0 +1,40 @@
+# sparsebit_add_plugin(NAME SOURCES src... [LIBRARIES lib...])
+#
+# Builds a Sparsebit plugin: a shared object named sparsebit_<NAME>.so with hidden visibility,
+# linked against the core library and the shared LibTorch only, placed where the host finds it
+# (the build's plugin folder, installed to <libdir>/sparsebit/plugins). The same function serves
+# in-tree plugins and out-of-tree ones built with find_package(Sparsebit).
+function(sparsebit_add_plugin name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES" ${ARGN})
+  if(NOT ARG_SOURCES)
+    message(FATAL_ERROR "sparsebit_add_plugin(${name}): SOURCES is required")
+  endif()
+  add_library(${name} MODULE ${ARG_SOURCES})
+  if(TARGET sparsebit_core)
+    target_link_libraries(${name} PRIVATE sparsebit_core)
+  else()
+    target_link_libraries(${name} PRIVATE Sparsebit::core)
+  endif()
+  target_link_libraries(${name} PRIVATE torch ${ARG_LIBRARIES})
+  if(TARGET sparsebit_pch)
+    target_precompile_headers(${name} REUSE_FROM sparsebit_pch)
+  endif()
+  if(NOT DEFINED SPARSEBIT_PLUGIN_OUTPUT_DIR)
+    set(SPARSEBIT_PLUGIN_OUTPUT_DIR ${CMAKE_BINARY_DIR}/plugins)
+  endif()
+  if(NOT DEFINED SPARSEBIT_PLUGIN_SUBDIR)
+    include(GNUInstallDirs)
+    set(SPARSEBIT_PLUGIN_SUBDIR ${CMAKE_INSTALL_LIBDIR}/sparsebit/plugins)
+  endif()
+  set_target_properties(${name} PROPERTIES
+    PREFIX ""
+    OUTPUT_NAME "sparsebit_${name}"
+    CXX_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON
+    LIBRARY_OUTPUT_DIRECTORY ${SPARSEBIT_PLUGIN_OUTPUT_DIR}
+    # plugins/ -> sparsebit/ -> lib/, where libsparsebit_core.so lives
+    INSTALL_RPATH "$ORIGIN/../..")
+  # Unresolved symbols are an error at link time, not a refusal at load time.
+  target_link_options(${name} PRIVATE "LINKER:--no-undefined")
+  install(TARGETS ${name} LIBRARY DESTINATION ${SPARSEBIT_PLUGIN_SUBDIR})
+endfunction()

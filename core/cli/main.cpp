@@ -1,0 +1,322 @@
+// The `sparsebit` command line: quantize, plugins, inspect.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "progress.h"
+#include "sparsebit/core/atomic_file.h"
+#include "sparsebit/core/config.h"
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/version.h"
+
+namespace sb = sparsebit;
+using nlohmann::json;
+
+namespace {
+
+struct GlobalOptions {
+  int verbose = 0;
+  bool quiet = false;
+  int threads = 0;
+};
+
+void setup_logging(const GlobalOptions& g) {
+  auto logger = spdlog::stderr_color_mt("sparsebit");
+  logger->set_pattern("%^%l%$: %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(g.quiet ? spdlog::level::warn : g.verbose > 0 ? spdlog::level::debug : spdlog::level::info);
+  const int threads = g.threads > 0 ? g.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+}
+
+std::string dims_text(const sb::ValueInfo& v) {
+  if (!v.has_shape) return "?";
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.shape.size(); ++i) {
+    const auto& d = v.shape[i];
+    s += (i ? ", " : "") + (d.value >= 0 ? std::to_string(d.value) : d.param.empty() ? std::string("?") : d.param);
+  }
+  return s + "]";
+}
+
+json value_info_json(const sb::ValueInfo& v) {
+  json dims = json::array();
+  for (const auto& d : v.shape) dims.push_back(d.value >= 0 ? json(d.value) : d.param.empty() ? json(nullptr) : json(d.param));
+  return {{"name", v.name}, {"type", sb::onnx_type_name(v.elem_type)}, {"shape", v.has_shape ? dims : json(nullptr)}};
+}
+
+sb::PluginSearch plugin_search(const std::string& config_path) {
+  if (config_path.empty()) return {};
+  return sb::Config::from_file(config_path).plugins;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int cmd_plugins(const std::string& config_path, bool as_json) {
+  sb::Registry registry;
+  registry.load(plugin_search(config_path));
+  const auto host = sb::host_fingerprint();
+  if (as_json) {
+    json j;
+    j["host"] = {{"sdk_version", std::to_string(sb::sdk::kSdkVersionMajor) + "." + std::to_string(sb::sdk::kSdkVersionMinor)},
+                 {"abi_version", sb::sdk::kAbiVersion},
+                 {"torch_version", host.torch_version},
+                 {"cuda", host.cuda},
+                 {"cxx11_abi", host.cxx11_abi},
+                 {"compiler", host.compiler}};
+    j["searched"] = registry.searched_folders();
+    json list = json::array();
+    for (const auto& p : registry.plugins()) {
+      json e = {{"file", p.file}, {"status", p.status_name()}, {"name", p.name}, {"version", p.version},
+                {"sdk_version", p.sdk_version}, {"registered", p.registered}};
+      e["fingerprint"] = {{"torch_version", p.torch_version}, {"cuda", p.cuda}, {"cxx11_abi", p.cxx11_abi}, {"compiler", p.compiler}};
+      if (!p.reason.empty()) e["reason"] = p.reason;
+      if (!p.gate.empty()) e["gate"] = p.gate;
+      list.push_back(e);
+    }
+    j["plugins"] = list;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "host: SDK " << sb::sdk::kSdkVersionMajor << "." << sb::sdk::kSdkVersionMinor << ", ABI "
+            << sb::sdk::kAbiVersion << ", LibTorch " << host.torch_version << ", cuda=" << host.cuda
+            << ", cxx11_abi=" << host.cxx11_abi << ", " << host.compiler << "\n";
+  std::cout << "searched:";
+  for (const auto& f : registry.searched_folders()) std::cout << " " << f;
+  std::cout << "\n\n";
+  for (const auto& p : registry.plugins()) {
+    std::cout << p.status_name() << "  " << (p.name.empty() ? "?" : p.name) << " " << p.version << "  (" << p.file << ")\n";
+    if (!p.reason.empty()) std::cout << "    reason: " << p.reason << "\n";
+    if (!p.registered.empty()) {
+      std::cout << "    registers:";
+      for (const auto& r : p.registered) std::cout << " " << r;
+      std::cout << "\n";
+    }
+  }
+  if (registry.plugins().empty()) std::cout << "no plugins found\n";
+  return 0;
+}
+
+int cmd_inspect(const std::string& model_path, const std::string& config_path, bool as_json) {
+  sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{0});
+  sb::Registry registry;
+  registry.load(plugin_search(config_path));
+  std::map<std::string, std::pair<int, std::string>> histogram;  // op -> (count, plugin)
+  for (const auto* n : model.graph.nodes()) {
+    std::string op = (n->domain.empty() ? "" : n->domain + ":") + n->op_type;
+    auto& h = histogram[op];
+    ++h.first;
+    const auto* e = registry.op(n->op_type, n->domain);
+    h.second = e ? e->plugin : "";
+  }
+  if (as_json) {
+    json j;
+    j["model"] = model_path;
+    j["opset"] = model.graph.default_opset();
+    j["nodes"] = model.graph.num_nodes();
+    j["initializers"] = model.graph.initializers.size();
+    j["inputs"] = json::array();
+    for (const auto& v : model.graph.inputs) j["inputs"].push_back(value_info_json(v));
+    j["outputs"] = json::array();
+    for (const auto& v : model.graph.outputs) j["outputs"].push_back(value_info_json(v));
+    json ops = json::array();
+    for (const auto& [op, h] : histogram)
+      ops.push_back({{"op", op}, {"count", h.first}, {"qmodule", !h.second.empty()}, {"plugin", h.second}});
+    j["ops"] = ops;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << model_path << ": opset " << model.graph.default_opset() << ", " << model.graph.num_nodes() << " nodes, "
+            << model.graph.initializers.size() << " initializers\n";
+  for (const auto& v : model.graph.inputs)
+    std::cout << "  input  " << v.name << ": " << sb::onnx_type_name(v.elem_type) << " " << dims_text(v) << "\n";
+  for (const auto& v : model.graph.outputs)
+    std::cout << "  output " << v.name << ": " << sb::onnx_type_name(v.elem_type) << " " << dims_text(v) << "\n";
+  std::cout << "\n  count  op                          QModule\n";
+  int missing = 0;
+  for (const auto& [op, h] : histogram) {
+    std::printf("  %5d  %-26s  %s\n", h.first, op.c_str(), h.second.empty() ? "MISSING" : h.second.c_str());
+    missing += h.second.empty();
+  }
+  if (missing) std::cout << "\n" << missing << " op type(s) have no QModule; `sparsebit plugins` lists what is loaded\n";
+  return 0;
+}
+
+struct QuantizeArgs {
+  std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs;
+  int batch_size = 0, calib_count = -1;
+};
+
+// Accuracy and agreement of the float and the simulated quantized model on labelled data.
+json evaluate(sb::QuantModel& qm, const QuantizeArgs& a, bool progress_on) {
+  c10::InferenceMode guard;
+  auto data = sb::open_dataset(a.eval_data, qm.graph().inputs);
+  at::Tensor labels;
+  if (!a.eval_labels.empty()) labels = sb::read_idx(a.eval_labels).to(at::kLong).reshape({-1});
+  sb::Batcher batcher(*data, qm.graph().inputs, std::max(qm.config().calibration.batch_size, 256), 0);
+  const at::Device device(qm.config().calibration.device);
+  std::int64_t n = 0, fp_correct = 0, q_correct = 0, agree = 0;
+  double max_diff = 0;
+  std::vector<at::Tensor> sim_outputs;
+  sb::cli::Progress bar("evaluating", progress_on);
+  while (auto b = batcher.next()) {
+    std::vector<at::Tensor> in;
+    for (auto& t : b->inputs) in.push_back(t.to(device));
+    qm.set_quant(false, false);
+    at::Tensor fp = qm.forward(in)[0].to(at::kCPU);
+    qm.set_quant(true, true);
+    at::Tensor q = qm.forward(in)[0].to(at::kCPU);
+    const std::int64_t rows = fp.size(0);
+    if (!a.eval_outputs.empty()) sim_outputs.push_back(q);
+    max_diff = std::max(max_diff, (fp - q).abs().max().item<double>());
+    at::Tensor fp_top = fp.reshape({rows, -1}).argmax(1), q_top = q.reshape({rows, -1}).argmax(1);
+    agree += (fp_top == q_top).sum().item<std::int64_t>();
+    if (labels.defined()) {
+      if (n + rows > labels.numel())
+        throw sb::Error(a.eval_labels + ": has " + std::to_string(labels.numel()) + " labels, fewer than the evaluation samples");
+      at::Tensor y = labels.narrow(0, n, rows);
+      fp_correct += (fp_top == y).sum().item<std::int64_t>();
+      q_correct += (q_top == y).sum().item<std::int64_t>();
+    }
+    n += rows;
+    bar.update(n, labels.defined() ? labels.numel() : -1);
+  }
+  bar.finish();
+  qm.set_quant(false, false);
+  if (n == 0) throw sb::Error("evaluation data " + a.eval_data + " yielded no samples");
+  if (!a.eval_outputs.empty()) sb::write_npy(at::cat(sim_outputs, 0), a.eval_outputs);
+  json j = {{"samples", n}, {"top1_agreement", double(agree) / n}, {"max_abs_output_diff", max_diff}};
+  if (labels.defined()) {
+    j["fp32_accuracy"] = double(fp_correct) / n;
+    j["int8_simulated_accuracy"] = double(q_correct) / n;
+  }
+  return j;
+}
+
+int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
+  sb::Config config = sb::Config::from_file(a.config);
+  if (a.batch_size > 0) config.calibration.batch_size = a.batch_size;
+  if (a.calib_count >= 0) config.calibration.count = a.calib_count;
+  if (!a.device.empty()) config.calibration.device = a.device;
+  if (!a.mode.empty()) {
+    if (a.mode != "streaming" && a.mode != "layerwise") throw sb::Error("--mode must be streaming or layerwise");
+    config.calibration.mode = a.mode;
+  }
+  // Claim the outputs first: an unwritable path fails before any work, and nothing is left
+  // behind if a later step fails.
+  sb::AtomicFile out(a.output);
+  std::unique_ptr<sb::AtomicFile> report;
+  if (!a.report.empty()) report = std::make_unique<sb::AtomicFile>(a.report);
+
+  sb::Registry registry;
+  registry.load(config.plugins);
+  sb::Model model = sb::load_onnx(a.model);
+  sb::QuantModel qm(std::move(model), config, registry);
+  auto data = sb::open_dataset(a.calib, qm.graph().inputs);
+  spdlog::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data->describe(),
+               config.calibration.count > 0 ? std::to_string(config.calibration.count) : std::string("all"),
+               config.calibration.batch_size, config.calibration.mode, config.calibration.device, at::get_num_threads());
+  sb::CalibrationStats stats;
+  {
+    sb::cli::Progress bar("calibrating", !g.quiet);
+    stats = qm.calibrate(*data, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
+  }
+  spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples, stats.seconds);
+
+  json rep = json::parse(qm.report_json(&stats));
+  if (!a.eval_data.empty()) {
+    json ev = evaluate(qm, a, !g.quiet);
+    rep["evaluation"] = ev;
+    std::printf("\n%-28s %10s\n", "evaluation", "value");
+    std::printf("%-28s %10lld\n", "samples", static_cast<long long>(ev["samples"].get<std::int64_t>()));
+    if (ev.contains("fp32_accuracy")) {
+      std::printf("%-28s %9.2f%%\n", "FP32 accuracy", 100 * ev["fp32_accuracy"].get<double>());
+      std::printf("%-28s %9.2f%%\n", "INT8 simulated accuracy", 100 * ev["int8_simulated_accuracy"].get<double>());
+    }
+    std::printf("%-28s %9.2f%%\n", "top-1 agreement", 100 * ev["top1_agreement"].get<double>());
+  }
+
+  out.write(sb::serialize_onnx(qm.export_graph(), qm.meta()));
+  if (report) {
+    report->write(rep.dump(2) + "\n");
+    report->commit();
+  }
+  out.commit();
+  spdlog::info("wrote {}", a.output);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Sparsebit: quantize ONNX models to low-bit QDQ ONNX for ONNX Runtime and TensorRT"};
+  app.require_subcommand(1);
+  GlobalOptions g;
+  app.add_flag("-v,--verbose", g.verbose, "More log output");
+  app.add_flag("-q,--quiet", g.quiet, "Only warnings and errors");
+  app.add_option("--threads", g.threads, "Intra-op threads for LibTorch (default: all cores)")->check(CLI::PositiveNumber);
+
+  QuantizeArgs qa;
+  auto* quantize = app.add_subcommand("quantize", "Calibrate a model and export it as QDQ ONNX");
+  quantize->add_option("model", qa.model, "Float ONNX model")->required();
+  quantize->add_option("-c,--config", qa.config, "TOML config (see configs/)")->required();
+  quantize->add_option("--calib", qa.calib, "Calibration data: .npy folder, ONNX test-data folder, or IDX file")->required();
+  quantize->add_option("-o,--output", qa.output, "Output QDQ ONNX model")->required();
+  quantize->add_option("--report", qa.report, "Write a JSON report of every quantized tensor");
+  quantize->add_option("--batch-size", qa.batch_size, "Calibration batch size (overrides [calibration] batch_size)")->check(CLI::PositiveNumber);
+  quantize->add_option("--calib-count", qa.calib_count, "Calibration samples to use, 0 = all (overrides [calibration] count)")->check(CLI::NonNegativeNumber);
+  quantize->add_option("--device", qa.device, "cpu or cuda[:N] (overrides [calibration] device)");
+  quantize->add_option("--mode", qa.mode, "streaming (default) or layerwise calibration");
+  quantize->add_option("--eval-data", qa.eval_data, "Also evaluate FP32 vs simulated quantized on this data");
+  quantize->add_option("--eval-labels", qa.eval_labels, "IDX labels for --eval-data (prints accuracies)");
+  quantize->add_option("--eval-outputs", qa.eval_outputs, "Write the simulated quantized first output on --eval-data as .npy");
+
+  std::string plugins_config;
+  bool plugins_json = false;
+  auto* plugins = app.add_subcommand("plugins", "List plugins found, loaded or refused, and what each registers");
+  plugins->add_flag("--json", plugins_json, "Machine-readable output");
+  plugins->add_option("-c,--config", plugins_config, "Also search the config's [plugins] paths and apply enable/disable");
+
+  std::string inspect_model, inspect_config;
+  bool inspect_json = false;
+  auto* inspect = app.add_subcommand("inspect", "Show a model's inputs, outputs and ops, and which ops have a QModule");
+  inspect->add_option("model", inspect_model, "ONNX model")->required();
+  inspect->add_option("-c,--config", inspect_config, "Config whose [plugins] section to use");
+  inspect->add_flag("--json", inspect_json, "Machine-readable output");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    setup_logging(g);
+    if (*quantize) return cmd_quantize(qa, g);
+    if (*plugins) return cmd_plugins(plugins_config, plugins_json);
+    if (*inspect) return cmd_inspect(inspect_model, inspect_config, inspect_json);
+  } catch (const sb::Error& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    spdlog::error("{}", e.what_without_backtrace());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    spdlog::error("out of memory; try a smaller --batch-size");
+    return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}

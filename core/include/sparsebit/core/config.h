@@ -1,0 +1,83 @@
+#pragma once
+/// \file
+/// The TOML configuration. Every key is checked: an unknown key is an Error naming the file,
+/// the table and the nearest valid key.
+///
+///     backend = "tensorrt"            # virtual | onnxruntime | tensorrt (or a plugin's)
+///     skip = ["fc2", "conv1*"]        # node-name globs kept in float
+///     [w]                             # weights
+///     qscheme = "per-channel-symmetric"
+///     bits = 8
+///     observer = "minmax"
+///     quantizer = "uniform"
+///     narrow_range = false
+///     disable = false
+///     [w.observer_options]            # passed to the observer plugin; unread keys are errors
+///     [a]                             # activations, same keys
+///     [schedule]                      # passes run after conversion, by name
+///     disable_unnecessary_quant = true
+///     [calibration]
+///     batch_size = 32
+///     count = 512                     # samples used (0: all)
+///     device = "cpu"
+///     mode = "streaming"              # streaming | layerwise
+///     [plugins]
+///     paths = []
+///     enable = []
+///     disable = []
+
+#include <string>
+#include <vector>
+
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/options.h"
+#include "sparsebit/sdk/quant.h"
+
+namespace sparsebit {
+
+struct SPARSEBIT_API QuantTableConfig {
+  std::string qscheme;
+  int bits = 8;
+  std::string observer = "minmax";
+  std::string quantizer = "uniform";
+  bool narrow_range = false;
+  bool disable = false;
+  Options observer_options;
+  Options quantizer_options;
+
+  /// The QSpec of a tensor quantized under this table.
+  QSpec spec(bool is_weight, std::int64_t channel_axis) const;
+};
+
+struct CalibrationConfig {
+  int batch_size = 32;
+  int count = 0;  ///< 0: every sample
+  std::string device = "cpu";
+  std::string mode = "streaming";
+};
+
+/// Passes switched on or off in `[schedule]`, in the order they run.
+struct ScheduleEntry {
+  std::string pass;
+  bool enabled;
+};
+
+struct SPARSEBIT_API Config {
+  std::string source = "<defaults>";  ///< file the config came from, for messages
+  std::string backend = "virtual";
+  QuantTableConfig w;
+  QuantTableConfig a;
+  std::vector<std::string> skip;
+  CalibrationConfig calibration;
+  PluginSearch plugins;
+  std::vector<ScheduleEntry> schedule{{"disable_unnecessary_quant", true}};
+
+  Config();
+  static Config from_file(const std::string& path);
+  static Config from_string(const std::string& text, const std::string& source_name);
+};
+
+/// Closest string to `key` among `candidates` by edit distance ("" if none is close).
+SPARSEBIT_API std::string nearest(const std::string& key, const std::vector<std::string>& candidates);
+
+}  // namespace sparsebit

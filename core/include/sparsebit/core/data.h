@@ -1,0 +1,67 @@
+#pragma once
+/// \file
+/// Calibration and evaluation data. `--calib PATH` may be
+///   - a folder of .npy files, each one sample or one batch for a single-input model;
+///   - the ONNX test-data layout: a folder of test_data_set_*/input_<i>.pb (or one such set),
+///     for models with several inputs;
+///   - an IDX file (MNIST format, plain or gzip), scaled from uint8 to [0, 1].
+/// Every sample is checked against the model's inputs (element type, rank, fixed dims) and for
+/// NaN/Inf, and errors name the file.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sparsebit/sdk/graph.h"
+
+namespace sparsebit {
+
+/// One batch: a tensor per model input (leading batch dimension) and where it came from.
+struct Batch {
+  std::vector<at::Tensor> inputs;
+  std::string source;
+  /// True when dim 0 is known to count samples (IDX); otherwise a tensor one rank short of
+  /// the model input is taken as a single sample.
+  bool batched = false;
+};
+
+class SPARSEBIT_API Dataset {
+ public:
+  virtual ~Dataset() = default;
+  /// Human-readable description ("12 .npy files in calib/").
+  virtual std::string describe() const = 0;
+  /// Number of samples, if known without reading everything.
+  virtual std::optional<std::int64_t> num_samples() const = 0;
+  /// Next record (one sample or batch per input, batch dim included), or nullopt at the end.
+  virtual std::optional<Batch> next() = 0;
+};
+
+/// Opens PATH in whichever of the layouts above it is, for a model with `inputs`.
+SPARSEBIT_API std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs);
+
+/// Regroups any dataset's records into batches of exactly `batch_size` samples (the last may be
+/// smaller), stopping after `limit` samples (0: no limit). Validates every record.
+class SPARSEBIT_API Batcher {
+ public:
+  Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64_t batch_size, std::int64_t limit);
+  std::optional<Batch> next();
+  std::int64_t samples_delivered() const { return delivered_; }
+
+ private:
+  Dataset& data_;
+  std::vector<ValueInfo> inputs_;
+  std::int64_t batch_size_, limit_, delivered_ = 0;
+  std::vector<at::Tensor> pending_;
+  std::string pending_source_;
+  bool exhausted_ = false;
+};
+
+/// Reads an IDX file (optionally gzip-compressed) as a uint8/int tensor of its stored shape.
+SPARSEBIT_API at::Tensor read_idx(const std::string& path, std::int64_t max_items = 0);
+/// Reads / writes a .npy array (little-endian, C order).
+SPARSEBIT_API at::Tensor read_npy(const std::string& path);
+SPARSEBIT_API void write_npy(const at::Tensor& t, const std::string& path);
+
+}  // namespace sparsebit

@@ -1,0 +1,59 @@
+#pragma once
+/// \file
+/// ONNX import and export. Import lifts models below opset 13 with ONNX's version converter
+/// (per-channel QuantizeLinear needs 13), folds Constant nodes into initializers, names unnamed
+/// nodes, reads external data, and validates the graph. Export re-emits the IR with the
+/// original model's metadata, runs ONNX's checker where the installed ONNX knows the opset, and
+/// writes atomically.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "sparsebit/sdk/graph.h"
+
+namespace sparsebit {
+
+/// Model-level data kept from the source file so export is a faithful re-emit.
+struct ModelMeta {
+  std::string source_path;
+  std::int64_t source_opset = 0;  ///< default-domain opset before any conversion
+  std::string skeleton;           ///< serialized ModelProto without nodes and initializers
+};
+
+struct Model {
+  Graph graph;
+  ModelMeta meta;
+};
+
+struct ImportOptions {
+  /// Models of a lower default-domain opset are converted to this one (0: never convert).
+  std::int64_t min_opset = 13;
+};
+
+SPARSEBIT_API Model load_onnx(const std::string& path, const ImportOptions& options = {});
+SPARSEBIT_API Model load_onnx_from_bytes(const std::string& bytes, const std::string& name,
+                                         const ImportOptions& options = {});
+
+struct ExportOptions {
+  bool run_checker = true;
+};
+
+/// Serializes `graph` with `meta`'s model-level fields, checks it, and writes `path`
+/// atomically (a temporary file in the same folder, renamed over the target).
+SPARSEBIT_API void save_onnx(const Graph& graph, const ModelMeta& meta, const std::string& path,
+                             const ExportOptions& options = {});
+SPARSEBIT_API std::string serialize_onnx(const Graph& graph, const ModelMeta& meta,
+                                         const ExportOptions& options = {});
+
+/// Highest default-domain opset the linked ONNX library's checker knows.
+SPARSEBIT_API std::int64_t onnx_library_max_opset();
+
+/// Reads a serialized onnx.TensorProto file (the ONNX test-data layout). Sets *name if given.
+SPARSEBIT_API at::Tensor load_tensor_pb(const std::string& path, std::string* name = nullptr);
+
+/// ONNX element type name ("float", "int64", ...) for messages.
+SPARSEBIT_API std::string onnx_type_name(std::int32_t elem_type);
+SPARSEBIT_API std::int32_t onnx_type_of(at::ScalarType t);
+
+}  // namespace sparsebit

@@ -1,0 +1,108 @@
+#pragma once
+/// \file
+/// QuantModel: the library API of the whole pipeline.
+///
+///     sparsebit::Registry registry;
+///     registry.load(config.plugins);
+///     auto qm = sparsebit::QuantModel(sparsebit::load_onnx("model.onnx"), config, registry);
+///     qm.calibrate(dataset);                 // observers -> quantizer parameters
+///     qm.set_quant(true, true);
+///     auto outputs = qm.forward({x});        // simulated low-bit, differentiable
+///     qm.export_onnx("model_qdq.onnx");      // QDQ ONNX for ONNX Runtime / TensorRT
+///
+/// Note [Quantization slots]
+/// A slot is one quantized input of one node: (node, input index, tensor name) with its QSpec,
+/// observer and quantizer. The QModule's input_specs() decide which inputs get slots; the
+/// config decides the scheme; the backend's rules are checked when the model is built. Export
+/// puts a Q/DQ pair on exactly the slot's edge, matched by tensor name.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sparsebit/core/config.h"
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/executor.h"
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/registry.h"
+
+namespace sparsebit {
+
+struct SPARSEBIT_API QuantSlot {
+  std::size_t node_index = 0;
+  std::size_t input_index = 0;
+  std::string node_name;
+  std::string op_type;
+  std::string tensor;
+  InputRole role = InputRole::kActivation;
+  QSpec spec;
+  std::string observer_name, quantizer_name;
+  std::unique_ptr<Observer> observer;
+  std::unique_ptr<Quantizer> quantizer;
+  bool calibrated = false;
+  bool fake_fused = false;  ///< bypassed by a fuse pass: neither simulated nor exported
+  /// kBias slots: the node's activation and weight slots whose scales multiply to the bias
+  /// scale; the bias has no observer or quantizer plugin, its parameters follow from theirs.
+  int bias_activation = -1, bias_weight = -1;
+  QParams bias_params;
+  std::string where() const;
+};
+
+struct CalibrationStats {
+  std::int64_t samples = 0;
+  std::int64_t batches = 0;
+  double seconds = 0;
+  std::string mode;
+  std::size_t peak_cached_tensors = 0;  ///< layerwise: most per-batch tensors cached at once
+};
+
+/// Called after each calibration batch (samples done so far, total if known or -1).
+using ProgressFn = std::function<void(std::int64_t done, std::int64_t total)>;
+
+class SPARSEBIT_API QuantModel {
+ public:
+  QuantModel(Model model, Config config, const Registry& registry);
+  ~QuantModel();
+  QuantModel(QuantModel&&) noexcept;
+
+  /// Runs calibration over `data` (config's batch size, count and mode) and initialises every
+  /// quantizer from its observer.
+  CalibrationStats calibrate(Dataset& data, const ProgressFn& progress = {});
+
+  /// Turns weight / activation fake quantization on or off (both off after construction).
+  void set_quant(bool weights, bool activations);
+
+  /// Runs the model (graph inputs in order) and returns the graph outputs.
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
+
+  /// Writes the QDQ ONNX model atomically; every slot must be calibrated.
+  void export_onnx(const std::string& path) const;
+  /// The QDQ graph export would write (for inspection and tests).
+  Graph export_graph() const;
+
+  /// JSON report: model, config, backend and every slot with its parameters.
+  std::string report_json(const CalibrationStats* stats = nullptr) const;
+
+  const Graph& graph() const { return model_->graph; }
+  const ModelMeta& meta() const { return model_->meta; }
+  const Config& config() const { return config_; }
+  const std::vector<QuantSlot>& slots() const { return slots_; }
+  Executor& executor() { return *executor_; }
+
+ private:
+  void run_fuse_passes(const Registry& registry);
+  void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
+  at::Tensor apply_slot(std::size_t node, std::size_t input, const at::Tensor& x);
+  void finish_calibration();
+
+  std::unique_ptr<Model> model_;  // heap-held: the executor refers to its graph
+  Config config_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Executor> executor_;
+  std::vector<QuantSlot> slots_;
+  std::vector<std::vector<int>> slot_of_;  // [node][input] -> slot index or -1
+  bool w_on_ = false, a_on_ = false;
+};
+
+}  // namespace sparsebit

@@ -1,0 +1,216 @@
+#include "sparsebit/core/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "sparsebit/sdk/error.h"
+
+namespace sparsebit {
+
+namespace fs = std::filesystem;
+
+std::string nearest(const std::string& key, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::string::npos;
+  for (const auto& c : candidates) {
+    std::vector<std::size_t> prev(c.size() + 1), cur(c.size() + 1);
+    for (std::size_t j = 0; j <= c.size(); ++j) prev[j] = j;
+    for (std::size_t i = 1; i <= key.size(); ++i) {
+      cur[0] = i;
+      for (std::size_t j = 1; j <= c.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (key[i - 1] == c[j - 1] ? 0 : 1)});
+      std::swap(prev, cur);
+    }
+    if (prev[c.size()] < best_d) {
+      best_d = prev[c.size()];
+      best = c;
+    }
+  }
+  // Only suggest when the typo is plausibly a typo.
+  return best_d <= std::max<std::size_t>(2, key.size() / 3) ? best : std::string();
+}
+
+QSpec QuantTableConfig::spec(bool is_weight, std::int64_t channel_axis) const {
+  QSpec s;
+  s.bits = bits;
+  s.symmetric = qscheme.find("symmetric") != std::string::npos;
+  s.per_channel = qscheme.rfind("per-channel", 0) == 0;
+  s.channel_axis = channel_axis;
+  s.narrow_range = narrow_range;
+  s.is_weight = is_weight;
+  return s;
+}
+
+Config::Config() {
+  w.qscheme = "per-channel-symmetric";
+  a.qscheme = "per-tensor-symmetric";
+}
+
+namespace {
+
+struct Reader {
+  const std::string& source;
+
+  std::string where(const std::string& table) const {
+    return source + (table.empty() ? "" : ": [" + table + "]");
+  }
+
+  void check_keys(const toml::table& t, const std::string& table, const std::vector<std::string>& allowed) const {
+    for (const auto& [k, v] : t) {
+      std::string key(k.str());
+      if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+      std::string hint = nearest(key, allowed);
+      std::string valid;
+      for (auto& a : allowed) valid += (valid.empty() ? "" : ", ") + a;
+      throw Error(where(table) + ": unknown key '" + key + "'" +
+                  (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (valid keys: " + valid + ")");
+    }
+  }
+
+  std::string key_path(const std::string& table, const std::string& key) const {
+    return source + ": " + (table.empty() ? key : table + "." + key);
+  }
+
+  template <class T>
+  T get(const toml::table& t, const std::string& table, const std::string& key, T fallback, const char* what) const {
+    const toml::node* n = t.get(key);
+    if (!n) return fallback;
+    auto v = n->value<T>();
+    if (!v || (std::is_same_v<T, std::int64_t> && !n->is_integer()) || (std::is_same_v<T, bool> && !n->is_boolean()) ||
+        (std::is_same_v<T, std::string> && !n->is_string())) {
+      throw Error(key_path(table, key) + " must be " + what);
+    }
+    return *v;
+  }
+
+  std::vector<std::string> strings(const toml::table& t, const std::string& table, const std::string& key) const {
+    std::vector<std::string> out;
+    const toml::node* n = t.get(key);
+    if (!n) return out;
+    const toml::array* arr = n->as_array();
+    if (!arr) throw Error(key_path(table, key) + " must be an array of strings");
+    for (const auto& e : *arr) {
+      auto s = e.value<std::string>();
+      if (!s || !e.is_string()) throw Error(key_path(table, key) + " must be an array of strings");
+      out.push_back(*s);
+    }
+    return out;
+  }
+
+  Options options(const toml::table& t, const std::string& table) const {
+    Options o("[" + table + "]");
+    for (const auto& [k, v] : t) {
+      std::string key(k.str());
+      if (v.is_boolean()) o.set(key, *v.value<bool>());
+      else if (v.is_integer()) o.set(key, *v.value<std::int64_t>());
+      else if (v.is_floating_point()) o.set(key, *v.value<double>());
+      else if (v.is_string()) o.set(key, *v.value<std::string>());
+      else throw Error(key_path(table, key) + " must be a boolean, number or string");
+    }
+    return o;
+  }
+
+  void quant_table(const toml::table& t, const std::string& name, QuantTableConfig& out) const {
+    check_keys(t, name, {"qscheme", "bits", "observer", "quantizer", "narrow_range", "disable", "observer_options",
+                         "quantizer_options"});
+    out.qscheme = get<std::string>(t, name, "qscheme", out.qscheme, "a string");
+    static const std::vector<std::string> schemes = {"per-tensor-symmetric", "per-tensor-affine",
+                                                     "per-channel-symmetric", "per-channel-affine"};
+    if (std::find(schemes.begin(), schemes.end(), out.qscheme) == schemes.end()) {
+      std::string hint = nearest(out.qscheme, schemes);
+      throw Error(key_path(name, "qscheme") + ": unknown scheme '" + out.qscheme + "'" +
+                  (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
+                  " (per-tensor-symmetric, per-tensor-affine, per-channel-symmetric, per-channel-affine)");
+    }
+    std::int64_t bits = get<std::int64_t>(t, name, "bits", out.bits, "an integer");
+    if (bits < 2 || bits > 16) throw Error(key_path(name, "bits") + " must be between 2 and 16, got " + std::to_string(bits));
+    out.bits = static_cast<int>(bits);
+    out.observer = get<std::string>(t, name, "observer", out.observer, "a string");
+    out.quantizer = get<std::string>(t, name, "quantizer", out.quantizer, "a string");
+    out.narrow_range = get<bool>(t, name, "narrow_range", out.narrow_range, "true or false");
+    out.disable = get<bool>(t, name, "disable", out.disable, "true or false");
+    for (const char* sub : {"observer_options", "quantizer_options"}) {
+      const toml::node* n = t.get(sub);
+      std::string sub_name = name + "." + sub;
+      Options o("[" + sub_name + "]");
+      if (n) {
+        if (!n->is_table()) throw Error(key_path(name, sub) + " must be a table");
+        o = options(*n->as_table(), sub_name);
+      }
+      (std::string(sub) == "observer_options" ? out.observer_options : out.quantizer_options) = std::move(o);
+    }
+  }
+};
+
+}  // namespace
+
+Config Config::from_string(const std::string& text, const std::string& source_name) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    throw Error(source_name + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) +
+                ": invalid TOML: " + std::string(e.description()));
+  }
+  Config c;
+  c.source = source_name;
+  Reader r{c.source};
+  r.check_keys(root, "", {"backend", "skip", "w", "a", "schedule", "calibration", "plugins"});
+  c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
+  c.skip = r.strings(root, "", "skip");
+  auto table = [&](const char* key) -> const toml::table* {
+    const toml::node* n = root.get(key);
+    if (!n) return nullptr;
+    if (!n->is_table()) throw Error(source_name + ": '" + key + "' must be a table ([" + key + "])");
+    return n->as_table();
+  };
+  if (auto* t = table("w")) r.quant_table(*t, "w", c.w);
+  if (auto* t = table("a")) r.quant_table(*t, "a", c.a);
+  if (auto* t = table("schedule")) {
+    std::vector<std::string> known;
+    for (const auto& e : c.schedule) known.push_back(e.pass);
+    r.check_keys(*t, "schedule", known);
+    for (auto& e : c.schedule) e.enabled = r.get<bool>(*t, "schedule", e.pass, e.enabled, "true or false");
+  }
+  if (auto* t = table("calibration")) {
+    r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode"});
+    std::int64_t bs = r.get<std::int64_t>(*t, "calibration", "batch_size", c.calibration.batch_size, "an integer");
+    if (bs < 1) throw Error(r.key_path("calibration", "batch_size") + " must be at least 1");
+    c.calibration.batch_size = static_cast<int>(bs);
+    std::int64_t count = r.get<std::int64_t>(*t, "calibration", "count", c.calibration.count, "an integer");
+    if (count < 0) throw Error(r.key_path("calibration", "count") + " must be 0 (all) or more");
+    c.calibration.count = static_cast<int>(count);
+    c.calibration.device = r.get<std::string>(*t, "calibration", "device", c.calibration.device, "a string");
+    c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
+    if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise")
+      throw Error(r.key_path("calibration", "mode") + " must be \"streaming\" or \"layerwise\"");
+  }
+  if (auto* t = table("plugins")) {
+    r.check_keys(*t, "plugins", {"paths", "enable", "disable"});
+    c.plugins.paths = r.strings(*t, "plugins", "paths");
+    // Relative plugin folders are relative to the config file, not to the current directory.
+    fs::path base = fs::path(source_name).parent_path();
+    for (auto& p : c.plugins.paths)
+      if (fs::path(p).is_relative()) p = (base / p).lexically_normal().string();
+    c.plugins.enable = r.strings(*t, "plugins", "enable");
+    c.plugins.disable = r.strings(*t, "plugins", "disable");
+  }
+  return c;
+}
+
+Config Config::from_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw Error(path + ": config file not found");
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": config file cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_string(ss.str(), path);
+}
+
+}  // namespace sparsebit

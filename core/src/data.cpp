@@ -1,0 +1,392 @@
+#include "sparsebit/core/data.h"
+
+#include <ATen/ATen.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "sparsebit/core/atomic_file.h"
+#include "sparsebit/core/executor.h"
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/sdk/error.h"
+
+namespace sparsebit {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------------
+// .npy
+
+at::Tensor read_npy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot be opened");
+  char magic[8];
+  in.read(magic, 8);
+  if (in.gcount() != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0) throw Error(path + ": not a .npy file (bad magic)");
+  std::uint32_t header_len = 0;
+  if (magic[6] == 1) {
+    unsigned char b[2];
+    in.read(reinterpret_cast<char*>(b), 2);
+    header_len = b[0] | (b[1] << 8);
+  } else {
+    unsigned char b[4];
+    in.read(reinterpret_cast<char*>(b), 4);
+    header_len = b[0] | (b[1] << 8) | (b[2] << 16) | (std::uint32_t(b[3]) << 24);
+  }
+  if (!in || header_len > 1u << 20) throw Error(path + ": corrupt .npy header");
+  std::string header(header_len, '\0');
+  in.read(header.data(), header_len);
+  if (!in) throw Error(path + ": truncated .npy header");
+
+  std::smatch m;
+  if (!std::regex_search(header, m, std::regex("'descr'\\s*:\\s*'([^']*)'")))
+    throw Error(path + ": .npy header has no dtype");
+  const std::string descr = m[1];
+  if (std::regex_search(header, std::regex("'fortran_order'\\s*:\\s*True")))
+    throw Error(path + ": Fortran-ordered arrays are not supported; save with numpy.ascontiguousarray");
+  if (!std::regex_search(header, m, std::regex("'shape'\\s*:\\s*\\(([^)]*)\\)")))
+    throw Error(path + ": .npy header has no shape");
+  std::vector<std::int64_t> shape;
+  std::string dims = m[1];
+  std::regex num("\\d+");
+  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator(); ++it)
+    shape.push_back(std::stoll(it->str()));
+
+  static const std::map<std::string, at::ScalarType> types = {
+      {"<f4", at::kFloat}, {"<f8", at::kDouble}, {"<f2", at::kHalf}, {"|u1", at::kByte}, {"|i1", at::kChar},
+      {"<i2", at::kShort}, {"<i4", at::kInt},    {"<i8", at::kLong},  {"|b1", at::kBool}};
+  auto t = types.find(descr);
+  if (t == types.end()) throw Error(path + ": unsupported .npy dtype '" + descr + "' (use little-endian numeric types)");
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(t->second));
+  in.read(static_cast<char*>(out.data_ptr()), static_cast<std::streamsize>(out.nbytes()));
+  if (static_cast<std::size_t>(in.gcount()) != out.nbytes())
+    throw Error(path + ": truncated .npy data (expected " + std::to_string(out.nbytes()) + " bytes)");
+  return out;
+}
+
+void write_npy(const at::Tensor& t_in, const std::string& path) {
+  at::Tensor t = t_in.detach().to(at::kCPU).contiguous();
+  static const std::map<at::ScalarType, std::string> types = {
+      {at::kFloat, "<f4"}, {at::kDouble, "<f8"}, {at::kHalf, "<f2"}, {at::kByte, "|u1"}, {at::kChar, "|i1"},
+      {at::kShort, "<i2"}, {at::kInt, "<i4"},    {at::kLong, "<i8"},  {at::kBool, "|b1"}};
+  auto it = types.find(t.scalar_type());
+  if (it == types.end()) throw Error("cannot write dtype " + std::string(c10::toString(t.scalar_type())) + " to .npy");
+  std::string shape;
+  for (auto d : t.sizes()) shape += std::to_string(d) + ", ";
+  if (t.dim() > 1) shape.erase(shape.size() - 2);
+  std::string header = "{'descr': '" + it->second + "', 'fortran_order': False, 'shape': (" + shape + "), }";
+  std::size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::string bytes("\x93NUMPY\x01\x00", 8);
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>(header.size() >> 8);
+  bytes += header;
+  bytes.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  AtomicFile f(path);
+  f.write(bytes);
+  f.commit();
+}
+
+// ---------------------------------------------------------------------------------------------
+// IDX (MNIST format)
+
+at::Tensor read_idx(const std::string& path, std::int64_t max_items) {
+  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files transparently too
+  if (!f) throw Error(path + ": cannot be opened");
+  auto read = [&](void* dst, std::size_t n) {
+    std::size_t got = 0;
+    while (got < n) {
+      unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(n - got, 1u << 30));
+      int r = gzread(f, static_cast<char*>(dst) + got, chunk);
+      if (r <= 0) return got;
+      got += static_cast<std::size_t>(r);
+    }
+    return got;
+  };
+  unsigned char head[4];
+  if (read(head, 4) != 4 || head[0] != 0 || head[1] != 0) {
+    gzclose(f);
+    throw Error(path + ": not an IDX file (bad magic number)");
+  }
+  static const std::map<int, at::ScalarType> types = {{0x08, at::kByte}, {0x09, at::kChar}, {0x0B, at::kShort},
+                                                      {0x0C, at::kInt},  {0x0D, at::kFloat}, {0x0E, at::kDouble}};
+  auto t = types.find(head[2]);
+  const int ndim = head[3];
+  if (t == types.end() || ndim < 1) {
+    gzclose(f);
+    throw Error(path + ": unsupported IDX element type or rank");
+  }
+  std::vector<std::int64_t> shape;
+  for (int i = 0; i < ndim; ++i) {
+    unsigned char b[4];
+    if (read(b, 4) != 4) {
+      gzclose(f);
+      throw Error(path + ": truncated IDX header");
+    }
+    shape.push_back((std::int64_t(b[0]) << 24) | (b[1] << 16) | (b[2] << 8) | b[3]);
+  }
+  if (max_items > 0) shape[0] = std::min(shape[0], max_items);
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(t->second));
+  std::size_t got = read(out.data_ptr(), out.nbytes());
+  gzclose(f);
+  if (got != out.nbytes()) throw Error(path + ": truncated IDX data (expected " + std::to_string(out.nbytes()) + " bytes)");
+  // IDX stores multi-byte values big-endian.
+  if (out.element_size() > 1) {
+    auto* p = static_cast<unsigned char*>(out.data_ptr());
+    const std::size_t es = out.element_size();
+    for (std::size_t i = 0; i < out.nbytes(); i += es) std::reverse(p + i, p + i + es);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Datasets
+
+namespace {
+
+bool is_idx(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) return false;
+  unsigned char head[4];
+  int n = gzread(f, head, 4);
+  gzclose(f);
+  return n == 4 && head[0] == 0 && head[1] == 0 && head[2] >= 0x08 && head[2] <= 0x0E && head[3] >= 1 && head[3] <= 8;
+}
+
+class NpyDataset final : public Dataset {
+ public:
+  NpyDataset(std::vector<fs::path> files, std::string folder) : files_(std::move(files)), folder_(std::move(folder)) {}
+  std::string describe() const override {
+    return std::to_string(files_.size()) + " .npy file(s) in " + folder_;
+  }
+  std::optional<std::int64_t> num_samples() const override { return std::nullopt; }
+  std::optional<Batch> next() override {
+    if (pos_ >= files_.size()) return std::nullopt;
+    const auto& f = files_[pos_++];
+    return Batch{{read_npy(f.string())}, f.string()};
+  }
+
+ private:
+  std::vector<fs::path> files_;
+  std::string folder_;
+  std::size_t pos_ = 0;
+};
+
+class TestLayoutDataset final : public Dataset {
+ public:
+  TestLayoutDataset(std::vector<fs::path> sets, const std::vector<ValueInfo>& inputs) : sets_(std::move(sets)), inputs_(inputs) {}
+  std::string describe() const override { return std::to_string(sets_.size()) + " ONNX test-data set(s)"; }
+  std::optional<std::int64_t> num_samples() const override { return std::nullopt; }
+  std::optional<Batch> next() override {
+    if (pos_ >= sets_.size()) return std::nullopt;
+    const fs::path& dir = sets_[pos_++];
+    Batch b;
+    b.source = dir.string();
+    b.inputs.resize(inputs_.size());
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      fs::path file = dir / ("input_" + std::to_string(i) + ".pb");
+      if (!fs::exists(file)) {
+        throw Error(dir.string() + ": missing " + file.filename().string() + " for model input '" + inputs_[i].name +
+                    "' (the model has " + std::to_string(inputs_.size()) + " inputs)");
+      }
+      std::string name;
+      at::Tensor t = load_tensor_pb(file.string(), &name);
+      // A named tensor goes to the input of that name; otherwise by position.
+      std::size_t slot = i;
+      if (!name.empty()) {
+        auto it = std::find_if(inputs_.begin(), inputs_.end(), [&](const ValueInfo& v) { return v.name == name; });
+        if (it == inputs_.end())
+          throw Error(file.string() + ": tensor is named '" + name + "', but the model has no input of that name");
+        slot = static_cast<std::size_t>(it - inputs_.begin());
+      }
+      b.inputs[slot] = t;
+    }
+    return b;
+  }
+
+ private:
+  std::vector<fs::path> sets_;
+  std::vector<ValueInfo> inputs_;
+  std::size_t pos_ = 0;
+};
+
+// Streams an IDX file in chunks, so only the samples used are read and decompressed.
+class IdxDataset final : public Dataset {
+ public:
+  explicit IdxDataset(std::string path) : path_(std::move(path)) {
+    file_ = gzopen(path_.c_str(), "rb");
+    if (!file_) throw Error(path_ + ": cannot be opened");
+    unsigned char head[4];
+    if (gzread(file_, head, 4) != 4) throw Error(path_ + ": truncated IDX header");
+    if (head[2] != 0x08) throw Error(path_ + ": IDX data for calibration must be unsigned bytes (images)");
+    for (int i = 0; i < head[3]; ++i) {
+      unsigned char b[4];
+      if (gzread(file_, b, 4) != 4) throw Error(path_ + ": truncated IDX header");
+      shape_.push_back((std::int64_t(b[0]) << 24) | (b[1] << 16) | (b[2] << 8) | b[3]);
+    }
+  }
+  ~IdxDataset() override {
+    if (file_) gzclose(file_);
+  }
+  std::string describe() const override { return "IDX file " + path_; }
+  std::optional<std::int64_t> num_samples() const override { return shape_.empty() ? 0 : shape_[0]; }
+  std::optional<Batch> next() override {
+    const std::int64_t left = shape_[0] - read_;
+    if (left <= 0) return std::nullopt;
+    std::vector<std::int64_t> shape = shape_;
+    shape[0] = std::min<std::int64_t>(left, 1024);
+    at::Tensor raw = at::empty(shape, at::TensorOptions().dtype(at::kByte));
+    const auto want = static_cast<unsigned>(raw.nbytes());
+    if (gzread(file_, raw.data_ptr(), want) != static_cast<int>(want))
+      throw Error(path_ + ": truncated IDX data after " + std::to_string(read_) + " samples");
+    read_ += shape[0];
+    return Batch{{raw.to(at::kFloat).div_(255.0f)}, path_, true};
+  }
+
+ private:
+  std::string path_;
+  gzFile file_ = nullptr;
+  std::vector<std::int64_t> shape_;
+  std::int64_t read_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error("calibration data " + path + ": no such file or folder");
+  if (inputs.empty()) throw Error("the model has no inputs to feed calibration data to");
+  if (fs::is_regular_file(path, ec)) {
+    if (fs::path(path).extension() == ".npy") {
+      if (inputs.size() != 1) throw Error(path + ": .npy data serves single-input models; this model has " + std::to_string(inputs.size()) + " inputs: use the ONNX test-data layout");
+      return std::make_unique<NpyDataset>(std::vector<fs::path>{path}, fs::path(path).parent_path().string());
+    }
+    if (is_idx(path)) {
+      if (inputs.size() != 1) throw Error(path + ": IDX data serves single-input models; this model has " + std::to_string(inputs.size()) + " inputs");
+      return std::make_unique<IdxDataset>(path);
+    }
+    throw Error(path + ": not a calibration format (expected a folder of .npy files, an ONNX test-data folder, "
+                       "a .npy file or an IDX file)");
+  }
+  std::vector<fs::path> npy, sets;
+  bool has_pb = false;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && e.path().extension() == ".npy") npy.push_back(e.path());
+    else if (e.is_directory() && name.rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
+    else if (e.is_regular_file() && name.rfind("input_", 0) == 0 && e.path().extension() == ".pb") has_pb = true;
+  }
+  if (!sets.empty()) {
+    std::sort(sets.begin(), sets.end());
+    return std::make_unique<TestLayoutDataset>(sets, inputs);
+  }
+  if (has_pb) return std::make_unique<TestLayoutDataset>(std::vector<fs::path>{path}, inputs);
+  if (!npy.empty()) {
+    if (inputs.size() != 1) throw Error(path + ": a folder of .npy files serves single-input models; this model has " + std::to_string(inputs.size()) + " inputs: use the ONNX test-data layout (test_data_set_*/input_<i>.pb)");
+    std::sort(npy.begin(), npy.end());
+    return std::make_unique<NpyDataset>(npy, path);
+  }
+  throw Error("calibration folder " + path + " is empty: it holds no .npy files and no test_data_set_* folders");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batcher
+
+Batcher::Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64_t batch_size, std::int64_t limit)
+    : data_(data), inputs_(inputs), batch_size_(batch_size), limit_(limit) {}
+
+namespace {
+
+// Brings one record to the model input's rank and checks type, shape and values.
+at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source, bool batched) {
+  const std::string what = source + " (for model input '" + in.name + "')";
+  if (!t.defined()) throw Error(what + ": no tensor");
+  if (in.elem_type != 0 && onnx_type_of(t.scalar_type()) != in.elem_type) {
+    throw Error(what + ": data is " + dtype_name(t) + ", the model input is " + onnx_type_name(in.elem_type) +
+                "; convert the data (e.g. numpy .astype) before calibrating");
+  }
+  if (in.has_shape) {
+    const auto rank = static_cast<std::int64_t>(in.shape.size());
+    if (t.dim() == rank - 1 && !batched) {
+      t = t.unsqueeze(0);  // a single sample
+    } else if (t.dim() != rank) {
+      // Same element count per sample in another layout (e.g. IDX [N,28,28] for [N,1,28,28]).
+      std::int64_t per_sample = 1;
+      bool fixed = true;
+      for (std::size_t i = 1; i < in.shape.size(); ++i) {
+        if (in.shape[i].value < 0) fixed = false;
+        else per_sample *= in.shape[i].value;
+      }
+      if (fixed && t.dim() >= 1 && t.numel() > 0 && t.numel() / t.size(0) == per_sample) {
+        std::vector<std::int64_t> shape{t.size(0)};
+        for (std::size_t i = 1; i < in.shape.size(); ++i) shape.push_back(in.shape[i].value);
+        t = t.reshape(shape);
+      } else {
+        std::string expected;
+        for (auto& d : in.shape) expected += (expected.empty() ? "" : ", ") + (d.value >= 0 ? std::to_string(d.value) : d.param.empty() ? "?" : d.param);
+        throw Error(what + ": data of shape " + c10::str(t.sizes()) + " does not fit the model input shape [" +
+                    expected + "]");
+      }
+    }
+    for (std::size_t i = 1; i < in.shape.size(); ++i) {
+      if (in.shape[i].value >= 0 && t.size(static_cast<std::int64_t>(i)) != in.shape[i].value) {
+        throw Error(what + ": dimension " + std::to_string(i) + " is " + std::to_string(t.size(static_cast<std::int64_t>(i))) +
+                    ", the model input needs " + std::to_string(in.shape[i].value) + " (data shape " + c10::str(t.sizes()) + ")");
+      }
+    }
+  }
+  if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
+    auto bad = at::logical_not(at::isfinite(t)).reshape({t.size(0), -1}).any(1).nonzero();
+    throw Error(what + ": data contains NaN or Inf (first bad sample: " + std::to_string(bad[0].item<std::int64_t>()) +
+                "); clean the data before calibrating");
+  }
+  return t;
+}
+
+}  // namespace
+
+std::optional<Batch> Batcher::next() {
+  auto pending_rows = [&]() -> std::int64_t { return pending_.empty() ? 0 : pending_[0].size(0); };
+  while (!exhausted_ && pending_rows() < batch_size_ && (limit_ == 0 || delivered_ + pending_rows() < limit_)) {
+    auto rec = data_.next();
+    if (!rec) {
+      exhausted_ = true;
+      break;
+    }
+    if (rec->inputs.size() != inputs_.size()) {
+      throw Error(rec->source + ": provides " + std::to_string(rec->inputs.size()) + " input(s), the model has " +
+                  std::to_string(inputs_.size()));
+    }
+    std::vector<at::Tensor> conformed;
+    for (std::size_t i = 0; i < inputs_.size(); ++i) conformed.push_back(conform(rec->inputs[i], inputs_[i], rec->source, rec->batched));
+    for (std::size_t i = 1; i < conformed.size(); ++i)
+      if (conformed[i].size(0) != conformed[0].size(0))
+        throw Error(rec->source + ": inputs have different batch sizes");
+    if (pending_.empty()) {
+      pending_ = conformed;
+      pending_source_ = rec->source;
+    } else {
+      for (std::size_t i = 0; i < pending_.size(); ++i) pending_[i] = at::cat({pending_[i], conformed[i]}, 0);
+      if (pending_source_ != rec->source) pending_source_ += ", " + rec->source;
+    }
+  }
+  std::int64_t rows = std::min(pending_rows(), batch_size_);
+  if (limit_ > 0) rows = std::min(rows, limit_ - delivered_);
+  if (rows <= 0) return std::nullopt;
+  Batch out;
+  out.source = pending_source_;
+  for (auto& p : pending_) {
+    out.inputs.push_back(p.narrow(0, 0, rows).contiguous());
+    p = p.narrow(0, rows, p.size(0) - rows);
+  }
+  if (pending_rows() == 0) pending_.clear();
+  delivered_ += rows;
+  return out;
+}
+
+}  // namespace sparsebit

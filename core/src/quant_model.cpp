@@ -1,0 +1,511 @@
+#include "sparsebit/core/quant_model.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <fnmatch.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit {
+
+std::string QuantSlot::where() const {
+  const char* kind = role == InputRole::kWeight ? "weight" : role == InputRole::kBias ? "bias" : "activation";
+  return std::string(kind) + " input " + std::to_string(input_index) +
+         " ('" + tensor + "') of node '" + node_name + "' (" + op_type + ")";
+}
+
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "none" : s;
+}
+
+bool matches_any(const std::string& name, const std::vector<std::string>& globs) {
+  for (const auto& g : globs)
+    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  return false;
+}
+
+void refuse_unused(const Options& o, const std::string& plugin_kind, const std::string& name) {
+  auto unused = o.unused();
+  if (!unused.empty()) {
+    throw Error(o.where() + ": key" + (unused.size() > 1 ? "s " : " ") + join(unused) + " not understood by " +
+                plugin_kind + " '" + name + "'; remove or correct " + (unused.size() > 1 ? "them" : "it"));
+  }
+}
+
+}  // namespace
+
+QuantModel::QuantModel(Model model, Config config, const Registry& registry)
+    : model_(std::make_unique<Model>(std::move(model))), config_(std::move(config)) {
+  const auto* backend = registry.backend(config_.backend);
+  if (!backend) {
+    throw Error(config_.source + ": backend '" + config_.backend + "' is not provided by any loaded plugin (installed: " +
+                join(registry.names("backend")) + ")");
+  }
+  backend_ = backend->factory();
+  for (const auto& [table, cfg, is_weight] :
+       {std::tuple<std::string, const QuantTableConfig&, bool>{"w", config_.w, true}, {"a", config_.a, false}}) {
+    if (cfg.disable) continue;
+    if (auto why = backend_->check(cfg.spec(is_weight, is_weight ? 0 : 1), table)) {
+      throw Error(config_.source + ": [" + table + "] breaks the rules of backend '" + config_.backend + "': " + *why);
+    }
+  }
+
+  executor_ = std::make_unique<Executor>(model_->graph, registry);
+  if (config_.calibration.device != "cpu") {
+    at::Device dev(at::kCPU);
+    try {
+      dev = at::Device(config_.calibration.device);
+    } catch (const std::exception&) {
+      throw Error("device '" + config_.calibration.device + "' is not a device name (cpu, cuda, cuda:N)");
+    }
+    if (dev.is_cuda() && !at::hasCUDA()) {
+      throw Error("device '" + config_.calibration.device +
+                  "' requested, but this build of LibTorch has no CUDA support or no GPU is visible; use --device cpu");
+    }
+    executor_->to(config_.calibration.device);
+  }
+
+  const auto nodes = model_->graph.nodes();
+  slot_of_.assign(nodes.size(), {});
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = *nodes[i];
+    slot_of_[i].assign(n.inputs.size(), -1);
+    if (matches_any(n.name, config_.skip)) {
+      sdk::log_debug(n.describe() + " kept in float (skip)");
+      continue;
+    }
+    const auto specs = executor_->modules()[i].module->input_specs();
+    std::vector<std::size_t> bias_inputs;
+    for (std::size_t k = 0; k < n.inputs.size() && k < specs.size(); ++k) {
+      if (specs[k].role == InputRole::kFloat || !n.has_input(k)) continue;
+      if (specs[k].role == InputRole::kBias) {
+        bias_inputs.push_back(k);
+        continue;
+      }
+      InputRole role = specs[k].role;
+      if (role == InputRole::kWeight && !model_->graph.initializers.count(n.inputs[k])) {
+        sdk::log_debug(n.describe() + ": weight input '" + n.inputs[k] + "' is computed, quantized as an activation");
+        role = InputRole::kActivation;
+      }
+      const bool is_weight = role == InputRole::kWeight;
+      const QuantTableConfig& cfg = is_weight ? config_.w : config_.a;
+      if (cfg.disable) continue;
+      std::int64_t axis = is_weight ? specs[k].channel_axis : 1;
+      if (is_weight && axis < 0) axis += model_->graph.initializers.at(n.inputs[k]).dim();
+      QuantSlot s;
+      s.node_index = i;
+      s.input_index = k;
+      s.node_name = n.name;
+      s.op_type = n.op_type;
+      s.tensor = n.inputs[k];
+      s.role = role;
+      s.spec = cfg.spec(is_weight, axis);
+      s.observer_name = cfg.observer;
+      s.quantizer_name = cfg.quantizer;
+      const auto* obs = registry.observer(cfg.observer);
+      if (!obs) {
+        throw Error(config_.source + ": [" + (is_weight ? "w" : "a") + "] observer '" + cfg.observer +
+                    "' is not provided by any loaded plugin (available: " + join(registry.names("observer")) + ")");
+      }
+      const auto* qz = registry.quantizer(cfg.quantizer);
+      if (!qz) {
+        throw Error(config_.source + ": [" + (is_weight ? "w" : "a") + "] quantizer '" + cfg.quantizer +
+                    "' is not provided by any loaded plugin (available: " + join(registry.names("quantizer")) + ")");
+      }
+      try {
+        s.observer = obs->factory(ObserverContext{s.spec, cfg.observer_options, s.where()});
+        s.quantizer = qz->factory(QuantizerContext{s.spec, cfg.quantizer_options, s.where()});
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw Error(s.where() + ": creating observer '" + cfg.observer + "' (plugin '" + obs->plugin +
+                    "') or quantizer '" + cfg.quantizer + "' (plugin '" + qz->plugin + "') failed: " + e.what());
+      }
+      slot_of_[i][k] = static_cast<int>(slots_.size());
+      slots_.push_back(std::move(s));
+    }
+    if (backend_->quantize_bias()) add_bias_slots(i, bias_inputs);
+  }
+  run_fuse_passes(registry);
+  for (const auto* cfg : {&config_.w, &config_.a}) {
+    if (!cfg->disable) {
+      refuse_unused(cfg->observer_options, "observer", cfg->observer);
+      refuse_unused(cfg->quantizer_options, "quantizer", cfg->quantizer);
+    }
+  }
+  std::size_t active = 0;
+  for (const auto& s : slots_) active += !s.fake_fused;
+  sdk::log_info(std::to_string(nodes.size()) + " nodes, " + std::to_string(active) + " quantized inputs (" +
+                std::to_string(slots_.size() - active) + " fused away)");
+}
+
+namespace {
+class SlotState final : public QuantState {
+ public:
+  SlotState(const Graph& g, std::vector<QuantSlot>& slots, const std::vector<std::vector<int>>& slot_of)
+      : graph_(g), slots_(slots), slot_of_(slot_of) {
+    std::size_t i = 0;
+    for (const Node* n : g.nodes()) index_[n] = i++;
+  }
+  const Graph& graph() const override { return graph_; }
+  bool is_quantized(const Node& node, std::size_t input) const override {
+    const QuantSlot* s = find(node, input);
+    return s && !s->fake_fused;
+  }
+  void set_fake_fused(const Node& node, std::size_t input, bool fused) override {
+    if (QuantSlot* s = find(node, input)) s->fake_fused = fused;
+  }
+
+ private:
+  QuantSlot* find(const Node& node, std::size_t input) const {
+    auto it = index_.find(&node);
+    if (it == index_.end()) throw Error("a pass referred to a node outside the model");
+    const auto& row = slot_of_[it->second];
+    if (input >= row.size() || row[input] < 0) return nullptr;
+    return &slots_[static_cast<std::size_t>(row[input])];
+  }
+  const Graph& graph_;
+  std::vector<QuantSlot>& slots_;
+  const std::vector<std::vector<int>>& slot_of_;
+  std::map<const Node*, std::size_t> index_;
+};
+}  // namespace
+
+void QuantModel::add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs) {
+  const Node& n = model_->graph.node(node);
+  int act = -1, weight = -1;
+  for (std::size_t k = 0; k < slot_of_[node].size(); ++k) {
+    int idx = slot_of_[node][k];
+    if (idx < 0) continue;
+    if (slots_[static_cast<std::size_t>(idx)].role == InputRole::kActivation) act = act < 0 ? idx : -2;
+    else weight = weight < 0 ? idx : -2;
+  }
+  if (act < 0 || weight < 0) return;  // no unique activation x weight product to scale by
+  for (std::size_t k : bias_inputs) {
+    auto init = model_->graph.initializers.find(n.inputs[k]);
+    if (init == model_->graph.initializers.end() || init->second.dim() != 1) continue;
+    QuantSlot s;
+    s.node_index = node;
+    s.input_index = k;
+    s.node_name = n.name;
+    s.op_type = n.op_type;
+    s.tensor = n.inputs[k];
+    s.role = InputRole::kBias;
+    s.spec.bits = 32;
+    s.spec.symmetric = true;
+    s.spec.per_channel = slots_[static_cast<std::size_t>(weight)].spec.per_channel;
+    s.spec.channel_axis = 0;
+    s.observer_name = s.quantizer_name = "derived";
+    s.bias_activation = act;
+    s.bias_weight = weight;
+    slot_of_[node][k] = static_cast<int>(slots_.size());
+    slots_.push_back(std::move(s));
+  }
+}
+
+void QuantModel::run_fuse_passes(const Registry& registry) {
+  SlotState state(model_->graph, slots_, slot_of_);
+  for (const auto& entry : config_.schedule) {
+    if (!entry.enabled) continue;
+    const auto* p = registry.pass(entry.pass);
+    if (!p) {
+      throw Error(config_.source + ": [schedule] " + entry.pass + " is on, but no loaded plugin provides pass '" +
+                  entry.pass + "' (set it to false or install the plugin; `sparsebit plugins` lists passes)");
+    }
+    Options none("[schedule]");
+    try {
+      auto pass = p->factory();
+      if (pass->stage() == Pass::Stage::kFuse) pass->run_quant(state, PassContext{none});
+      else pass->run(model_->graph, PassContext{none});
+    } catch (const Error& e) {
+      throw Error("pass '" + entry.pass + "' (plugin '" + p->plugin + "'): " + e.what());
+    } catch (const std::exception& e) {
+      throw Error("pass '" + entry.pass + "' (plugin '" + p->plugin + "') failed: " + e.what());
+    }
+  }
+}
+
+QuantModel::~QuantModel() = default;
+QuantModel::QuantModel(QuantModel&&) noexcept = default;
+
+void QuantModel::set_quant(bool weights, bool activations) {
+  w_on_ = weights;
+  a_on_ = activations;
+}
+
+at::Tensor QuantModel::apply_slot(std::size_t node, std::size_t input, const at::Tensor& x) {
+  int idx = slot_of_[node][input];
+  if (idx < 0) return x;
+  QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
+  const bool on = s.role == InputRole::kWeight ? w_on_ : a_on_;
+  if (!on || s.fake_fused) return x;
+  if (!s.calibrated) throw Error(s.where() + ": quantization is on but the model was not calibrated");
+  if (s.role == InputRole::kBias) return w_on_ && a_on_ ? fake_quantize(x, s.bias_params, s.spec) : x;
+  return s.quantizer->forward(x);
+}
+
+std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& inputs) {
+  const auto& gin = model_->graph.inputs;
+  if (inputs.size() != gin.size()) {
+    throw Error("the model has " + std::to_string(gin.size()) + " input(s), " + std::to_string(inputs.size()) + " given");
+  }
+  std::map<std::string, at::Tensor> feeds;
+  for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = inputs[i];
+  if (!w_on_ && !a_on_) return executor_->run(feeds);
+  return executor_->run(feeds, [this](std::size_t n, std::size_t k, const at::Tensor& x) { return apply_slot(n, k, x); });
+}
+
+CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress) {
+  c10::InferenceMode inference;
+  const auto start = std::chrono::steady_clock::now();
+  CalibrationStats stats;
+  stats.mode = config_.calibration.mode;
+  const auto& gin = model_->graph.inputs;
+  Batcher batcher(data, gin, config_.calibration.batch_size, config_.calibration.count);
+  const std::int64_t total = config_.calibration.count > 0 ? config_.calibration.count : data.num_samples().value_or(-1);
+  const at::Device device(config_.calibration.device);
+  for (auto& s : slots_)
+    if (s.observer) s.observer->reset();
+
+  auto observe = [this](std::size_t n, std::size_t k, const at::Tensor& x) {
+    int idx = slot_of_[n][k];
+    if (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kActivation &&
+        !slots_[static_cast<std::size_t>(idx)].fake_fused) {
+      QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
+      try {
+        s.observer->observe(x);
+      } catch (const Error& e) {
+        throw Error(s.where() + ": " + e.what());
+      }
+    }
+    return x;
+  };
+  auto feeds_of = [&](const Batch& b) {
+    std::map<std::string, at::Tensor> feeds;
+    for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = b.inputs[i].to(device);
+    return feeds;
+  };
+
+  if (config_.calibration.mode == "streaming") {
+    // Memory is independent of the sample count: one batch in flight, observers stream.
+    while (auto b = batcher.next()) {
+      executor_->run(feeds_of(*b), observe);
+      stats.samples += b->inputs[0].size(0);
+      ++stats.batches;
+      if (progress) progress(stats.samples, total);
+    }
+  } else {
+    // Layerwise (the original toolkit's runner): cache the graph inputs of every batch, run the
+    // graph node by node over all batches, and release each cached value explicitly once its
+    // last reader has run (Note [Release by out-degree]).
+    std::vector<std::map<std::string, at::Tensor>> cache;
+    while (auto b = batcher.next()) {
+      cache.push_back(feeds_of(*b));
+      stats.samples += b->inputs[0].size(0);
+      ++stats.batches;
+    }
+    auto counts = executor_->use_counts();
+    std::set<std::string> outputs;
+    for (const auto& o : model_->graph.outputs) outputs.insert(o.name);
+    const auto nodes = model_->graph.nodes();
+    const auto& constants = executor_->constants();
+    std::size_t live = gin.size() * cache.size();
+    stats.peak_cached_tensors = live;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      const Node& n = *nodes[i];
+      for (auto& values : cache) {
+        std::vector<at::Tensor> inputs(n.inputs.size());
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+          if (n.inputs[k].empty()) continue;
+          auto c = constants.find(n.inputs[k]);
+          inputs[k] = observe(i, k, c != constants.end() ? c->second : values.at(n.inputs[k]));
+        }
+        auto out = executor_->run_node(i, inputs);
+        for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
+          if (!n.outputs[k].empty()) {
+            values[n.outputs[k]] = std::move(out[k]);
+            ++live;
+          }
+      }
+      stats.peak_cached_tensors = std::max(stats.peak_cached_tensors, live);
+      auto release = [&](const std::string& name) {
+        for (auto& values : cache) live -= values.erase(name);
+      };
+      for (const auto& name : n.inputs) {
+        auto it = counts.find(name);
+        if (it != counts.end() && --it->second == 0 && !outputs.count(name)) release(name);
+      }
+      for (const auto& name : n.outputs)
+        if (!name.empty() && !counts.count(name) && !outputs.count(name)) release(name);
+      if (progress) progress(static_cast<std::int64_t>(i + 1) * stats.samples / static_cast<std::int64_t>(nodes.size()), total);
+    }
+  }
+  if (stats.samples == 0) throw Error("the calibration data " + data.describe() + " yielded no samples");
+  finish_calibration();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+void QuantModel::finish_calibration() {
+  const auto& constants = executor_->constants();
+  for (auto& s : slots_) {
+    if (s.fake_fused || s.role == InputRole::kBias) continue;
+    try {
+      if (s.role == InputRole::kWeight) {
+        s.observer->reset();
+        s.observer->observe(constants.at(s.tensor));
+      }
+      s.quantizer->initialize(s.observer->compute());
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      throw Error(msg.find(s.tensor) != std::string::npos ? msg : s.where() + ": " + msg);
+    }
+    s.observer->reset();  // statistics are no longer needed
+    s.calibrated = true;
+  }
+  // Bias scale = activation scale x weight scale(s): what an int32 accumulator adds.
+  for (auto& s : slots_) {
+    if (s.role != InputRole::kBias) continue;
+    const QuantSlot& act = slots_[static_cast<std::size_t>(s.bias_activation)];
+    const QuantSlot& w = slots_[static_cast<std::size_t>(s.bias_weight)];
+    const at::Tensor& bias = constants.at(s.tensor);
+    const at::Tensor w_scale = w.calibrated ? w.quantizer->qparams().scale.to(at::kCPU, at::kFloat) : at::Tensor();
+    if (act.fake_fused || w.fake_fused || !act.calibrated || !w.calibrated || act.spec.per_channel ||
+        (w.spec.per_channel && w_scale.numel() != bias.numel())) {
+      s.fake_fused = true;  // the product has no single per-output scale: keep the bias float
+      continue;
+    }
+    s.bias_params.scale = act.quantizer->qparams().scale.to(at::kCPU, at::kFloat).reshape({}) * w_scale;
+    s.bias_params.zero_point = at::zeros(s.bias_params.scale.sizes(), at::TensorOptions().dtype(at::kInt));
+    s.calibrated = true;
+  }
+}
+
+Graph QuantModel::export_graph() const {
+  Graph g = model_->graph.clone();
+  const std::int64_t opset = std::max<std::int64_t>({g.default_opset(), backend_->min_export_opset(), 13});
+  g.opset_imports[""] = opset;
+  const auto consumers = g.nodes();  // indices match slots' node_index
+  std::map<std::string, std::string> made;  // dedupe key -> dequantized tensor name
+
+  for (const auto& s : slots_) {
+    if (s.fake_fused) continue;
+    if (!s.calibrated) throw Error(s.where() + ": not calibrated; calibrate before exporting");
+    if (s.spec.bits != 8 && s.role != InputRole::kBias) {
+      throw Error(s.where() + ": " + std::to_string(s.spec.bits) +
+                  "-bit export is not available in this version; Q/DQ export writes 8-bit tensors (set bits = 8)");
+    }
+    const bool is_bias = s.role == InputRole::kBias;
+    const QParams p = is_bias ? s.bias_params : s.quantizer->qparams();
+    const at::ScalarType qtype = is_bias ? at::kInt : s.spec.symmetric ? at::kChar : at::kByte;
+    at::Tensor scale = p.scale.detach().to(at::kCPU, at::kFloat).contiguous();
+    at::Tensor zp = p.zero_point.detach().to(at::kCPU, at::kInt).to(qtype).contiguous();
+    std::string key = s.tensor + "|" + s.spec.describe() + "|" +
+                      std::string(static_cast<const char*>(scale.data_ptr()), scale.nbytes()) +
+                      std::string(static_cast<const char*>(zp.data_ptr()), zp.nbytes());
+    Node* consumer = consumers[s.node_index];
+    auto done = made.find(key);
+    if (done != made.end()) {
+      consumer->inputs[s.input_index] = done->second;
+      continue;
+    }
+    const std::string base = s.tensor;
+    const std::string scale_name = g.unique_name(base + "_scale");
+    g.initializers[scale_name] = scale;
+    const std::string zp_name = g.unique_name(base + "_zero_point");
+    g.initializers[zp_name] = zp;
+    auto axis_attrs = [&](Node& n) {
+      if (s.spec.per_channel) n.attributes["axis"] = Attribute::of_int(s.spec.channel_axis);
+    };
+    std::string quantized;
+    if (s.role != InputRole::kActivation) {
+      // Weights (and biases) are stored as integers followed by DequantizeLinear.
+      quantized = g.unique_name(base + "_quantized");
+      g.initializers[quantized] = quantize_to_int(executor_->constants().at(s.tensor).to(at::kCPU), p, s.spec).to(qtype);
+    } else {
+      Node q;
+      q.op_type = "QuantizeLinear";
+      q.name = g.unique_name(base + "_QuantizeLinear");
+      quantized = g.unique_name(base + "_quantized");
+      q.inputs = {s.tensor, scale_name, zp_name};
+      q.outputs = {quantized};
+      axis_attrs(q);
+      g.insert_before(consumer, std::move(q));
+    }
+    Node dq;
+    dq.op_type = "DequantizeLinear";
+    dq.name = g.unique_name(base + "_DequantizeLinear");
+    const std::string dequantized = g.unique_name(base + "_dequantized");
+    dq.inputs = {quantized, scale_name, zp_name};
+    dq.outputs = {dequantized};
+    axis_attrs(dq);
+    g.insert_before(consumer, std::move(dq));
+    consumer->inputs[s.input_index] = dequantized;
+    made[key] = dequantized;
+  }
+  g.prune_dead();  // float weights now read by nobody
+  g.topological_sort();
+  g.validate();
+  return g;
+}
+
+void QuantModel::export_onnx(const std::string& path) const {
+  Graph g = export_graph();
+  save_onnx(g, model_->meta, path);
+}
+
+std::string QuantModel::report_json(const CalibrationStats* stats) const {
+  using nlohmann::json;
+  auto values = [](const at::Tensor& t) {
+    at::Tensor c = t.detach().to(at::kCPU, at::kDouble).contiguous().reshape({-1});
+    return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  };
+  json j;
+  j["model"] = model_->meta.source_path;
+  j["source_opset"] = model_->meta.source_opset;
+  j["backend"] = config_.backend;
+  j["config"] = config_.source;
+  j["nodes"] = model_->graph.num_nodes();
+  json slots = json::array();
+  for (const auto& s : slots_) {
+    json e;
+    e["node"] = s.node_name;
+    e["op_type"] = s.op_type;
+    e["input_index"] = s.input_index;
+    e["tensor"] = s.tensor;
+    e["role"] = s.role == InputRole::kWeight ? "weight" : s.role == InputRole::kBias ? "bias" : "activation";
+    e["scheme"] = s.spec.qscheme();
+    e["bits"] = s.spec.bits;
+    if (s.spec.per_channel) e["axis"] = s.spec.channel_axis;
+    e["observer"] = s.observer_name;
+    e["quantizer"] = s.quantizer_name;
+    e["calibrated"] = s.calibrated;
+    e["fake_fused"] = s.fake_fused;
+    if (s.calibrated) {
+      QParams p = s.role == InputRole::kBias ? s.bias_params : s.quantizer->qparams();
+      e["scale"] = values(p.scale);
+      e["zero_point"] = values(p.zero_point);
+    }
+    slots.push_back(e);
+  }
+  j["quantized_inputs"] = slots;
+  if (stats) {
+    j["calibration"] = {{"samples", stats->samples},
+                        {"batches", stats->batches},
+                        {"seconds", stats->seconds},
+                        {"mode", stats->mode},
+                        {"peak_cached_tensors", stats->peak_cached_tensors}};
+  }
+  return j.dump(2);
+}
+
+}  // namespace sparsebit
