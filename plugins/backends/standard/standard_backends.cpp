@@ -1,0 +1,59 @@
+// The deployment targets shipped with Sparsebit. Their rules are checked when the config is
+// loaded, so an undeployable scheme fails in seconds, not at engine build time.
+//   virtual      simulation only: any bit width from 2 to 16, any scheme
+//   onnxruntime  W8A8 (QuantizeLinear/DequantizeLinear with int8/uint8), any scheme
+//   tensorrt     W8A8; weights symmetric (per channel or per tensor), activations per-tensor
+//                symmetric: TensorRT only accepts a zero point of 0
+
+#include "sparsebit/sdk/plugin.h"
+
+namespace sparsebit::backends {
+namespace {
+
+std::optional<std::string> need_8_bits(const QSpec& s, const std::string& table) {
+  if (s.bits != 8) return table + ".bits = " + std::to_string(s.bits) + ", this backend runs 8-bit only (set bits = 8 or use backend = \"virtual\")";
+  return std::nullopt;
+}
+
+class VirtualBackend final : public Backend {
+ public:
+  std::string description() const override { return "simulation only: any bits 2-16, any scheme"; }
+  std::optional<std::string> check(const QSpec& s, const std::string& table) const override {
+    if (s.is_weight && s.bits > 8) return table + ".bits = " + std::to_string(s.bits) + ": weights take 2 to 8 bits";
+    return std::nullopt;
+  }
+};
+
+class OnnxRuntimeBackend final : public Backend {
+ public:
+  std::string description() const override { return "ONNX Runtime QDQ: W8A8, any scheme"; }
+  std::optional<std::string> check(const QSpec& s, const std::string& table) const override { return need_8_bits(s, table); }
+  // QLinearConv / QGemm add an int32 bias: simulate and export exactly that.
+  bool quantize_bias() const override { return true; }
+};
+
+class TensorRTBackend final : public Backend {
+ public:
+  std::string description() const override {
+    return "TensorRT explicit quantization: W8A8, symmetric weights, per-tensor symmetric activations";
+  }
+  std::optional<std::string> check(const QSpec& s, const std::string& table) const override {
+    if (auto e = need_8_bits(s, table)) return e;
+    if (!s.symmetric)
+      return table + ".qscheme = \"" + s.qscheme() + "\": TensorRT needs a zero point of 0 (use a symmetric scheme)";
+    if (!s.is_weight && s.per_channel)
+      return table + ".qscheme = \"" + s.qscheme() + "\": TensorRT quantizes activations per tensor (use per-tensor-symmetric)";
+    return std::nullopt;
+  }
+};
+
+void register_all(Registrar& r) {
+  r.add_backend<VirtualBackend>("virtual");
+  r.add_backend<OnnxRuntimeBackend>("onnxruntime");
+  r.add_backend<TensorRTBackend>("tensorrt");
+}
+
+}  // namespace
+}  // namespace sparsebit::backends
+
+SPARSEBIT_PLUGIN("sparsebit.backends.standard", "0.1.0", sparsebit::backends::register_all)

@@ -1,0 +1,86 @@
+#pragma once
+// Helpers shared by the op plugins of this repository (not part of the SDK): spatial attribute
+// parsing for Conv/pooling and ONNX padding rules.
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/graph.h"
+
+namespace sparsebit::ops {
+
+/// kernel_shape / strides / dilations / pads / auto_pad of a Conv-like or pooling node.
+struct Window {
+  std::vector<std::int64_t> kernel;     // may be empty for Conv (taken from the weight)
+  std::vector<std::int64_t> strides;
+  std::vector<std::int64_t> dilations;
+  std::vector<std::int64_t> pads;       // [begin..., end...]; empty = all zero
+  std::string auto_pad = "NOTSET";
+  bool ceil_mode = false;
+
+  explicit Window(const Node& n) {
+    kernel = n.attr_ints("kernel_shape");
+    strides = n.attr_ints("strides");
+    dilations = n.attr_ints("dilations");
+    pads = n.attr_ints("pads");
+    auto_pad = n.attr_string("auto_pad", "NOTSET");
+    ceil_mode = n.attr_int("ceil_mode", 0) != 0;
+    if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" && auto_pad != "VALID")
+      throw Error(n.describe() + ": auto_pad '" + auto_pad + "' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID");
+  }
+
+  /// Fills defaults for `spatial` dims and resolves auto_pad against the input's spatial sizes.
+  /// Returns pads as [begin..., end...].
+  std::vector<std::int64_t> resolve(const std::vector<std::int64_t>& in, const std::vector<std::int64_t>& k) {
+    const std::size_t r = in.size();
+    if (strides.empty()) strides.assign(r, 1);
+    if (dilations.empty()) dilations.assign(r, 1);
+    std::vector<std::int64_t> p = pads.empty() ? std::vector<std::int64_t>(2 * r, 0) : pads;
+    if (auto_pad == "VALID") {
+      p.assign(2 * r, 0);
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      for (std::size_t i = 0; i < r; ++i) {
+        std::int64_t out = (in[i] + strides[i] - 1) / strides[i];
+        std::int64_t total = std::max<std::int64_t>(0, (out - 1) * strides[i] + (k[i] - 1) * dilations[i] + 1 - in[i]);
+        std::int64_t small = total / 2, big = total - small;
+        p[i] = auto_pad == "SAME_UPPER" ? small : big;
+        p[i + r] = auto_pad == "SAME_UPPER" ? big : small;
+      }
+    }
+    return p;
+  }
+};
+
+inline std::vector<std::int64_t> spatial_sizes(const at::Tensor& x) {
+  return std::vector<std::int64_t>(x.sizes().begin() + 2, x.sizes().end());
+}
+
+inline bool symmetric(const std::vector<std::int64_t>& pads) {
+  const std::size_t r = pads.size() / 2;
+  for (std::size_t i = 0; i < r; ++i)
+    if (pads[i] != pads[i + r]) return false;
+  return true;
+}
+
+/// Pads the spatial dims of x (N, C, spatial...) with `value`; pads = [begin..., end...].
+inline at::Tensor pad_spatial(const at::Tensor& x, const std::vector<std::int64_t>& pads, double value) {
+  const std::size_t r = pads.size() / 2;
+  std::vector<std::int64_t> torch_pads;  // last dim first: [begin, end, ...]
+  for (std::size_t i = r; i-- > 0;) {
+    torch_pads.push_back(pads[i]);
+    torch_pads.push_back(pads[i + r]);
+  }
+  return at::constant_pad_nd(x, torch_pads, value);
+}
+
+inline std::int64_t normalize_axis(std::int64_t axis, std::int64_t rank, const Node& n) {
+  if (axis < -rank || axis >= std::max<std::int64_t>(rank, 1))
+    throw Error(n.describe() + ": axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+  return axis < 0 ? axis + rank : axis;
+}
+
+}  // namespace sparsebit::ops

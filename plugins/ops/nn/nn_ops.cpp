@@ -1,0 +1,258 @@
+// Ops with weights and the pooling family: Conv, Gemm, MatMul, BatchNormalization, MaxPool,
+// AveragePool, GlobalAveragePool.
+//
+// Quantization roles follow the original toolkit: Conv/Gemm/MatMul quantize their input
+// activation and their weight (per channel along the output-channel axis); average pooling
+// quantizes its input; MaxPool commutes with quantization and passes through; BN is kept in
+// float (it is folded into the conv by the exporter or by fuse_bn).
+
+#include <ATen/ATen.h>
+
+#include "../common.h"
+#include "sparsebit/sdk/plugin.h"
+
+namespace sparsebit::ops {
+namespace {
+
+class QConv final : public QModule {
+ public:
+  explicit QConv(const OpContext& c) : node_(c.node), win_(c.node), group_(c.node.attr_int("group", 1)) {
+    if (group_ < 1) throw Error(node_.describe() + ": group must be >= 1");
+  }
+  std::vector<InputSpec> input_specs() const override {
+    return {{InputRole::kActivation, 0}, {InputRole::kWeight, 0}, {InputRole::kBias, 0}};
+  }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const at::Tensor& w = in.at(1);
+    at::Tensor b = in.size() > 2 ? in[2] : at::Tensor();
+    if (x.dim() < 3 || w.dim() != x.dim())
+      throw Error(node_.describe() + ": input of rank " + std::to_string(x.dim()) + " and weight of rank " +
+                  std::to_string(w.dim()) + " do not fit (expected N,C,spatial... and M,C/group,k...)");
+    std::vector<std::int64_t> k(w.sizes().begin() + 2, w.sizes().end());
+    Window win = win_;
+    auto pads = win.resolve(spatial_sizes(x), k);
+    at::Tensor input = x;
+    std::vector<std::int64_t> padding(k.size(), 0);
+    if (symmetric(pads)) padding.assign(pads.begin(), pads.begin() + static_cast<long>(k.size()));
+    else input = pad_spatial(x, pads, 0.0);
+    return {at::convolution(input, w, b, win.strides, padding, win.dilations, false,
+                            std::vector<std::int64_t>(k.size(), 0), group_)};
+  }
+
+ private:
+  Node node_;
+  Window win_;
+  std::int64_t group_;
+};
+
+class QGemm final : public QModule {
+ public:
+  explicit QGemm(const OpContext& c)
+      : node_(c.node),
+        alpha_(c.node.attr_float("alpha", 1.0)),
+        beta_(c.node.attr_float("beta", 1.0)),
+        trans_a_(c.node.attr_int("transA", 0) != 0),
+        trans_b_(c.node.attr_int("transB", 0) != 0) {}
+  std::vector<InputSpec> input_specs() const override {
+    // Output channels of B are its columns, or its rows when transposed.
+    // C is a bias of A*B only without alpha/beta scaling.
+    const InputRole c_role = alpha_ == 1.0 && beta_ == 1.0 ? InputRole::kBias : InputRole::kFloat;
+    return {{InputRole::kActivation, 0}, {InputRole::kWeight, trans_b_ ? 0 : 1}, {c_role, 0}};
+  }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    at::Tensor a = trans_a_ ? in.at(0).t() : in.at(0);
+    at::Tensor b = trans_b_ ? in.at(1).t() : in.at(1);
+    if (a.dim() != 2 || b.dim() != 2) throw Error(node_.describe() + ": Gemm takes 2-D A and B");
+    at::Tensor y = at::matmul(a, b);
+    if (alpha_ != 1.0) y = y * alpha_;
+    if (in.size() > 2 && in[2].defined()) y = beta_ == 1.0 ? y + in[2] : y + in[2] * beta_;
+    return {y};
+  }
+
+ private:
+  Node node_;
+  double alpha_, beta_;
+  bool trans_a_, trans_b_;
+};
+
+class QMatMul final : public QModule {
+ public:
+  explicit QMatMul(const OpContext&) {}
+  std::vector<InputSpec> input_specs() const override {
+    // A constant B is a weight whose output channels are its last axis; a computed B is
+    // quantized as an activation by the host.
+    return {{InputRole::kActivation, 0}, {InputRole::kWeight, -1}};
+  }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::matmul(in.at(0), in.at(1))}; }
+};
+
+class QBatchNorm final : public QModule {
+ public:
+  explicit QBatchNorm(const OpContext& c)
+      : node_(c.node),
+        eps_(c.node.attr_float("epsilon", 1e-5)),
+        momentum_(c.node.attr_float("momentum", 0.9)),
+        training_(c.node.attr_int("training_mode", 0) != 0) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const at::Tensor &scale = in.at(1), &bias = in.at(2), &mean = in.at(3), &var = in.at(4);
+    if (!training_) return {at::batch_norm(x, scale, bias, mean, var, false, 0.0, eps_, false)};
+    // Training mode: normalize with batch statistics and update the running ones (population
+    // variance, as the ONNX reference does).
+    std::vector<std::int64_t> dims{0};
+    for (std::int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    at::Tensor bmean = x.mean(dims);
+    at::Tensor bvar = x.var(dims, /*unbiased=*/false);
+    std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim()), 1);
+    shape[1] = x.size(1);
+    at::Tensor y = (x - bmean.reshape(shape)) / at::sqrt(bvar.reshape(shape) + eps_) * scale.reshape(shape) +
+                   bias.reshape(shape);
+    return {y, mean * momentum_ + bmean * (1 - momentum_), var * momentum_ + bvar * (1 - momentum_)};
+  }
+
+ private:
+  Node node_;
+  double eps_, momentum_;
+  bool training_;
+};
+
+class QMaxPool final : public QModule {
+ public:
+  explicit QMaxPool(const OpContext& c)
+      : node_(c.node), win_(c.node), storage_order_(c.node.attr_int("storage_order", 0)) {
+    if (win_.kernel.empty()) throw Error(node_.describe() + ": kernel_shape is required");
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const std::size_t r = win_.kernel.size();
+    if (x.dim() != static_cast<std::int64_t>(r) + 2)
+      throw Error(node_.describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " + std::to_string(r) + " dims");
+    Window win = win_;
+    auto pads = win.resolve(spatial_sizes(x), win.kernel);
+    at::Tensor input = x;
+    std::vector<std::int64_t> padding(r, 0);
+    bool prepadded = false;
+    bool fits = symmetric(pads);
+    for (std::size_t i = 0; i < r && fits; ++i) fits = pads[i] * 2 <= win.kernel[i];
+    if (fits) {
+      padding.assign(pads.begin(), pads.begin() + static_cast<long>(r));
+    } else {
+      input = pad_spatial(x, pads, -std::numeric_limits<double>::infinity());
+      prepadded = true;
+    }
+    std::tuple<at::Tensor, at::Tensor> res;
+    if (r == 1) res = at::max_pool1d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
+    else if (r == 2) res = at::max_pool2d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
+    else if (r == 3) res = at::max_pool3d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
+    else throw Error(node_.describe() + ": MaxPool supports 1-3 spatial dims");
+    at::Tensor y = std::get<0>(res);
+    if (node_.outputs.size() < 2 || node_.outputs[1].empty()) return {y};
+    if (prepadded) throw Error(node_.describe() + ": the Indices output with asymmetric or large pads is not supported");
+    return {y, onnx_indices(std::get<1>(res), x)};
+  }
+
+ private:
+  // ATen indexes within one (n, c) plane in row-major order; ONNX indexes the whole tensor, in
+  // row- or column-major order of the spatial dims.
+  at::Tensor onnx_indices(const at::Tensor& plane_idx, const at::Tensor& x) const {
+    const std::int64_t n = x.size(0), c = x.size(1);
+    std::vector<std::int64_t> sp = spatial_sizes(x);
+    std::int64_t plane = 1;
+    for (auto s : sp) plane *= s;
+    at::Tensor idx = plane_idx;
+    if (storage_order_ == 1 && sp.size() == 2) {
+      at::Tensor h = at::floor_divide(idx, sp[1]), w = at::remainder(idx, sp[1]);
+      idx = w * sp[0] + h;
+    }
+    std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim()), 1);
+    shape[0] = n;
+    shape[1] = c;
+    at::Tensor base = at::arange(n * c, idx.options()).reshape(shape) * plane;
+    return idx + base;
+  }
+
+  Node node_;
+  Window win_;
+  std::int64_t storage_order_;
+};
+
+class QAveragePool final : public QModule {
+ public:
+  explicit QAveragePool(const OpContext& c)
+      : node_(c.node), win_(c.node), count_include_pad_(c.node.attr_int("count_include_pad", 0) != 0) {
+    if (win_.kernel.empty()) throw Error(node_.describe() + ": kernel_shape is required");
+  }
+  std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const std::size_t r = win_.kernel.size();
+    if (x.dim() != static_cast<std::int64_t>(r) + 2 || r > 3)
+      throw Error(node_.describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " + std::to_string(r) + " dims");
+    Window win = win_;
+    for (auto d : win.dilations)
+      if (d != 1) throw Error(node_.describe() + ": dilated AveragePool is not supported");
+    auto pads = win.resolve(spatial_sizes(x), win.kernel);
+    // Pad explicitly, then average only over real (count_include_pad=0) or real+padded
+    // (count_include_pad=1) positions; positions past the padded input (ceil_mode) never count.
+    at::Tensor xp = pad_spatial(x, pads, 0.0);
+    at::Tensor sum = window_sum(xp, win);
+    std::vector<std::int64_t> sp_shape{1, 1};
+    for (auto s : spatial_sizes(x)) sp_shape.push_back(s);
+    at::Tensor mask = count_include_pad_ ? at::ones(spatial_with_pads(sp_shape, pads), x.options())
+                                         : pad_spatial(at::ones(sp_shape, x.options()), pads, 0.0);
+    at::Tensor count = window_sum(mask, win);
+    return {sum / count};
+  }
+
+ private:
+  static std::vector<std::int64_t> spatial_with_pads(std::vector<std::int64_t> shape, const std::vector<std::int64_t>& pads) {
+    const std::size_t r = pads.size() / 2;
+    for (std::size_t i = 0; i < r; ++i) shape[i + 2] += pads[i] + pads[i + r];
+    return shape;
+  }
+  // Sum over each window (divisor 1) of the already padded input.
+  static at::Tensor window_sum(const at::Tensor& x, const Window& win) {
+    const std::size_t r = win.kernel.size();
+    std::vector<std::int64_t> zero(r, 0);
+    if (r == 1) {
+      return at::avg_pool2d(x.unsqueeze(-1), {win.kernel[0], 1}, {win.strides[0], 1}, {0, 0}, win.ceil_mode, true, 1)
+          .squeeze(-1);
+    }
+    if (r == 2) return at::avg_pool2d(x, win.kernel, win.strides, zero, win.ceil_mode, true, 1);
+    return at::avg_pool3d(x, win.kernel, win.strides, zero, win.ceil_mode, true, 1);
+  }
+
+  Node node_;
+  Window win_;
+  bool count_include_pad_;
+};
+
+class QGlobalAveragePool final : public QModule {
+ public:
+  explicit QGlobalAveragePool(const OpContext&) {}
+  std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    std::vector<std::int64_t> dims;
+    for (std::int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    return {x.mean(dims, /*keepdim=*/true)};
+  }
+};
+
+void register_all(Registrar& r) {
+  r.add_op<QConv>("Conv");
+  r.add_op<QGemm>("Gemm");
+  r.add_op<QMatMul>("MatMul");
+  r.add_op<QBatchNorm>("BatchNormalization");
+  r.add_op<QMaxPool>("MaxPool");
+  r.add_op<QAveragePool>("AveragePool");
+  r.add_op<QGlobalAveragePool>("GlobalAveragePool");
+}
+
+}  // namespace
+}  // namespace sparsebit::ops
+
+SPARSEBIT_PLUGIN("sparsebit.ops.nn", "0.1.0", sparsebit::ops::register_all)
