@@ -1,0 +1,27 @@
+// Runs an ONNX model in ONNX Runtime (CPU) on .npy inputs and writes each output as .npy.
+//   node run_model.mjs MODEL.onnx --in name=file.npy ... --out name=file.npy ... [--threads N]
+import ort from 'onnxruntime-node';
+import { readNpy, writeNpy } from './npy.mjs';
+
+const args = process.argv.slice(2);
+const model = args[0];
+const inputs = {}; const outputs = {}; let threads = 1;
+for (let i = 1; i < args.length; i += 2) {
+  const [name, file] = (args[i + 1] ?? '').split('=');
+  if (args[i] === '--in') inputs[name] = file;
+  else if (args[i] === '--out') outputs[name] = file;
+  else if (args[i] === '--threads') threads = Number(args[i + 1]);
+  else throw new Error(`unknown argument ${args[i]}`);
+}
+const session = await ort.InferenceSession.create(model, { intraOpNumThreads: threads, interOpNumThreads: 1 });
+const feeds = {};
+for (const [name, file] of Object.entries(inputs)) {
+  const a = readNpy(file);
+  feeds[name] = new ort.Tensor(a.type, a.data, a.shape);
+}
+const result = await session.run(feeds);
+for (const [name, file] of Object.entries(outputs)) {
+  const t = result[name];
+  if (!t) throw new Error(`model has no output '${name}' (outputs: ${Object.keys(result).join(', ')})`);
+  writeNpy(file, t.data, t.dims);
+}
