@@ -37,4 +37,5 @@ function(sparsebit_add_plugin name)
   # Unresolved symbols are an error at link time, not a refusal at load time.
   target_link_options(${name} PRIVATE "LINKER:--no-undefined")
   install(TARGETS ${name} LIBRARY DESTINATION ${SPARSEBIT_PLUGIN_SUBDIR})
+  set_property(GLOBAL APPEND PROPERTY SPARSEBIT_PLUGIN_TARGETS ${name})
 endfunction()

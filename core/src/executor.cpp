@@ -79,10 +79,13 @@ std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " [plugin '" + bound.plugin + "']");
   } catch (const std::exception& e) {
+    // ATen's errors carry a C++ backtrace that means nothing to users.
+    const auto* c10e = dynamic_cast<const c10::Error*>(&e);
+    const std::string what = c10e ? c10e->what_without_backtrace() : e.what();
     std::string shapes;
     for (auto& t : inputs) shapes += (shapes.empty() ? "" : ", ") + (t.defined() ? c10::str(t.sizes()) : std::string("none"));
     throw Error(n.describe() + " failed in plugin '" + bound.plugin + "' on inputs of shapes (" + shapes +
-                "): " + e.what());
+                "): " + what);
   }
   if (out.size() < n.outputs.size()) {
     // Trailing optional outputs may be omitted by the node; only named ones must exist.

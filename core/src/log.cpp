@@ -13,4 +13,13 @@ void log(LogLevel level, const std::string& message) {
   }
 }
 
+void set_log_level(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: spdlog::set_level(spdlog::level::debug); break;
+    case LogLevel::kInfo: spdlog::set_level(spdlog::level::info); break;
+    case LogLevel::kWarn: spdlog::set_level(spdlog::level::warn); break;
+    case LogLevel::kError: spdlog::set_level(spdlog::level::err); break;
+  }
+}
+
 }  // namespace sparsebit::sdk

@@ -118,7 +118,9 @@ std::string Registry::default_plugin_folder() {
   boost::dll::fs::error_code ec;
   auto self = boost::dll::this_line_location(ec);
   if (ec) return {};
-  return (fs::path(self.string()).parent_path() / "sparsebit" / "plugins").string();
+  std::error_code fec;
+  fs::path lib_dir = fs::weakly_canonical(fs::path(self.string()).parent_path(), fec);
+  return (lib_dir / "sparsebit" / "plugins").string();
 }
 
 void Registry::load(const PluginSearch& search) {

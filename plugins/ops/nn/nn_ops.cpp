@@ -143,12 +143,15 @@ class QMaxPool final : public QModule {
       input = pad_spatial(x, pads, -std::numeric_limits<double>::infinity());
       prepadded = true;
     }
+    // ATen pools floating point only; the max of integers is exact in float for 8/16-bit types.
+    const at::ScalarType dtype = input.scalar_type();
+    if (!input.is_floating_point()) input = input.to(at::kFloat);
     std::tuple<at::Tensor, at::Tensor> res;
     if (r == 1) res = at::max_pool1d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
     else if (r == 2) res = at::max_pool2d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
     else if (r == 3) res = at::max_pool3d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
     else throw Error(node_.describe() + ": MaxPool supports 1-3 spatial dims");
-    at::Tensor y = std::get<0>(res);
+    at::Tensor y = std::get<0>(res).to(dtype);
     if (node_.outputs.size() < 2 || node_.outputs[1].empty()) return {y};
     if (prepadded) throw Error(node_.describe() + ": the Indices output with asymmetric or large pads is not supported");
     return {y, onnx_indices(std::get<1>(res), x)};

@@ -12,6 +12,8 @@ namespace sparsebit::sdk {
 enum class LogLevel { kDebug, kInfo, kWarn, kError };
 
 SPARSEBIT_API void log(LogLevel level, const std::string& message);
+/// Messages below `level` are dropped (the CLI sets this from -v / --quiet).
+SPARSEBIT_API void set_log_level(LogLevel level);
 
 inline void log_debug(const std::string& m) { log(LogLevel::kDebug, m); }
 inline void log_info(const std::string& m) { log(LogLevel::kInfo, m); }

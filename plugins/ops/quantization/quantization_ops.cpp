@@ -1,0 +1,80 @@
+// QuantizeLinear and DequantizeLinear, so that QDQ models (our exports, or models quantized
+// elsewhere) run through the executor. Arithmetic per Note [Quantization arithmetic].
+
+#include <ATen/ATen.h>
+
+#include "../common.h"
+#include "sparsebit/sdk/plugin.h"
+
+namespace sparsebit::ops {
+namespace {
+
+// Scale and zero point shaped to broadcast against x along `axis` (per-axis) or as scalars.
+std::pair<at::Tensor, at::Tensor> params(const Node& n, const at::Tensor& x, const at::Tensor& scale,
+                                         const at::Tensor& zp_in, std::int64_t axis_attr) {
+  at::Tensor zp = zp_in.defined() ? zp_in : at::zeros_like(scale, scale.options().dtype(at::kByte));
+  if (scale.numel() == 1 && scale.dim() <= 1) return {scale.reshape({}), zp.reshape({})};
+  if (scale.dim() != 1) throw Error(n.describe() + ": blocked quantization (scale of rank > 1) is not supported");
+  const std::int64_t axis = normalize_axis(axis_attr, x.dim(), n);
+  if (x.size(axis) != scale.numel())
+    throw Error(n.describe() + ": scale has " + std::to_string(scale.numel()) + " values, axis " + std::to_string(axis) +
+                " of the input has " + std::to_string(x.size(axis)));
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim()), 1);
+  shape[static_cast<std::size_t>(axis)] = scale.numel();
+  return {scale.reshape(shape), zp.reshape(shape)};
+}
+
+std::pair<double, double> int_range(at::ScalarType t, const Node& n) {
+  switch (t) {
+    case at::kByte: return {0, 255};
+    case at::kChar: return {-128, 127};
+    case at::kShort: return {-32768, 32767};
+    case at::kInt: return {-2147483648.0, 2147483647.0};
+    default: throw Error(n.describe() + ": unsupported quantized type " + std::string(c10::toString(t)));
+  }
+}
+
+class QQuantizeLinear final : public QModule {
+ public:
+  explicit QQuantizeLinear(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 1)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    at::Tensor zp_in = in.size() > 2 ? in[2] : at::Tensor();
+    auto [s, zp] = params(node_, x, in.at(1), zp_in, axis_);
+    const at::ScalarType qt = zp.scalar_type();
+    auto [lo, hi] = int_range(qt, node_);
+    at::Tensor q = at::round(x.to(at::kFloat) / s.to(at::kFloat)) + zp.to(at::kFloat);
+    return {at::clamp(q.to(at::kLong), static_cast<std::int64_t>(lo), static_cast<std::int64_t>(hi)).to(qt)};
+  }
+
+ private:
+  Node node_;
+  std::int64_t axis_;
+};
+
+class QDequantizeLinear final : public QModule {
+ public:
+  explicit QDequantizeLinear(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 1)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& q = in.at(0);
+    at::Tensor zp_in = in.size() > 2 ? in[2] : at::Tensor();
+    auto [s, zp] = params(node_, q, in.at(1), zp_in, axis_);
+    return {(q.to(at::kFloat) - zp.to(at::kFloat)) * s.to(at::kFloat)};
+  }
+
+ private:
+  Node node_;
+  std::int64_t axis_;
+};
+
+void register_all(Registrar& r) {
+  r.add_op<QQuantizeLinear>("QuantizeLinear");
+  r.add_op<QDequantizeLinear>("DequantizeLinear");
+}
+
+}  // namespace
+}  // namespace sparsebit::ops
+
+SPARSEBIT_PLUGIN("sparsebit.ops.quantization", "0.1.0", sparsebit::ops::register_all)

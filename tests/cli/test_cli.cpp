@@ -1,0 +1,160 @@
+// The `sparsebit` command as users run it: success paths, --help, JSON output, and every bad
+// input the foundation promises a clear message for, with no output file left behind.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "sparsebit/core/data.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+namespace fs = std::filesystem;
+
+using testing::run_cli;
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    calib_ = work_ / "calib";
+    out_ = work_ / "out";
+    fs::create_directories(calib_);
+    fs::create_directories(out_);
+    at::manual_seed(3);
+    write_npy(at::rand({16, 1, 28, 28}), calib_ + "/batch0.npy");
+    write_npy(at::rand({1, 28, 28}), calib_ + "/sample1.npy");
+    config_ = testing::source_path("configs/w8a8_tensorrt.toml");
+  }
+  std::string quantize(const std::string& model, const std::string& calib, const std::string& extra = "") {
+    return "quantize " + model + " -c " + config_ + " --calib " + calib + " -o " + out_ + "/q.onnx " + extra;
+  }
+  // The command failed with one clear message containing every `needle`, and left no file.
+  void expect_failure(const testing::CommandResult& r, const std::vector<std::string>& needles) {
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << "missing '" << n << "' in:\n" << r.output;
+    EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+    EXPECT_EQ(testing::count_files(out_), 0) << "a failed run left files in " << out_;
+  }
+
+  testing::TempDir work_;
+  std::string calib_, out_, config_;
+};
+
+TEST_F(Cli, QuantizeWritesModelAndReport) {
+  auto r = run_cli(quantize(testing::fixture_model(), calib_, "--report " + out_ + "/r.json --batch-size 4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out_ + "/q.onnx"));
+  std::ifstream in(out_ + "/r.json");
+  auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["calibration"]["samples"], 17);
+  EXPECT_EQ(j["calibration"]["batches"], 5);
+  EXPECT_EQ(j["backend"], "tensorrt");
+  EXPECT_GT(j["quantized_inputs"].size(), 10u);
+  EXPECT_EQ(testing::count_files(out_), 2);  // no temporary files left
+}
+
+TEST_F(Cli, HelpOnEveryCommand) {
+  for (const char* cmd : {"--help", "quantize --help", "plugins --help", "inspect --help"}) {
+    auto r = run_cli(cmd);
+    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd;
+  }
+  EXPECT_NE(run_cli("").exit_code, 0);
+}
+
+TEST_F(Cli, PluginsAndInspectJson) {
+  auto r = run_cli("plugins --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  bool conv = false;
+  for (const auto& p : j["plugins"]) {
+    EXPECT_EQ(p["status"], "loaded") << p.dump();
+    for (const auto& reg : p["registered"]) conv = conv || reg == "op:Conv";
+  }
+  EXPECT_TRUE(conv);
+  r = run_cli("inspect --json " + testing::fixture_model());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["inputs"][0]["name"], "image");
+  EXPECT_EQ(j["inputs"][0]["shape"][0], "batch");
+  EXPECT_EQ(j["inputs"][0]["shape"][3], 28);
+  for (const auto& op : j["ops"]) EXPECT_TRUE(op["qmodule"].get<bool>()) << op.dump();
+  r = run_cli("inspect " + std::string(ONNX_TESTDATA_DIR) + "/node/test_abs/model.onnx");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("MISSING"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, NotOnnxAndTruncatedOnnx) {
+  testing::write_text(work_ / "fake.onnx", "definitely not a model");
+  expect_failure(run_cli(quantize(work_ / "fake.onnx", calib_)), {"fake.onnx", "not a valid ONNX model"});
+  std::ifstream in(testing::fixture_model(), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(work_ / "cut.onnx", std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+  expect_failure(run_cli(quantize(work_ / "cut.onnx", calib_)), {"cut.onnx"});
+  expect_failure(run_cli(quantize(work_ / "missing.onnx", calib_)), {"missing.onnx", "no such file"});
+}
+
+TEST_F(Cli, OpWithoutQModule) {
+  expect_failure(run_cli(quantize(std::string(ONNX_TESTDATA_DIR) + "/node/test_abs/model.onnx", calib_)),
+                 {"no QModule for op Abs", "node '", "sparsebit plugins"});
+}
+
+TEST_F(Cli, UnknownConfigKey) {
+  testing::write_text(work_ / "typo.toml", "backend = \"tensorrt\"\n[a]\nobserverr = \"minmax\"\n");
+  config_ = work_ / "typo.toml";
+  expect_failure(run_cli(quantize(testing::fixture_model(), calib_)),
+                 {"typo.toml", "unknown key 'observerr'", "did you mean 'observer'"});
+}
+
+TEST_F(Cli, CalibrationDataThatDoesNotFit) {
+  fs::path bad = work_.path() / "bad_shape";
+  fs::create_directories(bad);
+  write_npy(at::rand({4, 3, 28, 28}), (bad / "x.npy").string());
+  expect_failure(run_cli(quantize(testing::fixture_model(), bad.string())), {"x.npy", "dimension 1 is 3", "needs 1"});
+
+  fs::path dbl = work_.path() / "bad_dtype";
+  fs::create_directories(dbl);
+  write_npy(at::rand({4, 1, 28, 28}).to(at::kDouble), (dbl / "x.npy").string());
+  expect_failure(run_cli(quantize(testing::fixture_model(), dbl.string())), {"x.npy", "double", "float"});
+
+  fs::path empty = work_.path() / "empty";
+  fs::create_directories(empty);
+  expect_failure(run_cli(quantize(testing::fixture_model(), empty.string())), {"empty", "is empty"});
+
+  fs::path nan = work_.path() / "nan";
+  fs::create_directories(nan);
+  at::Tensor t = at::rand({4, 1, 28, 28});
+  t[1][0][3][3] = INFINITY;
+  write_npy(t, (nan / "x.npy").string());
+  expect_failure(run_cli(quantize(testing::fixture_model(), nan.string())), {"x.npy", "NaN or Inf", "sample: 1"});
+}
+
+TEST_F(Cli, OutputPathThatCannotBeWritten) {
+  auto r = run_cli("quantize " + testing::fixture_model() + " -c " + config_ + " --calib " + calib_ +
+                   " -o /nonexistent/dir/q.onnx");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("/nonexistent/dir/q.onnx"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+  r = run_cli("quantize " + testing::fixture_model() + " -c " + config_ + " --calib " + calib_ + " -o " + out_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("is a folder"), std::string::npos) << r.output;
+  EXPECT_EQ(testing::count_files(out_), 0);
+}
+
+TEST_F(Cli, FailedRunKeepsAnExistingOutputIntact) {
+  testing::write_text(out_ + "/q.onnx", "previous");
+  testing::write_text(work_ / "fake.onnx", "garbage");
+  auto r = run_cli(quantize(work_ / "fake.onnx", calib_));
+  EXPECT_NE(r.exit_code, 0);
+  std::ifstream in(out_ + "/q.onnx");
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "previous");
+  EXPECT_EQ(testing::count_files(out_), 1);
+}
+
+}  // namespace
+}  // namespace sparsebit

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the build into a temporary prefix and checks what users of the install get: the
+# layout, a binary that finds its plugins with no environment variable, and a CMake package
+# that builds an out-of-tree plugin the installed binary then loads.
+#   check_install.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build="$1"; src="$2"
+work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+prefix="$work/prefix"
+cmake --install "$build" --prefix "$prefix" >/dev/null
+
+fail() { echo "FAIL: $*"; exit 1; }
+for f in bin/sparsebit include/sparsebit/sdk/plugin.h include/sparsebit/sdk/op.h include/sparsebit/core/quant_model.h \
+         lib/cmake/Sparsebit/SparsebitConfig.cmake lib/cmake/Sparsebit/SparsebitPlugin.cmake; do
+  [[ -e "$prefix/$f" ]] || fail "missing $f"
+done
+n_plugins=$(ls "$prefix"/lib/sparsebit/plugins/*.so | wc -l)
+(( n_plugins >= 8 )) || fail "expected the shipped plugins under lib/sparsebit/plugins, found $n_plugins"
+
+# The installed binary finds its plugins beside its own library, with no environment variable.
+json="$(env -u SPARSEBIT_PLUGIN_PATH "$prefix/bin/sparsebit" plugins --json)"
+loaded=$(grep -c '"status": "loaded"' <<<"$json")
+(( loaded == n_plugins )) || fail "installed binary loaded $loaded of $n_plugins plugins"
+grep -q "\"$prefix/lib/sparsebit/plugins\"" <<<"$json" || fail "installed binary searched the wrong folder"
+
+env -u SPARSEBIT_PLUGIN_PATH "$prefix/bin/sparsebit" -q quantize "$src/examples/fashion_mnist/fashion_mnist_cnn.onnx" \
+  -c "$src/configs/w8a8_tensorrt.toml" --calib /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz \
+  --calib-count 64 -o "$work/q.onnx" || fail "installed binary could not quantize"
+
+# An out-of-tree plugin against the installed SDK.
+mkdir -p "$work/plugin"
+cp "$src/tests/plugin_host/fixtures/good_extra.cpp" "$work/plugin/"
+cat >"$work/plugin/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.22)
+project(extra_plugin CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(Sparsebit REQUIRED)
+sparsebit_add_plugin(good_extra SOURCES good_extra.cpp)
+CMAKE
+cmake -S "$work/plugin" -B "$work/plugin/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" >/dev/null || fail "find_package(Sparsebit) failed"
+cmake --build "$work/plugin/build" >/dev/null || fail "the out-of-tree plugin did not build"
+out="$(SPARSEBIT_PLUGIN_PATH="$work/plugin/build/plugins" "$prefix/bin/sparsebit" plugins)"
+grep -q "loaded  fixture.good_extra" <<<"$out" || fail "the out-of-tree plugin was not loaded: $out"
+echo "install layout, plugin discovery and out-of-tree plugin: ok"

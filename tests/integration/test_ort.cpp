@@ -1,0 +1,88 @@
+// 8-bit Q/DQ agreement with ONNX Runtime: our quantize_to_int / fake_quantize against ORT's
+// QuantizeLinear / DequantizeLinear kernels on the same data, bit for bit.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/sdk/quant.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+struct Case {
+  const char* name;
+  bool symmetric;
+  bool per_channel;
+};
+
+TEST(OnnxRuntime, EightBitQdqMatchesOnnxRuntimeExactly) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  at::manual_seed(7);
+  const std::int64_t channels = 8;
+  // Random values across and beyond the range, plus exact ties (k + 0.5) * scale.
+  at::Tensor x = at::cat({at::randn({64, channels, 16}) * 2.0,
+               ((at::arange(-1024, 1024).to(at::kFloat) + 0.5) * 0.015625).reshape({16, channels, 16})},
+              0)
+          .contiguous();
+  write_npy(x, dir / "x.npy");
+  for (const Case& c : {Case{"int8_symmetric", true, false}, Case{"uint8_affine", false, false},
+                        Case{"int8_per_channel", true, true}}) {
+    QSpec spec;
+    spec.symmetric = c.symmetric;
+    spec.per_channel = c.per_channel;
+    spec.channel_axis = 1;
+    QParams p;
+    if (c.per_channel) {
+      p.scale = at::rand({channels}) * 0.03 + 0.001;
+      p.scale[0] = 0.015625;  // a power of two keeps the ties exact
+      p.zero_point = at::zeros({channels}, at::TensorOptions().dtype(at::kInt));
+    } else {
+      p.scale = at::scalar_tensor(c.symmetric ? 0.015625 : 0.0173, at::kFloat);
+      p.zero_point = at::scalar_tensor(c.symmetric ? 0 : 131, at::TensorOptions().dtype(at::kInt));
+    }
+    const at::ScalarType qt = c.symmetric ? at::kChar : at::kByte;
+    Graph g;
+    g.opset_imports[""] = 13;
+    g.inputs.push_back({"x", 1, true, {{-1, ""}, {channels, ""}, {-1, ""}}, ""});
+    g.outputs.push_back({"q", c.symmetric ? 3 : 2, true, {{-1, ""}, {channels, ""}, {-1, ""}}, ""});
+    g.outputs.push_back({"y", 1, true, {{-1, ""}, {channels, ""}, {-1, ""}}, ""});
+    g.initializers["s"] = p.scale.to(at::kFloat);
+    g.initializers["zp"] = p.zero_point.to(qt);
+    Node qn;
+    qn.name = "q";
+    qn.op_type = "QuantizeLinear";
+    qn.inputs = {"x", "s", "zp"};
+    qn.outputs = {"q"};
+    Node dqn;
+    dqn.name = "dq";
+    dqn.op_type = "DequantizeLinear";
+    dqn.inputs = {"q", "s", "zp"};
+    dqn.outputs = {"y"};
+    if (c.per_channel) {
+      qn.attributes["axis"] = Attribute::of_int(1);
+      dqn.attributes["axis"] = Attribute::of_int(1);
+    }
+    g.append(qn);
+    g.append(dqn);
+    ModelMeta meta;
+    save_onnx(g, meta, dir / (std::string(c.name) + ".onnx"));
+    auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " +
+                                  (dir / (std::string(c.name) + ".onnx")) + " --in x=" + (dir / "x.npy") +
+                                  " --out q=" + (dir / "q.npy") + " --out y=" + (dir / "y.npy"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    at::Tensor ort_q = read_npy(dir / "q.npy");
+    at::Tensor ort_y = read_npy(dir / "y.npy");
+    at::Tensor our_q = quantize_to_int(x, p, spec).to(qt);
+    at::Tensor our_y = fake_quantize(x, p, spec);
+    EXPECT_TRUE(at::equal(ort_q, our_q)) << c.name << ": " << (ort_q.to(at::kInt) != our_q.to(at::kInt)).sum().item<int>()
+                                         << " integers differ";
+    EXPECT_TRUE(at::equal(ort_y, our_y)) << c.name << ": max diff " << (ort_y - our_y).abs().max().item<float>();
+  }
+}
+
+}  // namespace
+}  // namespace sparsebit

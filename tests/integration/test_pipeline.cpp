@@ -1,0 +1,182 @@
+// The library pipeline on the bundled Fashion-MNIST model: slots, calibration modes, release
+// of cached values, export structure, autograd, and the errors users hit first.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/sdk/error.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+const std::string kImages = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+
+Config config_for(const std::string& backend_config, int count = 128, const std::string& mode = "streaming") {
+  Config c = Config::from_file(testing::source_path("configs/" + backend_config));
+  c.calibration.count = count;
+  c.calibration.mode = mode;
+  return c;
+}
+
+QuantModel calibrated(const Config& c) {
+  QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+  auto data = open_dataset(kImages, qm.graph().inputs);
+  qm.calibrate(*data);
+  return qm;
+}
+
+at::Tensor test_batch(std::int64_t n) { return read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", n).to(at::kFloat).div(255).unsqueeze(1); }
+
+TEST(Pipeline, SlotsFollowOpRolesAndFusedChains) {
+  QuantModel qm(load_onnx(testing::fixture_model()), config_for("w8a8_tensorrt.toml"), testing::shipped_registry());
+  int conv_w = 0, conv_a = 0, fused = 0;
+  for (const auto& s : qm.slots()) {
+    if (s.op_type == "Conv" && s.role == InputRole::kWeight) {
+      ++conv_w;
+      EXPECT_TRUE(s.spec.per_channel);
+      EXPECT_EQ(s.spec.channel_axis, 0);
+    }
+    if (s.op_type == "Conv" && s.role == InputRole::kActivation) ++conv_a;
+    if (s.op_type == "Relu") {
+      // Every Relu here follows a Conv, Gemm or Add: its input quantizer is fused away.
+      EXPECT_TRUE(s.fake_fused) << s.where();
+      ++fused;
+    }
+    EXPECT_NE(s.role, InputRole::kBias) << "tensorrt keeps biases in float";
+    if (s.op_type == "Gemm" && s.role == InputRole::kWeight) EXPECT_EQ(s.spec.channel_axis, 0);  // transB = 1
+  }
+  EXPECT_EQ(conv_w, 5);
+  EXPECT_EQ(conv_a, 5);
+  EXPECT_EQ(fused, 6);
+}
+
+TEST(Pipeline, OnnxRuntimeBackendQuantizesBiasesAtActivationTimesWeightScale) {
+  QuantModel qm = calibrated(config_for("w8a8_onnxruntime.toml"));
+  int biases = 0;
+  for (const auto& s : qm.slots()) {
+    if (s.role != InputRole::kBias) continue;
+    ++biases;
+    const auto& a = qm.slots()[static_cast<std::size_t>(s.bias_activation)];
+    const auto& w = qm.slots()[static_cast<std::size_t>(s.bias_weight)];
+    at::Tensor expected = a.quantizer->qparams().scale * w.quantizer->qparams().scale;
+    EXPECT_TRUE(at::allclose(s.bias_params.scale, expected)) << s.where();
+    EXPECT_EQ(s.spec.bits, 32);
+  }
+  EXPECT_EQ(biases, 7);  // 5 Conv + 2 Gemm
+}
+
+TEST(Pipeline, StreamingAndLayerwiseCalibrationAgreeAndLayerwiseReleasesEarly) {
+  QuantModel a = calibrated(config_for("w8a8_tensorrt.toml", 96, "streaming"));
+  Config lc = config_for("w8a8_tensorrt.toml", 96, "layerwise");
+  lc.calibration.batch_size = 16;
+  QuantModel b(load_onnx(testing::fixture_model()), lc, testing::shipped_registry());
+  auto data = open_dataset(kImages, b.graph().inputs);
+  CalibrationStats stats = b.calibrate(*data);
+  EXPECT_EQ(stats.samples, 96);
+  EXPECT_EQ(stats.batches, 6);
+  ASSERT_EQ(a.slots().size(), b.slots().size());
+  for (std::size_t i = 0; i < a.slots().size(); ++i) {
+    if (!a.slots()[i].calibrated) continue;
+    EXPECT_TRUE(at::equal(a.slots()[i].quantizer->qparams().scale, b.slots()[i].quantizer->qparams().scale))
+        << a.slots()[i].where();
+  }
+  // Release by out-degree: at most the residual branch plus the current output are cached,
+  // per batch (a graph of 19 nodes would cache 20 values per batch without release).
+  EXPECT_LE(stats.peak_cached_tensors, 3u * 6u);
+  EXPECT_GE(stats.peak_cached_tensors, 6u);
+}
+
+TEST(Pipeline, ExecutorFreesIntermediatesAfterTheirLastReader) {
+  QuantModel qm(load_onnx(testing::fixture_model()), config_for("w8a8_tensorrt.toml"), testing::shipped_registry());
+  qm.forward({test_batch(4)});
+  EXPECT_LE(qm.executor().last_peak_live(), 3u);
+}
+
+TEST(Pipeline, ExportedQdqGraphRunsToTheSimulatedOutputs) {
+  for (const char* cfg : {"w8a8_tensorrt.toml", "w8a8_onnxruntime.toml"}) {
+    QuantModel qm = calibrated(config_for(cfg));
+    Graph g = qm.export_graph();
+    int q = 0, dq = 0;
+    for (const Node* n : g.nodes()) {
+      q += n->op_type == "QuantizeLinear";
+      dq += n->op_type == "DequantizeLinear";
+    }
+    std::size_t active = 0, weights = 0;
+    for (const auto& s : qm.slots()) {
+      active += !s.fake_fused;
+      weights += !s.fake_fused && s.role != InputRole::kActivation;
+    }
+    EXPECT_EQ(static_cast<std::size_t>(dq), active) << cfg;
+    EXPECT_EQ(static_cast<std::size_t>(q), active - weights) << cfg;  // weights are stored as integers
+    for (const auto& s : qm.slots()) {
+      if (s.fake_fused) continue;
+      const Node* consumer = g.find_node(s.node_name);
+      ASSERT_TRUE(consumer);
+      EXPECT_NE(consumer->inputs[s.input_index].find("_dequantized"), std::string::npos) << s.where();
+    }
+    // Our executor runs the exported QDQ graph to the same numbers as the simulation.
+    Executor ex(g, testing::shipped_registry());
+    at::Tensor x = test_batch(64);
+    at::Tensor from_export = ex.run({{"image", x}})[0];
+    qm.set_quant(true, true);
+    at::Tensor simulated = qm.forward({x})[0];
+    EXPECT_TRUE(at::allclose(from_export, simulated, 1e-5, 1e-5)) << cfg << ": max diff "
+                                                                   << (from_export - simulated).abs().max().item<float>();
+  }
+}
+
+TEST(Pipeline, GradientsFlowThroughTheSimulatedModel) {
+  QuantModel qm = calibrated(config_for("w8a8_tensorrt.toml"));
+  qm.set_quant(true, true);
+  at::Tensor x = test_batch(8).set_requires_grad(true);
+  qm.forward({x})[0].pow(2).sum().backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_GT(x.grad().abs().sum().item<float>(), 0.0f);
+}
+
+TEST(Pipeline, OpWithoutQModuleNamesOpNodeAndThePluginsCommand) {
+  Model m = load_onnx(std::string(ONNX_TESTDATA_DIR) + "/node/test_abs/model.onnx");
+  try {
+    QuantModel qm(std::move(m), config_for("w8a8_tensorrt.toml"), testing::shipped_registry());
+    FAIL();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("no QModule for op Abs"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("node '"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("sparsebit plugins"), std::string::npos) << msg;
+  }
+}
+
+TEST(Pipeline, BackendRulesAreCheckedWhenTheModelIsBuilt) {
+  Config c = config_for("w8a8_tensorrt.toml");
+  c.a.qscheme = "per-tensor-affine";
+  try {
+    QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[a] breaks the rules of backend 'tensorrt'"), std::string::npos) << e.what();
+  }
+  c = config_for("w8a8_tensorrt.toml");
+  c.backend = "tpu9000";
+  try {
+    QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("installed: onnxruntime, tensorrt, virtual"), std::string::npos) << e.what();
+  }
+  c = config_for("w8a8_tensorrt.toml");
+  c.w.observer_options.set("alpah", 0.1);
+  EXPECT_THROW(QuantModel(load_onnx(testing::fixture_model()), c, testing::shipped_registry()), Error);
+}
+
+TEST(Pipeline, SkipGlobsKeepNodesInFloat) {
+  Config c = config_for("w8a8_tensorrt.toml");
+  c.skip = {"/fc*"};
+  QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+  for (const auto& s : qm.slots()) EXPECT_EQ(s.node_name.rfind("/fc", 0), std::string::npos) << s.where();
+}
+
+}  // namespace
+}  // namespace sparsebit

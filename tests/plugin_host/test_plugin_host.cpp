@@ -1,0 +1,121 @@
+// The plugin host's gates: each broken fixture is refused with the file and the reason, and
+// every other plugin still loads.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "sparsebit/core/registry.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+namespace fs = std::filesystem;
+
+const PluginRecord* find(const Registry& r, const std::string& file_part) {
+  for (const auto& p : r.plugins())
+    if (p.file.find(file_part) != std::string::npos) return &p;
+  return nullptr;
+}
+
+class PluginHost : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PluginSearch s;
+    s.paths = {SPARSEBIT_FIXTURE_PLUGINS};  // fixtures first, then the shipped plugins
+    s.use_environment = false;
+    registry_.load(s);
+  }
+  Registry registry_;
+};
+
+TEST_F(PluginHost, GoodPluginsLoadBesideBrokenOnes) {
+  const PluginRecord* good = find(registry_, "fixture_good_extra");
+  ASSERT_TRUE(good);
+  EXPECT_EQ(good->status, PluginRecord::Status::kLoaded) << good->reason;
+  EXPECT_TRUE(registry_.observer("fixture_zero"));
+  EXPECT_TRUE(registry_.observer("minmax"));
+  EXPECT_TRUE(registry_.op("Conv", ""));
+}
+
+TEST_F(PluginHost, WrongAbiIsRefusedNamingBothValues) {
+  const PluginRecord* p = find(registry_, "fixture_wrong_abi");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, PluginRecord::Status::kRefused);
+  EXPECT_EQ(p->gate, "abi_version");
+  EXPECT_NE(p->reason.find("ABI version 42"), std::string::npos) << p->reason;
+  EXPECT_NE(p->reason.find("host has 1"), std::string::npos) << p->reason;
+}
+
+TEST_F(PluginHost, WrongFingerprintIsRefusedBeforeItsCodeRuns) {
+  const PluginRecord* p = find(registry_, "fixture_wrong_torch");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, PluginRecord::Status::kRefused);
+  EXPECT_EQ(p->gate, "torch_version");
+  EXPECT_NE(p->reason.find("LibTorch 0.4"), std::string::npos) << p->reason;
+  EXPECT_NE(p->reason.find("fixture.wrong_torch"), std::string::npos) << p->reason;
+}
+
+TEST_F(PluginHost, NewerSdkMinorIsRefused) {
+  const PluginRecord* p = find(registry_, "fixture_wrong_sdk");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->gate, "sdk_version");
+  EXPECT_NE(p->reason.find("SDK 0.2"), std::string::npos) << p->reason;
+}
+
+TEST_F(PluginHost, MissingEntrySymbolIsRefused) {
+  const PluginRecord* p = find(registry_, "fixture_no_entry");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, PluginRecord::Status::kRefused);
+  EXPECT_EQ(p->gate, "entry_symbol");
+  EXPECT_NE(p->reason.find("sparsebit_plugin_descriptor"), std::string::npos) << p->reason;
+}
+
+TEST_F(PluginHost, ThrowingRegisterLeavesNothingBehind) {
+  const PluginRecord* p = find(registry_, "fixture_throwing_register");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, PluginRecord::Status::kRefused);
+  EXPECT_EQ(p->gate, "register");
+  EXPECT_NE(p->reason.find("fixture failure during registration"), std::string::npos) << p->reason;
+  EXPECT_FALSE(registry_.observer("fixture_half_registered"));  // staged, never committed
+}
+
+TEST_F(PluginHost, DuplicateNameIsRefusedNamingBothLibraries) {
+  // Fixtures load first, so the fixture owns op:Relu and the shipped plugin is the duplicate.
+  const PluginRecord* fixture = find(registry_, "fixture_duplicate_op");
+  const PluginRecord* shipped = find(registry_, "sparsebit_ops_activation");
+  ASSERT_TRUE(fixture && shipped);
+  EXPECT_EQ(fixture->status, PluginRecord::Status::kLoaded);
+  EXPECT_EQ(shipped->status, PluginRecord::Status::kRefused);
+  EXPECT_EQ(shipped->gate, "duplicate");
+  EXPECT_NE(shipped->reason.find("op:Relu"), std::string::npos) << shipped->reason;
+  EXPECT_NE(shipped->reason.find("fixture_duplicate_op"), std::string::npos) << shipped->reason;
+  EXPECT_NE(shipped->reason.find("sparsebit_ops_activation"), std::string::npos) << shipped->reason;
+}
+
+TEST(PluginHostFilters, DisableGlobsAndDiscoveryOrder) {
+  Registry r;
+  PluginSearch s;
+  s.use_environment = false;
+  s.disable = {"*.minmax"};
+  r.load(s);
+  EXPECT_FALSE(r.observer("minmax"));
+  const PluginRecord* p = find(r, "sparsebit_observer_minmax");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, PluginRecord::Status::kDisabled);
+  EXPECT_EQ(r.searched_folders().back(), Registry::default_plugin_folder());
+}
+
+TEST(PluginHostFilters, EnvironmentPathIsSearchedBeforeTheDefaultFolder) {
+  setenv("SPARSEBIT_PLUGIN_PATH", SPARSEBIT_FIXTURE_PLUGINS, 1);
+  Registry r;
+  r.load({});
+  unsetenv("SPARSEBIT_PLUGIN_PATH");
+  ASSERT_GE(r.searched_folders().size(), 2u);
+  EXPECT_EQ(r.searched_folders()[0], SPARSEBIT_FIXTURE_PLUGINS);
+  EXPECT_TRUE(r.observer("fixture_zero"));
+}
+
+}  // namespace
+}  // namespace sparsebit

@@ -1,0 +1,87 @@
+#pragma once
+// Shared helpers for the test suite: the registry of the shipped plugins, temporary folders,
+// running the CLI.
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit::testing {
+
+namespace fs = std::filesystem;
+
+/// The plugins built with this tree, loaded once (no environment, no config paths).
+inline const Registry& shipped_registry() {
+  static Registry* r = [] {
+    sdk::set_log_level(sdk::LogLevel::kWarn);  // keep test output to what matters
+    auto* reg = new Registry();
+    PluginSearch s;
+    s.use_environment = false;
+    reg->load(s);
+    return reg;
+  }();
+  return *r;
+}
+
+inline std::string fixture_model() { return std::string(SPARSEBIT_SOURCE_DIR) + "/examples/fashion_mnist/fashion_mnist_cnn.onnx"; }
+inline std::string source_path(const std::string& rel) { return std::string(SPARSEBIT_SOURCE_DIR) + "/" + rel; }
+
+/// A fresh folder under the system temp dir, removed at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = fs::temp_directory_path() / ("sparsebit_test_" + std::to_string(rd()) + std::to_string(rd()));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+inline CommandResult run_command(const std::string& command) {
+  CommandResult r{-1, ""};
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), static_cast<int>(buf.size()), p)) r.output += buf.data();
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+inline CommandResult run_cli(const std::string& args) {
+  return run_command("SPARSEBIT_PLUGIN_PATH= " + std::string(SPARSEBIT_CLI) + " " + args);
+}
+
+/// Files in a folder whose names start with `prefix` (temporary outputs left behind?).
+inline int count_files(const fs::path& dir) {
+  int n = 0;
+  for (auto& e : fs::directory_iterator(dir)) n += e.is_regular_file();
+  return n;
+}
+
+}  // namespace sparsebit::testing

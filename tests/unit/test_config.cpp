@@ -1,0 +1,108 @@
+// Config parsing: defaults, every key, and errors that name the key and suggest a fix.
+
+#include <gtest/gtest.h>
+
+#include "sparsebit/core/config.h"
+#include "sparsebit/sdk/error.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+std::string error_of(const std::string& toml) {
+  try {
+    Config::from_string(toml, "test.toml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, ShippedConfigsParse) {
+  for (const char* name : {"configs/w8a8_tensorrt.toml", "configs/w8a8_onnxruntime.toml"}) {
+    Config c = Config::from_file(testing::source_path(name));
+    EXPECT_EQ(c.w.bits, 8) << name;
+    EXPECT_TRUE(c.w.spec(true, 0).per_channel) << name;
+    EXPECT_EQ(c.calibration.count, 512) << name;
+  }
+  Config trt = Config::from_file(testing::source_path("configs/w8a8_tensorrt.toml"));
+  EXPECT_EQ(trt.backend, "tensorrt");
+  EXPECT_TRUE(trt.a.spec(false, 1).symmetric);
+  Config ort = Config::from_file(testing::source_path("configs/w8a8_onnxruntime.toml"));
+  EXPECT_FALSE(ort.a.spec(false, 1).symmetric);
+}
+
+TEST(Config, ReadsEveryKey) {
+  Config c = Config::from_string(R"(
+backend = "onnxruntime"
+skip = ["fc*"]
+[w]
+qscheme = "per-tensor-affine"
+bits = 4
+observer = "minmax"
+quantizer = "uniform"
+narrow_range = true
+[w.observer_options]
+alpha = 0.5
+[a]
+disable = true
+[schedule]
+disable_unnecessary_quant = false
+[calibration]
+batch_size = 7
+count = 100
+device = "cpu"
+mode = "layerwise"
+[plugins]
+paths = ["extra"]
+enable = ["sparsebit.*"]
+disable = ["*.minmax"]
+)", "/cfg/dir/test.toml");
+  EXPECT_EQ(c.backend, "onnxruntime");
+  EXPECT_EQ(c.skip, std::vector<std::string>{"fc*"});
+  QSpec w = c.w.spec(true, 0);
+  EXPECT_EQ(w.bits, 4);
+  EXPECT_FALSE(w.symmetric);
+  EXPECT_FALSE(w.per_channel);
+  EXPECT_TRUE(w.narrow_range);
+  EXPECT_DOUBLE_EQ(c.w.observer_options.get_double("alpha", 0), 0.5);
+  EXPECT_TRUE(c.a.disable);
+  EXPECT_FALSE(c.schedule.at(0).enabled);
+  EXPECT_EQ(c.calibration.batch_size, 7);
+  EXPECT_EQ(c.calibration.count, 100);
+  EXPECT_EQ(c.calibration.mode, "layerwise");
+  EXPECT_EQ(c.plugins.paths, std::vector<std::string>{"/cfg/dir/extra"});  // relative to the config
+  EXPECT_EQ(c.plugins.disable, std::vector<std::string>{"*.minmax"});
+}
+
+TEST(Config, UnknownKeysSuggestTheNearestValidKey) {
+  std::string e = error_of("[w]\nqschem = \"per-tensor-symmetric\"\n");
+  EXPECT_NE(e.find("unknown key 'qschem'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'qscheme'"), std::string::npos) << e;
+  EXPECT_NE(e.find("test.toml"), std::string::npos) << e;
+  e = error_of("bakend = \"tensorrt\"\n");
+  EXPECT_NE(e.find("did you mean 'backend'"), std::string::npos) << e;
+  e = error_of("[calibration]\nbatchsize = 3\n");
+  EXPECT_NE(e.find("did you mean 'batch_size'"), std::string::npos) << e;
+  e = error_of("[plugin]\npaths = []\n");
+  EXPECT_NE(e.find("did you mean 'plugins'"), std::string::npos) << e;
+}
+
+TEST(Config, BadValuesNameTheKey) {
+  EXPECT_NE(error_of("[w]\nbits = \"eight\"\n").find("w.bits must be an integer"), std::string::npos);
+  EXPECT_NE(error_of("[w]\nbits = 1\n").find("between 2 and 16"), std::string::npos);
+  std::string e = error_of("[a]\nqscheme = \"per-tensor-symetric\"\n");
+  EXPECT_NE(e.find("did you mean 'per-tensor-symmetric'"), std::string::npos) << e;
+  EXPECT_NE(error_of("[calibration]\nmode = \"fast\"\n").find("calibration.mode"), std::string::npos);
+  EXPECT_NE(error_of("[plugins]\npaths = \"x\"\n").find("plugins.paths must be an array"), std::string::npos);
+  EXPECT_NE(error_of("backend = \n").find("invalid TOML"), std::string::npos);
+  EXPECT_THROW(Config::from_file("/nonexistent/config.toml"), Error);
+}
+
+TEST(Config, NearestOnlySuggestsCloseKeys) {
+  EXPECT_EQ(nearest("qschem", {"qscheme", "bits"}), "qscheme");
+  EXPECT_EQ(nearest("zzzzzzzz", {"qscheme", "bits"}), "");
+}
+
+}  // namespace
+}  // namespace sparsebit

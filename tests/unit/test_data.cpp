@@ -1,0 +1,133 @@
+// Calibration data: the three layouts, batching, and the errors for data that does not fit.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <fstream>
+
+#include "sparsebit/core/data.h"
+#include "sparsebit/sdk/error.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<ValueInfo> image_input() {
+  ValueInfo v;
+  v.name = "image";
+  v.elem_type = 1;
+  v.has_shape = true;
+  v.shape = {{-1, "batch"}, {1, ""}, {28, ""}, {28, ""}};
+  return {v};
+}
+
+std::string expect_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an error";
+  return "";
+}
+
+std::int64_t drain(Dataset& d, const std::vector<ValueInfo>& in, std::int64_t batch, std::int64_t limit,
+                   std::vector<std::int64_t>* sizes = nullptr) {
+  Batcher b(d, in, batch, limit);
+  std::int64_t n = 0;
+  while (auto x = b.next()) {
+    n += x->inputs[0].size(0);
+    if (sizes) sizes->push_back(x->inputs[0].size(0));
+  }
+  return n;
+}
+
+TEST(Data, NpyRoundTripAndSingleSamplesAndBatches) {
+  testing::TempDir dir;
+  at::Tensor batch = at::rand({5, 1, 28, 28});
+  write_npy(batch, dir / "a_batch.npy");
+  write_npy(at::rand({1, 28, 28}), dir / "b_sample.npy");
+  EXPECT_TRUE(at::equal(read_npy(dir / "a_batch.npy"), batch));
+  auto d = open_dataset(dir.path().string(), image_input());
+  std::vector<std::int64_t> sizes;
+  EXPECT_EQ(drain(*d, image_input(), 4, 0, &sizes), 6);
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{4, 2}));
+}
+
+TEST(Data, IdxFileStreamsAndIsScaledToUnitRange) {
+  const std::string images = std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz";
+  auto d = open_dataset(images, image_input());
+  Batcher b(*d, image_input(), 64, 100);
+  auto first = b.next();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->inputs[0].sizes(), (std::vector<std::int64_t>{64, 1, 28, 28}));
+  EXPECT_GE(first->inputs[0].min().item<float>(), 0.0f);
+  EXPECT_LE(first->inputs[0].max().item<float>(), 1.0f);
+  at::Tensor raw = read_idx(images, 1);
+  EXPECT_TRUE(at::allclose(first->inputs[0][0].reshape({28, 28}), raw[0].to(at::kFloat) / 255));
+  EXPECT_EQ(b.next()->inputs[0].size(0), 36);  // limit 100
+  EXPECT_FALSE(b.next());
+}
+
+TEST(Data, OnnxTestLayoutFeedsInputsByName) {
+  testing::TempDir dir;
+  ValueInfo a{"a", 1, true, {{-1, ""}, {3, ""}}, ""}, b{"b", 7, true, {{-1, ""}}, ""};
+  for (int set = 0; set < 2; ++set) {
+    auto sd = dir.path() / ("test_data_set_" + std::to_string(set));
+    fs::create_directories(sd);
+    // input_0.pb is named "b": it must reach input b whatever its position.
+    onnx::TensorProto p;
+    p.set_name("b");
+    p.add_dims(2);
+    p.set_data_type(7);
+    p.add_int64_data(set);
+    p.add_int64_data(10 + set);
+    std::ofstream(sd / "input_0.pb", std::ios::binary) << p.SerializeAsString();
+    onnx::TensorProto q;
+    q.set_name("a");
+    q.add_dims(2);
+    q.add_dims(3);
+    q.set_data_type(1);
+    for (int i = 0; i < 6; ++i) q.add_float_data(float(i));
+    std::ofstream(sd / "input_1.pb", std::ios::binary) << q.SerializeAsString();
+  }
+  auto d = open_dataset(dir.path().string(), {a, b});
+  Batcher batcher(*d, {a, b}, 10, 0);
+  auto x = batcher.next();
+  ASSERT_TRUE(x);
+  EXPECT_EQ(x->inputs[0].sizes(), (std::vector<std::int64_t>{4, 3}));
+  EXPECT_EQ(x->inputs[1][3].item<std::int64_t>(), 11);
+}
+
+TEST(Data, MismatchedShapeTypeEmptyAndNanAreClearErrors) {
+  testing::TempDir dir;
+  write_npy(at::rand({2, 1, 32, 32}), dir / "wrong_shape.npy");
+  std::string e = expect_error([&] { drain(*open_dataset(dir / "wrong_shape.npy", image_input()), image_input(), 8, 0); });
+  EXPECT_NE(e.find("wrong_shape.npy"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs 28"), std::string::npos) << e;
+
+  write_npy(at::rand({2, 1, 28, 28}).to(at::kDouble), dir / "double.npy");
+  e = expect_error([&] { drain(*open_dataset(dir / "double.npy", image_input()), image_input(), 8, 0); });
+  EXPECT_NE(e.find("data is double, the model input is float"), std::string::npos) << e;
+
+  at::Tensor bad = at::rand({3, 1, 28, 28});
+  bad[2][0][5][5] = NAN;
+  write_npy(bad, dir / "nan.npy");
+  e = expect_error([&] { drain(*open_dataset(dir / "nan.npy", image_input()), image_input(), 8, 0); });
+  EXPECT_NE(e.find("NaN or Inf"), std::string::npos) << e;
+  EXPECT_NE(e.find("first bad sample: 2"), std::string::npos) << e;
+
+  testing::TempDir empty;
+  e = expect_error([&] { open_dataset(empty.path().string(), image_input()); });
+  EXPECT_NE(e.find("is empty"), std::string::npos) << e;
+
+  testing::write_text(dir / "notes.txt", "hello");
+  e = expect_error([&] { open_dataset(dir / "notes.txt", image_input()); });
+  EXPECT_NE(e.find("not a calibration format"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace sparsebit

@@ -1,0 +1,136 @@
+// Quantization arithmetic against independent references: torch's fake_quantize_* ops and
+// hand-computed values.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/quant.h"
+
+namespace sparsebit {
+namespace {
+
+QParams per_tensor(double scale, int zp) {
+  return {at::scalar_tensor(scale, at::kFloat), at::scalar_tensor(zp, at::TensorOptions().dtype(at::kInt))};
+}
+
+TEST(Quant, RangesFollowBitsSchemeAndNarrowRange) {
+  QSpec s;
+  EXPECT_EQ(s.qmin(), -128);
+  EXPECT_EQ(s.qmax(), 127);
+  s.narrow_range = true;
+  EXPECT_EQ(s.qmin(), -127);
+  s.symmetric = false;
+  s.narrow_range = false;
+  EXPECT_EQ(s.qmin(), 0);
+  EXPECT_EQ(s.qmax(), 255);
+  s.bits = 4;
+  EXPECT_EQ(s.qmax(), 15);
+  s.symmetric = true;
+  EXPECT_EQ(s.qmin(), -8);
+  EXPECT_EQ(s.qmax(), 7);
+}
+
+TEST(Quant, RoundsHalfToEvenByHand) {
+  // scale 0.5 makes x / scale exact, so ties are real ties.
+  QSpec s;
+  at::Tensor x = at::tensor({0.25f, 0.75f, 1.25f, -0.25f, -0.75f, 100.0f, -100.0f}, at::kFloat);
+  at::Tensor q = quantize_to_int(x, per_tensor(0.5, 0), s);
+  std::vector<int> expected = {0, 2, 2, 0, -2, 127, -128};  // 0.5->0, 1.5->2, 2.5->2, clamps
+  for (std::size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(q[static_cast<long>(i)].item<int>(), expected[i]) << i;
+  at::Tensor fq = fake_quantize(x, per_tensor(0.5, 0), s);
+  EXPECT_FLOAT_EQ(fq[1].item<float>(), 1.0f);
+  EXPECT_FLOAT_EQ(fq[5].item<float>(), 63.5f);
+  EXPECT_FLOAT_EQ(fq[6].item<float>(), -64.0f);
+}
+
+// torch multiplies by a float reciprocal of the scale where ONNX Runtime (and we) divide; the
+// two quotients can land on different sides of a rounding boundary. Everywhere else the results
+// must be identical, and those places must be exactly the ones where the quotients round apart.
+TEST(Quant, PerTensorMatchesTorchFakeQuantizeExactly) {
+  at::manual_seed(0);
+  at::Tensor x = at::randn({1 << 20}) * 3.0;
+  for (auto [symmetric, scale, zp] : {std::tuple{true, 0.0173, 0}, {false, 0.031, 97}, {false, 0.002, 255}}) {
+    QSpec s;
+    s.symmetric = symmetric;
+    at::Tensor ours = fake_quantize(x, per_tensor(scale, zp), s);
+    at::Tensor ref = at::fake_quantize_per_tensor_affine(x, scale, zp, s.qmin(), s.qmax());
+    const float fscale = static_cast<float>(scale);
+    at::Tensor rounds_apart = at::round(x / fscale) != at::round(x * (1.0f / fscale));
+    at::Tensor differ = ours != ref;
+    EXPECT_TRUE(at::equal(differ, at::logical_and(differ, rounds_apart))) << "scale " << scale << ": a difference "
+                                                                           << "not explained by division vs reciprocal";
+    EXPECT_LT(differ.sum().item<std::int64_t>(), x.numel() / 10000) << "scale " << scale;
+    at::Tensor same = at::logical_not(rounds_apart);
+    EXPECT_TRUE(at::equal(ours.masked_select(same), ref.masked_select(same))) << "scale " << scale;
+  }
+  // With a power-of-two scale both are exact, so torch and we agree everywhere, ties included.
+  QSpec s;
+  at::Tensor ties = (at::arange(-300, 300).to(at::kFloat) + 0.5) * 0.125;
+  EXPECT_TRUE(at::equal(fake_quantize(ties, per_tensor(0.125, 0), s),
+                        at::fake_quantize_per_tensor_affine(ties, 0.125, 0, -128, 127)));
+}
+
+TEST(Quant, PerChannelMatchesTorchFakeQuantizeExactly) {
+  at::manual_seed(1);
+  at::Tensor x = at::randn({16, 8, 3, 3});
+  for (std::int64_t axis : {0, 1}) {
+    const auto c = x.size(axis);
+    QSpec s;
+    s.per_channel = true;
+    s.channel_axis = axis;
+    QParams p{at::rand({c}) * 0.05 + 0.001, at::zeros({c}, at::TensorOptions().dtype(at::kInt))};
+    at::Tensor ours = fake_quantize(x, p, s);
+    at::Tensor ref = at::fake_quantize_per_channel_affine(x, p.scale, p.zero_point, axis, s.qmin(), s.qmax());
+    EXPECT_TRUE(at::equal(ours, ref)) << "axis " << axis;
+  }
+}
+
+TEST(Quant, StraightThroughGradientMatchesTorch) {
+  at::manual_seed(2);
+  at::Tensor base = at::randn({4096}) * 4;
+  at::Tensor x1 = base.clone().set_requires_grad(true);
+  at::Tensor x2 = base.clone().set_requires_grad(true);
+  QSpec s;
+  fake_quantize(x1, per_tensor(0.02, 0), s).sum().backward();
+  at::fake_quantize_per_tensor_affine(x2, 0.02, 0, -128, 127).sum().backward();
+  EXPECT_TRUE(at::equal(x1.grad(), x2.grad()));
+  EXPECT_GT(x1.grad().sum().item<float>(), 100);  // some inside, some clipped
+  EXPECT_LT(x1.grad().sum().item<float>(), 4096);
+}
+
+TEST(Quant, QParamsFromRangeByHand) {
+  QSpec sym;
+  QParams p = qparams_from_range(at::scalar_tensor(-2.0), at::scalar_tensor(1.0), sym, "t");
+  EXPECT_FLOAT_EQ(p.scale.item<float>(), 2 * 2.0f / 255);  // 2 * max|x| / (qmax - qmin)
+  EXPECT_EQ(p.zero_point.item<int>(), 0);
+
+  QSpec aff;
+  aff.symmetric = false;
+  p = qparams_from_range(at::scalar_tensor(-1.0), at::scalar_tensor(3.0), aff, "t");
+  EXPECT_FLOAT_EQ(p.scale.item<float>(), 4.0f / 255);
+  EXPECT_EQ(p.zero_point.item<int>(), 64);  // round(1 / (4/255)) = round(63.75)
+
+  // The range always includes 0: a positive-only range keeps zero point 0.
+  p = qparams_from_range(at::scalar_tensor(0.5), at::scalar_tensor(2.0), aff, "t");
+  EXPECT_FLOAT_EQ(p.scale.item<float>(), 2.0f / 255);
+  EXPECT_EQ(p.zero_point.item<int>(), 0);
+
+  // A constant zero tensor gets the floor scale, not NaN.
+  p = qparams_from_range(at::scalar_tensor(0.0), at::scalar_tensor(0.0), sym, "t");
+  EXPECT_FLOAT_EQ(p.scale.item<float>(), static_cast<float>(kMinScale));
+}
+
+TEST(Quant, NonFiniteRangeIsAnErrorNamingTheTensor) {
+  QSpec s;
+  try {
+    qparams_from_range(at::scalar_tensor(-1.0), at::scalar_tensor(INFINITY), s, "input 0 of node 'conv7'");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("conv7"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("NaN/Inf"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace sparsebit

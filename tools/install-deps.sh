@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what Sparsebit needs on Debian 12: the toolchain, LibTorch, ONNX, the libraries,
+# the Fashion-MNIST and ONNX test data (apt-get), and ONNX Runtime for the tests (npm).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+packages=(
+  build-essential cmake ninja-build ccache git
+  libtorch-dev libonnx-dev libprotobuf-dev protobuf-compiler
+  libboost-dev libboost-filesystem-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev
+  nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist libonnx-testdata
+  python3-torch python3-onnx python3-numpy
+)
+sudo=""
+[[ $(id -u) -ne 0 ]] && sudo="sudo"
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if ! command -v node >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+# ONNX Runtime's CPU library ships inside the npm package; no install script is needed.
+if [[ ! -d "$root/tests/ort/node_modules/onnxruntime-node" ]]; then
+  (cd "$root/tests/ort" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+fi

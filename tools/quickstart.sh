@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds, and runs the main job on the bundled model and data.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$root/tools/install-deps.sh"
+"$root/tools/build.sh"
+"$root/examples/fashion_mnist/run.sh" "$root/build/bin/sparsebit" "$root/out/fashion_mnist"
