@@ -18,10 +18,12 @@ namespace sparsebit::testing {
 
 namespace fs = std::filesystem;
 
+/// Keeps test output to what matters (set before any test runs).
+inline const bool kQuietLogs = (sdk::set_log_level(sdk::LogLevel::kWarn), true);
+
 /// The plugins built with this tree, loaded once (no environment, no config paths).
 inline const Registry& shipped_registry() {
   static Registry* r = [] {
-    sdk::set_log_level(sdk::LogLevel::kWarn);  // keep test output to what matters
     auto* reg = new Registry();
     PluginSearch s;
     s.use_environment = false;

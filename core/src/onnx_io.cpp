@@ -4,6 +4,7 @@
 #include <onnx/checker.h>
 #include <onnx/defs/schema.h>
 #include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
 #include <cstring>
@@ -288,6 +289,12 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   if (options.min_opset > 0 && model.meta.source_opset < options.min_opset) {
     sdk::log_info(name + ": converting from opset " + std::to_string(model.meta.source_opset) + " to " +
                   std::to_string(options.min_opset) + " with ONNX's version converter");
+    try {
+      // Some adapters (Softmax 12->13) need the shapes of their inputs.
+      onnx::shape_inference::InferShapes(proto);
+    } catch (const std::exception& e) {
+      sdk::log_debug(name + ": shape inference before opset conversion failed: " + e.what());
+    }
     try {
       proto = onnx::version_conversion::ConvertVersion(proto, static_cast<int>(options.min_opset));
     } catch (const std::exception& e) {

@@ -145,6 +145,11 @@ TEST_F(Cli, OutputPathThatCannotBeWritten) {
   EXPECT_EQ(testing::count_files(out_), 0);
 }
 
+TEST_F(Cli, CudaOnACpuOnlyBuildIsAClearError) {
+  if (at::hasCUDA()) GTEST_SKIP() << "this build has CUDA";
+  expect_failure(run_cli(quantize(testing::fixture_model(), calib_, "--device cuda")), {"cuda", "--device cpu"});
+}
+
 TEST_F(Cli, FailedRunKeepsAnExistingOutputIntact) {
   testing::write_text(out_ + "/q.onnx", "previous");
   testing::write_text(work_ / "fake.onnx", "garbage");

@@ -6,11 +6,14 @@
 
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/quant.h"
 #include "test_support.h"
 
 namespace sparsebit {
 namespace {
+
+namespace fs = std::filesystem;
 
 struct Case {
   const char* name;
@@ -81,6 +84,39 @@ TEST(OnnxRuntime, EightBitQdqMatchesOnnxRuntimeExactly) {
     EXPECT_TRUE(at::equal(ort_q, our_q)) << c.name << ": " << (ort_q.to(at::kInt) != our_q.to(at::kInt)).sum().item<int>()
                                          << " integers differ";
     EXPECT_TRUE(at::equal(ort_y, our_y)) << c.name << ": max diff " << (ort_y - our_y).abs().max().item<float>();
+  }
+}
+
+// An opset-9 model (old BatchNormalization, Clip attributes, 2-D Softmax) is lifted to opset 13,
+// quantized with per-channel weights, exported, and ONNX Runtime runs it to our simulated outputs.
+TEST(OnnxRuntime, OldOpsetModelIsLiftedQuantizedAndRunsInOnnxRuntime) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  fs::create_directories(dir.path() / "calib");
+  at::manual_seed(11);
+  for (int i = 0; i < 4; ++i) write_npy(at::rand({8, 3, 16, 16}), dir / ("calib/b" + std::to_string(i) + ".npy"));
+  at::Tensor x = at::rand({32, 3, 16, 16});
+  write_npy(x, dir / "x.npy");
+  for (const char* cfg : {"w8a8_tensorrt.toml", "w8a8_onnxruntime.toml"}) {
+    Model m = load_onnx(testing::source_path("tests/fixtures/opset9_cnn.onnx"));
+    EXPECT_EQ(m.meta.source_opset, 9);
+    QuantModel qm(std::move(m), Config::from_file(testing::source_path(std::string("configs/") + cfg)),
+                  testing::shipped_registry());
+    auto data = open_dataset((dir.path() / "calib").string(), qm.graph().inputs);
+    qm.calibrate(*data);
+    qm.export_onnx(dir / "q.onnx");
+    EXPECT_EQ(load_onnx(dir / "q.onnx").graph.default_opset(), 13);
+    auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " +
+                                  (dir / "q.onnx") + " --in x=" + (dir / "x.npy") + " --out probs=" + (dir / "y.npy"));
+    ASSERT_EQ(r.exit_code, 0) << cfg << "\n" << r.output;
+    qm.set_quant(true, true);
+    at::Tensor simulated = qm.forward({x})[0];
+    at::Tensor ort = read_npy(dir / "y.npy");
+    // ONNX Runtime's QLinearConv rounds a float bias to int32 itself; the onnxruntime backend
+    // simulates exactly that, the tensorrt backend (float bias) differs by that rounding.
+    const double tolerance = std::string(cfg) == "w8a8_onnxruntime.toml" ? 1e-5 : 1e-3;
+    EXPECT_TRUE(at::allclose(ort, simulated, 0, tolerance)) << cfg << ": max diff "
+                                                            << (ort - simulated).abs().max().item<float>();
   }
 }
 
