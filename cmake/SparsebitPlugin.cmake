@@ -3,7 +3,9 @@
 # Builds a Sparsebit plugin: a shared object named sparsebit_<NAME>.so with hidden visibility,
 # linked against the core library and the shared LibTorch only, placed where the host finds it
 # (the build's plugin folder, installed to <libdir>/sparsebit/plugins). The same function serves
-# in-tree plugins and out-of-tree ones built with find_package(Sparsebit).
+# in-tree plugins and out-of-tree ones built with find_package(Sparsebit). After linking it checks
+# that the module exports the entry point (SPARSEBIT_PLUGIN).
+set(_SPARSEBIT_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
 function(sparsebit_add_plugin name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES" ${ARGN})
   if(NOT ARG_SOURCES)
@@ -36,6 +38,11 @@ function(sparsebit_add_plugin name)
     INSTALL_RPATH "$ORIGIN/../..")
   # Unresolved symbols are an error at link time, not a refusal at load time.
   target_link_options(${name} PRIVATE "LINKER:--no-undefined")
+  find_program(SPARSEBIT_NM NAMES ${CMAKE_NM} nm)
+  add_custom_command(TARGET ${name} POST_BUILD
+    COMMAND ${CMAKE_COMMAND} -DPLUGIN=$<TARGET_FILE:${name}> -DNM=${SPARSEBIT_NM}
+            -P ${_SPARSEBIT_CMAKE_DIR}/CheckPluginEntry.cmake
+    VERBATIM)
   install(TARGETS ${name} LIBRARY DESTINATION ${SPARSEBIT_PLUGIN_SUBDIR})
   set_property(GLOBAL APPEND PROPERTY SPARSEBIT_PLUGIN_TARGETS ${name})
 endfunction()

@@ -43,14 +43,57 @@ void refuse_unused(const Options& o, const std::string& plugin_kind, const std::
 
 }  // namespace
 
+// The QuantState that fuse passes and the backend's placement see.
+class SlotState final : public QuantState {
+ public:
+  explicit SlotState(QuantModel& qm) : qm_(qm) {
+    std::size_t i = 0;
+    for (const Node* n : qm.model_->graph.nodes()) index_[n] = i++;
+  }
+  const Graph& graph() const override { return qm_.model_->graph; }
+  bool is_quantized(const Node& node, std::size_t input) const override {
+    const QuantSlot* s = find(node, input);
+    return s && !s->fake_fused;
+  }
+  void set_fake_fused(const Node& node, std::size_t input, bool fused) override {
+    if (QuantSlot* s = find(node, input)) s->fake_fused = fused;
+  }
+  bool quantize_activation(const Node& node, std::size_t input) override {
+    const std::size_t i = index_of(node);
+    if (!node.has_input(input) || qm_.model_->graph.initializers.count(node.inputs[input]) ||
+        matches_any(node.name, qm_.config_.skip))
+      return false;
+    if (QuantSlot* s = find(node, input)) {
+      s->fake_fused = false;
+      return true;
+    }
+    return qm_.add_slot(i, input, InputRole::kActivation, 0) >= 0;
+  }
+
+ private:
+  std::size_t index_of(const Node& node) const {
+    auto it = index_.find(&node);
+    if (it == index_.end()) throw Error("a pass referred to a node outside the model");
+    return it->second;
+  }
+  QuantSlot* find(const Node& node, std::size_t input) const {
+    const auto& row = qm_.slot_of_[index_of(node)];
+    if (input >= row.size() || row[input] < 0) return nullptr;
+    return &qm_.slots_[static_cast<std::size_t>(row[input])];
+  }
+  QuantModel& qm_;
+  std::map<const Node*, std::size_t> index_;
+};
+
 QuantModel::QuantModel(Model model, Config config, const Registry& registry)
-    : model_(std::make_unique<Model>(std::move(model))), config_(std::move(config)) {
+    : model_(std::make_unique<Model>(std::move(model))), config_(std::move(config)), registry_(&registry) {
   const auto* backend = registry.backend(config_.backend);
   if (!backend) {
     throw Error(config_.source + ": backend '" + config_.backend + "' is not provided by any loaded plugin (installed: " +
                 join(registry.names("backend")) + ")");
   }
   backend_ = backend->factory();
+  backend_plugin_ = backend->plugin;
   for (const auto& [table, cfg, is_weight] :
        {std::tuple<std::string, const QuantTableConfig&, bool>{"w", config_.w, true}, {"a", config_.a, false}}) {
     if (cfg.disable) continue;
@@ -87,98 +130,84 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
     std::vector<std::size_t> bias_inputs;
     for (std::size_t k = 0; k < n.inputs.size() && k < specs.size(); ++k) {
       if (specs[k].role == InputRole::kFloat || !n.has_input(k)) continue;
-      if (specs[k].role == InputRole::kBias) {
-        bias_inputs.push_back(k);
-        continue;
-      }
-      InputRole role = specs[k].role;
-      if (role == InputRole::kWeight && !model_->graph.initializers.count(n.inputs[k])) {
-        sdk::log_debug(n.describe() + ": weight input '" + n.inputs[k] + "' is computed, quantized as an activation");
-        role = InputRole::kActivation;
-      }
-      const bool is_weight = role == InputRole::kWeight;
-      const QuantTableConfig& cfg = is_weight ? config_.w : config_.a;
-      if (cfg.disable) continue;
-      std::int64_t axis = is_weight ? specs[k].channel_axis : 1;
-      if (is_weight && axis < 0) axis += model_->graph.initializers.at(n.inputs[k]).dim();
-      QuantSlot s;
-      s.node_index = i;
-      s.input_index = k;
-      s.node_name = n.name;
-      s.op_type = n.op_type;
-      s.tensor = n.inputs[k];
-      s.role = role;
-      s.spec = cfg.spec(is_weight, axis);
-      s.observer_name = cfg.observer;
-      s.quantizer_name = cfg.quantizer;
-      const auto* obs = registry.observer(cfg.observer);
-      if (!obs) {
-        throw Error(config_.source + ": [" + (is_weight ? "w" : "a") + "] observer '" + cfg.observer +
-                    "' is not provided by any loaded plugin (available: " + join(registry.names("observer")) + ")");
-      }
-      const auto* qz = registry.quantizer(cfg.quantizer);
-      if (!qz) {
-        throw Error(config_.source + ": [" + (is_weight ? "w" : "a") + "] quantizer '" + cfg.quantizer +
-                    "' is not provided by any loaded plugin (available: " + join(registry.names("quantizer")) + ")");
-      }
-      try {
-        s.observer = obs->factory(ObserverContext{s.spec, cfg.observer_options, s.where()});
-        s.quantizer = qz->factory(QuantizerContext{s.spec, cfg.quantizer_options, s.where()});
-      } catch (const Error&) {
-        throw;
-      } catch (const std::exception& e) {
-        throw Error(s.where() + ": creating observer '" + cfg.observer + "' (plugin '" + obs->plugin +
-                    "') or quantizer '" + cfg.quantizer + "' (plugin '" + qz->plugin + "') failed: " + e.what());
-      }
-      slot_of_[i][k] = static_cast<int>(slots_.size());
-      slots_.push_back(std::move(s));
+      if (specs[k].role == InputRole::kBias) bias_inputs.push_back(k);
+      else add_slot(i, k, specs[k].role, specs[k].channel_axis);
     }
     if (backend_->quantize_bias()) add_bias_slots(i, bias_inputs);
   }
-  run_fuse_passes(registry);
+  SlotState state(*this);
+  run_fuse_passes(state);
+  try {
+    backend_->place(state);
+  } catch (const Error& e) {
+    throw Error("backend '" + config_.backend + "' (plugin '" + backend_plugin_ + "'): " + e.what());
+  }
+  for (const auto& s : slots_) {
+    if (s.fake_fused) continue;
+    if (auto why = backend_->check_input(model_->graph.node(s.node_index), s.input_index, s.role, s.spec)) {
+      throw Error(s.where() + ": backend '" + config_.backend + "' cannot deploy " + s.spec.describe() + ": " + *why +
+                  " (change the config, or keep the node in float with `skip`)");
+    }
+  }
   for (const auto* cfg : {&config_.w, &config_.a}) {
     if (!cfg->disable) {
       refuse_unused(cfg->observer_options, "observer", cfg->observer);
       refuse_unused(cfg->quantizer_options, "quantizer", cfg->quantizer);
     }
   }
+  registry_ = nullptr;  // the model needs nothing more from the registry
   std::size_t active = 0;
   for (const auto& s : slots_) active += !s.fake_fused;
   sdk::log_info(std::to_string(nodes.size()) + " nodes, " + std::to_string(active) + " quantized inputs (" +
                 std::to_string(slots_.size() - active) + " fused away)");
 }
 
-namespace {
-class SlotState final : public QuantState {
- public:
-  SlotState(const Graph& g, std::vector<QuantSlot>& slots, const std::vector<std::vector<int>>& slot_of)
-      : graph_(g), slots_(slots), slot_of_(slot_of) {
-    std::size_t i = 0;
-    for (const Node* n : g.nodes()) index_[n] = i++;
+int QuantModel::add_slot(std::size_t i, std::size_t k, InputRole role, std::int64_t weight_axis) {
+  const Node& n = model_->graph.node(i);
+  if (!n.has_input(k) || slot_of_[i][k] >= 0) return slot_of_[i][k];
+  if (role == InputRole::kWeight && !model_->graph.initializers.count(n.inputs[k])) {
+    sdk::log_debug(n.describe() + ": weight input '" + n.inputs[k] + "' is computed, quantized as an activation");
+    role = InputRole::kActivation;
   }
-  const Graph& graph() const override { return graph_; }
-  bool is_quantized(const Node& node, std::size_t input) const override {
-    const QuantSlot* s = find(node, input);
-    return s && !s->fake_fused;
+  const bool is_weight = role == InputRole::kWeight;
+  const QuantTableConfig& cfg = is_weight ? config_.w : config_.a;
+  if (cfg.disable) return -1;
+  std::int64_t axis = is_weight ? weight_axis : 1;
+  if (is_weight && axis < 0) axis += model_->graph.initializers.at(n.inputs[k]).dim();
+  QuantSlot s;
+  s.node_index = i;
+  s.input_index = k;
+  s.node_name = n.name;
+  s.op_type = n.op_type;
+  s.tensor = n.inputs[k];
+  s.role = role;
+  s.spec = cfg.spec(is_weight, axis);
+  s.observer_name = cfg.observer;
+  s.quantizer_name = cfg.quantizer;
+  const char* table = is_weight ? "w" : "a";
+  const auto* obs = registry_->observer(cfg.observer);
+  if (!obs) {
+    throw Error(config_.source + ": [" + table + "] observer '" + cfg.observer +
+                "' is not provided by any loaded plugin (available: " + join(registry_->names("observer")) + ")");
   }
-  void set_fake_fused(const Node& node, std::size_t input, bool fused) override {
-    if (QuantSlot* s = find(node, input)) s->fake_fused = fused;
+  const auto* qz = registry_->quantizer(cfg.quantizer);
+  if (!qz) {
+    throw Error(config_.source + ": [" + table + "] quantizer '" + cfg.quantizer +
+                "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")");
   }
-
- private:
-  QuantSlot* find(const Node& node, std::size_t input) const {
-    auto it = index_.find(&node);
-    if (it == index_.end()) throw Error("a pass referred to a node outside the model");
-    const auto& row = slot_of_[it->second];
-    if (input >= row.size() || row[input] < 0) return nullptr;
-    return &slots_[static_cast<std::size_t>(row[input])];
+  try {
+    s.observer = obs->factory(ObserverContext{s.spec, cfg.observer_options, s.where()});
+    s.quantizer = qz->factory(QuantizerContext{s.spec, cfg.quantizer_options, s.where()});
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(s.where() + ": creating observer '" + cfg.observer + "' (plugin '" + obs->plugin + "') or quantizer '" +
+                cfg.quantizer + "' (plugin '" + qz->plugin + "') failed: " + e.what());
   }
-  const Graph& graph_;
-  std::vector<QuantSlot>& slots_;
-  const std::vector<std::vector<int>>& slot_of_;
-  std::map<const Node*, std::size_t> index_;
-};
-}  // namespace
+  slot_of_[i][k] = static_cast<int>(slots_.size());
+  slots_.push_back(std::move(s));
+  return slot_of_[i][k];
+}
 
 void QuantModel::add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs) {
   const Node& n = model_->graph.node(node);
@@ -212,11 +241,10 @@ void QuantModel::add_bias_slots(std::size_t node, const std::vector<std::size_t>
   }
 }
 
-void QuantModel::run_fuse_passes(const Registry& registry) {
-  SlotState state(model_->graph, slots_, slot_of_);
+void QuantModel::run_fuse_passes(QuantState& state) {
   for (const auto& entry : config_.schedule) {
     if (!entry.enabled) continue;
-    const auto* p = registry.pass(entry.pass);
+    const auto* p = registry_->pass(entry.pass);
     if (!p) {
       throw Error(config_.source + ": [schedule] " + entry.pass + " is on, but no loaded plugin provides pass '" +
                   entry.pass + "' (set it to false or install the plugin; `sparsebit plugins` lists passes)");
@@ -451,6 +479,11 @@ Graph QuantModel::export_graph() const {
     g.insert_before(consumer, std::move(dq));
     consumer->inputs[s.input_index] = dequantized;
     made[key] = dequantized;
+  }
+  try {
+    backend_->adjust_export(g);
+  } catch (const Error& e) {
+    throw Error("backend '" + config_.backend + "' (plugin '" + backend_plugin_ + "') export adjustment: " + e.what());
   }
   g.prune_dead();  // float weights now read by nobody
   g.topological_sort();

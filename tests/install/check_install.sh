@@ -42,4 +42,21 @@ cmake -S "$work/plugin" -B "$work/plugin/build" -G Ninja -DCMAKE_BUILD_TYPE=Rele
 cmake --build "$work/plugin/build" >/dev/null || fail "the out-of-tree plugin did not build"
 out="$(SPARSEBIT_PLUGIN_PATH="$work/plugin/build/plugins" "$prefix/bin/sparsebit" plugins)"
 grep -q "loaded  fixture.good_extra" <<<"$out" || fail "the out-of-tree plugin was not loaded: $out"
-echo "install layout, plugin discovery and out-of-tree plugin: ok"
+
+# sparsebit_add_plugin refuses, at build time, a module without the entry point.
+mkdir -p "$work/broken"
+printf 'extern "C" int not_a_plugin() { return 1; }\n' >"$work/broken/broken.cpp"
+cat >"$work/broken/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.22)
+project(broken_plugin CXX)
+find_package(Sparsebit REQUIRED)
+sparsebit_add_plugin(broken SOURCES broken.cpp)
+CMAKE
+cmake -S "$work/broken" -B "$work/broken/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+if build_log="$(cmake --build "$work/broken/build" 2>&1)"; then fail "a plugin without SPARSEBIT_PLUGIN built"; fi
+grep -q "SPARSEBIT_PLUGIN(" <<<"$build_log" || fail "no entry-point message: $build_log"
+[[ ! -e "$work/broken/build/plugins/sparsebit_broken.so" ]] || fail "the broken plugin was left behind"
+
+# The plugin template, built out of tree, loaded through [plugins] paths, exported and run in ORT.
+"$src/examples/plugin-template/run.sh" "$prefix" "$work/template" || fail "the plugin template run failed"
+echo "install layout, plugin discovery, out-of-tree plugins and the template: ok"

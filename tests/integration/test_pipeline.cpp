@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
 #include "test_support.h"
@@ -50,6 +52,21 @@ TEST(Pipeline, SlotsFollowOpRolesAndFusedChains) {
   EXPECT_EQ(conv_w, 5);
   EXPECT_EQ(conv_a, 5);
   EXPECT_EQ(fused, 6);
+}
+
+TEST(Pipeline, TensorRTQuantizesTheSkipBranchOfResidualAdds) {
+  QuantModel qm(load_onnx(testing::fixture_model()), config_for("w8a8_tensorrt.toml"), testing::shipped_registry());
+  int add_slots = 0;
+  for (const auto& s : qm.slots()) {
+    if (s.op_type != "Add") continue;
+    ++add_slots;
+    EXPECT_FALSE(s.fake_fused);
+    EXPECT_EQ(s.input_index, 1u) << "input 0 comes from conv5 and is fused into it";
+    EXPECT_EQ(s.tensor, "/MaxPool_1_output_0");
+  }
+  EXPECT_EQ(add_slots, 1);
+  QuantModel ort(load_onnx(testing::fixture_model()), config_for("w8a8_onnxruntime.toml"), testing::shipped_registry());
+  for (const auto& s : ort.slots()) EXPECT_NE(s.op_type, "Add") << "placement is TensorRT's rule only";
 }
 
 TEST(Pipeline, OnnxRuntimeBackendQuantizesBiasesAtActivationTimesWeightScale) {
@@ -103,13 +120,17 @@ TEST(Pipeline, ExportedQdqGraphRunsToTheSimulatedOutputs) {
       q += n->op_type == "QuantizeLinear";
       dq += n->op_type == "DequantizeLinear";
     }
-    std::size_t active = 0, weights = 0;
+    // One Q/DQ pair per distinct (tensor, parameters): readers of the same tensor with the
+    // same scale share it (TensorRT's residual placement quantizes a tensor a Conv also reads).
+    std::set<std::pair<std::string, float>> activations, constants;
     for (const auto& s : qm.slots()) {
-      active += !s.fake_fused;
-      weights += !s.fake_fused && s.role != InputRole::kActivation;
+      if (s.fake_fused) continue;
+      const QParams p = s.role == InputRole::kBias ? s.bias_params : s.quantizer->qparams();
+      auto key = std::make_pair(s.tensor, p.scale.sum().item<float>());
+      (s.role == InputRole::kActivation ? activations : constants).insert(key);
     }
-    EXPECT_EQ(static_cast<std::size_t>(dq), active) << cfg;
-    EXPECT_EQ(static_cast<std::size_t>(q), active - weights) << cfg;  // weights are stored as integers
+    EXPECT_EQ(static_cast<std::size_t>(dq), activations.size() + constants.size()) << cfg;
+    EXPECT_EQ(static_cast<std::size_t>(q), activations.size()) << cfg;  // constants are stored as integers
     for (const auto& s : qm.slots()) {
       if (s.fake_fused) continue;
       const Node* consumer = g.find_node(s.node_name);

@@ -1,15 +1,19 @@
 // Runs an ONNX model in ONNX Runtime (CPU) on .npy inputs and writes each output as .npy.
-//   node run_model.mjs MODEL.onnx --in name=file.npy ... --out name=file.npy ... [--threads N]
+//   node run_model.mjs MODEL.onnx --in name=file.npy ... [--out name=file.npy ...] [--threads N]
+//                      [--compare name=expected.npy ... --atol A]
+// With --compare it exits 1 unless every compared output is within A (default 1e-5) of the file.
 import ort from 'onnxruntime-node';
 import { readNpy, writeNpy } from './npy.mjs';
 
 const args = process.argv.slice(2);
 const model = args[0];
-const inputs = {}; const outputs = {}; let threads = 1;
+const inputs = {}; const outputs = {}; const compare = {}; let threads = 1; let atol = 1e-5;
 for (let i = 1; i < args.length; i += 2) {
   const [name, file] = (args[i + 1] ?? '').split('=');
   if (args[i] === '--in') inputs[name] = file;
   else if (args[i] === '--out') outputs[name] = file;
+  else if (args[i] === '--compare') compare[name] = file;
+  else if (args[i] === '--atol') atol = Number(args[i + 1]);
   else if (args[i] === '--threads') threads = Number(args[i + 1]);
   else throw new Error(`unknown argument ${args[i]}`);
 }
@@ -25,3 +29,18 @@ for (const [name, file] of Object.entries(outputs)) {
   if (!t) throw new Error(`model has no output '${name}' (outputs: ${Object.keys(result).join(', ')})`);
   writeNpy(file, t.data, t.dims);
 }
+let failed = false;
+for (const [name, file] of Object.entries(compare)) {
+  const got = result[name];
+  const want = readNpy(file);
+  if (!got || got.data.length !== want.data.length) {
+    console.log(`${name}: ONNX Runtime gave ${got ? got.data.length : 0} values, ${file} has ${want.data.length}`);
+    failed = true;
+    continue;
+  }
+  let max = 0;
+  for (let i = 0; i < want.data.length; ++i) max = Math.max(max, Math.abs(got.data[i] - want.data[i]));
+  console.log(`${name}: max |ONNX Runtime - expected| = ${max.toExponential(3)} (tolerance ${atol})`);
+  if (!(max <= atol)) failed = true;
+}
+process.exit(failed ? 1 : 0);

@@ -5,6 +5,9 @@
 
 #include <filesystem>
 
+#include <ATen/ATen.h>
+
+#include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/registry.h"
 #include "test_support.h"
 
@@ -64,6 +67,24 @@ TEST_F(PluginHost, NewerSdkMinorIsRefused) {
   EXPECT_NE(p->reason.find("SDK 0.2"), std::string::npos) << p->reason;
 }
 
+TEST_F(PluginHost, OlderSdkMinorLoads) {
+  const PluginRecord* p = find(registry_, "fixture_old_sdk_minor");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, PluginRecord::Status::kLoaded) << p->reason;
+  EXPECT_EQ(p->sdk_version, "0.0");
+  EXPECT_TRUE(registry_.observer("fixture_old_sdk"));
+}
+
+TEST_F(PluginHost, OtherCxxAbiFlagIsRefusedNamingBothValues) {
+  const PluginRecord* p = find(registry_, "fixture_wrong_cxx_abi");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, PluginRecord::Status::kRefused);
+  EXPECT_EQ(p->gate, "cxx11_abi");
+  const int host = host_fingerprint().cxx11_abi;
+  EXPECT_NE(p->reason.find("_GLIBCXX_USE_CXX11_ABI=" + std::to_string(1 - host)), std::string::npos) << p->reason;
+  EXPECT_NE(p->reason.find("host has " + std::to_string(host)), std::string::npos) << p->reason;
+}
+
 TEST_F(PluginHost, MissingEntrySymbolIsRefused) {
   const PluginRecord* p = find(registry_, "fixture_no_entry");
   ASSERT_TRUE(p);
@@ -115,6 +136,35 @@ TEST(PluginHostFilters, EnvironmentPathIsSearchedBeforeTheDefaultFolder) {
   ASSERT_GE(r.searched_folders().size(), 2u);
   EXPECT_EQ(r.searched_folders()[0], SPARSEBIT_FIXTURE_PLUGINS);
   EXPECT_TRUE(r.observer("fixture_zero"));
+}
+
+}  // namespace
+}  // namespace sparsebit
+
+namespace sparsebit {
+namespace {
+
+// Objects made by plugins must not depend on the registry that created them: a model built
+// from a registry keeps working after the registry is destroyed, and is destroyed cleanly
+// afterwards (run under AddressSanitizer by tools/test.sh).
+TEST(PluginLifetime, ModelOutlivesTheRegistryThatBuiltIt) {
+  Config c = Config::from_file(testing::source_path("configs/w8a8_onnxruntime.toml"));
+  c.calibration.count = 32;
+  auto registry = std::make_unique<Registry>();
+  PluginSearch s;
+  s.use_environment = false;
+  registry->load(s);
+  auto qm = std::make_unique<QuantModel>(load_onnx(testing::fixture_model()), c, *registry);
+  registry.reset();  // factories, tables and records are gone; the libraries stay mapped
+  auto data = open_dataset(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", qm->graph().inputs);
+  qm->calibrate(*data);
+  qm->set_quant(true, true);
+  at::Tensor y = qm->forward({at::rand({4, 1, 28, 28})})[0];
+  EXPECT_EQ(y.sizes(), (std::vector<std::int64_t>{4, 10}));
+  testing::TempDir dir;
+  qm->export_onnx(dir / "q.onnx");
+  qm.reset();
+  EXPECT_TRUE(fs::exists(dir / "q.onnx"));
 }
 
 }  // namespace

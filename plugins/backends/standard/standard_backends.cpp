@@ -3,7 +3,12 @@
 //   virtual      simulation only: any bit width from 2 to 16, any scheme
 //   onnxruntime  W8A8 (QuantizeLinear/DequantizeLinear with int8/uint8), any scheme
 //   tensorrt     W8A8; weights symmetric (per channel or per tensor), activations per-tensor
-//                symmetric: TensorRT only accepts a zero point of 0
+//                symmetric: TensorRT only accepts a zero point of 0. Placement: the skip branch
+//                of a residual Add is quantized, so TensorRT can fuse the Add into the
+//                convolution that produces the other branch and run the block in INT8.
+
+#include <map>
+#include <set>
 
 #include "sparsebit/sdk/plugin.h"
 
@@ -44,6 +49,24 @@ class TensorRTBackend final : public Backend {
     if (!s.is_weight && s.per_channel)
       return table + ".qscheme = \"" + s.qscheme() + "\": TensorRT quantizes activations per tensor (use per-tensor-symmetric)";
     return std::nullopt;
+  }
+
+  void place(QuantState& state) const override {
+    static const std::set<std::string> fusable = {"Conv", "ConvTranspose", "Gemm", "MatMul"};
+    const Graph& g = state.graph();
+    std::map<std::string, const Node*> producer;
+    for (const Node* n : g.nodes())
+      for (const auto& o : n->outputs) producer[o] = n;
+    auto from_fusable = [&](const std::string& value) {
+      auto it = producer.find(value);
+      return it != producer.end() && it->second->domain.empty() && fusable.count(it->second->op_type) != 0;
+    };
+    for (const Node* n : g.nodes()) {
+      if (n->op_type != "Add" || !n->domain.empty() || n->inputs.size() != 2) continue;
+      if (g.initializers.count(n->inputs[0]) || g.initializers.count(n->inputs[1])) continue;  // a bias add
+      const bool a = from_fusable(n->inputs[0]), b = from_fusable(n->inputs[1]);
+      if (a || b) state.quantize_activation(*n, a ? 1 : 0);  // the branch that is not fused
+    }
   }
 };
 

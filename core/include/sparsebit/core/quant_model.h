@@ -60,6 +60,8 @@ struct CalibrationStats {
 /// Called after each calibration batch (samples done so far, total if known or -1).
 using ProgressFn = std::function<void(std::int64_t done, std::int64_t total)>;
 
+class SlotState;
+
 class SPARSEBIT_API QuantModel {
  public:
   QuantModel(Model model, Config config, const Registry& registry);
@@ -91,14 +93,18 @@ class SPARSEBIT_API QuantModel {
   Executor& executor() { return *executor_; }
 
  private:
-  void run_fuse_passes(const Registry& registry);
+  friend class SlotState;
+  int add_slot(std::size_t node, std::size_t input, InputRole role, std::int64_t weight_axis);
+  void run_fuse_passes(QuantState& state);
   void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
   at::Tensor apply_slot(std::size_t node, std::size_t input, const at::Tensor& x);
   void finish_calibration();
 
   std::unique_ptr<Model> model_;  // heap-held: the executor refers to its graph
   Config config_;
+  const Registry* registry_;  // used while the model is built, then released (may be destroyed)
   std::unique_ptr<Backend> backend_;
+  std::string backend_plugin_;
   std::unique_ptr<Executor> executor_;
   std::vector<QuantSlot> slots_;
   std::vector<std::vector<int>> slot_of_;  // [node][input] -> slot index or -1

@@ -28,6 +28,9 @@ class QuantState {
   virtual bool is_quantized(const Node& node, std::size_t input) const = 0;
   /// Bypasses (or restores) that quantizer; no-op if the input has none.
   virtual void set_fake_fused(const Node& node, std::size_t input, bool fused) = 0;
+  /// Quantizes activation input `input` of `node` with the [a] scheme if it is not already;
+  /// returns false when that is impossible (a constant, an omitted input, a skipped node).
+  virtual bool quantize_activation(const Node& node, std::size_t input) = 0;
 };
 
 class Pass {

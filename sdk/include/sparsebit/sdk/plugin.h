@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/registrar.h"
 #include "sparsebit/sdk/version.h"
 
