@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Installs the dependencies, builds, and runs every test (unit, ONNX conformance, plugin host,
-# CLI, ONNX Runtime agreement, install layout, the end-to-end example).
+# Installs the dependencies, builds, and runs every test: unit, ONNX conformance, plugin host,
+# CLI, ONNX Runtime agreement, install layout with out-of-tree plugins, the end-to-end example;
+# then the unit suite again built with AddressSanitizer + UndefinedBehaviorSanitizer.
+# SPARSEBIT_SKIP_SANITIZERS=1 skips the sanitizer stage (it rebuilds everything, ~5 minutes).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/tools/install-deps.sh"
 "$root/tools/build.sh"
-cd "$root/build"
-ctest --output-on-failure -j"$(nproc)" --timeout 1200
+ctest --test-dir "$root/build" --output-on-failure -j"$(nproc)" --timeout 1200
+if [[ "${SPARSEBIT_SKIP_SANITIZERS:-0}" != 1 ]]; then
+  echo "== the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer"
+  cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSEBIT_SANITIZE=ON \
+    -DSPARSEBIT_BUILD_BENCH=OFF -DSPARSEBIT_REQUIRE_ORT=ON >/dev/null
+  cmake --build "$root/build-asan" -j"$(nproc)"
+  ctest --test-dir "$root/build-asan" --output-on-failure -j"$(nproc)" -L unit --timeout 1200
+fi
