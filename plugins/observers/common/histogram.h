@@ -1,0 +1,130 @@
+#pragma once
+// A streaming histogram shared by the histogram-based observers of this repository (not part
+// of the SDK).
+//
+// Note [Streaming histogram]
+// Counts live in B bins (B even) over a symmetric range [-R, R], one row per channel. When a
+// batch exceeds R, R doubles and every pair of bins merges exactly into one bin of the new
+// grid (bin 2m and 2m+1 become bin B/4 + m), so no count is ever smeared and memory stays
+// C x B whatever the number of samples. The resolution is at worst B/2 bins over the final
+// [-max|x|, max|x|]. Exact per-channel minimum, maximum, sum and count are kept beside it.
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "sparsebit/sdk/error.h"
+
+namespace sparsebit::observers {
+
+class StreamingHistogram {
+ public:
+  explicit StreamingHistogram(std::int64_t bins = 4096) : bins_(bins) {}
+
+  /// x: [C, N] (rows are channels; per tensor: C = 1).
+  void add(const at::Tensor& x_in) {
+    at::Tensor x = x_in.detach().to(at::kFloat);
+    if (x.size(1) == 0) return;
+    const std::int64_t channels = x.size(0);
+    at::Tensor lo, hi;
+    std::tie(lo, hi) = at::aminmax(x, 1);
+    lo = lo.to(at::kCPU, at::kDouble);
+    hi = hi.to(at::kCPU, at::kDouble);
+    at::Tensor sum = x.to(at::kDouble).sum(1).to(at::kCPU);
+    if (!counts_.defined()) {
+      counts_ = at::zeros({channels, bins_}, at::TensorOptions().dtype(at::kDouble));
+      min_ = lo;
+      max_ = hi;
+      sum_ = sum;
+    } else {
+      if (channels != counts_.size(0))
+        throw Error("the channel count changed between batches (" + std::to_string(counts_.size(0)) + " then " +
+                    std::to_string(channels) + ")");
+      min_ = at::minimum(min_, lo);
+      max_ = at::maximum(max_, hi);
+      sum_ += sum;
+    }
+    count_ += x.size(1);
+    const double amax = std::max(-lo.min().item<double>(), hi.max().item<double>());
+    if (!std::isfinite(amax)) throw Error("the data contains NaN or Inf");
+    if (range_ == 0) range_ = amax > 0 ? amax : 1e-12;
+    while (amax > range_) grow();
+    // Bin index of each value; the right edge R belongs to the last bin.
+    const double width = 2 * range_ / double(bins_);
+    at::Tensor idx = at::floor((x.to(at::kDouble) + range_) / width).clamp(0, bins_ - 1).to(at::kLong);
+    idx = idx + at::arange(channels, idx.options()).unsqueeze(1) * bins_;
+    at::Tensor added = at::bincount(idx.reshape({-1}), {}, channels * bins_).to(at::kCPU, at::kDouble);
+    counts_ += added.reshape({channels, bins_});
+  }
+
+  bool empty() const { return !counts_.defined(); }
+  std::int64_t bins() const { return bins_; }
+  std::int64_t channels() const { return counts_.size(0); }
+  double range() const { return range_; }
+  double width() const { return 2 * range_ / double(bins_); }
+  /// [C, B] double counts on the CPU.
+  const at::Tensor& counts() const { return counts_; }
+  /// Bin centres, [B].
+  at::Tensor centers() const {
+    return (at::arange(bins_, at::TensorOptions().dtype(at::kDouble)) + 0.5) * width() - range_;
+  }
+  const at::Tensor& min() const { return min_; }
+  const at::Tensor& max() const { return max_; }
+  const at::Tensor& sum() const { return sum_; }
+  std::int64_t count_per_channel() const { return count_; }
+
+  /// The k-th smallest value (1-based) of channel c, interpolated linearly inside its bin.
+  double kth_smallest(std::int64_t c, double k) const {
+    const at::Tensor counts = counts_[c].contiguous();
+    auto row = counts.accessor<double, 1>();
+    double before = 0;
+    for (std::int64_t j = 0; j < bins_; ++j) {
+      if (before + row[j] >= k && row[j] > 0) {
+        const double frac = (k - before) / row[j];
+        return std::clamp(-range_ + width() * (double(j) + frac), min_[c].item<double>(), max_[c].item<double>());
+      }
+      before += row[j];
+    }
+    return max_[c].item<double>();
+  }
+
+  /// |x| histogram of channel c: B/2 bins over [0, R] (bins are symmetric around 0).
+  at::Tensor folded_abs(std::int64_t c) const {
+    const std::int64_t half = bins_ / 2;
+    at::Tensor row = counts_[c];
+    return row.narrow(0, half, half) + row.narrow(0, 0, half).flip(0);
+  }
+
+  void reset() {
+    counts_ = at::Tensor();
+    min_ = max_ = sum_ = at::Tensor();
+    count_ = 0;
+    range_ = 0;
+  }
+
+ private:
+  void grow() {
+    const std::int64_t c = counts_.size(0), half = bins_ / 2;
+    at::Tensor merged = counts_.reshape({c, half, 2}).sum(2);
+    counts_ = at::zeros_like(counts_);
+    counts_.narrow(1, bins_ / 4, half).copy_(merged);
+    range_ *= 2;
+  }
+
+  std::int64_t bins_;
+  double range_ = 0;
+  std::int64_t count_ = 0;
+  at::Tensor counts_, min_, max_, sum_;
+};
+
+/// x reshaped to [C, N] with the channel axis first (per tensor: [1, numel]).
+inline at::Tensor channels_first(const at::Tensor& x, bool per_channel, std::int64_t axis) {
+  if (!per_channel) return x.reshape({1, -1});
+  const std::int64_t a = axis < 0 ? axis + x.dim() : axis;
+  if (a < 0 || a >= x.dim()) throw Error("channel axis " + std::to_string(axis) + " does not exist in a tensor of shape " + c10::str(x.sizes()));
+  return x.movedim(a, 0).reshape({x.size(a), -1});
+}
+
+}  // namespace sparsebit::observers
