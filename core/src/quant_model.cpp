@@ -5,6 +5,7 @@
 #include <fnmatch.h>
 
 #include <chrono>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -293,7 +294,9 @@ std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& input
 }
 
 CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress) {
-  c10::InferenceMode inference;
+  // Inference mode only while data flows: quantizer parameters made afterwards must be
+  // ordinary tensors that autograd (QAT) can train.
+  std::optional<c10::InferenceMode> inference(std::in_place);
   const auto start = std::chrono::steady_clock::now();
   CalibrationStats stats;
   stats.mode = config_.calibration.mode;
@@ -378,7 +381,11 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
     }
   }
   if (stats.samples == 0) throw Error("the calibration data " + data.describe() + " yielded no samples");
-  finish_calibration();
+  inference.reset();
+  {
+    at::NoGradGuard no_grad;
+    finish_calibration();
+  }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }
@@ -433,6 +440,18 @@ Graph QuantModel::export_graph() const {
                   "-bit export is not available in this version; Q/DQ export writes 8-bit tensors (set bits = 8)");
     }
     const bool is_bias = s.role == InputRole::kBias;
+    if (!is_bias && !s.quantizer->affine_grid()) {
+      if (s.role != InputRole::kWeight) {
+        throw Error(s.where() + ": quantizer '" + s.quantizer_name +
+                    "' has no integer grid QuantizeLinear can express; it cannot quantize exported activations");
+      }
+      // The simulated weights, baked as floats: exactly what forward() computes.
+      c10::InferenceMode guard;
+      const std::string baked = g.unique_name(s.tensor + "_" + s.quantizer_name);
+      g.initializers[baked] = s.quantizer->forward(executor_->constants().at(s.tensor)).detach().to(at::kCPU);
+      consumers[s.node_index]->inputs[s.input_index] = baked;
+      continue;
+    }
     const QParams p = is_bias ? s.bias_params : s.quantizer->qparams();
     const at::ScalarType qtype = is_bias ? at::kInt : s.spec.symmetric ? at::kChar : at::kByte;
     at::Tensor scale = p.scale.detach().to(at::kCPU, at::kFloat).contiguous();

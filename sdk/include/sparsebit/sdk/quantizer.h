@@ -30,6 +30,10 @@ class Quantizer {
   /// Current parameters, used for export (must be per Note [Quantization arithmetic]).
   virtual QParams qparams() const = 0;
   virtual std::vector<at::Tensor> parameters() { return {}; }
+  /// False when the quantizer's grid is not an integer affine grid that QuantizeLinear can
+  /// express (DoReFa): its weights are then exported as the float values forward() produces,
+  /// and its activations cannot be exported.
+  virtual bool affine_grid() const { return true; }
 };
 
 }  // namespace sparsebit
