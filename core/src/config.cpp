@@ -48,6 +48,10 @@ QSpec QuantTableConfig::spec(bool is_weight, std::int64_t channel_axis) const {
 Config::Config() {
   w.qscheme = "per-channel-symmetric";
   a.qscheme = "per-tensor-symmetric";
+  w.observer_options = Options("[w.observer_options]");
+  w.quantizer_options = Options("[w.quantizer_options]");
+  a.observer_options = Options("[a.observer_options]");
+  a.quantizer_options = Options("[a.quantizer_options]");
 }
 
 namespace {
@@ -114,7 +118,11 @@ struct Reader {
     return o;
   }
 
+  /// Reads a [w]/[a]-style table into `out`, over the values already there. Option sub-tables
+  /// given here replace the inherited ones; when this table changes the observer (quantizer),
+  /// the inherited observer (quantizer) options are dropped, since they were for another one.
   void quant_table(const toml::table& t, const std::string& name, QuantTableConfig& out) const {
+    const std::string inherited_observer = out.observer, inherited_quantizer = out.quantizer;
     check_keys(t, name, {"qscheme", "bits", "observer", "quantizer", "narrow_range", "disable", "observer_options",
                          "quantizer_options"});
     out.qscheme = get<std::string>(t, name, "qscheme", out.qscheme, "a string");
@@ -134,14 +142,17 @@ struct Reader {
     out.narrow_range = get<bool>(t, name, "narrow_range", out.narrow_range, "true or false");
     out.disable = get<bool>(t, name, "disable", out.disable, "true or false");
     for (const char* sub : {"observer_options", "quantizer_options"}) {
+      const bool is_observer = std::string(sub) == "observer_options";
+      Options& target = is_observer ? out.observer_options : out.quantizer_options;
+      const bool changed = is_observer ? out.observer != inherited_observer : out.quantizer != inherited_quantizer;
       const toml::node* n = t.get(sub);
       std::string sub_name = name + "." + sub;
-      Options o("[" + sub_name + "]");
       if (n) {
         if (!n->is_table()) throw Error(key_path(name, sub) + " must be a table");
-        o = options(*n->as_table(), sub_name);
+        target = options(*n->as_table(), sub_name);
+      } else if (changed || target.where().empty()) {
+        target = Options("[" + sub_name + "]");
       }
-      (std::string(sub) == "observer_options" ? out.observer_options : out.quantizer_options) = std::move(o);
     }
   }
 };
@@ -160,7 +171,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Config c;
   c.source = source_name;
   Reader r{c.source};
-  r.check_keys(root, "", {"backend", "skip", "w", "a", "schedule", "calibration", "plugins"});
+  r.check_keys(root, "", {"backend", "skip", "w", "a", "specific", "schedule", "calibration", "plugins"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   c.skip = r.strings(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
@@ -171,6 +182,30 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   };
   if (auto* t = table("w")) r.quant_table(*t, "w", c.w);
   if (auto* t = table("a")) r.quant_table(*t, "a", c.a);
+  if (const toml::node* n = root.get("specific")) {
+    const toml::array* entries = n->as_array();
+    if (!entries) throw Error(source_name + ": 'specific' must be an array of tables ([[specific]])");
+    for (std::size_t i = 0; i < entries->size(); ++i) {
+      const std::string name = "specific[" + std::to_string(i) + "]";
+      const toml::table* t = (*entries)[i].as_table();
+      if (!t) throw Error(source_name + ": " + name + " must be a table ([[specific]])");
+      r.check_keys(*t, name, {"nodes", "w", "a"});
+      SpecificEntry e;
+      e.name = "[[specific]] #" + std::to_string(i + 1);
+      if (const toml::node* nodes = t->get("nodes"); nodes && nodes->is_string()) e.nodes = {*nodes->value<std::string>()};
+      else e.nodes = r.strings(*t, name, "nodes");
+      if (e.nodes.empty()) throw Error(r.key_path(name, "nodes") + " is required: a glob (or list of globs) over node names");
+      e.w = c.w;
+      e.a = c.a;
+      for (const char* side : {"w", "a"}) {
+        const toml::node* sub = t->get(side);
+        if (!sub) continue;
+        if (!sub->is_table()) throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
+        r.quant_table(*sub->as_table(), name + "." + side, std::string(side) == "w" ? e.w : e.a);
+      }
+      c.specific.push_back(std::move(e));
+    }
+  }
   if (auto* t = table("schedule")) {
     std::vector<std::string> known;
     for (const auto& e : c.schedule) known.push_back(e.pass);

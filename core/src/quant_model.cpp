@@ -95,11 +95,16 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
   }
   backend_ = backend->factory();
   backend_plugin_ = backend->plugin;
-  for (const auto& [table, cfg, is_weight] :
-       {std::tuple<std::string, const QuantTableConfig&, bool>{"w", config_.w, true}, {"a", config_.a, false}}) {
-    if (cfg.disable) continue;
-    if (auto why = backend_->check(cfg.spec(is_weight, is_weight ? 0 : 1), table)) {
-      throw Error(config_.source + ": [" + table + "] breaks the rules of backend '" + config_.backend + "': " + *why);
+  std::vector<std::tuple<std::string, const QuantTableConfig*, bool>> tables = {{"[w]", &config_.w, true},
+                                                                                {"[a]", &config_.a, false}};
+  for (const auto& e : config_.specific) {
+    tables.emplace_back(e.name + " w", &e.w, true);
+    tables.emplace_back(e.name + " a", &e.a, false);
+  }
+  for (const auto& [table, cfg, is_weight] : tables) {
+    if (cfg->disable) continue;
+    if (auto why = backend_->check(cfg->spec(is_weight, is_weight ? 0 : 1), is_weight ? "w" : "a")) {
+      throw Error(config_.source + ": " + table + " breaks the rules of backend '" + config_.backend + "': " + *why);
     }
   }
 
@@ -150,17 +155,37 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
                   " (change the config, or keep the node in float with `skip`)");
     }
   }
-  for (const auto* cfg : {&config_.w, &config_.a}) {
-    if (!cfg->disable) {
-      refuse_unused(cfg->observer_options, "observer", cfg->observer);
-      refuse_unused(cfg->quantizer_options, "quantizer", cfg->quantizer);
-    }
+  // Options must all have been read by the plugins they were meant for; tables no node used
+  // are checked too, by constructing their objects once.
+  for (const auto& [table, cfg, is_weight] : tables) {
+    if (cfg->disable) continue;
+    if (!used_tables_.count(cfg)) probe_options(*cfg, is_weight);
+    refuse_unused(cfg->observer_options, "observer", cfg->observer);
+    refuse_unused(cfg->quantizer_options, "quantizer", cfg->quantizer);
   }
+  used_tables_.clear();
   registry_ = nullptr;  // the model needs nothing more from the registry
   std::size_t active = 0;
   for (const auto& s : slots_) active += !s.fake_fused;
   sdk::log_info(std::to_string(nodes.size()) + " nodes, " + std::to_string(active) + " quantized inputs (" +
                 std::to_string(slots_.size() - active) + " fused away)");
+}
+
+const QuantTableConfig& QuantModel::table_for(const Node& n, bool is_weight) const {
+  for (const auto& e : config_.specific)
+    if (matches_any(n.name, e.nodes)) return is_weight ? e.w : e.a;
+  return is_weight ? config_.w : config_.a;
+}
+
+void QuantModel::probe_options(const QuantTableConfig& cfg, bool is_weight) {
+  QSpec spec = cfg.spec(is_weight, 0);
+  const auto* obs = registry_->observer(cfg.observer);
+  const auto* qz = registry_->quantizer(cfg.quantizer);
+  const char* table = is_weight ? "w" : "a";
+  if (!obs) throw Error(config_.source + ": [" + table + "] observer '" + cfg.observer + "' is not provided by any loaded plugin (available: " + join(registry_->names("observer")) + ")");
+  if (!qz) throw Error(config_.source + ": [" + table + "] quantizer '" + cfg.quantizer + "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")");
+  obs->factory(ObserverContext{spec, cfg.observer_options, "config check"});
+  qz->factory(QuantizerContext{spec, cfg.quantizer_options, "config check"});
 }
 
 int QuantModel::add_slot(std::size_t i, std::size_t k, InputRole role, std::int64_t weight_axis) {
@@ -171,8 +196,9 @@ int QuantModel::add_slot(std::size_t i, std::size_t k, InputRole role, std::int6
     role = InputRole::kActivation;
   }
   const bool is_weight = role == InputRole::kWeight;
-  const QuantTableConfig& cfg = is_weight ? config_.w : config_.a;
+  const QuantTableConfig& cfg = table_for(n, is_weight);
   if (cfg.disable) return -1;
+  used_tables_.insert(&cfg);
   std::int64_t axis = is_weight ? weight_axis : 1;
   if (is_weight && axis < 0) axis += model_->graph.initializers.at(n.inputs[k]).dim();
   QuantSlot s;

@@ -192,6 +192,48 @@ TEST(Pipeline, BackendRulesAreCheckedWhenTheModelIsBuilt) {
   EXPECT_THROW(QuantModel(load_onnx(testing::fixture_model()), c, testing::shipped_registry()), Error);
 }
 
+TEST(Pipeline, SpecificEntriesChooseTheSchemePerNodeFirstMatchWins) {
+  Config c = config_for("w8a8_onnxruntime.toml");
+  c.backend = "virtual";
+  Config extra = Config::from_string(R"(
+[w]
+qscheme = "per-channel-symmetric"
+[a]
+qscheme = "per-tensor-affine"
+[[specific]]
+nodes = "/fc2/*"
+w = { bits = 4 }
+a = { bits = 6 }
+[[specific]]
+nodes = "/fc*"
+w = { bits = 5 }
+)", "specific.toml");
+  c.w = extra.w;
+  c.a = extra.a;
+  c.specific = extra.specific;
+  QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+  for (const auto& s : qm.slots()) {
+    if (s.role == InputRole::kBias) continue;
+    int want = 8;
+    if (s.node_name == "/fc2/Gemm") want = s.role == InputRole::kWeight ? 4 : 6;
+    else if (s.node_name == "/fc1/Gemm" && s.role == InputRole::kWeight) want = 5;
+    EXPECT_EQ(s.spec.bits, want) << s.where();
+  }
+  // A specific entry that breaks the backend's rules is refused, naming the entry.
+  Config trt = config_for("w8a8_tensorrt.toml");
+  trt.specific = Config::from_string(R"([[specific]]
+nodes = "/fc2/*"
+a = { qscheme = "per-tensor-affine" }
+)", "s.toml").specific;
+  try {
+    QuantModel bad(load_onnx(testing::fixture_model()), trt, testing::shipped_registry());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[[specific]] #1 a breaks the rules of backend 'tensorrt'"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Pipeline, SkipGlobsKeepNodesInFloat) {
   Config c = config_for("w8a8_tensorrt.toml");
   c.skip = {"/fc*"};

@@ -106,3 +106,48 @@ TEST(Config, NearestOnlySuggestsCloseKeys) {
 
 }  // namespace
 }  // namespace sparsebit
+
+namespace sparsebit {
+namespace {
+
+TEST(Config, SpecificEntriesMergeOverTheGlobalTables) {
+  Config c = Config::from_string(R"(
+[w]
+bits = 8
+observer = "minmax"
+[a]
+observer = "percentile"
+[a.observer_options]
+alpha = 0.001
+[[specific]]
+nodes = "/fc2*"
+w = { bits = 4 }
+[[specific]]
+nodes = ["/conv1/*", "/dw3/*"]
+a = { observer = "mse" }
+w = { qscheme = "per-tensor-symmetric" }
+)", "test.toml");
+  ASSERT_EQ(c.specific.size(), 2u);
+  EXPECT_EQ(c.specific[0].nodes, std::vector<std::string>{"/fc2*"});
+  EXPECT_EQ(c.specific[0].w.bits, 4);
+  EXPECT_EQ(c.specific[0].w.qscheme, "per-channel-symmetric");          // inherited
+  EXPECT_EQ(c.specific[0].a.observer, "percentile");                    // inherited with its options
+  EXPECT_TRUE(c.specific[0].a.observer_options.has("alpha"));
+  EXPECT_EQ(c.specific[1].a.observer, "mse");
+  EXPECT_FALSE(c.specific[1].a.observer_options.has("alpha"));           // options were for percentile
+  EXPECT_FALSE(c.specific[1].w.spec(true, 0).per_channel);
+  EXPECT_EQ(c.specific[1].w.bits, 8);
+}
+
+TEST(Config, SpecificEntryErrorsNameTheEntryAndKey) {
+  EXPECT_NE(error_of("[[specific]]\nw = { bits = 4 }\n").find("specific[0].nodes is required"), std::string::npos);
+  std::string e = error_of("[[specific]]\nnodes = \"x\"\nw = { bitz = 4 }\n");
+  EXPECT_NE(e.find("specific[0].w"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'bits'"), std::string::npos) << e;
+  e = error_of("[[specific]]\nnode = \"x\"\n");
+  EXPECT_NE(e.find("did you mean 'nodes'"), std::string::npos) << e;
+  EXPECT_NE(error_of("[[specific]]\nnodes = \"x\"\nw = 4\n").find("must be a table"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sparsebit

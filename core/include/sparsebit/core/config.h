@@ -14,6 +14,10 @@
 ///     disable = false
 ///     [w.observer_options]            # passed to the observer plugin; unread keys are errors
 ///     [a]                             # activations, same keys
+///     [[specific]]                    # per-node overrides; the first entry whose glob
+///     nodes = ["/head/*"]             #   matches a node applies to all its inputs
+///     w = { bits = 4 }                #   any [w]/[a] key; unset keys come from [w]/[a]
+///     a = { observer = "percentile", observer_options = { alpha = 1e-2 } }
 ///     [schedule]                      # passes run after conversion, by name
 ///     disable_unnecessary_quant = true
 ///     [calibration]
@@ -56,6 +60,15 @@ struct CalibrationConfig {
   std::string mode = "streaming";
 };
 
+/// One `[[specific]]` entry: complete [w]/[a] tables (the global ones with this entry's keys
+/// over them) for the nodes matching `nodes`.
+struct SpecificEntry {
+  std::string name;  ///< "[[specific]] #2", for messages
+  std::vector<std::string> nodes;
+  QuantTableConfig w;
+  QuantTableConfig a;
+};
+
 /// Passes switched on or off in `[schedule]`, in the order they run.
 struct ScheduleEntry {
   std::string pass;
@@ -68,6 +81,7 @@ struct SPARSEBIT_API Config {
   QuantTableConfig w;
   QuantTableConfig a;
   std::vector<std::string> skip;
+  std::vector<SpecificEntry> specific;  ///< first match wins
   CalibrationConfig calibration;
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"disable_unnecessary_quant", true}};

@@ -17,6 +17,7 @@
 /// puts a Q/DQ pair on exactly the slot's edge, matched by tensor name.
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +96,8 @@ class SPARSEBIT_API QuantModel {
  private:
   friend class SlotState;
   int add_slot(std::size_t node, std::size_t input, InputRole role, std::int64_t weight_axis);
+  const QuantTableConfig& table_for(const Node& n, bool is_weight) const;
+  void probe_options(const QuantTableConfig& cfg, bool is_weight);
   void run_fuse_passes(QuantState& state);
   void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
   at::Tensor apply_slot(std::size_t node, std::size_t input, const at::Tensor& x);
@@ -108,6 +111,7 @@ class SPARSEBIT_API QuantModel {
   std::unique_ptr<Executor> executor_;
   std::vector<QuantSlot> slots_;
   std::vector<std::vector<int>> slot_of_;  // [node][input] -> slot index or -1
+  std::set<const QuantTableConfig*> used_tables_;  // while building
   bool w_on_ = false, a_on_ = false;
 };
 
