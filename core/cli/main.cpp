@@ -124,10 +124,22 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     const auto* e = registry.op(n->op_type, n->domain);
     h.second = e ? e->plugin : "";
   }
+  // Bit widths below 8 recorded by our exporter (Note [Narrow export]).
+  json narrow = json::object();
+  if (auto it = model.meta.metadata_props.find("sparsebit.bits"); it != model.meta.metadata_props.end()) {
+    try {
+      narrow = json::parse(it->second);
+    } catch (const std::exception&) {
+      spdlog::warn("{}: metadata sparsebit.bits is not valid JSON; ignored", model_path);
+    }
+  }
+  int qdq = 0;
+  for (const auto* n : model.graph.nodes()) qdq += n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear";
   if (as_json) {
     json j;
     j["model"] = model_path;
     j["opset"] = model.graph.default_opset();
+    j["quantization"] = {{"qdq_nodes", qdq}, {"narrow_bits", narrow}};
     j["nodes"] = model.graph.num_nodes();
     j["initializers"] = model.graph.initializers.size();
     j["inputs"] = json::array();
@@ -154,6 +166,12 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     missing += h.second.empty();
   }
   if (missing) std::cout << "\n" << missing << " op type(s) have no QModule; `sparsebit plugins` lists what is loaded\n";
+  if (qdq) {
+    std::cout << "\n  " << qdq << " QuantizeLinear/DequantizeLinear nodes";
+    if (!narrow.empty()) std::cout << "; tensors quantized below 8 bits (sparsebit.bits):";
+    std::cout << "\n";
+    for (const auto& [tensor, bits] : narrow.items()) std::cout << "    " << tensor << ": " << bits << " bits\n";
+  }
   return 0;
 }
 
@@ -251,7 +269,7 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
     std::printf("%-28s %9.2f%%\n", "top-1 agreement", 100 * ev["top1_agreement"].get<double>());
   }
 
-  out.write(sb::serialize_onnx(qm.export_graph(), qm.meta()));
+  out.write(qm.serialize());
   if (report) {
     report->write(rep.dump(2) + "\n");
     report->commit();

@@ -7,6 +7,7 @@
 #include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -347,6 +348,7 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
     throw Error(name + ": " + e.what());
   }
 
+  for (const auto& kv : proto.metadata_props()) model.meta.metadata_props[kv.key()] = kv.value();
   // Keep model-level fields; nodes and tensors live in the IR from now on.
   onnx::ModelProto skeleton = proto;
   auto* sg = skeleton.mutable_graph();
@@ -406,6 +408,13 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   }
   const std::int64_t opset = graph.default_opset();
   proto.set_ir_version(std::max<std::int64_t>(proto.ir_version(), min_ir_version_for(opset)));
+  for (const auto& [key, value] : options.metadata_props) {
+    auto* props = proto.mutable_metadata_props();
+    auto it = std::find_if(props->begin(), props->end(), [&](const onnx::StringStringEntryProto& e) { return e.key() == key; });
+    onnx::StringStringEntryProto* entry = it != props->end() ? &*it : proto.add_metadata_props();
+    entry->set_key(key);
+    entry->set_value(value);
+  }
 
   auto* gp = proto.mutable_graph();
   if (gp->name().empty()) gp->set_name("graph");

@@ -451,6 +451,42 @@ void QuantModel::finish_calibration() {
   }
 }
 
+// Note [Narrow export]
+// Opset-13 QuantizeLinear stores 8-bit integers. A b-bit (b < 8) activation is exported as
+// QuantizeLinear -> Clip(qmin, qmax) -> DequantizeLinear with the b-bit scale and zero point:
+// the 8-bit quantizer's own clamp is wider, so clipping its integers to the b-bit range gives
+// exactly clamp(round(x / s) + zp, qmin, qmax), per tensor or per channel alike. Weights are
+// stored already quantized. metadata_props["sparsebit.bits"] maps each such quantized tensor to
+// its bit width (JSON), and `sparsebit inspect` reads it back.
+std::string QuantModel::clip_to_grid(Graph& g, const Node* consumer, const QuantSlot& s, const std::string& quantized,
+                                     at::ScalarType qtype) const {
+  const std::string lo = g.unique_name(s.tensor + "_qmin"), hi = g.unique_name(s.tensor + "_qmax");
+  g.initializers[lo] = at::scalar_tensor(s.spec.qmin(), at::kInt).to(qtype);
+  g.initializers[hi] = at::scalar_tensor(s.spec.qmax(), at::kInt).to(qtype);
+  Node clip;
+  clip.op_type = "Clip";
+  clip.name = g.unique_name(s.tensor + "_clip_to_" + std::to_string(s.spec.bits) + "bit");
+  const std::string out = g.unique_name(quantized + "_" + std::to_string(s.spec.bits) + "bit");
+  clip.inputs = {quantized, lo, hi};
+  clip.outputs = {out};
+  g.insert_before(consumer, std::move(clip));
+  return out;
+}
+
+std::map<std::string, std::string> QuantModel::export_metadata() const {
+  nlohmann::json bits = nlohmann::json::object();
+  for (const auto& s : slots_)
+    if (!s.fake_fused && s.calibrated && s.role != InputRole::kBias && s.spec.bits < 8) bits[s.tensor] = s.spec.bits;
+  if (bits.empty()) return {};
+  return {{"sparsebit.bits", bits.dump()}};
+}
+
+std::string QuantModel::serialize() const {
+  ExportOptions options;
+  options.metadata_props = export_metadata();
+  return serialize_onnx(export_graph(), model_->meta, options);
+}
+
 Graph QuantModel::export_graph() const {
   Graph g = model_->graph.clone();
   const std::int64_t opset = std::max<std::int64_t>({g.default_opset(), backend_->min_export_opset(), 13});
@@ -461,9 +497,9 @@ Graph QuantModel::export_graph() const {
   for (const auto& s : slots_) {
     if (s.fake_fused) continue;
     if (!s.calibrated) throw Error(s.where() + ": not calibrated; calibrate before exporting");
-    if (s.spec.bits != 8 && s.role != InputRole::kBias) {
+    if (s.spec.bits > 8 && s.role != InputRole::kBias) {
       throw Error(s.where() + ": " + std::to_string(s.spec.bits) +
-                  "-bit export is not available in this version; Q/DQ export writes 8-bit tensors (set bits = 8)");
+                  "-bit quantization is simulated only; QuantizeLinear at opset 13 stores 8 bits (use bits <= 8 to export)");
     }
     const bool is_bias = s.role == InputRole::kBias;
     if (!is_bias && !s.quantizer->affine_grid()) {
@@ -513,6 +549,7 @@ Graph QuantModel::export_graph() const {
       q.outputs = {quantized};
       axis_attrs(q);
       g.insert_before(consumer, std::move(q));
+      if (s.spec.bits < 8) quantized = clip_to_grid(g, consumer, s, quantized, qtype);  // Note [Narrow export]
     }
     Node dq;
     dq.op_type = "DequantizeLinear";
@@ -537,8 +574,9 @@ Graph QuantModel::export_graph() const {
 }
 
 void QuantModel::export_onnx(const std::string& path) const {
-  Graph g = export_graph();
-  save_onnx(g, model_->meta, path);
+  ExportOptions options;
+  options.metadata_props = export_metadata();
+  save_onnx(export_graph(), model_->meta, path, options);
 }
 
 std::string QuantModel::report_json(const CalibrationStats* stats) const {

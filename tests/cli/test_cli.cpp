@@ -57,6 +57,20 @@ TEST_F(Cli, QuantizeWritesModelAndReport) {
   EXPECT_EQ(testing::count_files(out_), 2);  // no temporary files left
 }
 
+TEST_F(Cli, InspectReadsBackNarrowBitWidths) {
+  testing::write_text(work_ / "w4a6.toml", "backend = \"virtual\"\n[w]\nbits = 4\n[a]\nbits = 6\n");
+  config_ = work_ / "w4a6.toml";
+  ASSERT_EQ(run_cli(quantize(testing::fixture_model(), calib_)).exit_code, 0);
+  auto r = run_cli("inspect --json " + out_ + "/q.onnx");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["quantization"]["narrow_bits"]["image"], 6);
+  EXPECT_EQ(j["quantization"]["narrow_bits"]["fc2.weight"], 4);
+  EXPECT_GT(j["quantization"]["qdq_nodes"].get<int>(), 20);
+  r = run_cli("inspect " + out_ + "/q.onnx");
+  EXPECT_NE(r.output.find("image: 6 bits"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, HelpOnEveryCommand) {
   for (const char* cmd : {"--help", "quantize --help", "plugins --help", "inspect --help"}) {
     auto r = run_cli(cmd);

@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/quant_model.h"
@@ -117,6 +120,52 @@ TEST(OnnxRuntime, OldOpsetModelIsLiftedQuantizedAndRunsInOnnxRuntime) {
     const double tolerance = std::string(cfg) == "w8a8_onnxruntime.toml" ? 1e-5 : 1e-3;
     EXPECT_TRUE(at::allclose(ort, simulated, 0, tolerance)) << cfg << ": max diff "
                                                             << (ort - simulated).abs().max().item<float>();
+  }
+}
+
+// Below 8 bits (Note [Narrow export]): the exported graph clips the 8-bit integers to the
+// narrower grid, records the widths in metadata, and both our executor and ONNX Runtime's
+// reference kernels (no fusion, which would round float biases its own way) reproduce the
+// simulation.
+TEST(OnnxRuntime, NarrowBitExportReproducesTheSimulation) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  for (auto [wbits, abits] : {std::pair{4, 6}, std::pair{3, 5}}) {
+    Config c = Config::from_file(testing::source_path("configs/w8a8_onnxruntime.toml"));
+    c.backend = "virtual";
+    c.w.bits = wbits;
+    c.a.bits = abits;
+    c.calibration.count = 128;
+    QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+    auto data = open_dataset(std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
+    qm.calibrate(*data);
+    const std::string path = dir / ("w" + std::to_string(wbits) + "a" + std::to_string(abits) + ".onnx");
+    {
+      std::ofstream out(path, std::ios::binary);
+      out << qm.serialize();
+    }
+    Model exported = load_onnx(path);
+    auto bits = nlohmann::json::parse(exported.meta.metadata_props.at("sparsebit.bits"));
+    EXPECT_EQ(bits.at("image"), abits);
+    EXPECT_EQ(bits.at("fc2.weight"), wbits);
+    int clips = 0;
+    for (const Node* n : exported.graph.nodes()) clips += n->op_type == "Clip" && n->inputs[0].find("_quantized") != std::string::npos;
+    int quantizes = 0;
+    for (const Node* n : exported.graph.nodes()) quantizes += n->op_type == "QuantizeLinear";
+    EXPECT_EQ(clips, quantizes);  // every activation Q/DQ pair is clipped to the narrow grid
+
+    at::Tensor x = read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", 64).to(at::kFloat).div(255).unsqueeze(1);
+    write_npy(x, dir / "x.npy");
+    qm.set_quant(true, true);
+    at::Tensor simulated = qm.forward({x})[0].detach();
+    Executor ours(exported.graph, testing::shipped_registry());
+    EXPECT_TRUE(at::allclose(ours.run({{"image", x}})[0], simulated, 1e-5, 1e-5)) << wbits << "/" << abits;
+    auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + path +
+                                  " --optimization disabled --in image=" + (dir / "x.npy") + " --out logits=" + (dir / "y.npy"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    at::Tensor ort = read_npy(dir / "y.npy");
+    const double step = 2 * simulated.abs().max().item<double>() / 255;
+    EXPECT_LE((ort - simulated).abs().max().item<double>(), step) << "W" << wbits << "A" << abits;
   }
 }
 

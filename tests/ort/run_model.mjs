@@ -1,13 +1,13 @@
 // Runs an ONNX model in ONNX Runtime (CPU) on .npy inputs and writes each output as .npy.
 //   node run_model.mjs MODEL.onnx --in name=file.npy ... [--out name=file.npy ...] [--threads N]
-//                      [--compare name=expected.npy ... --atol A]
+//                      [--compare name=expected.npy ... --atol A] [--optimization disabled|basic|extended|all]
 // With --compare it exits 1 unless every compared output is within A (default 1e-5) of the file.
 import ort from 'onnxruntime-node';
 import { readNpy, writeNpy } from './npy.mjs';
 
 const args = process.argv.slice(2);
 const model = args[0];
-const inputs = {}; const outputs = {}; const compare = {}; let threads = 1; let atol = 1e-5;
+const inputs = {}; const outputs = {}; const compare = {}; let threads = 1; let atol = 1e-5; let optimization = 'all';
 for (let i = 1; i < args.length; i += 2) {
   const [name, file] = (args[i + 1] ?? '').split('=');
   if (args[i] === '--in') inputs[name] = file;
@@ -15,9 +15,12 @@ for (let i = 1; i < args.length; i += 2) {
   else if (args[i] === '--compare') compare[name] = file;
   else if (args[i] === '--atol') atol = Number(args[i + 1]);
   else if (args[i] === '--threads') threads = Number(args[i + 1]);
+  else if (args[i] === '--optimization') optimization = args[i + 1];  // disabled | basic | extended | all
   else throw new Error(`unknown argument ${args[i]}`);
 }
-const session = await ort.InferenceSession.create(model, { intraOpNumThreads: threads, interOpNumThreads: 1 });
+const session = await ort.InferenceSession.create(model, {
+  intraOpNumThreads: threads, interOpNumThreads: 1, graphOptimizationLevel: optimization,
+});
 const feeds = {};
 for (const [name, file] of Object.entries(inputs)) {
   const a = readNpy(file);

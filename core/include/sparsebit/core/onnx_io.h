@@ -7,6 +7,7 @@
 /// writes atomically.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,7 @@ struct ModelMeta {
   std::string source_path;
   std::int64_t source_opset = 0;  ///< default-domain opset before any conversion
   std::string skeleton;           ///< serialized ModelProto without nodes and initializers
+  std::map<std::string, std::string> metadata_props;  ///< the model's metadata_props, as imported
 };
 
 struct Model {
@@ -37,6 +39,8 @@ SPARSEBIT_API Model load_onnx_from_bytes(const std::string& bytes, const std::st
 
 struct ExportOptions {
   bool run_checker = true;
+  /// Added to (or replacing keys of) the model's metadata_props.
+  std::map<std::string, std::string> metadata_props;
 };
 
 /// Serializes `graph` with `meta`'s model-level fields, checks it, and writes `path`

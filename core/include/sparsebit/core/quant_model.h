@@ -83,6 +83,8 @@ class SPARSEBIT_API QuantModel {
   void export_onnx(const std::string& path) const;
   /// The QDQ graph export would write (for inspection and tests).
   Graph export_graph() const;
+  /// The exported model's bytes (graph plus metadata such as sparsebit.bits).
+  std::string serialize() const;
 
   /// JSON report: model, config, backend and every slot with its parameters.
   std::string report_json(const CalibrationStats* stats = nullptr) const;
@@ -99,6 +101,9 @@ class SPARSEBIT_API QuantModel {
   const QuantTableConfig& table_for(const Node& n, bool is_weight) const;
   void probe_options(const QuantTableConfig& cfg, bool is_weight);
   void run_fuse_passes(QuantState& state);
+  std::string clip_to_grid(Graph& g, const Node* consumer, const QuantSlot& s, const std::string& quantized,
+                           at::ScalarType qtype) const;
+  std::map<std::string, std::string> export_metadata() const;
   void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
   at::Tensor apply_slot(std::size_t node, std::size_t input, const at::Tensor& x);
   void finish_calibration();
