@@ -149,7 +149,7 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
     throw Error("backend '" + config_.backend + "' (plugin '" + backend_plugin_ + "'): " + e.what());
   }
   for (const auto& s : slots_) {
-    if (s.fake_fused) continue;
+    if (!s.active()) continue;
     if (auto why = backend_->check_input(model_->graph.node(s.node_index), s.input_index, s.role, s.spec)) {
       throw Error(s.where() + ": backend '" + config_.backend + "' cannot deploy " + s.spec.describe() + ": " + *why +
                   " (change the config, or keep the node in float with `skip`)");
@@ -166,7 +166,7 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
   used_tables_.clear();
   registry_ = nullptr;  // the model needs nothing more from the registry
   std::size_t active = 0;
-  for (const auto& s : slots_) active += !s.fake_fused;
+  for (const auto& s : slots_) active += s.active();
   sdk::log_info(std::to_string(nodes.size()) + " nodes, " + std::to_string(active) + " quantized inputs (" +
                 std::to_string(slots_.size() - active) + " fused away)");
 }
@@ -222,6 +222,10 @@ int QuantModel::add_slot(std::size_t i, std::size_t k, InputRole role, std::int6
     throw Error(config_.source + ": [" + table + "] quantizer '" + cfg.quantizer +
                 "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")");
   }
+  s.make_observer = obs->factory;
+  s.make_quantizer = qz->factory;
+  s.observer_options = cfg.observer_options;
+  s.quantizer_options = cfg.quantizer_options;
   try {
     s.observer = obs->factory(ObserverContext{s.spec, cfg.observer_options, s.where()});
     s.quantizer = qz->factory(QuantizerContext{s.spec, cfg.quantizer_options, s.where()});
@@ -292,6 +296,49 @@ void QuantModel::run_fuse_passes(QuantState& state) {
 QuantModel::~QuantModel() = default;
 QuantModel::QuantModel(QuantModel&&) noexcept = default;
 
+bool QuantModel::usable(const QuantSlot& s) const {
+  if (!s.active()) return false;
+  if (s.role != InputRole::kBias) return true;
+  // A bias is int32 only while both factors of its scale are quantized.
+  return slots_[static_cast<std::size_t>(s.bias_activation)].active() && slots_[static_cast<std::size_t>(s.bias_weight)].active();
+}
+
+std::vector<QuantSlot*> QuantModel::matching(const std::string& node_glob, std::optional<InputRole> role) {
+  std::vector<QuantSlot*> out;
+  for (auto& s : slots_)
+    if (s.role != InputRole::kBias && (!role || *role == s.role) && fnmatch(node_glob.c_str(), s.node_name.c_str(), 0) == 0)
+      out.push_back(&s);
+  return out;
+}
+
+std::size_t QuantModel::set_enabled(const std::string& node_glob, bool enabled, std::optional<InputRole> role) {
+  auto found = matching(node_glob, role);
+  for (QuantSlot* s : found) s->enabled = enabled;
+  return found.size();
+}
+
+std::size_t QuantModel::set_bits(const std::string& node_glob, int bits, std::optional<InputRole> role) {
+  if (bits < 2 || bits > 16) throw Error("set_bits: bits must be between 2 and 16, got " + std::to_string(bits));
+  auto found = matching(node_glob, role);
+  for (QuantSlot* s : found) {
+    QSpec spec = s->spec;
+    spec.bits = bits;
+    for (const auto& why : {backend_->check(spec, s->role == InputRole::kWeight ? "w" : "a"),
+                            backend_->check_input(model_->graph.node(s->node_index), s->input_index, s->role, spec)}) {
+      if (why) throw Error(s->where() + ": " + std::to_string(bits) + " bits break the rules of backend '" + config_.backend + "': " + *why);
+    }
+    s->spec = spec;
+    // New objects for the new grid; the previous calibration no longer applies.
+    s->observer = s->make_observer(ObserverContext{s->spec, s->observer_options, s->where()});
+    s->quantizer = s->make_quantizer(QuantizerContext{s->spec, s->quantizer_options, s->where()});
+    s->calibrated = false;
+  }
+  // Biases derive from their activation and weight scales: recompute them at calibration.
+  for (auto& s : slots_)
+    if (s.role == InputRole::kBias) s.calibrated = false;
+  return found.size();
+}
+
 void QuantModel::set_quant(bool weights, bool activations) {
   w_on_ = weights;
   a_on_ = activations;
@@ -302,7 +349,7 @@ at::Tensor QuantModel::apply_slot(std::size_t node, std::size_t input, const at:
   if (idx < 0) return x;
   QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
   const bool on = s.role == InputRole::kWeight ? w_on_ : a_on_;
-  if (!on || s.fake_fused) return x;
+  if (!on || !usable(s)) return x;
   if (!s.calibrated) throw Error(s.where() + ": quantization is on but the model was not calibrated");
   if (s.role == InputRole::kBias) return w_on_ && a_on_ ? fake_quantize(x, s.bias_params, s.spec) : x;
   return s.quantizer->forward(x);
@@ -336,7 +383,7 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   auto observe = [this](std::size_t n, std::size_t k, const at::Tensor& x) {
     int idx = slot_of_[n][k];
     if (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kActivation &&
-        !slots_[static_cast<std::size_t>(idx)].fake_fused) {
+        slots_[static_cast<std::size_t>(idx)].active()) {
       QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
       try {
         s.observer->observe(x);
@@ -419,7 +466,7 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
 void QuantModel::finish_calibration() {
   const auto& constants = executor_->constants();
   for (auto& s : slots_) {
-    if (s.fake_fused || s.role == InputRole::kBias) continue;
+    if (!s.active() || s.role == InputRole::kBias) continue;
     try {
       if (s.role == InputRole::kWeight) {
         s.observer->reset();
@@ -436,11 +483,12 @@ void QuantModel::finish_calibration() {
   // Bias scale = activation scale x weight scale(s): what an int32 accumulator adds.
   for (auto& s : slots_) {
     if (s.role != InputRole::kBias) continue;
+    s.fake_fused = false;  // decided afresh from the current activation and weight slots
     const QuantSlot& act = slots_[static_cast<std::size_t>(s.bias_activation)];
     const QuantSlot& w = slots_[static_cast<std::size_t>(s.bias_weight)];
     const at::Tensor& bias = constants.at(s.tensor);
     const at::Tensor w_scale = w.calibrated ? w.quantizer->qparams().scale.to(at::kCPU, at::kFloat) : at::Tensor();
-    if (act.fake_fused || w.fake_fused || !act.calibrated || !w.calibrated || act.spec.per_channel ||
+    if (!act.active() || !w.active() || !act.calibrated || !w.calibrated || act.spec.per_channel ||
         (w.spec.per_channel && w_scale.numel() != bias.numel())) {
       s.fake_fused = true;  // the product has no single per-output scale: keep the bias float
       continue;
@@ -476,7 +524,7 @@ std::string QuantModel::clip_to_grid(Graph& g, const Node* consumer, const Quant
 std::map<std::string, std::string> QuantModel::export_metadata() const {
   nlohmann::json bits = nlohmann::json::object();
   for (const auto& s : slots_)
-    if (!s.fake_fused && s.calibrated && s.role != InputRole::kBias && s.spec.bits < 8) bits[s.tensor] = s.spec.bits;
+    if (s.active() && s.calibrated && s.role != InputRole::kBias && s.spec.bits < 8) bits[s.tensor] = s.spec.bits;
   if (bits.empty()) return {};
   return {{"sparsebit.bits", bits.dump()}};
 }
@@ -495,7 +543,7 @@ Graph QuantModel::export_graph() const {
   std::map<std::string, std::string> made;  // dedupe key -> dequantized tensor name
 
   for (const auto& s : slots_) {
-    if (s.fake_fused) continue;
+    if (!usable(s)) continue;
     if (!s.calibrated) throw Error(s.where() + ": not calibrated; calibrate before exporting");
     if (s.spec.bits > 8 && s.role != InputRole::kBias) {
       throw Error(s.where() + ": " + std::to_string(s.spec.bits) +
@@ -606,6 +654,7 @@ std::string QuantModel::report_json(const CalibrationStats* stats) const {
     e["quantizer"] = s.quantizer_name;
     e["calibrated"] = s.calibrated;
     e["fake_fused"] = s.fake_fused;
+    e["enabled"] = s.enabled;
     if (s.calibrated) {
       QParams p = s.role == InputRole::kBias ? s.bias_params : s.quantizer->qparams();
       e["scale"] = values(p.scale);

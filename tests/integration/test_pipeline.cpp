@@ -234,6 +234,48 @@ a = { qscheme = "per-tensor-affine" }
   }
 }
 
+TEST(Pipeline, PerNodeEnableAndBitWidthChanges) {
+  Config c = config_for("w8a8_onnxruntime.toml");
+  c.backend = "virtual";
+  QuantModel qm = calibrated(c);
+  auto count_dq = [&] {
+    const Graph g = qm.export_graph();
+    std::size_t n = 0;
+    for (const Node* node : g.nodes()) n += node->op_type == "DequantizeLinear";
+    return n;
+  };
+  const std::size_t dq_before = count_dq();
+  EXPECT_EQ(qm.set_enabled("/conv1/*", false), 2u);  // its activation and weight
+  const std::size_t dq_after = count_dq();
+  EXPECT_EQ(dq_after, dq_before - 2);  // the virtual backend keeps biases in float
+  {
+    QuantModel ort = calibrated(config_for("w8a8_onnxruntime.toml"));
+    const auto dq = [&] {
+      const Graph g = ort.export_graph();
+      std::size_t n = 0;
+      for (const Node* node : g.nodes()) n += node->op_type == "DequantizeLinear";
+      return n;
+    };
+    const std::size_t with = dq();
+    ort.set_enabled("/conv1/*", false);
+    EXPECT_EQ(dq(), with - 3);  // activation, weight, and the int32 bias derived from them
+  }
+
+  EXPECT_EQ(qm.set_bits("/fc2/*", 4, InputRole::kWeight), 1u);
+  qm.set_quant(true, true);
+  EXPECT_THROW(qm.forward({test_batch(2)}), Error);  // rebuilt: must be calibrated again
+  auto data = open_dataset(kImages, qm.graph().inputs);
+  qm.calibrate(*data);
+  for (const auto& s : qm.slots()) {
+    if (s.node_name == "/fc2/Gemm" && s.role == InputRole::kWeight) EXPECT_EQ(s.spec.bits, 4);
+    if (s.node_name == "/conv1/Conv" && s.role != InputRole::kBias) EXPECT_FALSE(s.active());
+  }
+  EXPECT_EQ(qm.forward({test_batch(2)})[0].size(1), 10);
+  Config trt = config_for("w8a8_tensorrt.toml");
+  QuantModel t(load_onnx(testing::fixture_model()), trt, testing::shipped_registry());
+  EXPECT_THROW(t.set_bits("/fc2/*", 4), Error);  // TensorRT runs 8 bits only
+}
+
 TEST(Pipeline, SkipGlobsKeepNodesInFloat) {
   Config c = config_for("w8a8_tensorrt.toml");
   c.skip = {"/fc*"};

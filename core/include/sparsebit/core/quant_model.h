@@ -17,6 +17,7 @@
 /// puts a Q/DQ pair on exactly the slot's edge, matched by tensor name.
 
 #include <map>
+#include <optional>
 #include <set>
 #include <memory>
 #include <string>
@@ -43,6 +44,11 @@ struct SPARSEBIT_API QuantSlot {
   std::unique_ptr<Quantizer> quantizer;
   bool calibrated = false;
   bool fake_fused = false;  ///< bypassed by a fuse pass: neither simulated nor exported
+  bool enabled = true;      ///< switched off by the user (QuantModel::set_enabled)
+  bool active() const { return enabled && !fake_fused; }
+  ObserverFactory make_observer;  ///< to rebuild the objects when the scheme changes
+  QuantizerFactory make_quantizer;
+  Options observer_options, quantizer_options;
   /// kBias slots: the node's activation and weight slots whose scales multiply to the bias
   /// scale; the bias has no observer or quantizer plugin, its parameters follow from theirs.
   int bias_activation = -1, bias_weight = -1;
@@ -75,6 +81,12 @@ class SPARSEBIT_API QuantModel {
 
   /// Turns weight / activation fake quantization on or off (both off after construction).
   void set_quant(bool weights, bool activations);
+  /// Switches the quantizers of nodes whose name matches `node_glob` (of `role`, or all roles)
+  /// on or off; a disabled quantizer is neither simulated nor exported. Returns how many.
+  std::size_t set_enabled(const std::string& node_glob, bool enabled, std::optional<InputRole> role = {});
+  /// Changes the bit width of matching quantizers (checked against the backend). Their
+  /// observers and quantizers are rebuilt: calibrate again before using them.
+  std::size_t set_bits(const std::string& node_glob, int bits, std::optional<InputRole> role = {});
 
   /// Runs the model (graph inputs in order) and returns the graph outputs.
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
@@ -97,6 +109,8 @@ class SPARSEBIT_API QuantModel {
 
  private:
   friend class SlotState;
+  bool usable(const QuantSlot& s) const;
+  std::vector<QuantSlot*> matching(const std::string& node_glob, std::optional<InputRole> role);
   int add_slot(std::size_t node, std::size_t input, InputRole role, std::int64_t weight_axis);
   const QuantTableConfig& table_for(const Node& n, bool is_weight) const;
   void probe_options(const QuantTableConfig& cfg, bool is_weight);
