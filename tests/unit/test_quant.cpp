@@ -86,6 +86,41 @@ TEST(Quant, PerChannelMatchesTorchFakeQuantizeExactly) {
   }
 }
 
+// Every bit width 2-8, symmetric (plain and narrow) and affine, per tensor and per channel:
+// identical to torch wherever division and torch's reciprocal multiplication round alike.
+TEST(Quant, EveryBitWidthAndSchemeMatchesTorch) {
+  at::manual_seed(4);
+  at::Tensor x = at::randn({32, 6, 64}) * 2;
+  for (int bits = 2; bits <= 8; ++bits) {
+    for (int scheme = 0; scheme < 3; ++scheme) {
+      for (bool per_channel : {false, true}) {
+        QSpec s;
+        s.bits = bits;
+        s.symmetric = scheme != 2;
+        s.narrow_range = scheme == 1;
+        s.per_channel = per_channel;
+        s.channel_axis = 1;
+        at::Tensor lo = per_channel ? -at::rand({6}) * 3 - 0.1 : at::scalar_tensor(-2.5);
+        at::Tensor hi = per_channel ? at::rand({6}) * 3 + 0.1 : at::scalar_tensor(3.5);
+        QParams p = qparams_from_range(lo, hi, s, "t");
+        at::Tensor ours = fake_quantize(x, p, s);
+        at::Tensor ref = per_channel ? at::fake_quantize_per_channel_affine(x, p.scale, p.zero_point, 1, s.qmin(), s.qmax())
+                                     : at::fake_quantize_per_tensor_affine(x, p.scale.item<double>(), p.zero_point.item<std::int64_t>(),
+                                                                           s.qmin(), s.qmax());
+        at::Tensor sc = per_channel ? p.scale.reshape({1, 6, 1}) : p.scale;
+        at::Tensor apart = at::round(x / sc) != at::round(x * (1.0f / sc));
+        at::Tensor same = at::logical_not(apart);
+        EXPECT_TRUE(at::equal(ours.masked_select(same), ref.masked_select(same)))
+            << bits << " bits, scheme " << scheme << (per_channel ? ", per channel" : ", per tensor");
+        // Every value lies on the b-bit grid.
+        at::Tensor q = quantize_to_int(x, p, s);
+        EXPECT_GE(q.min().item<int>(), s.qmin());
+        EXPECT_LE(q.max().item<int>(), s.qmax());
+      }
+    }
+  }
+}
+
 TEST(Quant, StraightThroughGradientMatchesTorch) {
   at::manual_seed(2);
   at::Tensor base = at::randn({4096}) * 4;
