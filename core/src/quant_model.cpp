@@ -171,6 +171,19 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
                 std::to_string(slots_.size() - active) + " fused away)");
 }
 
+namespace {
+QuantSlot slot_for(const Node& n, std::size_t node, std::size_t input, InputRole role) {
+  QuantSlot s;
+  s.node_index = node;
+  s.input_index = input;
+  s.node_name = n.name;
+  s.op_type = n.op_type;
+  s.tensor = n.inputs[input];
+  s.role = role;
+  return s;
+}
+}  // namespace
+
 const QuantTableConfig& QuantModel::table_for(const Node& n, bool is_weight) const {
   for (const auto& e : config_.specific)
     if (matches_any(n.name, e.nodes)) return is_weight ? e.w : e.a;
@@ -201,13 +214,7 @@ int QuantModel::add_slot(std::size_t i, std::size_t k, InputRole role, std::int6
   used_tables_.insert(&cfg);
   std::int64_t axis = is_weight ? weight_axis : 1;
   if (is_weight && axis < 0) axis += model_->graph.initializers.at(n.inputs[k]).dim();
-  QuantSlot s;
-  s.node_index = i;
-  s.input_index = k;
-  s.node_name = n.name;
-  s.op_type = n.op_type;
-  s.tensor = n.inputs[k];
-  s.role = role;
+  QuantSlot s = slot_for(n, i, k, role);
   s.spec = cfg.spec(is_weight, axis);
   s.observer_name = cfg.observer;
   s.quantizer_name = cfg.quantizer;
@@ -253,13 +260,7 @@ void QuantModel::add_bias_slots(std::size_t node, const std::vector<std::size_t>
   for (std::size_t k : bias_inputs) {
     auto init = model_->graph.initializers.find(n.inputs[k]);
     if (init == model_->graph.initializers.end() || init->second.dim() != 1) continue;
-    QuantSlot s;
-    s.node_index = node;
-    s.input_index = k;
-    s.node_name = n.name;
-    s.op_type = n.op_type;
-    s.tensor = n.inputs[k];
-    s.role = InputRole::kBias;
+    QuantSlot s = slot_for(n, node, k, InputRole::kBias);
     s.spec.bits = 32;
     s.spec.symmetric = true;
     s.spec.per_channel = slots_[static_cast<std::size_t>(weight)].spec.per_channel;

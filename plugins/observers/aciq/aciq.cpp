@@ -73,11 +73,7 @@ class AciqObserver final : public Observer {
     const auto& table = distribution_ == "laplace" ? (half ? kLaplacePositive : kLaplace) : (half ? kGausPositive : kGaus);
     at::Tensor clip = scale_estimate * table.at(spec_.bits);
     at::Tensor low = half ? at::zeros_like(clip) : -clip;
-    if (!spec_.per_channel) {
-      low = low.reshape({});
-      clip = clip.reshape({});
-    }
-    return qparams_from_range(low, clip, spec_, where_);
+    return range_qparams(low, clip, spec_, where_);
   }
 
   void reset() override {

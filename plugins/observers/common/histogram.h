@@ -16,6 +16,7 @@
 #include <string>
 
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/quant.h"
 
 namespace sparsebit::observers {
 
@@ -118,6 +119,12 @@ class StreamingHistogram {
   std::int64_t count_ = 0;
   at::Tensor counts_, min_, max_, sum_;
 };
+
+/// QParams of per-row ranges [C]: per channel as they are, per tensor as scalars.
+inline QParams range_qparams(const at::Tensor& lo, const at::Tensor& hi, const QSpec& spec, const std::string& where) {
+  if (spec.per_channel) return qparams_from_range(lo, hi, spec, where);
+  return qparams_from_range(lo.reshape({}), hi.reshape({}), spec, where);
+}
 
 /// x reshaped to [C, N] with the channel axis first (per tensor: [1, numel]).
 inline at::Tensor channels_first(const at::Tensor& x, bool per_channel, std::int64_t axis) {

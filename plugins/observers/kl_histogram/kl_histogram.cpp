@@ -91,11 +91,7 @@ class KlHistogramObserver final : public Observer {
       hi[c] = threshold;
       lo[c] = has_negative ? -threshold : 0.0;
     }
-    if (!spec_.per_channel) {
-      lo = lo.reshape({});
-      hi = hi.reshape({});
-    }
-    return qparams_from_range(lo, hi, spec_, where_);
+    return range_qparams(lo, hi, spec_, where_);
   }
 
   void reset() override { hists_.clear(); }

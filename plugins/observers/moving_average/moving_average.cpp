@@ -35,8 +35,7 @@ class MovingAverageObserver final : public Observer {
 
   QParams compute() override {
     if (!min_.defined()) throw Error(where_ + ": nothing was observed (is the calibration data empty?)");
-    return spec_.per_channel ? qparams_from_range(min_, max_, spec_, where_)
-                             : qparams_from_range(min_.reshape({}), max_.reshape({}), spec_, where_);
+    return range_qparams(min_, max_, spec_, where_);
   }
 
   void reset() override { min_ = max_ = at::Tensor(); }

@@ -60,11 +60,7 @@ class MseObserver final : public Observer {
       best_lo = at::where(better, clo, best_lo);
       best_hi = at::where(better, chi, best_hi);
     }
-    if (!spec_.per_channel) {
-      best_lo = best_lo.reshape({});
-      best_hi = best_hi.reshape({});
-    }
-    return qparams_from_range(best_lo, best_hi, spec_, where_);
+    return range_qparams(best_lo, best_hi, spec_, where_);
   }
 
   void reset() override {

@@ -55,11 +55,7 @@ class PercentileObserver final : public Observer {
         lo[c] = exact ? kth(c, k) : hist_.kth_smallest(c, k);
       }
     }
-    if (!spec_.per_channel) {
-      lo = lo.reshape({});
-      hi = hi.reshape({});
-    }
-    return qparams_from_range(lo, hi, spec_, where_);
+    return range_qparams(lo, hi, spec_, where_);
   }
 
   void reset() override {
