@@ -32,7 +32,7 @@ Executor::Executor(const Graph& graph, const Registry& registry) : graph_(graph)
       continue;
     }
     auto it = graph.opset_imports.find(n->domain);
-    OpContext ctx{*n, it == graph.opset_imports.end() ? 0 : it->second};
+    OpContext ctx{*n, it == graph.opset_imports.end() ? 0 : it->second, graph};
     BoundModule bound;
     bound.plugin = entry->plugin;
     try {

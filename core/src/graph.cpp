@@ -141,6 +141,7 @@ Graph Graph::clone() const {
   g.inputs = inputs;
   g.outputs = outputs;
   g.initializers = initializers;
+  g.narrow_types = narrow_types;
   g.opset_imports = opset_imports;
   g.impl_->nodes = impl_->nodes;
   return g;

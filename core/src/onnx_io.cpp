@@ -22,6 +22,10 @@ namespace sparsebit {
 
 namespace fs = std::filesystem;
 
+namespace {
+constexpr std::int32_t kUint4 = 21, kInt4 = 22;  // TensorProto.DataType numbers (opset 21)
+}  // namespace
+
 std::string onnx_type_name(std::int32_t t) {
   switch (t) {
     case onnx::TensorProto::FLOAT: return "float";
@@ -38,8 +42,8 @@ std::string onnx_type_name(std::int32_t t) {
     case onnx::TensorProto::UINT32: return "uint32";
     case onnx::TensorProto::UINT64: return "uint64";
     case onnx::TensorProto::BFLOAT16: return "bfloat16";
-    case 21: return "uint4";
-    case 22: return "int4";
+    case kUint4: return "uint4";
+    case kInt4: return "int4";
     default: return "type#" + std::to_string(t);
   }
 }
@@ -94,6 +98,29 @@ at::Tensor from_field(const Src& field, at::ScalarType storage, at::ScalarType t
   return t.to(target).reshape(shape);
 }
 
+// int4/uint4: two values a byte, low nibble first, widened to int8/uint8 (sign-extended).
+at::Tensor unpack_4bit(const onnx::TensorProto& p, const std::vector<std::int64_t>& shape, std::int64_t numel,
+                       const std::string& what) {
+  const bool is_signed = p.data_type() == kInt4;
+  std::string bytes;
+  if (p.has_raw_data()) {
+    bytes = p.raw_data();
+  } else {
+    for (auto v : p.int32_data()) bytes.push_back(static_cast<char>(v & 0xFF));
+  }
+  if (bytes.size() != static_cast<std::size_t>((numel + 1) / 2))
+    throw Error(what + " holds " + std::to_string(bytes.size()) + " bytes of packed 4-bit data, its shape needs " +
+                std::to_string((numel + 1) / 2));
+  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(is_signed ? at::kChar : at::kByte));
+  for (std::int64_t i = 0; i < numel; ++i) {
+    int nibble = (static_cast<unsigned char>(bytes[static_cast<std::size_t>(i / 2)]) >> (4 * (i % 2))) & 0xF;
+    if (is_signed && nibble >= 8) nibble -= 16;
+    if (is_signed) t.data_ptr<std::int8_t>()[i] = static_cast<std::int8_t>(nibble);
+    else t.data_ptr<std::uint8_t>()[i] = static_cast<std::uint8_t>(nibble);
+  }
+  return t.reshape(shape);
+}
+
 at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_dir, const std::string& what) {
   std::vector<std::int64_t> shape(p.dims().begin(), p.dims().end());
   std::int64_t numel = 1;
@@ -101,6 +128,7 @@ at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_di
     if (d < 0) throw Error(what + " has a negative dimension");
     numel *= d;
   }
+  if (p.data_type() == kInt4 || p.data_type() == kUint4) return unpack_4bit(p, shape, numel, what);
   const at::ScalarType st = scalar_type_of(p.data_type(), what);
   const std::size_t elem = c10::elementSize(st);
 
@@ -166,10 +194,21 @@ at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_di
   return t.reshape(shape);
 }
 
-void tensor_to_proto(const at::Tensor& t_in, const std::string& name, onnx::TensorProto* p) {
+void tensor_to_proto(const at::Tensor& t_in, const std::string& name, onnx::TensorProto* p, std::int32_t narrow_type = 0) {
   at::Tensor t = t_in.detach().to(at::kCPU).contiguous();
   p->set_name(name);
   for (auto d : t.sizes()) p->add_dims(d);
+  if (narrow_type == kInt4 || narrow_type == kUint4) {
+    // Pack two 4-bit values a byte, low nibble first.
+    at::Tensor v = t.to(at::kInt).reshape({-1});
+    const std::int64_t n = v.numel();
+    std::string bytes(static_cast<std::size_t>((n + 1) / 2), '\0');
+    for (std::int64_t i = 0; i < n; ++i)
+      bytes[static_cast<std::size_t>(i / 2)] |= static_cast<char>((v.data_ptr<std::int32_t>()[i] & 0xF) << (4 * (i % 2)));
+    p->set_data_type(narrow_type);
+    p->set_raw_data(bytes);
+    return;
+  }
   p->set_data_type(onnx_type_of(t.scalar_type()));
   p->set_raw_data(std::string(static_cast<const char*>(t.data_ptr()), t.nbytes()));
 }
@@ -312,6 +351,7 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   const auto& gp = proto.graph();
   for (const auto& init : gp.initializer()) {
     g.initializers[init.name()] = tensor_from_proto(init, base, name + ": initializer '" + init.name() + "'");
+    if (init.data_type() == kInt4 || init.data_type() == kUint4) g.narrow_types[init.name()] = init.data_type();
   }
   if (gp.sparse_initializer_size() > 0) throw Error(name + ": sparse initializers are not supported");
   for (const auto& in : gp.input()) {
@@ -420,7 +460,10 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   if (gp->name().empty()) gp->set_name("graph");
   for (const auto& v : graph.inputs) value_info_to_proto(v, gp->add_input());
   for (const auto& v : graph.outputs) value_info_to_proto(v, gp->add_output());
-  for (const auto& kv : graph.initializers) tensor_to_proto(kv.second, kv.first, gp->add_initializer());
+  for (const auto& kv : graph.initializers) {
+    auto narrow = graph.narrow_types.find(kv.first);
+    tensor_to_proto(kv.second, kv.first, gp->add_initializer(), narrow == graph.narrow_types.end() ? 0 : narrow->second);
+  }
   std::set<std::string> names;
   for (const auto* n : graph.nodes()) {
     auto* np = gp->add_node();

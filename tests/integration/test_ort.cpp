@@ -169,5 +169,44 @@ TEST(OnnxRuntime, NarrowBitExportReproducesTheSimulation) {
   }
 }
 
+// Note [4-bit export]: 4-bit weights become int4 initializers behind DequantizeLinear at opset
+// 21; the model re-imports (int4 unpacked) and runs in our executor and in ONNX Runtime at every
+// optimization level, its reference kernels reproducing the simulation.
+TEST(OnnxRuntime, FourBitWeightsExportAsInt4AtOpset21) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  for (int abits : {8, 4}) {
+    Config c = Config::from_file(testing::source_path("configs/w8a8_onnxruntime.toml"));
+    c.backend = "virtual";
+    c.w.bits = 4;
+    c.a.bits = abits;
+    c.calibration.count = 128;
+    QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+    auto data = open_dataset(std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
+    qm.calibrate(*data);
+    const std::string path = dir / ("w4a" + std::to_string(abits) + ".onnx");
+    qm.export_onnx(path);
+    Model exported = load_onnx(path);
+    EXPECT_EQ(exported.graph.default_opset(), 21);
+    int int4_weights = 0;
+    for (const auto& [name, type] : exported.graph.narrow_types) int4_weights += type == 22;
+    EXPECT_EQ(int4_weights, 7 * 2);  // 7 weights: the packed values and their zero points
+    at::Tensor x = read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", 64).to(at::kFloat).div(255).unsqueeze(1);
+    write_npy(x, dir / "x.npy");
+    qm.set_quant(true, true);
+    at::Tensor simulated = qm.forward({x})[0].detach();
+    Executor ours(exported.graph, testing::shipped_registry());
+    EXPECT_TRUE(at::allclose(ours.run({{"image", x}})[0], simulated, 1e-5, 1e-5)) << "A" << abits;
+    for (const char* level : {"all", "disabled"}) {
+      auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + path +
+                                    " --optimization " + level + " --in image=" + (dir / "x.npy") + " --out logits=" + (dir / "y.npy"));
+      ASSERT_EQ(r.exit_code, 0) << level << "\n" << r.output;
+    }
+    at::Tensor ort = read_npy(dir / "y.npy");  // the reference kernels (last run)
+    const double step = 2 * simulated.abs().max().item<double>() / 255;
+    EXPECT_LE((ort - simulated).abs().max().item<double>(), 2 * step) << "W4A" << abits;
+  }
+}
+
 }  // namespace
 }  // namespace sparsebit

@@ -36,7 +36,13 @@ std::pair<double, double> int_range(at::ScalarType t, const Node& n) {
 
 class QQuantizeLinear final : public QModule {
  public:
-  explicit QQuantizeLinear(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 1)) {}
+  // An int4/uint4 zero point (held widened, Graph::narrow_types) narrows the output range.
+  explicit QQuantizeLinear(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 1)) {
+    if (c.node.has_input(2)) {
+      auto it = c.graph.narrow_types.find(c.node.inputs[2]);
+      if (it != c.graph.narrow_types.end()) narrow_ = it->second;
+    }
+  }
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
@@ -44,6 +50,8 @@ class QQuantizeLinear final : public QModule {
     auto [s, zp] = params(node_, x, in.at(1), zp_in, axis_);
     const at::ScalarType qt = zp.scalar_type();
     auto [lo, hi] = int_range(qt, node_);
+    if (narrow_ == 22) std::tie(lo, hi) = std::make_pair(-8.0, 7.0);   // int4
+    if (narrow_ == 21) std::tie(lo, hi) = std::make_pair(0.0, 15.0);   // uint4
     at::Tensor q = at::round(x.to(at::kFloat) / s.to(at::kFloat)) + zp.to(at::kFloat);
     return {at::clamp(q.to(at::kLong), static_cast<std::int64_t>(lo), static_cast<std::int64_t>(hi)).to(qt)};
   }
@@ -51,6 +59,7 @@ class QQuantizeLinear final : public QModule {
  private:
   Node node_;
   std::int64_t axis_;
+  std::int32_t narrow_ = 0;
 };
 
 class QDequantizeLinear final : public QModule {

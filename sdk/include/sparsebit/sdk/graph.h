@@ -103,6 +103,9 @@ class SPARSEBIT_API Graph {
   std::vector<ValueInfo> inputs;   ///< graph inputs, without initializers
   std::vector<ValueInfo> outputs;
   std::map<std::string, at::Tensor> initializers;
+  /// ONNX element types of initializers that at::Tensor cannot hold: the tensor carries the
+  /// values widened (int4 -> int8, uint4 -> uint8) and export packs them back. Keyed by name.
+  std::map<std::string, std::int32_t> narrow_types;
   std::map<std::string, std::int64_t> opset_imports;  ///< domain -> version
 
   /// Opset version of the default domain ("" or "ai.onnx"); 0 if none is imported.

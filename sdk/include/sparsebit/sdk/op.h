@@ -33,6 +33,7 @@ struct InputSpec {
 struct OpContext {
   const Node& node;
   std::int64_t opset;  ///< version of the node's domain imported by the model
+  const Graph& graph;  ///< the whole graph, e.g. to read initializers' Graph::narrow_types
 };
 
 class QModule {
