@@ -129,6 +129,19 @@ at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_di
     numel *= d;
   }
   if (p.data_type() == kInt4 || p.data_type() == kUint4) return unpack_4bit(p, shape, numel, what);
+  if (p.data_type() == onnx::TensorProto::UINT16) {  // no LibTorch dtype: widened to int32
+    at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(at::kInt));
+    if (p.has_raw_data()) {
+      if (p.raw_data().size() != static_cast<std::size_t>(numel) * 2) throw Error(what + ": wrong uint16 data size");
+      for (std::int64_t i = 0; i < numel; ++i)
+        t.data_ptr<std::int32_t>()[i] = static_cast<unsigned char>(p.raw_data()[2 * i]) |
+                                        (static_cast<unsigned char>(p.raw_data()[2 * i + 1]) << 8);
+    } else {
+      if (p.int32_data_size() != numel) throw Error(what + ": wrong uint16 data size");
+      for (std::int64_t i = 0; i < numel; ++i) t.data_ptr<std::int32_t>()[i] = p.int32_data(static_cast<int>(i));
+    }
+    return t.reshape(shape);
+  }
   const at::ScalarType st = scalar_type_of(p.data_type(), what);
   const std::size_t elem = c10::elementSize(st);
 
@@ -198,6 +211,18 @@ void tensor_to_proto(const at::Tensor& t_in, const std::string& name, onnx::Tens
   at::Tensor t = t_in.detach().to(at::kCPU).contiguous();
   p->set_name(name);
   for (auto d : t.sizes()) p->add_dims(d);
+  if (narrow_type == onnx::TensorProto::UINT16) {
+    at::Tensor v = t.to(at::kInt).reshape({-1});
+    std::string bytes(static_cast<std::size_t>(v.numel()) * 2, '\0');
+    for (std::int64_t i = 0; i < v.numel(); ++i) {
+      const auto u = static_cast<std::uint16_t>(v.data_ptr<std::int32_t>()[i]);
+      bytes[static_cast<std::size_t>(2 * i)] = static_cast<char>(u & 0xFF);
+      bytes[static_cast<std::size_t>(2 * i + 1)] = static_cast<char>(u >> 8);
+    }
+    p->set_data_type(narrow_type);
+    p->set_raw_data(bytes);
+    return;
+  }
   if (narrow_type == kInt4 || narrow_type == kUint4) {
     // Pack two 4-bit values a byte, low nibble first.
     at::Tensor v = t.to(at::kInt).reshape({-1});
@@ -351,7 +376,8 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   const auto& gp = proto.graph();
   for (const auto& init : gp.initializer()) {
     g.initializers[init.name()] = tensor_from_proto(init, base, name + ": initializer '" + init.name() + "'");
-    if (init.data_type() == kInt4 || init.data_type() == kUint4) g.narrow_types[init.name()] = init.data_type();
+    if (init.data_type() == kInt4 || init.data_type() == kUint4 || init.data_type() == onnx::TensorProto::UINT16)
+      g.narrow_types[init.name()] = init.data_type();
   }
   if (gp.sparse_initializer_size() > 0) throw Error(name + ": sparse initializers are not supported");
   for (const auto& in : gp.input()) {

@@ -538,7 +538,7 @@ std::string QuantModel::serialize() const {
 
 // Note [4-bit export]
 // 4-bit weights are stored as int4 (symmetric) / uint4 (affine) initializers read by
-// DequantizeLinear, which needs opset 21. 4-bit activations use Note [Narrow export] (8-bit
+// DequantizeLinear, which needs opset 21; so do 16-bit activations (int16 / uint16 Q/DQ). 4-bit activations use Note [Narrow export] (8-bit
 // storage clipped to 16 levels): ONNX Runtime 1.30's graph optimizer moves an int4 activation
 // Q/DQ pair across MaxPool and then rejects the MaxPool on int4 data (measured on the
 // Fashion-MNIST fixture), while int4 weights behind DequantizeLinear run at every optimization
@@ -552,12 +552,12 @@ const std::set<std::string> kSameFrom13To21 = {
     "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Concat", "Softmax", "Identity", "Dropout", "Pad",
     "QuantizeLinear", "DequantizeLinear", "Max", "Min", "Sub", "Div"};
 
-void lift_for_int4(Graph& g) {
+void lift_to_opset21(Graph& g, const std::string& why) {
   const std::int64_t opset = g.default_opset();
   if (opset >= 21) return;
   for (const Node* n : g.nodes()) {
     if (!n->domain.empty() || kSameFrom13To21.count(n->op_type)) continue;
-    throw Error("4-bit Q/DQ export needs opset 21, but " + n->describe() + " may change meaning between opset " +
+    throw Error(why + " export needs opset 21, but " + n->describe() + " may change meaning between opset " +
                 std::to_string(opset) + " and 21 and cannot be lifted automatically; export it at 8 bits (or keep " +
                 "the node in float with `skip`), or re-export the model at opset 21");
   }
@@ -569,18 +569,22 @@ Graph QuantModel::export_graph() const {
   Graph g = model_->graph.clone();
   const std::int64_t opset = std::max<std::int64_t>({g.default_opset(), backend_->min_export_opset(), 13});
   g.opset_imports[""] = opset;
-  bool int4 = false;
-  for (const auto& s : slots_) int4 = int4 || (usable(s) && s.role == InputRole::kWeight && s.spec.bits == 4);
-  if (int4) lift_for_int4(g);  // Note [4-bit export]
+  bool int4 = false, wide16 = false;
+  for (const auto& s : slots_) {
+    int4 = int4 || (usable(s) && s.role == InputRole::kWeight && s.spec.bits == 4);
+    wide16 = wide16 || (usable(s) && s.role == InputRole::kActivation && s.spec.bits == 16);
+  }
+  if (int4) lift_to_opset21(g, "4-bit Q/DQ");  // Note [4-bit export]
+  if (wide16) lift_to_opset21(g, "16-bit Q/DQ");
   const auto consumers = g.nodes();  // indices match slots' node_index
   std::map<std::string, std::string> made;  // dedupe key -> dequantized tensor name
 
   for (const auto& s : slots_) {
     if (!usable(s)) continue;
     if (!s.calibrated) throw Error(s.where() + ": not calibrated; calibrate before exporting");
-    if (s.spec.bits > 8 && s.role != InputRole::kBias) {
+    if (s.spec.bits > 8 && s.spec.bits != 16 && s.role != InputRole::kBias) {
       throw Error(s.where() + ": " + std::to_string(s.spec.bits) +
-                  "-bit quantization is simulated only; QuantizeLinear at opset 13 stores 8 bits (use bits <= 8 to export)");
+                  "-bit quantization is simulated only; Q/DQ stores 2-8 or 16 bits (use one of those to export)");
     }
     const bool is_bias = s.role == InputRole::kBias;
     if (!is_bias && !s.quantizer->affine_grid()) {
@@ -596,7 +600,12 @@ Graph QuantModel::export_graph() const {
       continue;
     }
     const QParams p = is_bias ? s.bias_params : s.quantizer->qparams();
-    const at::ScalarType qtype = is_bias ? at::kInt : s.spec.symmetric ? at::kChar : at::kByte;
+    const bool wide = !is_bias && s.spec.bits == 16;
+    // uint16 has no LibTorch dtype: held as int32 and typed UINT16 (4) on export.
+    const at::ScalarType qtype = is_bias || (wide && !s.spec.symmetric) ? at::kInt
+                                 : wide                                 ? at::kShort
+                                 : s.spec.symmetric                     ? at::kChar
+                                                                        : at::kByte;
     at::Tensor scale = p.scale.detach().to(at::kCPU, at::kFloat).contiguous();
     at::Tensor zp = p.zero_point.detach().to(at::kCPU, at::kInt).to(qtype).contiguous();
     std::string key = s.tensor + "|" + s.spec.describe() + "|" +
@@ -613,7 +622,9 @@ Graph QuantModel::export_graph() const {
     g.initializers[scale_name] = scale;
     const std::string zp_name = g.unique_name(base + "_zero_point");
     g.initializers[zp_name] = zp;
-    const std::int32_t narrow = s.role == InputRole::kWeight && s.spec.bits == 4 ? (s.spec.symmetric ? 22 : 21) : 0;
+    const std::int32_t narrow = s.role == InputRole::kWeight && s.spec.bits == 4 ? (s.spec.symmetric ? 22 : 21)
+                                : wide && !s.spec.symmetric                     ? 4
+                                                                                : 0;
     if (narrow) g.narrow_types[zp_name] = narrow;
     auto axis_attrs = [&](Node& n) {
       if (s.spec.per_channel) n.attributes["axis"] = Attribute::of_int(s.spec.channel_axis);

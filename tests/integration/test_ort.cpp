@@ -208,5 +208,36 @@ TEST(OnnxRuntime, FourBitWeightsExportAsInt4AtOpset21) {
   }
 }
 
+// 16-bit activations: int16 (symmetric) and uint16 (affine) Q/DQ at opset 21.
+TEST(OnnxRuntime, SixteenBitActivationsExportAtOpset21) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  for (const char* scheme : {"per-tensor-symmetric", "per-tensor-affine"}) {
+    Config c = Config::from_file(testing::source_path("configs/w8a8_onnxruntime.toml"));
+    c.backend = "virtual";
+    c.a.bits = 16;
+    c.a.qscheme = scheme;
+    c.calibration.count = 64;
+    QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+    auto data = open_dataset(std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
+    qm.calibrate(*data);
+    const std::string path = dir / "a16.onnx";
+    qm.export_onnx(path);
+    Model exported = load_onnx(path);
+    EXPECT_EQ(exported.graph.default_opset(), 21);
+    at::Tensor x = read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", 32).to(at::kFloat).div(255).unsqueeze(1);
+    write_npy(x, dir / "x.npy");
+    qm.set_quant(true, true);
+    at::Tensor simulated = qm.forward({x})[0].detach();
+    Executor ours(exported.graph, testing::shipped_registry());
+    EXPECT_TRUE(at::allclose(ours.run({{"image", x}})[0], simulated, 1e-5, 1e-5)) << scheme;
+    auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + path +
+                                  " --optimization disabled --in image=" + (dir / "x.npy") + " --out logits=" + (dir / "y.npy"));
+    ASSERT_EQ(r.exit_code, 0) << scheme << "\n" << r.output;
+    at::Tensor ort = read_npy(dir / "y.npy");
+    EXPECT_TRUE(at::allclose(ort, simulated, 1e-4, 1e-3)) << scheme << ": max diff " << (ort - simulated).abs().max().item<float>();
+  }
+}
+
 }  // namespace
 }  // namespace sparsebit

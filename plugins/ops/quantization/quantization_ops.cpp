@@ -52,6 +52,7 @@ class QQuantizeLinear final : public QModule {
     auto [lo, hi] = int_range(qt, node_);
     if (narrow_ == 22) std::tie(lo, hi) = std::make_pair(-8.0, 7.0);   // int4
     if (narrow_ == 21) std::tie(lo, hi) = std::make_pair(0.0, 15.0);   // uint4
+    if (narrow_ == 4) std::tie(lo, hi) = std::make_pair(0.0, 65535.0);  // uint16 (held as int32)
     at::Tensor q = at::round(x.to(at::kFloat) / s.to(at::kFloat)) + zp.to(at::kFloat);
     return {at::clamp(q.to(at::kLong), static_cast<std::int64_t>(lo), static_cast<std::int64_t>(hi)).to(qt)};
   }
