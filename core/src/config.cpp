@@ -38,8 +38,12 @@ QSpec QuantTableConfig::spec(bool is_weight, std::int64_t channel_axis) const {
   QSpec s;
   s.bits = bits;
   s.symmetric = qscheme.find("symmetric") != std::string::npos;
-  s.per_channel = qscheme.rfind("per-channel", 0) == 0;
+  s.per_channel = qscheme.rfind("per-channel", 0) == 0 || qscheme.rfind("per-group", 0) == 0;
   s.channel_axis = channel_axis;
+  if (qscheme.rfind("per-group", 0) == 0) {
+    s.group_size = group_size;
+    s.group_axis = channel_axis == 0 ? 1 : 0;  // the input-channel axis of the weight
+  }
   s.narrow_range = narrow_range;
   s.is_weight = is_weight;
   return s;
@@ -123,17 +127,22 @@ struct Reader {
   /// the inherited observer (quantizer) options are dropped, since they were for another one.
   void quant_table(const toml::table& t, const std::string& name, QuantTableConfig& out) const {
     const std::string inherited_observer = out.observer, inherited_quantizer = out.quantizer;
-    check_keys(t, name, {"qscheme", "bits", "observer", "quantizer", "narrow_range", "disable", "observer_options",
-                         "quantizer_options"});
+    check_keys(t, name, {"qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "disable",
+                         "observer_options", "quantizer_options"});
     out.qscheme = get<std::string>(t, name, "qscheme", out.qscheme, "a string");
-    static const std::vector<std::string> schemes = {"per-tensor-symmetric", "per-tensor-affine",
-                                                     "per-channel-symmetric", "per-channel-affine"};
+    static const std::vector<std::string> schemes = {"per-tensor-symmetric", "per-tensor-affine", "per-channel-symmetric",
+                                                     "per-channel-affine", "per-group-symmetric", "per-group-affine"};
     if (std::find(schemes.begin(), schemes.end(), out.qscheme) == schemes.end()) {
       std::string hint = nearest(out.qscheme, schemes);
       throw Error(key_path(name, "qscheme") + ": unknown scheme '" + out.qscheme + "'" +
                   (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
-                  " (per-tensor-symmetric, per-tensor-affine, per-channel-symmetric, per-channel-affine)");
+                  " (per-{tensor,channel,group}-{symmetric,affine})");
     }
+    std::int64_t group = get<std::int64_t>(t, name, "group_size", out.group_size, "an integer");
+    const bool grouped = out.qscheme.rfind("per-group", 0) == 0;
+    if (grouped && group < 1) throw Error(key_path(name, "group_size") + " must be set (>= 1) with qscheme = \"" + out.qscheme + "\"");
+    if (grouped && name.back() == 'a') throw Error(key_path(name, "qscheme") + ": per-group quantization is for weights ([w])");
+    out.group_size = group;
     std::int64_t bits = get<std::int64_t>(t, name, "bits", out.bits, "an integer");
     if (bits < 2 || bits > 16) throw Error(key_path(name, "bits") + " must be between 2 and 16, got " + std::to_string(bits));
     out.bits = static_cast<int>(bits);

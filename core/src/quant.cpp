@@ -17,12 +17,15 @@ std::int64_t QSpec::qmax() const {
 }
 
 std::string QSpec::qscheme() const {
-  return std::string(per_channel ? "per-channel-" : "per-tensor-") + (symmetric ? "symmetric" : "affine");
+  return std::string(group_size > 0 ? "per-group-" : per_channel ? "per-channel-" : "per-tensor-") +
+         (symmetric ? "symmetric" : "affine");
 }
 
 std::string QSpec::describe() const {
   std::string s = (symmetric ? "int" : "uint") + std::to_string(bits) + " ";
-  s += per_channel ? "per-channel(axis " + std::to_string(channel_axis) + ")" : std::string("per-tensor");
+  s += group_size > 0 ? "per-group(" + std::to_string(group_size) + " along axis " + std::to_string(group_axis) + ")"
+       : per_channel    ? "per-channel(axis " + std::to_string(channel_axis) + ")"
+                        : std::string("per-tensor");
   s += symmetric ? " symmetric" : " affine";
   if (narrow_range) s += " narrow";
   return s;
@@ -55,8 +58,18 @@ QParams qparams_from_range(const at::Tensor& min_in, const at::Tensor& max_in, c
 }
 
 namespace {
+std::int64_t group_axis_of(const at::Tensor& x, const QSpec& spec) {
+  const std::int64_t a = spec.group_axis < 0 ? spec.group_axis + x.dim() : spec.group_axis;
+  if (a < 0 || a >= x.dim()) throw Error("group axis " + std::to_string(spec.group_axis) + " does not exist in a tensor of shape " + c10::str(x.sizes()));
+  return a;
+}
+
 // Reshapes per-channel parameters so they broadcast along spec.channel_axis of x.
 at::Tensor broadcastable(const at::Tensor& param, const at::Tensor& x, const QSpec& spec) {
+  if (spec.group_size > 0 && param.dim() > 0) {
+    const std::int64_t a = group_axis_of(x, spec);
+    return param.repeat_interleave(spec.group_size, a).narrow(a, 0, x.size(a));
+  }
   if (!spec.per_channel || param.dim() == 0) return param;
   std::int64_t axis = spec.channel_axis < 0 ? spec.channel_axis + x.dim() : spec.channel_axis;
   if (axis < 0 || axis >= x.dim() || x.size(axis) != param.numel()) {
@@ -69,6 +82,46 @@ at::Tensor broadcastable(const at::Tensor& param, const at::Tensor& x, const QSp
   return param.reshape(shape);
 }
 }  // namespace
+
+at::Tensor expand_param(const at::Tensor& param, const at::Tensor& x, const QSpec& spec) {
+  return broadcastable(param, x, spec);
+}
+
+std::vector<std::int64_t> group_param_shape(const at::Tensor& x, const QSpec& spec) {
+  std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end());
+  const std::int64_t a = group_axis_of(x, spec);
+  shape[static_cast<std::size_t>(a)] = (x.size(a) + spec.group_size - 1) / spec.group_size;
+  return shape;
+}
+
+at::Tensor quant_rows(const at::Tensor& x, const QSpec& spec) {
+  if (spec.group_size > 0) {
+    const std::int64_t a = group_axis_of(x, spec), g = spec.group_size;
+    at::Tensor moved = x.movedim(a, -1);
+    const std::int64_t n = moved.size(-1), padded = (n + g - 1) / g * g;
+    if (padded != n) moved = at::constant_pad_nd(moved, {0, padded - n}, 0.0);
+    // [..., blocks, G] with the blocks in the order of group_param_shape(): rows follow the
+    // moved layout, so callers map row values back with rows_to_params below.
+    return moved.reshape({-1, g});
+  }
+  if (!spec.per_channel) return x.reshape({1, -1});
+  const std::int64_t a = spec.channel_axis < 0 ? spec.channel_axis + x.dim() : spec.channel_axis;
+  return x.movedim(a, 0).reshape({x.size(a), -1});
+}
+
+at::Tensor rows_to_params(const at::Tensor& values, const std::vector<std::int64_t>& shape, const QSpec& spec) {
+  if (spec.group_size > 0) {
+    const auto rank = static_cast<std::int64_t>(shape.size());
+    const std::int64_t a = spec.group_axis < 0 ? spec.group_axis + rank : spec.group_axis;
+    std::vector<std::int64_t> moved;
+    for (std::int64_t d = 0; d < rank; ++d)
+      if (d != a) moved.push_back(shape[static_cast<std::size_t>(d)]);
+    moved.push_back((shape[static_cast<std::size_t>(a)] + spec.group_size - 1) / spec.group_size);
+    return values.reshape(moved).movedim(-1, a).contiguous();
+  }
+  if (!spec.per_channel) return values.reshape({});
+  return values.reshape({-1});
+}
 
 at::Tensor quantize_to_int(const at::Tensor& x, const QParams& p, const QSpec& spec) {
   // Same float32 arithmetic as fake_quantize, so exported integers equal the simulation's.

@@ -489,7 +489,7 @@ void QuantModel::finish_calibration() {
     const QuantSlot& w = slots_[static_cast<std::size_t>(s.bias_weight)];
     const at::Tensor& bias = constants.at(s.tensor);
     const at::Tensor w_scale = w.calibrated ? w.quantizer->qparams().scale.to(at::kCPU, at::kFloat) : at::Tensor();
-    if (!act.active() || !w.active() || !act.calibrated || !w.calibrated || act.spec.per_channel ||
+    if (!act.active() || !w.active() || !act.calibrated || !w.calibrated || act.spec.per_channel || w.spec.group_size > 0 ||
         (w.spec.per_channel && w_scale.numel() != bias.numel())) {
       s.fake_fused = true;  // the product has no single per-output scale: keep the bias float
       continue;
@@ -571,7 +571,7 @@ Graph QuantModel::export_graph() const {
   g.opset_imports[""] = opset;
   bool int4 = false, wide16 = false;
   for (const auto& s : slots_) {
-    int4 = int4 || (usable(s) && s.role == InputRole::kWeight && s.spec.bits == 4);
+    int4 = int4 || (usable(s) && s.role == InputRole::kWeight && (s.spec.bits == 4 || s.spec.group_size > 0));
     wide16 = wide16 || (usable(s) && s.role == InputRole::kActivation && s.spec.bits == 16);
   }
   if (int4) lift_to_opset21(g, "4-bit Q/DQ");  // Note [4-bit export]
@@ -627,7 +627,12 @@ Graph QuantModel::export_graph() const {
                                                                                 : 0;
     if (narrow) g.narrow_types[zp_name] = narrow;
     auto axis_attrs = [&](Node& n) {
-      if (s.spec.per_channel) n.attributes["axis"] = Attribute::of_int(s.spec.channel_axis);
+      if (s.spec.group_size > 0) {  // Note [Per-group quantization]: blocked Q/DQ, opset 21
+        n.attributes["axis"] = Attribute::of_int(s.spec.group_axis);
+        n.attributes["block_size"] = Attribute::of_int(s.spec.group_size);
+      } else if (s.spec.per_channel) {
+        n.attributes["axis"] = Attribute::of_int(s.spec.channel_axis);
+      }
     };
     std::string quantized;
     if (s.role != InputRole::kActivation) {

@@ -208,6 +208,45 @@ TEST(OnnxRuntime, FourBitWeightsExportAsInt4AtOpset21) {
   }
 }
 
+// Per-group weights (Note [Per-group quantization]) export as blocked DequantizeLinear at
+// opset 21; our executor and ONNX Runtime reproduce the simulation.
+TEST(OnnxRuntime, PerGroupWeightsExportAsBlockedDequantizeLinear) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  for (int bits : {8, 4}) {
+    Config c = Config::from_string("backend = \"virtual\"\n[w]\nqscheme = \"per-group-symmetric\"\ngroup_size = 16\nbits = " +
+                                       std::to_string(bits) + "\n[calibration]\ncount = 64\n",
+                                   "group.toml");
+    QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+    auto data = open_dataset(std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
+    qm.calibrate(*data);
+    const std::string path = dir / "group.onnx";
+    qm.export_onnx(path);
+    Model exported = load_onnx(path);
+    EXPECT_EQ(exported.graph.default_opset(), 21);
+    const Node* fc1_dq = nullptr;
+    for (const Node* n : exported.graph.nodes())
+      if (n->op_type == "DequantizeLinear" && n->inputs[0].rfind("fc1.weight", 0) == 0) fc1_dq = n;
+    ASSERT_TRUE(fc1_dq);
+    EXPECT_EQ(fc1_dq->attr_int("block_size", 0), 16);
+    EXPECT_EQ(exported.graph.initializers.at(fc1_dq->inputs[1]).sizes(), (std::vector<std::int64_t>{128, 36}));  // 576 / 16
+    at::Tensor x = read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", 32).to(at::kFloat).div(255).unsqueeze(1);
+    write_npy(x, dir / "x.npy");
+    qm.set_quant(true, true);
+    at::Tensor simulated = qm.forward({x})[0].detach();
+    Executor ours(exported.graph, testing::shipped_registry());
+    EXPECT_TRUE(at::allclose(ours.run({{"image", x}})[0], simulated, 1e-5, 1e-5)) << bits;
+    auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + path +
+                                  " --optimization disabled --in image=" + (dir / "x.npy") + " --out logits=" + (dir / "y.npy"));
+    ASSERT_EQ(r.exit_code, 0) << bits << "\n" << r.output;
+    at::Tensor ort = read_npy(dir / "y.npy");
+    // Float accumulation order differs between LibTorch and ONNX Runtime, which can flip an
+    // intermediate rounding: allow two output steps (our executor above matched exactly).
+    const double step = 2 * simulated.abs().max().item<double>() / 255;
+    EXPECT_LE((ort - simulated).abs().max().item<double>(), 2 * step) << bits;
+  }
+}
+
 // 16-bit activations: int16 (symmetric) and uint16 (affine) Q/DQ at opset 21.
 TEST(OnnxRuntime, SixteenBitActivationsExportAtOpset21) {
   if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";

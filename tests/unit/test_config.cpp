@@ -139,6 +139,16 @@ w = { qscheme = "per-tensor-symmetric" }
   EXPECT_EQ(c.specific[1].w.bits, 8);
 }
 
+TEST(Config, PerGroupSchemesNeedAGroupSizeAndWeights) {
+  Config c = Config::from_string("[w]\nqscheme = \"per-group-symmetric\"\ngroup_size = 32\n", "g.toml");
+  QSpec s = c.w.spec(true, 0);
+  EXPECT_EQ(s.group_size, 32);
+  EXPECT_EQ(s.group_axis, 1);                    // Conv / Gemm(transB) weights: input axis 1
+  EXPECT_EQ(c.w.spec(true, 1).group_axis, 0);    // MatMul / Gemm weights [K, N]: input axis 0
+  EXPECT_NE(error_of("[w]\nqscheme = \"per-group-affine\"\n").find("w.group_size must be set"), std::string::npos);
+  EXPECT_NE(error_of("[a]\nqscheme = \"per-group-affine\"\ngroup_size = 8\n").find("for weights"), std::string::npos);
+}
+
 TEST(Config, SpecificEntryErrorsNameTheEntryAndKey) {
   EXPECT_NE(error_of("[[specific]]\nw = { bits = 4 }\n").find("specific[0].nodes is required"), std::string::npos);
   std::string e = error_of("[[specific]]\nnodes = \"x\"\nw = { bitz = 4 }\n");

@@ -121,6 +121,37 @@ TEST(Quant, EveryBitWidthAndSchemeMatchesTorch) {
   }
 }
 
+TEST(Quant, PerGroupQuantizesEachBlockWithItsOwnScale) {
+  // A [2, 5] weight in blocks of 2 along axis 1: blocks {0,1}, {2,3}, {4} per row.
+  QSpec s;
+  s.bits = 4;
+  s.per_channel = true;
+  s.group_size = 2;
+  s.group_axis = 1;
+  at::Tensor w = at::tensor({0.1f, -0.7f, 2.0f, 0.3f, 5.0f, -1.0f, 0.2f, 0.05f, -0.4f, 1.5f}).reshape({2, 5});
+  EXPECT_EQ(group_param_shape(w, s), (std::vector<std::int64_t>{2, 3}));
+  at::Tensor rows = quant_rows(w, s);
+  ASSERT_EQ(rows.sizes(), (std::vector<std::int64_t>{6, 2}));
+  at::Tensor lo, hi;
+  std::tie(lo, hi) = at::aminmax(rows, 1);
+  QParams p = qparams_from_range(rows_to_params(lo, {2, 5}, s), rows_to_params(hi, {2, 5}, s), s, "w");
+  ASSERT_EQ(p.scale.sizes(), (std::vector<std::int64_t>{2, 3}));
+  // By hand: block (row 0, cols 2-3) = {2.0, 0.3} -> scale 2 * 2.0 / 15.
+  EXPECT_FLOAT_EQ(p.scale[0][1].item<float>(), 4.0f / 15);
+  at::Tensor fq = fake_quantize(w, p, s);
+  for (std::int64_t r = 0; r < 2; ++r) {
+    for (std::int64_t b = 0; b < 3; ++b) {
+      QSpec t = s;
+      t.per_channel = false;
+      t.group_size = 0;
+      QParams one{p.scale[r][b], p.zero_point[r][b]};
+      const std::int64_t len = std::min<std::int64_t>(2, 5 - 2 * b);
+      at::Tensor block = w[r].narrow(0, 2 * b, len);
+      EXPECT_TRUE(at::equal(fq[r].narrow(0, 2 * b, len), fake_quantize(block, one, t))) << r << "," << b;
+    }
+  }
+}
+
 TEST(Quant, StraightThroughGradientMatchesTorch) {
   at::manual_seed(2);
   at::Tensor base = at::randn({4096}) * 4;

@@ -48,6 +48,7 @@ class TensorRTBackend final : public Backend {
       return table + ".qscheme = \"" + s.qscheme() + "\": TensorRT needs a zero point of 0 (use a symmetric scheme)";
     if (!s.is_weight && s.per_channel)
       return table + ".qscheme = \"" + s.qscheme() + "\": TensorRT quantizes activations per tensor (use per-tensor-symmetric)";
+    if (s.group_size > 0) return table + ".qscheme: per-group INT8 weights are not a TensorRT explicit-quantization mode (use per-channel-symmetric)";
     return std::nullopt;
   }
 

@@ -39,8 +39,9 @@ class AciqObserver final : public Observer {
 
   void observe(const at::Tensor& x) override {
     if (x.numel() == 0) return;
+    shape_.assign(x.sizes().begin(), x.sizes().end());
     per_sample_ = x.dim() > 1 && !spec_.is_weight ? x.numel() / x.size(0) : x.numel();
-    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_.per_channel, spec_.channel_axis);
+    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_);
     if (spec_.is_weight) {
       exact_ = rows.to(at::kCPU, at::kDouble).contiguous();
       if (spec_.per_channel) per_sample_ = exact_.size(1);
@@ -73,7 +74,7 @@ class AciqObserver final : public Observer {
     const auto& table = distribution_ == "laplace" ? (half ? kLaplacePositive : kLaplace) : (half ? kGausPositive : kGaus);
     at::Tensor clip = scale_estimate * table.at(spec_.bits);
     at::Tensor low = half ? at::zeros_like(clip) : -clip;
-    return range_qparams(low, clip, spec_, where_);
+    return range_qparams(low, clip, spec_, where_, shape_);
   }
 
   void reset() override {
@@ -84,6 +85,7 @@ class AciqObserver final : public Observer {
  private:
   QSpec spec_;
   std::string where_;
+  std::vector<std::int64_t> shape_;  // of the observed tensor, to shape the parameters
   std::string distribution_;
   std::int64_t per_sample_ = 0;
   StreamingHistogram hist_;

@@ -120,18 +120,20 @@ class StreamingHistogram {
   at::Tensor counts_, min_, max_, sum_;
 };
 
-/// QParams of per-row ranges [C]: per channel as they are, per tensor as scalars.
-inline QParams range_qparams(const at::Tensor& lo, const at::Tensor& hi, const QSpec& spec, const std::string& where) {
-  if (spec.per_channel) return qparams_from_range(lo, hi, spec, where);
-  return qparams_from_range(lo.reshape({}), hi.reshape({}), spec, where);
+/// QParams of per-row ranges (rows of quant_rows for a tensor of `shape`).
+inline QParams range_qparams(const at::Tensor& lo, const at::Tensor& hi, const QSpec& spec, const std::string& where,
+                             const std::vector<std::int64_t>& shape) {
+  return qparams_from_range(rows_to_params(lo, shape, spec), rows_to_params(hi, shape, spec), spec, where);
 }
 
-/// x reshaped to [C, N] with the channel axis first (per tensor: [1, numel]).
-inline at::Tensor channels_first(const at::Tensor& x, bool per_channel, std::int64_t axis) {
-  if (!per_channel) return x.reshape({1, -1});
-  const std::int64_t a = axis < 0 ? axis + x.dim() : axis;
-  if (a < 0 || a >= x.dim()) throw Error("channel axis " + std::to_string(axis) + " does not exist in a tensor of shape " + c10::str(x.sizes()));
-  return x.movedim(a, 0).reshape({x.size(a), -1});
+/// x as rows of what one scale covers (quant_rows), validating a per-channel axis.
+inline at::Tensor channels_first(const at::Tensor& x, const QSpec& spec) {
+  if (spec.per_channel && spec.group_size == 0) {
+    const std::int64_t a = spec.channel_axis < 0 ? spec.channel_axis + x.dim() : spec.channel_axis;
+    if (a < 0 || a >= x.dim())
+      throw Error("channel axis " + std::to_string(spec.channel_axis) + " does not exist in a tensor of shape " + c10::str(x.sizes()));
+  }
+  return quant_rows(x, spec);
 }
 
 }  // namespace sparsebit::observers

@@ -69,7 +69,8 @@ class KlHistogramObserver final : public Observer {
   // next to a large one keeps its full resolution.
   void observe(const at::Tensor& x) override {
     if (x.numel() == 0) return;
-    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_.per_channel, spec_.channel_axis);
+    shape_.assign(x.sizes().begin(), x.sizes().end());
+    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_);
     if (hists_.empty()) hists_.resize(static_cast<std::size_t>(rows.size(0)));
     if (hists_.size() != static_cast<std::size_t>(rows.size(0)))
       throw Error(where_ + ": the channel count changed between batches");
@@ -91,7 +92,7 @@ class KlHistogramObserver final : public Observer {
       hi[c] = threshold;
       lo[c] = has_negative ? -threshold : 0.0;
     }
-    return range_qparams(lo, hi, spec_, where_);
+    return range_qparams(lo, hi, spec_, where_, shape_);
   }
 
   void reset() override { hists_.clear(); }
@@ -99,6 +100,7 @@ class KlHistogramObserver final : public Observer {
  private:
   QSpec spec_;
   std::string where_;
+  std::vector<std::int64_t> shape_;  // of the observed tensor, to shape the parameters
   std::vector<StreamingHistogram> hists_;
 };
 

@@ -17,17 +17,15 @@ class MinMaxObserver final : public Observer {
     at::Tensor x = x_in.detach();
     if (x.numel() == 0) return;
     if (!x.is_floating_point()) x = x.to(at::kFloat);
-    at::Tensor lo, hi;
-    if (spec_.per_channel) {
-      std::int64_t axis = spec_.channel_axis < 0 ? spec_.channel_axis + x.dim() : spec_.channel_axis;
+    if (spec_.per_channel && spec_.group_size == 0) {
+      const std::int64_t axis = spec_.channel_axis < 0 ? spec_.channel_axis + x.dim() : spec_.channel_axis;
       if (axis < 0 || axis >= x.dim())
         throw Error(where_ + ": channel axis " + std::to_string(spec_.channel_axis) + " does not exist in a tensor of shape " +
                     c10::str(x.sizes()));
-      at::Tensor flat = x.movedim(axis, 0).reshape({x.size(axis), -1});
-      std::tie(lo, hi) = at::aminmax(flat, 1);
-    } else {
-      std::tie(lo, hi) = at::aminmax(x);
     }
+    shape_.assign(x.sizes().begin(), x.sizes().end());
+    at::Tensor lo, hi;
+    std::tie(lo, hi) = at::aminmax(quant_rows(x, spec_), 1);  // one row per scale
     lo = lo.to(at::kFloat);
     hi = hi.to(at::kFloat);
     if (!min_.defined()) {
@@ -44,7 +42,7 @@ class MinMaxObserver final : public Observer {
 
   QParams compute() override {
     if (!min_.defined()) throw Error(where_ + ": nothing was observed (is the calibration data empty?)");
-    return qparams_from_range(min_, max_, spec_, where_);
+    return qparams_from_range(rows_to_params(min_, shape_, spec_), rows_to_params(max_, shape_, spec_), spec_, where_);
   }
 
   void reset() override {
@@ -55,6 +53,7 @@ class MinMaxObserver final : public Observer {
  private:
   QSpec spec_;
   std::string where_;
+  std::vector<std::int64_t> shape_;
   at::Tensor min_, max_;
 };
 

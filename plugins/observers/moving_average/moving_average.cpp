@@ -19,7 +19,8 @@ class MovingAverageObserver final : public Observer {
 
   void observe(const at::Tensor& x) override {
     if (x.numel() == 0) return;
-    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_.per_channel, spec_.channel_axis);
+    shape_.assign(x.sizes().begin(), x.sizes().end());
+    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_);
     at::Tensor lo, hi;
     std::tie(lo, hi) = at::aminmax(rows, 1);
     lo = lo.to(at::kCPU, at::kDouble);
@@ -35,7 +36,7 @@ class MovingAverageObserver final : public Observer {
 
   QParams compute() override {
     if (!min_.defined()) throw Error(where_ + ": nothing was observed (is the calibration data empty?)");
-    return range_qparams(min_, max_, spec_, where_);
+    return range_qparams(min_, max_, spec_, where_, shape_);
   }
 
   void reset() override { min_ = max_ = at::Tensor(); }
@@ -43,6 +44,7 @@ class MovingAverageObserver final : public Observer {
  private:
   QSpec spec_;
   std::string where_;
+  std::vector<std::int64_t> shape_;  // of the observed tensor, to shape the parameters
   double ratio_;
   at::Tensor min_, max_;
 };

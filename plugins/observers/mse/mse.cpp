@@ -23,7 +23,8 @@ class MseObserver final : public Observer {
 
   void observe(const at::Tensor& x) override {
     if (x.numel() == 0) return;
-    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_.per_channel, spec_.channel_axis);
+    shape_.assign(x.sizes().begin(), x.sizes().end());
+    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_);
     if (spec_.is_weight) {
       exact_ = rows.to(at::kCPU).contiguous();
       return;
@@ -47,6 +48,7 @@ class MseObserver final : public Observer {
     QSpec per_row = spec_;
     per_row.per_channel = true;  // evaluate every row with its own parameters
     per_row.channel_axis = 0;
+    per_row.group_size = 0;
     at::Tensor best_loss = at::full({values.size(0)}, std::numeric_limits<double>::infinity(), at::kDouble);
     at::Tensor best_lo = lo.clone(), best_hi = hi.clone();
     for (int i = 0; i < kCandidates; ++i) {
@@ -60,7 +62,7 @@ class MseObserver final : public Observer {
       best_lo = at::where(better, clo, best_lo);
       best_hi = at::where(better, chi, best_hi);
     }
-    return range_qparams(best_lo, best_hi, spec_, where_);
+    return range_qparams(best_lo, best_hi, spec_, where_, shape_);
   }
 
   void reset() override {
@@ -71,6 +73,7 @@ class MseObserver final : public Observer {
  private:
   QSpec spec_;
   std::string where_;
+  std::vector<std::int64_t> shape_;  // of the observed tensor, to shape the parameters
   StreamingHistogram hist_;
   at::Tensor exact_;
 };

@@ -28,7 +28,8 @@ class PercentileObserver final : public Observer {
 
   void observe(const at::Tensor& x) override {
     if (x.numel() == 0) return;
-    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_.per_channel, spec_.channel_axis);
+    shape_.assign(x.sizes().begin(), x.sizes().end());
+    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_);
     at::Tensor neg = (rows < 0).sum(1).to(at::kCPU, at::kDouble);
     neg_ = neg_.defined() ? neg_ + neg : neg;
     if (spec_.is_weight) {
@@ -55,7 +56,7 @@ class PercentileObserver final : public Observer {
         lo[c] = exact ? kth(c, k) : hist_.kth_smallest(c, k);
       }
     }
-    return range_qparams(lo, hi, spec_, where_);
+    return range_qparams(lo, hi, spec_, where_, shape_);
   }
 
   void reset() override {
@@ -70,6 +71,7 @@ class PercentileObserver final : public Observer {
 
   QSpec spec_;
   std::string where_;
+  std::vector<std::int64_t> shape_;  // of the observed tensor, to shape the parameters
   double alpha_;
   StreamingHistogram hist_;
   at::Tensor exact_, neg_;

@@ -13,8 +13,17 @@ namespace {
 std::pair<at::Tensor, at::Tensor> params(const Node& n, const at::Tensor& x, const at::Tensor& scale,
                                          const at::Tensor& zp_in, std::int64_t axis_attr) {
   at::Tensor zp = zp_in.defined() ? zp_in : at::zeros_like(scale, scale.options().dtype(at::kByte));
+  const std::int64_t block = n.attr_int("block_size", 0);
+  if (block > 0) {  // opset 21 blocked quantization: one parameter per block along `axis`
+    const std::int64_t axis = normalize_axis(axis_attr, x.dim(), n);
+    if (scale.dim() != x.dim() || scale.size(axis) != (x.size(axis) + block - 1) / block)
+      throw Error(n.describe() + ": scale of shape " + c10::str(scale.sizes()) + " does not fit blocks of " +
+                  std::to_string(block) + " along axis " + std::to_string(axis) + " of " + c10::str(x.sizes()));
+    return {scale.repeat_interleave(block, axis).narrow(axis, 0, x.size(axis)),
+            zp.repeat_interleave(block, axis).narrow(axis, 0, x.size(axis))};
+  }
   if (scale.numel() == 1 && scale.dim() <= 1) return {scale.reshape({}), zp.reshape({})};
-  if (scale.dim() != 1) throw Error(n.describe() + ": blocked quantization (scale of rank > 1) is not supported");
+  if (scale.dim() != 1) throw Error(n.describe() + ": a scale of rank > 1 needs the block_size attribute");
   const std::int64_t axis = normalize_axis(axis_attr, x.dim(), n);
   if (x.size(axis) != scale.numel())
     throw Error(n.describe() + ": scale has " + std::to_string(scale.numel()) + " values, axis " + std::to_string(axis) +

@@ -40,7 +40,7 @@ class LsqQuantizer final : public Quantizer {
     const double qmax = double(spec_.qmax()), qmin = double(spec_.qmin());
     if (data_init_pending_) {
       c10::NoGradGuard no_grad;
-      at::Tensor mean_abs = rows_of(x.detach(), spec_).abs().mean(1);
+      at::Tensor mean_abs = per_scale(quant_rows(x.detach(), spec_).abs().mean(1), x, spec_);
       scale_.copy_((mean_abs * (2.0 / std::sqrt(qmax))).clamp_min(kMinScale).reshape(scale_.sizes()));
       data_init_pending_ = false;
     }

@@ -35,9 +35,9 @@ class LsqPlusQuantizer final : public Quantizer {
     }
     if (sigma_init_pending_) {
       c10::NoGradGuard no_grad;
-      at::Tensor rows = rows_of(x.detach(), spec_);
+      at::Tensor rows = quant_rows(x.detach(), spec_);
       at::Tensor mean = rows.mean(1), std = rows.std(1, /*unbiased=*/false);
-      at::Tensor bound = at::maximum((mean - 3 * std).abs(), (mean + 3 * std).abs());
+      at::Tensor bound = per_scale(at::maximum((mean - 3 * std).abs(), (mean + 3 * std).abs()), x, spec_);
       scale_.copy_((bound / double(std::int64_t{1} << (spec_.bits - 1))).clamp_min(kMinScale).reshape(scale_.sizes()));
       sigma_init_pending_ = false;
     }

@@ -6,8 +6,9 @@
 ///     backend = "tensorrt"            # virtual | onnxruntime | tensorrt (or a plugin's)
 ///     skip = ["fc2", "conv1*"]        # node-name globs kept in float
 ///     [w]                             # weights
-///     qscheme = "per-channel-symmetric"
+///     qscheme = "per-channel-symmetric"   # per-{tensor,channel,group}-{symmetric,affine}
 ///     bits = 8
+///     group_size = 128                # per-group: block size along the weight's input axis
 ///     observer = "minmax"
 ///     quantizer = "uniform"
 ///     narrow_range = false
@@ -42,6 +43,7 @@ namespace sparsebit {
 struct SPARSEBIT_API QuantTableConfig {
   std::string qscheme;
   int bits = 8;
+  std::int64_t group_size = 0;  ///< block size for per-group-* schemes
   std::string observer = "minmax";
   std::string quantizer = "uniform";
   bool narrow_range = false;

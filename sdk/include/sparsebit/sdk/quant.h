@@ -20,16 +20,24 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "sparsebit/sdk/export.h"
 
 namespace sparsebit {
 
+/// Note [Per-group quantization]
+/// With group_size G > 0 a weight is split into blocks of G consecutive elements along
+/// group_axis (its input-channel axis); every block at every other index has its own scale, so
+/// parameters have the weight's rank with dimension ceil(n / G) on group_axis (ONNX's blocked
+/// quantization, DequantizeLinear opset 21 with block_size = G).
 struct SPARSEBIT_API QSpec {
   int bits = 8;
   bool symmetric = true;
   bool per_channel = false;
   std::int64_t channel_axis = 0;  ///< used when per_channel
+  std::int64_t group_size = 0;    ///< > 0: per group (Note [Per-group quantization])
+  std::int64_t group_axis = 1;
   bool narrow_range = false;
   bool is_weight = false;
 
@@ -55,6 +63,18 @@ struct QParams {
 /// Non-finite bounds are an Error naming `where`.
 SPARSEBIT_API QParams qparams_from_range(const at::Tensor& min, const at::Tensor& max,
                                          const QSpec& spec, const std::string& where);
+
+/// Parameters shaped to broadcast against x: per-channel vectors along spec.channel_axis,
+/// per-group parameters repeated over their blocks.
+SPARSEBIT_API at::Tensor expand_param(const at::Tensor& param, const at::Tensor& x, const QSpec& spec);
+
+/// x as rows of what one scale covers: [C, N] per channel, [blocks, G] per group (the last
+/// block zero-padded), [1, numel] per tensor. group_shape() is the parameters' shape per group.
+SPARSEBIT_API at::Tensor quant_rows(const at::Tensor& x, const QSpec& spec);
+SPARSEBIT_API std::vector<std::int64_t> group_param_shape(const at::Tensor& x, const QSpec& spec);
+/// Inverse of quant_rows for one value per row: parameters shaped for a tensor of `shape`
+/// (0-dim per tensor, [C] per channel, group_param_shape per group).
+SPARSEBIT_API at::Tensor rows_to_params(const at::Tensor& values, const std::vector<std::int64_t>& shape, const QSpec& spec);
 
 /// Fake quantization per Note [Quantization arithmetic], broadcasting per-channel parameters
 /// along spec.channel_axis. Gradients: straight-through inside the clamp range, zero outside
