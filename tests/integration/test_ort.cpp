@@ -90,6 +90,71 @@ TEST(OnnxRuntime, EightBitQdqMatchesOnnxRuntimeExactly) {
   }
 }
 
+// 4-bit Q/DQ (opset 21 int4 / uint4 zero points): our fake quantization equals ONNX Runtime's
+// QuantizeLinear -> DequantizeLinear bit for bit, per tensor and per channel.
+TEST(OnnxRuntime, FourBitQdqMatchesOnnxRuntimeExactly) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  at::manual_seed(8);
+  const std::int64_t channels = 8;
+  at::Tensor x = at::cat({at::randn({64, channels, 16}) * 0.5,
+                          ((at::arange(-1024, 1024).to(at::kFloat) + 0.5) * 0.0625).reshape({16, channels, 16})},
+                         0)
+                     .contiguous();
+  write_npy(x, dir / "x.npy");
+  for (const Case& c : {Case{"int4_symmetric", true, false}, Case{"uint4_affine", false, false},
+                        Case{"int4_per_channel", true, true}}) {
+    QSpec spec;
+    spec.bits = 4;
+    spec.symmetric = c.symmetric;
+    spec.per_channel = c.per_channel;
+    spec.channel_axis = 1;
+    QParams p;
+    if (c.per_channel) {
+      p.scale = at::rand({channels}) * 0.2 + 0.01;
+      p.scale[0] = 0.0625;
+      p.zero_point = at::zeros({channels}, at::TensorOptions().dtype(at::kInt));
+    } else {
+      p.scale = at::scalar_tensor(c.symmetric ? 0.0625 : 0.173, at::kFloat);
+      p.zero_point = at::scalar_tensor(c.symmetric ? 0 : 6, at::TensorOptions().dtype(at::kInt));
+    }
+    Graph g;
+    g.opset_imports[""] = 21;
+    g.inputs.push_back({"x", 1, true, {{-1, ""}, {channels, ""}, {-1, ""}}, ""});
+    g.outputs.push_back({"y", 1, true, {{-1, ""}, {channels, ""}, {-1, ""}}, ""});
+    g.initializers["s"] = p.scale.to(at::kFloat);
+    g.initializers["zp"] = p.zero_point.to(c.symmetric ? at::kChar : at::kByte);
+    g.narrow_types["zp"] = c.symmetric ? 22 : 21;
+    Node qn, dqn;
+    qn.name = "q";
+    qn.op_type = "QuantizeLinear";
+    qn.inputs = {"x", "s", "zp"};
+    qn.outputs = {"q"};
+    dqn.name = "dq";
+    dqn.op_type = "DequantizeLinear";
+    dqn.inputs = {"q", "s", "zp"};
+    dqn.outputs = {"y"};
+    if (c.per_channel) {
+      qn.attributes["axis"] = Attribute::of_int(1);
+      dqn.attributes["axis"] = Attribute::of_int(1);
+    }
+    g.append(qn);
+    g.append(dqn);
+    const std::string path = dir / (std::string(c.name) + ".onnx");
+    save_onnx(g, ModelMeta{}, path);
+    auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + path +
+                                  " --in x=" + (dir / "x.npy") + " --out y=" + (dir / "y.npy"));
+    ASSERT_EQ(r.exit_code, 0) << c.name << "\n" << r.output;
+    at::Tensor ort_y = read_npy(dir / "y.npy");
+    at::Tensor our_y = fake_quantize(x, p, spec);
+    EXPECT_TRUE(at::equal(ort_y, our_y)) << c.name << ": max diff " << (ort_y - our_y).abs().max().item<float>();
+    // Our executor runs the same int4 model (zero points held widened, Graph::narrow_types).
+    Model reloaded = load_onnx(path);
+    Executor ours(reloaded.graph, testing::shipped_registry());
+    EXPECT_TRUE(at::equal(ours.run({{"x", x}})[0], our_y)) << c.name;
+  }
+}
+
 // An opset-9 model (old BatchNormalization, Clip attributes, 2-D Softmax) is lifted to opset 13,
 // quantized with per-channel weights, exported, and ONNX Runtime runs it to our simulated outputs.
 TEST(OnnxRuntime, OldOpsetModelIsLiftedQuantizedAndRunsInOnnxRuntime) {

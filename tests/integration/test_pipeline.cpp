@@ -276,6 +276,39 @@ TEST(Pipeline, PerNodeEnableAndBitWidthChanges) {
   EXPECT_THROW(t.set_bits("/fc2/*", 4), Error);  // TensorRT runs 8 bits only
 }
 
+TEST(Pipeline, ConvTransposeWeightsArePerChannelAlongAxisOne) {
+  // W is [C_in = 2, C_out = 3, 3, 3]: one scale per output channel, i.e. along axis 1.
+  Model m;
+  m.graph.opset_imports[""] = 13;
+  m.graph.inputs.push_back({"x", 1, true, {{-1, "n"}, {2, ""}, {4, ""}, {4, ""}}, ""});
+  m.graph.outputs.push_back({"y", 1, true, {{-1, "n"}, {3, ""}, {9, ""}, {9, ""}}, ""});
+  at::manual_seed(2);
+  at::Tensor w = at::randn({2, 3, 3, 3});
+  w.select(1, 2).mul_(10);  // output channel 2 has a 10x larger range
+  m.graph.initializers["w"] = w;
+  Node n;
+  n.name = "up";
+  n.op_type = "ConvTranspose";
+  n.inputs = {"x", "w"};
+  n.outputs = {"y"};
+  n.attributes["strides"] = Attribute::of_ints({2, 2});
+  m.graph.append(n);
+  testing::TempDir dir;
+  write_npy(at::rand({4, 2, 4, 4}), dir / "x.npy");
+  QuantModel qm(std::move(m), config_for("w8a8_tensorrt.toml"), testing::shipped_registry());
+  auto data = open_dataset(dir / "x.npy", qm.graph().inputs);
+  qm.calibrate(*data);
+  const QuantSlot* ws = nullptr;
+  for (const auto& s : qm.slots())
+    if (s.role == InputRole::kWeight) ws = &s;
+  ASSERT_TRUE(ws);
+  EXPECT_EQ(ws->spec.channel_axis, 1);
+  at::Tensor scale = ws->quantizer->qparams().scale;
+  ASSERT_EQ(scale.numel(), 3);
+  EXPECT_GT(scale[2].item<float>(), 5 * scale[0].item<float>());
+  EXPECT_GT(scale[2].item<float>(), 5 * scale[1].item<float>());
+}
+
 TEST(Pipeline, SkipGlobsKeepNodesInFloat) {
   Config c = config_for("w8a8_tensorrt.toml");
   c.skip = {"/fc*"};

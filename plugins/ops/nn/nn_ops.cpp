@@ -1,5 +1,5 @@
-// Ops with weights and the pooling family: Conv, Gemm, MatMul, BatchNormalization, MaxPool,
-// AveragePool, GlobalAveragePool.
+// Ops with weights and the pooling family: Conv, ConvTranspose, Gemm, MatMul,
+// BatchNormalization, MaxPool, AveragePool, GlobalAveragePool.
 //
 // Quantization roles follow the original toolkit: Conv/Gemm/MatMul quantize their input
 // activation and their weight (per channel along the output-channel axis); average pooling
@@ -44,6 +44,79 @@ class QConv final : public QModule {
   Node node_;
   Window win_;
   std::int64_t group_;
+};
+
+// ConvTranspose: W is [C_in, C_out / group, k...], so its output channels are axis 1 (the
+// original toolkit quantized axis 0, a bug). Pads (explicit, from output_shape or auto_pad) and
+// output_padding are applied by cropping / zero-extending the full transposed convolution,
+// which handles asymmetric cases that ATen's symmetric padding cannot.
+class QConvTranspose final : public QModule {
+ public:
+  explicit QConvTranspose(const OpContext& c)
+      : node_(c.node),
+        win_(c.node),
+        group_(c.node.attr_int("group", 1)),
+        output_padding_(c.node.attr_ints("output_padding")),
+        output_shape_(c.node.attr_ints("output_shape")) {
+    if (group_ < 1) throw Error(node_.describe() + ": group must be >= 1");
+  }
+  std::vector<InputSpec> input_specs() const override {
+    return {{InputRole::kActivation, 0}, {InputRole::kWeight, 1}, {InputRole::kBias, 0}};
+  }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const at::Tensor& w = in.at(1);
+    if (x.dim() < 3 || w.dim() != x.dim())
+      throw Error(node_.describe() + ": input of rank " + std::to_string(x.dim()) + " and weight of rank " +
+                  std::to_string(w.dim()) + " do not fit (expected N,C,spatial... and C,M/group,k...)");
+    const std::size_t r = static_cast<std::size_t>(x.dim() - 2);
+    std::vector<std::int64_t> k(w.sizes().begin() + 2, w.sizes().end());
+    std::vector<std::int64_t> strides = win_.strides.empty() ? std::vector<std::int64_t>(r, 1) : win_.strides;
+    std::vector<std::int64_t> dil = win_.dilations.empty() ? std::vector<std::int64_t>(r, 1) : win_.dilations;
+    std::vector<std::int64_t> opad = output_padding_.empty() ? std::vector<std::int64_t>(r, 0) : output_padding_;
+    std::vector<std::int64_t> pads = win_.pads.empty() ? std::vector<std::int64_t>(2 * r, 0) : win_.pads;
+    at::Tensor full = at::convolution(x, w, {}, strides, std::vector<std::int64_t>(r, 0), dil, true,
+                                      std::vector<std::int64_t>(r, 0), group_);
+    std::vector<std::int64_t> in_sp = spatial_sizes(x);
+    const bool same = win_.auto_pad == "SAME_UPPER" || win_.auto_pad == "SAME_LOWER";
+    if (!output_shape_.empty() || same) {
+      // Pads follow from the requested output size (the spec's total_padding rule).
+      std::vector<std::int64_t> target = output_shape_;
+      if (target.size() > r) target.erase(target.begin(), target.end() - static_cast<long>(r));
+      for (std::size_t i = 0; i < r; ++i) {
+        const std::int64_t out = target.empty() ? in_sp[i] * strides[i] : target[i];
+        const std::int64_t total = strides[i] * (in_sp[i] - 1) + opad[i] + (k[i] - 1) * dil[i] + 1 - out;
+        const std::int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);  // floor division
+        const bool upper = win_.auto_pad == "SAME_UPPER";
+        pads[i] = upper ? half : total - half;
+        pads[i + r] = upper ? total - half : half;
+      }
+    } else if (win_.auto_pad == "VALID") {
+      pads.assign(2 * r, 0);
+    }
+    // Crop the pads (a negative pad extends with zeros) and append output_padding, per dim;
+    // constant_pad_nd takes [last-dim begin, last-dim end, ...], negative values crop.
+    std::vector<std::int64_t> pad_spec;
+    for (std::size_t i = r; i-- > 0;) {
+      const std::int64_t length = full.size(static_cast<std::int64_t>(i + 2)) - pads[i] - pads[i + r] + opad[i];
+      if (length < 0) throw Error(node_.describe() + ": pads and output_padding give a negative output size");
+      pad_spec.push_back(-pads[i]);
+      pad_spec.push_back(opad[i] - pads[i + r]);
+    }
+    at::Tensor y = at::constant_pad_nd(full, pad_spec, 0.0);
+    if (in.size() > 2 && in[2].defined()) {
+      std::vector<std::int64_t> shape(static_cast<std::size_t>(y.dim()), 1);
+      shape[1] = in[2].numel();
+      y = y + in[2].reshape(shape);
+    }
+    return {y};
+  }
+
+ private:
+  Node node_;
+  Window win_;
+  std::int64_t group_;
+  std::vector<std::int64_t> output_padding_, output_shape_;
 };
 
 class QGemm final : public QModule {
@@ -247,6 +320,7 @@ class QGlobalAveragePool final : public QModule {
 
 void register_all(Registrar& r) {
   r.add_op<QConv>("Conv");
+  r.add_op<QConvTranspose>("ConvTranspose");
   r.add_op<QGemm>("Gemm");
   r.add_op<QMatMul>("MatMul");
   r.add_op<QBatchNorm>("BatchNormalization");

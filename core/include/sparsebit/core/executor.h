@@ -33,7 +33,8 @@ struct BoundModule {
 class SPARSEBIT_API Executor {
  public:
   /// Creates a QModule for every node from the registry. Nodes whose op no plugin provides
-  /// are reported together in one Error that names each op type and node.
+  /// are reported together in one Error that names each op type and node. The executor keeps a
+  /// reference to `graph`, which must outlive it; the registry need not.
   Executor(const Graph& graph, const Registry& registry);
 
   /// Called for every present input of every node before it runs; returns the tensor the node
