@@ -136,6 +136,9 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
     std::vector<std::size_t> bias_inputs;
     for (std::size_t k = 0; k < n.inputs.size() && k < specs.size(); ++k) {
       if (specs[k].role == InputRole::kFloat || !n.has_input(k)) continue;
+      // A constant in an activation position (a bias Add, a Concat with a fixed tensor) stays
+      // in float: it has no calibration data, and the backend folds it.
+      if (specs[k].role == InputRole::kActivation && model_->graph.initializers.count(n.inputs[k])) continue;
       if (specs[k].role == InputRole::kBias) bias_inputs.push_back(k);
       else add_slot(i, k, specs[k].role, specs[k].channel_axis);
     }
@@ -350,7 +353,7 @@ at::Tensor QuantModel::apply_slot(std::size_t node, std::size_t input, const at:
   if (idx < 0) return x;
   QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
   const bool on = s.role == InputRole::kWeight ? w_on_ : a_on_;
-  if (!on || !usable(s)) return x;
+  if (!on || !usable(s) || !x.is_floating_point()) return x;
   if (!s.calibrated) throw Error(s.where() + ": quantization is on but the model was not calibrated");
   if (s.role == InputRole::kBias) return w_on_ && a_on_ ? fake_quantize(x, s.bias_params, s.spec) : x;
   return s.quantizer->forward(x);
@@ -386,6 +389,12 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
     if (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kActivation &&
         slots_[static_cast<std::size_t>(idx)].active()) {
       QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
+      if (!x.is_floating_point()) {
+        // Integer or bool data (indices, masks, shape arithmetic) has nothing to quantize.
+        sdk::log_debug(s.where() + ": carries " + std::string(c10::toString(x.scalar_type())) + " data, left unquantized");
+        s.enabled = false;
+        return x;
+      }
       try {
         s.observer->observe(x);
       } catch (const Error& e) {

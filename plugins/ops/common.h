@@ -77,6 +77,33 @@ inline at::Tensor pad_spatial(const at::Tensor& x, const std::vector<std::int64_
   return at::constant_pad_nd(x, torch_pads, value);
 }
 
+/// Values of a small integer tensor (axes, shapes, K, ...) read on the host.
+inline std::vector<std::int64_t> int_list(const at::Tensor& t, const Node& n, const char* what) {
+  if (t.is_floating_point() || t.is_complex())
+    throw Error(n.describe() + ": " + what + " must be an integer tensor, got " + std::string(c10::toString(t.scalar_type())));
+  at::Tensor v = t.to(at::kCPU, at::kLong).contiguous().reshape({-1});
+  return std::vector<std::int64_t>(v.data_ptr<std::int64_t>(), v.data_ptr<std::int64_t>() + v.numel());
+}
+
+/// ATen type of an ONNX TensorProto element type number (the `to` of Cast, ...).
+inline at::ScalarType scalar_type_of(std::int64_t onnx_type, const Node& n) {
+  switch (onnx_type) {
+    case 1: return at::kFloat;
+    case 2: return at::kByte;
+    case 3: return at::kChar;
+    case 5: return at::kShort;
+    case 6: return at::kInt;
+    case 7: return at::kLong;
+    case 9: return at::kBool;
+    case 10: return at::kHalf;
+    case 11: return at::kDouble;
+    case 16: return at::kBFloat16;
+    default:
+      throw Error(n.describe() + ": element type " + std::to_string(onnx_type) +
+                  " is not supported (float, double, float16, bfloat16, int8/16/32/64, uint8, bool are)");
+  }
+}
+
 inline std::int64_t normalize_axis(std::int64_t axis, std::int64_t rank, const Node& n) {
   if (axis < -rank || axis >= std::max<std::int64_t>(rank, 1))
     throw Error(n.describe() + ": axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));

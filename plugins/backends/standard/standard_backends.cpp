@@ -3,8 +3,8 @@
 //   virtual      simulation only: any bit width from 2 to 16, any scheme
 //   onnxruntime  W8A8 (QuantizeLinear/DequantizeLinear with int8/uint8), any scheme
 //   tensorrt     W8A8; weights symmetric (per channel or per tensor), activations per-tensor
-//                symmetric: TensorRT only accepts a zero point of 0. Placement: the skip branch
-//                of a residual Add is quantized, so TensorRT can fuse the Add into the
+//                symmetric: TensorRT only accepts a zero point of 0. Placement: of a residual
+//                Add only the skip branch is quantized, so TensorRT can fuse the Add into the
 //                convolution that produces the other branch and run the block in INT8.
 
 #include <map>
@@ -66,7 +66,10 @@ class TensorRTBackend final : public Backend {
       if (n->op_type != "Add" || !n->domain.empty() || n->inputs.size() != 2) continue;
       if (g.initializers.count(n->inputs[0]) || g.initializers.count(n->inputs[1])) continue;  // a bias add
       const bool a = from_fusable(n->inputs[0]), b = from_fusable(n->inputs[1]);
-      if (a || b) state.quantize_activation(*n, a ? 1 : 0);  // the branch that is not fused
+      if (!a && !b) continue;
+      const std::size_t fused = a ? 0 : 1;
+      state.set_fake_fused(*n, fused, true);       // computed inside the convolution's kernel
+      state.quantize_activation(*n, 1 - fused);    // the skip branch TensorRT reads as INT8
     }
   }
 };

@@ -1,10 +1,11 @@
-// Element-wise activations and arithmetic: Relu, Sigmoid, HardSigmoid, Clip, Softmax, Add, Mul.
+// Activations (Relu ... Gelu), Softmax/LogSoftmax, and the Add/Mul that residuals and gates use.
 //
-// Activations and Softmax quantize their input (the original toolkit's roles). Add and Mul
-// pass through: quantizing each input of a multi-input op is a separate pass's decision.
+// Activations and Softmax quantize their input (the original toolkit's roles), Add quantizes
+// both inputs, Mul (gates, scalings) passes through.
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
 
 #include "../common.h"
@@ -98,10 +99,69 @@ class QSoftmax final : public QModule {
   std::int64_t axis_;
 };
 
+/// Activation given by a function of its input and the node's attributes.
+class QActivation final : public QModule {
+ public:
+  using Fn = std::function<at::Tensor(const at::Tensor&)>;
+  QActivation(const OpContext&, Fn fn) : fn_(std::move(fn)) {}
+  std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {fn_(in.at(0))}; }
+
+ private:
+  Fn fn_;
+};
+
+/// `make(node)` builds the function once per node from its attributes.
+template <typename Make>
+void add_activation(Registrar& r, const std::string& op, Make make) {
+  r.add_op_factory(op, "", [make](const OpContext& c) { return std::make_unique<QActivation>(c, make(c.node)); });
+}
+
+class QPRelu final : public QModule {
+ public:
+  explicit QPRelu(const OpContext&) {}
+  std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    at::Tensor slope = in.at(1);
+    // The slope broadcasts unidirectionally (numpy rules). Models from before opset 7 (and
+    // converted from them) give one slope per channel as a 1-D [C] tensor instead.
+    if (slope.dim() == 1 && x.dim() > 2 && slope.numel() == x.size(1) && slope.numel() != x.size(-1)) {
+      std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim() - 1), 1);
+      shape[0] = slope.numel();
+      slope = slope.reshape(shape);
+    }
+    return {at::where(x < 0, x * slope, x)};
+  }
+};
+
+class QLogSoftmax final : public QModule {
+ public:
+  explicit QLogSoftmax(const OpContext& c)
+      : node_(c.node), opset_(c.opset), axis_(c.node.attr_int("axis", c.opset >= 13 ? -1 : 1)) {}
+  std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    if (opset_ >= 13) return {at::log_softmax(x, axis)};
+    std::int64_t outer = 1;
+    for (std::int64_t d = 0; d < axis; ++d) outer *= x.size(d);
+    return {at::log_softmax(x.reshape({outer, -1}), 1).reshape(x.sizes())};
+  }
+
+ private:
+  Node node_;
+  std::int64_t opset_;
+  std::int64_t axis_;
+};
+
+// Both inputs are quantized (the original toolkit's quantizing identity on each input of a
+// multi-input op): ONNX Runtime then runs QLinearAdd; the tensorrt backend un-quantizes the
+// branch it fuses into the producing convolution.
 class QAdd final : public QModule {
  public:
   explicit QAdd(const OpContext&) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}, {InputRole::kActivation, 0}}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::add(in.at(0), in.at(1))}; }
 };
 
@@ -120,6 +180,43 @@ void register_all(Registrar& r) {
   r.add_op<QSoftmax>("Softmax");
   r.add_op<QAdd>("Add");
   r.add_op<QMul>("Mul");
+  r.add_op<QPRelu>("PRelu");
+  r.add_op<QLogSoftmax>("LogSoftmax");
+  add_activation(r, "LeakyRelu", [](const Node& n) {
+    const double a = n.attr_float("alpha", 0.01);
+    return [a](const at::Tensor& x) { return at::where(x < 0, x * a, x); };
+  });
+  add_activation(r, "Elu", [](const Node& n) {
+    const double a = n.attr_float("alpha", 1.0);
+    return [a](const at::Tensor& x) { return at::where(x < 0, a * at::expm1(x), x); };
+  });
+  add_activation(r, "Celu", [](const Node& n) {
+    const double a = n.attr_float("alpha", 1.0);
+    return [a](const at::Tensor& x) { return at::celu(x, a); };
+  });
+  add_activation(r, "Selu", [](const Node& n) {
+    const double a = n.attr_float("alpha", 1.67326319217681884765625),
+                 g = n.attr_float("gamma", 1.05070102214813232421875);
+    return [a, g](const at::Tensor& x) { return g * at::where(x <= 0, a * at::expm1(x), x); };
+  });
+  add_activation(r, "ThresholdedRelu", [](const Node& n) {
+    const double a = n.attr_float("alpha", 1.0);
+    return [a](const at::Tensor& x) { return at::where(x > a, x, at::zeros_like(x)); };
+  });
+  add_activation(r, "HardSwish", [](const Node&) {
+    return [](const at::Tensor& x) { return x * at::clamp(x / 6.0 + 0.5, 0.0, 1.0); };
+  });
+  add_activation(r, "Mish", [](const Node&) { return [](const at::Tensor& x) { return x * at::tanh(at::softplus(x)); }; });
+  add_activation(r, "Tanh", [](const Node&) { return [](const at::Tensor& x) { return at::tanh(x); }; });
+  add_activation(r, "Softplus", [](const Node&) {
+    return [](const at::Tensor& x) { return at::log1p(at::exp(-x.abs())) + at::clamp_min(x, 0); };
+  });
+  add_activation(r, "Softsign", [](const Node&) { return [](const at::Tensor& x) { return x / (1 + x.abs()); }; });
+  add_activation(r, "Gelu", [](const Node& n) {
+    const std::string approx = n.attr_string("approximate", "none");
+    if (approx != "none" && approx != "tanh") throw Error(n.describe() + ": approximate must be 'none' or 'tanh'");
+    return [approx](const at::Tensor& x) { return at::gelu(x, approx); };
+  });
 }
 
 }  // namespace

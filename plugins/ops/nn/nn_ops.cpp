@@ -1,10 +1,12 @@
-// Ops with weights and the pooling family: Conv, ConvTranspose, Gemm, MatMul,
-// BatchNormalization, MaxPool, AveragePool, GlobalAveragePool.
+// Ops with weights, the pooling family and the normalizations: Conv, ConvTranspose, Gemm,
+// MatMul, BatchNormalization, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool,
+// InstanceNormalization, LayerNormalization, GroupNormalization.
 //
 // Quantization roles follow the original toolkit: Conv/Gemm/MatMul quantize their input
 // activation and their weight (per channel along the output-channel axis); average pooling
 // quantizes its input; MaxPool commutes with quantization and passes through; BN is kept in
-// float (it is folded into the conv by the exporter or by fuse_bn).
+// float (it is folded into the conv by the exporter or by fuse_bn); the other norms quantize
+// their input and keep scale and bias in float.
 
 #include <ATen/ATen.h>
 
@@ -318,6 +320,109 @@ class QGlobalAveragePool final : public QModule {
   }
 };
 
+class QGlobalMaxPool final : public QModule {
+ public:
+  explicit QGlobalMaxPool(const OpContext&) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    std::vector<std::int64_t> dims;
+    for (std::int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    return {at::amax(x, dims, /*keepdim=*/true)};
+  }
+};
+
+/// (x - mean) / sqrt(var + eps) over `dims`, with the biased variance as every ONNX norm uses.
+std::pair<at::Tensor, at::Tensor> normalize(const at::Tensor& x, const std::vector<std::int64_t>& dims, double eps) {
+  at::Tensor mean = x.mean(dims, /*keepdim=*/true);
+  at::Tensor centered = x - mean;
+  at::Tensor inv_std = at::rsqrt((centered * centered).mean(dims, /*keepdim=*/true) + eps);
+  return {centered * inv_std, mean};
+}
+
+/// Reshapes a per-channel vector to broadcast against (N, C, spatial...).
+at::Tensor per_channel(const at::Tensor& v, std::int64_t rank) {
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(rank), 1);
+  shape[1] = v.numel();
+  return v.reshape(shape);
+}
+
+class QInstanceNorm final : public QModule {
+ public:
+  explicit QInstanceNorm(const OpContext& c) : node_(c.node), eps_(c.node.attr_float("epsilon", 1e-5)) {}
+  std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    if (x.dim() < 3) throw Error(node_.describe() + ": input must be (N, C, spatial...)");
+    if (in.at(1).numel() != x.size(1) || in.at(2).numel() != x.size(1))
+      throw Error(node_.describe() + ": scale and B must have one value per channel (" + std::to_string(x.size(1)) + ")");
+    std::vector<std::int64_t> dims;
+    for (std::int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    at::Tensor y = normalize(x, dims, eps_).first;
+    return {y * per_channel(in[1], x.dim()) + per_channel(in[2], x.dim())};
+  }
+
+ private:
+  Node node_;
+  double eps_;
+};
+
+class QLayerNorm final : public QModule {
+ public:
+  explicit QLayerNorm(const OpContext& c)
+      : node_(c.node), axis_(c.node.attr_int("axis", -1)), eps_(c.node.attr_float("epsilon", 1e-5)),
+        stash_float_(c.node.attr_int("stash_type", 1) == 1) {}
+  std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    std::vector<std::int64_t> dims;
+    for (std::int64_t d = axis; d < x.dim(); ++d) dims.push_back(d);
+    // stash_type 1: statistics in float32 even for half inputs.
+    const at::Tensor xs = stash_float_ && x.scalar_type() != at::kDouble ? x.to(at::kFloat) : x;
+    at::Tensor mean = xs.mean(dims, true);
+    at::Tensor centered = xs - mean;
+    at::Tensor inv_std = at::rsqrt((centered * centered).mean(dims, true) + eps_);
+    at::Tensor y = (centered * inv_std).to(x.scalar_type()) * in.at(1);
+    if (in.size() > 2 && in[2].defined()) y = y + in[2];
+    return {y, mean, inv_std};
+  }
+
+ private:
+  Node node_;
+  std::int64_t axis_;
+  double eps_;
+  bool stash_float_;
+};
+
+class QGroupNorm final : public QModule {
+ public:
+  explicit QGroupNorm(const OpContext& c)
+      : node_(c.node), groups_(c.node.attr_int("num_groups", 0)), eps_(c.node.attr_float("epsilon", 1e-5)) {
+    if (groups_ < 1) throw Error(node_.describe() + ": num_groups must be a positive integer");
+  }
+  std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    if (x.dim() < 2) throw Error(node_.describe() + ": input must be (N, C, ...)");
+    const std::int64_t c = x.size(1);
+    if (c % groups_) throw Error(node_.describe() + ": " + std::to_string(c) + " channels do not divide into " + std::to_string(groups_) + " groups");
+    at::Tensor y = normalize(x.reshape({x.size(0), groups_, -1}), {2}, eps_).first.reshape(x.sizes());
+    // Opset 18 gives scale and bias per group, opset 21 per channel.
+    auto expand = [&](const at::Tensor& v, const char* what) {
+      if (v.numel() == c) return per_channel(v, x.dim());
+      if (v.numel() == groups_) return per_channel(v.repeat_interleave(c / groups_), x.dim());
+      throw Error(node_.describe() + ": " + what + " must have one value per channel or per group");
+    };
+    return {y * expand(in.at(1), "scale") + expand(in.at(2), "bias")};
+  }
+
+ private:
+  Node node_;
+  std::int64_t groups_;
+  double eps_;
+};
+
 void register_all(Registrar& r) {
   r.add_op<QConv>("Conv");
   r.add_op<QConvTranspose>("ConvTranspose");
@@ -327,6 +432,10 @@ void register_all(Registrar& r) {
   r.add_op<QMaxPool>("MaxPool");
   r.add_op<QAveragePool>("AveragePool");
   r.add_op<QGlobalAveragePool>("GlobalAveragePool");
+  r.add_op<QGlobalMaxPool>("GlobalMaxPool");
+  r.add_op<QInstanceNorm>("InstanceNormalization");
+  r.add_op<QLayerNorm>("LayerNormalization");
+  r.add_op<QGroupNorm>("GroupNormalization");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// Data-movement ops: Identity, Dropout, Flatten, Reshape, Concat, Pad. They pass quantization
-// through (quantizing before or after a reshape is the same), except Identity, which the
-// original toolkit uses as an explicit quantization point.
+// Data-movement, shape and indexing ops. They pass quantization through (quantizing before or
+// after a reshape or a gather is the same), except Identity, which the original toolkit uses
+// as an explicit quantization point, and Concat, which quantizes each input.
 
 #include <ATen/ATen.h>
 
@@ -83,7 +83,11 @@ class QConcat final : public QModule {
   explicit QConcat(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 0)) {
     if (!c.node.has_attr("axis")) throw Error(node_.describe() + ": Concat needs an axis attribute");
   }
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  // Every input is quantized (a quantizing identity on each), so that the concatenation of
+  // 8-bit tensors stays 8-bit; shape arithmetic on integers is left alone by the host.
+  std::vector<InputSpec> input_specs() const override {
+    return std::vector<InputSpec>(node_.inputs.size(), {InputRole::kActivation, 0});
+  }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     std::vector<at::Tensor> parts;
     for (const auto& t : in)
@@ -176,6 +180,511 @@ class QPad final : public QModule {
   double value_attr_ = 0.0;
 };
 
+class QSplit final : public QModule {
+ public:
+  explicit QSplit(const OpContext& c)
+      : node_(c.node), axis_(c.node.attr_int("axis", 0)), split_attr_(c.node.attr_ints("split")),
+        num_outputs_(c.node.attr_int("num_outputs", 0)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    const std::int64_t n = x.size(axis);
+    std::vector<std::int64_t> sizes = split_attr_;
+    if (in.size() > 1 && in[1].defined()) sizes = int_list(in[1], node_, "split");
+    if (sizes.empty()) {
+      // Equal parts; the last one smaller when the axis does not divide (opset 18).
+      const std::int64_t parts = num_outputs_ > 0 ? num_outputs_ : static_cast<std::int64_t>(node_.outputs.size());
+      const std::int64_t chunk = (n + parts - 1) / parts;
+      for (std::int64_t i = 0; i < parts; ++i) sizes.push_back(std::max<std::int64_t>(0, std::min(chunk, n - i * chunk)));
+    }
+    std::int64_t total = 0;
+    for (auto v : sizes) {
+      if (v < 0) throw Error(node_.describe() + ": split sizes must be non-negative");
+      total += v;
+    }
+    if (total != n)
+      throw Error(node_.describe() + ": split sizes add up to " + std::to_string(total) + ", axis has " + std::to_string(n));
+    return at::split_with_sizes(x, sizes, axis);
+  }
+
+ private:
+  Node node_;
+  std::int64_t axis_;
+  std::vector<std::int64_t> split_attr_;
+  std::int64_t num_outputs_;
+};
+
+class QSlice final : public QModule {
+ public:
+  explicit QSlice(const OpContext& c)
+      : node_(c.node), starts_(c.node.attr_ints("starts")), ends_(c.node.attr_ints("ends")), axes_(c.node.attr_ints("axes")) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    at::Tensor y = in.at(0);
+    std::vector<std::int64_t> starts = starts_, ends = ends_, axes = axes_, steps;
+    if (in.size() > 1 && in[1].defined()) starts = int_list(in[1], node_, "starts");
+    if (in.size() > 2 && in[2].defined()) ends = int_list(in[2], node_, "ends");
+    if (in.size() > 3 && in[3].defined()) axes = int_list(in[3], node_, "axes");
+    if (in.size() > 4 && in[4].defined()) steps = int_list(in[4], node_, "steps");
+    if (starts.size() != ends.size()) throw Error(node_.describe() + ": starts and ends differ in length");
+    if (axes.empty())
+      for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
+    if (steps.empty()) steps.assign(starts.size(), 1);
+    if (axes.size() != starts.size() || steps.size() != starts.size())
+      throw Error(node_.describe() + ": starts, ends, axes and steps must have one value per sliced axis");
+    for (std::size_t i = 0; i < starts.size(); ++i) {
+      const std::int64_t axis = normalize_axis(axes[i], y.dim(), node_), dim = y.size(axis), step = steps[i];
+      if (step == 0) throw Error(node_.describe() + ": a step of 0 is not allowed");
+      // The spec's clamping: negative values count from the end, then clamp to the valid range
+      // (which depends on the step's sign).
+      auto resolve = [&](std::int64_t v, std::int64_t lo, std::int64_t hi) {
+        if (v < 0) v = v < -dim ? lo : v + dim;  // avoids overflow of INT64_MIN + dim
+        return std::clamp(v, lo, hi);
+      };
+      if (step > 0) {
+        const std::int64_t s = resolve(starts[i], 0, dim), e = resolve(ends[i], 0, dim);
+        y = e > s ? y.slice(axis, s, e, step) : y.narrow(axis, 0, 0);
+      } else {
+        const std::int64_t s = resolve(starts[i], -1, dim - 1), e = resolve(ends[i], -1, dim - 1);
+        // Negative steps walk backwards; ATen slices only forwards, so gather the indices.
+        if (s > e) {
+          at::Tensor idx = at::arange(s, e, step, at::TensorOptions().dtype(at::kLong).device(y.device()));
+          y = y.index_select(axis, idx);
+        } else {
+          y = y.narrow(axis, 0, 0);
+        }
+      }
+    }
+    return {y};
+  }
+
+ private:
+  Node node_;
+  std::vector<std::int64_t> starts_, ends_, axes_;
+};
+
+/// Indices may be negative (counting from the end); anything outside [-n, n) is an error.
+at::Tensor checked_indices(const at::Tensor& idx, std::int64_t n, const Node& node) {
+  at::Tensor i = idx.to(at::kLong);
+  if (i.numel() > 0) {
+    const auto lo = i.min().item<std::int64_t>(), hi = i.max().item<std::int64_t>();
+    if (lo < -n || hi >= n)
+      throw Error(node.describe() + ": index " + std::to_string(lo < -n ? lo : hi) + " is out of range for an axis of " +
+                  std::to_string(n));
+  }
+  return at::where(i < 0, i + n, i);
+}
+
+class QGather final : public QModule {
+ public:
+  explicit QGather(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 0)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    at::Tensor idx = checked_indices(in.at(1), x.size(axis), node_).to(x.device());
+    std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().begin() + axis);
+    shape.insert(shape.end(), idx.sizes().begin(), idx.sizes().end());
+    shape.insert(shape.end(), x.sizes().begin() + axis + 1, x.sizes().end());
+    return {x.index_select(axis, idx.reshape({-1})).reshape(shape)};
+  }
+
+ private:
+  Node node_;
+  std::int64_t axis_;
+};
+
+class QGatherElements final : public QModule {
+ public:
+  explicit QGatherElements(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 0)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    return {at::gather(x, axis, checked_indices(in.at(1), x.size(axis), node_).to(x.device()))};
+  }
+
+ private:
+  Node node_;
+  std::int64_t axis_;
+};
+
+class QGatherND final : public QModule {
+ public:
+  explicit QGatherND(const OpContext& c) : node_(c.node), batch_dims_(c.node.attr_int("batch_dims", 0)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    at::Tensor idx = in.at(1).to(at::kLong);
+    const std::int64_t b = batch_dims_, k = idx.size(-1);
+    if (b < 0 || k < 1 || b + k > x.dim()) throw Error(node_.describe() + ": indices' last dimension does not fit the data");
+    // Flatten the batch dims and the k indexed dims into one row index per lookup.
+    std::int64_t batch = 1;
+    for (std::int64_t d = 0; d < b; ++d) batch *= x.size(d);
+    std::vector<std::int64_t> rest(x.sizes().begin() + b + k, x.sizes().end());
+    std::vector<std::int64_t> flat_shape{batch, -1};
+    flat_shape.insert(flat_shape.end(), rest.begin(), rest.end());
+    at::Tensor data = x.reshape(flat_shape);
+    at::Tensor lin = at::zeros(idx.sizes().slice(0, idx.dim() - 1), idx.options());
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int64_t n = x.size(b + j);
+      lin = lin * n + checked_indices(idx.select(-1, j), n, node_);
+    }
+    at::Tensor rows = lin.reshape({batch, -1}).to(x.device());
+    std::vector<at::Tensor> per_batch;
+    for (std::int64_t i = 0; i < batch; ++i) per_batch.push_back(data[i].index_select(0, rows[i]));
+    std::vector<std::int64_t> out(idx.sizes().begin(), idx.sizes().end() - 1);
+    out.insert(out.end(), rest.begin(), rest.end());
+    return {at::stack(per_batch).reshape(out)};
+  }
+
+ private:
+  Node node_;
+  std::int64_t batch_dims_;
+};
+
+/// ScatterND and ScatterElements share the reduction attribute.
+std::string reduction_of(const Node& n) {
+  const std::string r = n.attr_string("reduction", "none");
+  if (r != "none" && r != "add" && r != "mul" && r != "max" && r != "min")
+    throw Error(n.describe() + ": reduction '" + r + "' is not one of none, add, mul, max, min");
+  return r;
+}
+const char* aten_reduce(const std::string& r) { return r == "add" ? "sum" : r == "mul" ? "prod" : r == "max" ? "amax" : "amin"; }
+
+class QScatterND final : public QModule {
+ public:
+  explicit QScatterND(const OpContext& c) : node_(c.node), reduction_(reduction_of(c.node)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    at::Tensor idx = in.at(1).to(at::kLong);
+    const at::Tensor& upd = in.at(2);
+    const std::int64_t k = idx.size(-1);
+    if (k < 1 || k > x.dim()) throw Error(node_.describe() + ": indices' last dimension exceeds the data's rank");
+    std::vector<std::int64_t> rest(x.sizes().begin() + k, x.sizes().end());
+    std::vector<std::int64_t> flat{-1};
+    flat.insert(flat.end(), rest.begin(), rest.end());
+    at::Tensor lin = at::zeros(idx.sizes().slice(0, idx.dim() - 1), idx.options());
+    for (std::int64_t j = 0; j < k; ++j) lin = lin * x.size(j) + checked_indices(idx.select(-1, j), x.size(j), node_);
+    lin = lin.reshape({-1}).to(x.device());
+    at::Tensor u = upd.reshape(flat);
+    if (u.size(0) != lin.size(0)) throw Error(node_.describe() + ": updates do not match the indices' shape");
+    at::Tensor data = x.reshape(flat);
+    if (reduction_ == "none") return {data.index_copy(0, lin, u).reshape(x.sizes())};
+    if (reduction_ == "add") return {data.index_add(0, lin, u).reshape(x.sizes())};
+    return {data.index_reduce(0, lin, u, aten_reduce(reduction_), /*include_self=*/true).reshape(x.sizes())};
+  }
+
+ private:
+  Node node_;
+  std::string reduction_;
+};
+
+class QScatterElements final : public QModule {
+ public:
+  explicit QScatterElements(const OpContext& c)
+      : node_(c.node), axis_(c.node.attr_int("axis", 0)), reduction_(reduction_of(c.node)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    at::Tensor idx = checked_indices(in.at(1), x.size(axis), node_).to(x.device());
+    if (reduction_ == "none") return {at::scatter(x, axis, idx, in.at(2))};
+    return {at::scatter_reduce(x, axis, idx, in.at(2), aten_reduce(reduction_), /*include_self=*/true)};
+  }
+
+ private:
+  Node node_;
+  std::int64_t axis_;
+  std::string reduction_;
+};
+
+class QTranspose final : public QModule {
+ public:
+  explicit QTranspose(const OpContext& c) : node_(c.node), perm_(c.node.attr_ints("perm")) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    std::vector<std::int64_t> perm = perm_;
+    if (perm.empty())
+      for (std::int64_t d = x.dim(); d-- > 0;) perm.push_back(d);
+    if (static_cast<std::int64_t>(perm.size()) != x.dim())
+      throw Error(node_.describe() + ": perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.dim()));
+    return {x.permute(perm)};
+  }
+
+ private:
+  Node node_;
+  std::vector<std::int64_t> perm_;
+};
+
+class QSqueeze final : public QModule {
+ public:
+  explicit QSqueeze(const OpContext& c) : node_(c.node), axes_(c.node.attr_ints("axes")) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    std::vector<std::int64_t> axes = axes_;
+    if (in.size() > 1 && in[1].defined()) axes = int_list(in[1], node_, "axes");
+    std::vector<std::int64_t> shape;
+    std::vector<bool> drop(static_cast<std::size_t>(x.dim()), axes.empty());
+    for (auto a : axes) {
+      const std::int64_t d = normalize_axis(a, x.dim(), node_);
+      if (x.size(d) != 1)
+        throw Error(node_.describe() + ": cannot squeeze axis " + std::to_string(a) + " of size " + std::to_string(x.size(d)));
+      drop[static_cast<std::size_t>(d)] = true;
+    }
+    for (std::int64_t d = 0; d < x.dim(); ++d)
+      if (!drop[static_cast<std::size_t>(d)] || x.size(d) != 1) shape.push_back(x.size(d));
+    return {x.reshape(shape)};
+  }
+
+ private:
+  Node node_;
+  std::vector<std::int64_t> axes_;
+};
+
+class QUnsqueeze final : public QModule {
+ public:
+  explicit QUnsqueeze(const OpContext& c) : node_(c.node), axes_(c.node.attr_ints("axes")) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    std::vector<std::int64_t> axes = axes_;
+    if (in.size() > 1 && in[1].defined()) axes = int_list(in[1], node_, "axes");
+    const std::int64_t rank = x.dim() + static_cast<std::int64_t>(axes.size());
+    std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
+    for (auto a : axes) {
+      const std::int64_t d = normalize_axis(a, rank, node_);
+      if (inserted[static_cast<std::size_t>(d)]) throw Error(node_.describe() + ": axes repeat an axis");
+      inserted[static_cast<std::size_t>(d)] = true;
+    }
+    std::vector<std::int64_t> shape;
+    std::int64_t src = 0;
+    for (std::int64_t d = 0; d < rank; ++d) shape.push_back(inserted[static_cast<std::size_t>(d)] ? 1 : x.size(src++));
+    return {x.reshape(shape)};
+  }
+
+ private:
+  Node node_;
+  std::vector<std::int64_t> axes_;
+};
+
+class QExpand final : public QModule {
+ public:
+  explicit QExpand(const OpContext& c) : node_(c.node) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    // Bidirectional broadcast: a 1 in `shape` keeps the input's size.
+    const auto target = at::infer_size(x.sizes(), int_list(in.at(1), node_, "shape"));
+    return {x.expand(target).contiguous()};
+  }
+
+ private:
+  Node node_;
+};
+
+class QTile final : public QModule {
+ public:
+  explicit QTile(const OpContext& c) : node_(c.node) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    auto repeats = int_list(in.at(1), node_, "repeats");
+    if (static_cast<std::int64_t>(repeats.size()) != x.dim())
+      throw Error(node_.describe() + ": repeats has " + std::to_string(repeats.size()) + " values for rank " + std::to_string(x.dim()));
+    for (auto v : repeats)
+      if (v < 0) throw Error(node_.describe() + ": repeats must be non-negative");
+    return {x.repeat(repeats)};
+  }
+
+ private:
+  Node node_;
+};
+
+class QShape final : public QModule {
+ public:
+  explicit QShape(const OpContext& c) : start_(c.node.attr_int("start", 0)), end_(c.node.attr_int("end", INT64_MAX)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const std::int64_t r = x.dim();
+    auto clampd = [r](std::int64_t v) { return std::clamp(v < 0 ? v + r : v, std::int64_t{0}, r); };
+    const std::int64_t s = clampd(start_), e = clampd(end_);
+    std::vector<std::int64_t> dims(x.sizes().begin() + s, x.sizes().begin() + std::max(s, e));
+    return {at::tensor(dims, at::TensorOptions().dtype(at::kLong)).to(x.device())};
+  }
+
+ private:
+  std::int64_t start_, end_;
+};
+
+class QSize final : public QModule {
+ public:
+  explicit QSize(const OpContext&) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    return {at::scalar_tensor(in.at(0).numel(), at::TensorOptions().dtype(at::kLong).device(in[0].device()))};
+  }
+};
+
+class QCast final : public QModule {
+ public:
+  explicit QCast(const OpContext& c) : type_(scalar_type_of(c.node.attr_int("to", 0), c.node)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {in.at(0).to(type_)}; }
+
+ private:
+  at::ScalarType type_;
+};
+
+class QCastLike final : public QModule {
+ public:
+  explicit QCastLike(const OpContext&) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    return {in.at(0).to(in.at(1).scalar_type())};
+  }
+};
+
+class QConstantOfShape final : public QModule {
+ public:
+  explicit QConstantOfShape(const OpContext& c) : node_(c.node) {
+    value_ = c.node.has_attr("value") ? c.node.attr_tensor("value") : at::zeros({1}, at::kFloat);
+    if (value_.numel() != 1) throw Error(node_.describe() + ": value must hold exactly one element");
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    auto shape = int_list(in.at(0), node_, "shape");
+    for (auto v : shape)
+      if (v < 0) throw Error(node_.describe() + ": shape must be non-negative");
+    return {at::full(shape, value_.reshape({}).item(), value_.options().device(in[0].device()))};
+  }
+
+ private:
+  Node node_;
+  at::Tensor value_;
+};
+
+class QRange final : public QModule {
+ public:
+  explicit QRange(const OpContext& c) : node_(c.node) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& start = in.at(0);
+    const double s = start.item<double>(), l = in.at(1).item<double>(), d = in.at(2).item<double>();
+    if (d == 0) throw Error(node_.describe() + ": delta must not be 0");
+    const double n = std::max(std::ceil((l - s) / d), 0.0);
+    if (!(n < 1e10)) throw Error(node_.describe() + ": range would hold " + std::to_string(n) + " elements");
+    // start + i * delta in the inputs' type, as the spec defines it.
+    at::Tensor i = at::arange(static_cast<std::int64_t>(n), start.options());
+    return {(start.reshape({}) + i * in[2].reshape({})).to(start.scalar_type())};
+  }
+
+ private:
+  Node node_;
+};
+
+class QNonZero final : public QModule {
+ public:
+  explicit QNonZero(const OpContext&) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    if (x.dim() == 0) return {at::nonzero(x.reshape({1})).t().narrow(0, 0, 0)};
+    return {at::nonzero(x).t().contiguous()};
+  }
+};
+
+class QOneHot final : public QModule {
+ public:
+  explicit QOneHot(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", -1)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    at::Tensor idx = in.at(0);
+    const auto depth = static_cast<std::int64_t>(in.at(1).reshape({-1})[0].item<double>());
+    const at::Tensor& values = in.at(2);
+    if (depth < 1) throw Error(node_.describe() + ": depth must be positive");
+    if (values.numel() != 2) throw Error(node_.describe() + ": values must be [off_value, on_value]");
+    const std::int64_t axis = normalize_axis(axis_, idx.dim() + 1, node_);
+    at::Tensor i = idx.is_floating_point() ? idx.trunc().to(at::kLong) : idx.to(at::kLong);
+    i = at::where(i < 0, i + depth, i);  // out-of-range indices match nothing: all off
+    at::Tensor hot = i.unsqueeze(-1) == at::arange(depth, i.options());
+    at::Tensor v = values.reshape({2});
+    return {at::where(hot, v[1], v[0]).movedim(-1, axis)};
+  }
+
+ private:
+  Node node_;
+  std::int64_t axis_;
+};
+
+class QTrilu final : public QModule {
+ public:
+  explicit QTrilu(const OpContext& c) : node_(c.node), upper_(c.node.attr_int("upper", 1) != 0) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    std::int64_t k = 0;
+    if (in.size() > 1 && in[1].defined()) k = int_list(in[1], node_, "k").at(0);
+    return {upper_ ? at::triu(in.at(0), k) : at::tril(in.at(0), k)};
+  }
+
+ private:
+  Node node_;
+  bool upper_;
+};
+
+class QConstant final : public QModule {
+ public:
+  explicit QConstant(const OpContext& c) {
+    const Node& n = c.node;
+    if (n.has_attr("value")) value_ = n.attr_tensor("value");
+    else if (n.has_attr("value_float")) value_ = at::scalar_tensor(n.attr_float("value_float", 0), at::kFloat);
+    else if (n.has_attr("value_floats")) value_ = at::tensor(n.attr_floats("value_floats")).to(at::kFloat);
+    else if (n.has_attr("value_int")) value_ = at::scalar_tensor(n.attr_int("value_int", 0), at::kLong);
+    else if (n.has_attr("value_ints")) value_ = at::tensor(n.attr_ints("value_ints"), at::kLong);
+    else throw Error(n.describe() + ": Constant needs a value, value_float(s) or value_int(s) attribute");
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>&) override { return {value_}; }
+
+ private:
+  at::Tensor value_;
+};
+
+/// DepthToSpace (DCR or CRD order) and SpaceToDepth on NCHW tensors.
+class QDepthSpace final : public QModule {
+ public:
+  QDepthSpace(const OpContext& c, bool to_space)
+      : node_(c.node), to_space_(to_space), b_(c.node.attr_int("blocksize", 0)), mode_(c.node.attr_string("mode", "DCR")) {
+    if (b_ < 1) throw Error(node_.describe() + ": blocksize must be a positive integer");
+    if (mode_ != "DCR" && mode_ != "CRD") throw Error(node_.describe() + ": mode must be DCR or CRD");
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    if (x.dim() != 4) throw Error(node_.describe() + ": input must be 4-D (N, C, H, W)");
+    const std::int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), b = b_;
+    if (to_space_) {
+      if (c % (b * b)) throw Error(node_.describe() + ": channels must divide by blocksize^2");
+      if (mode_ == "DCR")
+        return {x.reshape({n, b, b, c / (b * b), h, w}).permute({0, 3, 4, 1, 5, 2}).reshape({n, c / (b * b), h * b, w * b})};
+      return {x.reshape({n, c / (b * b), b, b, h, w}).permute({0, 1, 4, 2, 5, 3}).reshape({n, c / (b * b), h * b, w * b})};
+    }
+    if (h % b || w % b) throw Error(node_.describe() + ": height and width must divide by blocksize");
+    return {x.reshape({n, c, h / b, b, w / b, b}).permute({0, 3, 5, 1, 2, 4}).reshape({n, c * b * b, h / b, w / b})};
+  }
+
+ private:
+  Node node_;
+  bool to_space_;
+  std::int64_t b_;
+  std::string mode_;
+};
+
 void register_all(Registrar& r) {
   r.add_op<QIdentity>("Identity");
   r.add_op<QDropout>("Dropout");
@@ -183,6 +692,31 @@ void register_all(Registrar& r) {
   r.add_op<QReshape>("Reshape");
   r.add_op<QConcat>("Concat");
   r.add_op<QPad>("Pad");
+  r.add_op<QSplit>("Split");
+  r.add_op<QSlice>("Slice");
+  r.add_op<QGather>("Gather");
+  r.add_op<QGatherElements>("GatherElements");
+  r.add_op<QGatherND>("GatherND");
+  r.add_op<QScatterND>("ScatterND");
+  r.add_op<QScatterElements>("ScatterElements");
+  r.add_op<QScatterElements>("Scatter");  // deprecated alias (opset 9-10)
+  r.add_op<QTranspose>("Transpose");
+  r.add_op<QSqueeze>("Squeeze");
+  r.add_op<QUnsqueeze>("Unsqueeze");
+  r.add_op<QExpand>("Expand");
+  r.add_op<QTile>("Tile");
+  r.add_op<QShape>("Shape");
+  r.add_op<QSize>("Size");
+  r.add_op<QCast>("Cast");
+  r.add_op<QCastLike>("CastLike");
+  r.add_op<QConstantOfShape>("ConstantOfShape");
+  r.add_op<QRange>("Range");
+  r.add_op<QNonZero>("NonZero");
+  r.add_op<QOneHot>("OneHot");
+  r.add_op<QTrilu>("Trilu");
+  r.add_op<QConstant>("Constant");
+  r.add_op_factory("DepthToSpace", "", [](const OpContext& c) { return std::make_unique<QDepthSpace>(c, true); });
+  r.add_op_factory("SpaceToDepth", "", [](const OpContext& c) { return std::make_unique<QDepthSpace>(c, false); });
 }
 
 }  // namespace
