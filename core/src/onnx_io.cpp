@@ -343,6 +343,40 @@ at::Tensor constant_value(const Node& n) {
   throw Error(n.describe() + ": Constant with a sparse or string value is not supported");
 }
 
+/// Checks a node against its ONNX schema (input/output counts, attribute names, kinds and
+/// required attributes) and the element types of its inputs whose type the file states
+/// (initializers, graph inputs) against the schema's type constraints. Nodes of other domains
+/// and opsets newer than the installed ONNX knows are left to their plugins.
+void verify_node(const onnx::NodeProto& np, const Node& n, std::int64_t opset,
+                 const std::map<std::string, std::int32_t>& known_types, const std::string& name) {
+  if (!(np.domain().empty() || np.domain() == "ai.onnx") || opset > onnx_library_max_opset()) return;
+  const auto* schema = onnx::OpSchemaRegistry::Schema(np.op_type(), static_cast<int>(opset), "");
+  if (!schema) return;
+  const std::string spec = np.op_type() + "-" + std::to_string(schema->SinceVersion());
+  try {
+    schema->Verify(np);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (auto cut = why.find("==>"); cut != std::string::npos) why = why.substr(0, cut);
+    while (!why.empty() && (why.back() == ' ' || why.back() == '\n' || why.back() == '.')) why.pop_back();
+    throw Error(name + ": " + n.describe() + " does not follow the ONNX spec of " + spec + ": " + why +
+                ". Fix or re-export the model");
+  }
+  const auto& formals = schema->inputs();
+  for (int i = 0; i < np.input_size() && !formals.empty(); ++i) {
+    auto t = known_types.find(np.input(i));
+    if (np.input(i).empty() || t == known_types.end()) continue;
+    const auto& formal = formals[std::min<std::size_t>(static_cast<std::size_t>(i), formals.size() - 1)];
+    const std::string type = "tensor(" + onnx_type_name(t->second) + ")";
+    bool allowed = false;
+    for (const auto* allowed_type : formal.GetTypes()) allowed = allowed || *allowed_type == type;
+    if (!allowed) {
+      throw Error(name + ": " + n.describe() + ": input " + std::to_string(i) + " ('" + np.input(i) + "', " + formal.GetName() +
+                  ") is " + onnx_type_name(t->second) + ", which " + spec + " does not accept");
+    }
+  }
+}
+
 Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const ImportOptions& options) {
   if (!proto.has_graph()) throw Error(name + ": the ONNX model has no graph");
   Model model;
@@ -385,6 +419,12 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   }
   for (const auto& out : gp.output()) g.outputs.push_back(value_info_from_proto(out));
 
+  std::map<std::string, std::int32_t> known_types;  // element types the file states
+  for (const auto& init : gp.initializer()) known_types[init.name()] = init.data_type();
+  for (const auto& in : gp.input())
+    if (in.type().has_tensor_type() && !known_types.count(in.name())) known_types[in.name()] = in.type().tensor_type().elem_type();
+  const std::int64_t opset = g.default_opset();
+
   std::set<std::string> used_names;
   std::size_t index = 0;
   for (const auto& np : gp.node()) {
@@ -400,6 +440,7 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
     n.inputs.assign(np.input().begin(), np.input().end());
     n.outputs.assign(np.output().begin(), np.output().end());
     n.doc_string = np.doc_string();
+    verify_node(np, n, opset, known_types, name);
     for (const auto& a : np.attribute()) n.attributes[a.name()] = attribute_from_proto(a, base, name + ": " + n.describe());
     if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1) {
       g.initializers[n.outputs[0]] = constant_value(n);
