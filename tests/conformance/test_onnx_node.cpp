@@ -1,6 +1,7 @@
-// ONNX's backend node tests (libonnx-testdata) for every op the shipped plugins provide: each
-// model runs through the executor and must match the expected outputs with ONNX's own
-// tolerances (rtol 1e-3, atol 1e-7).
+// ONNX's backend tests (libonnx-testdata: data/node, data/pytorch-converted,
+// data/pytorch-operator, plus tests/conformance/extra for newer opsets): every model whose ops the shipped plugins all provide runs through the
+// executor and must match the expected outputs with ONNX's own tolerances (rtol 1e-3,
+// atol 1e-7). Prints ran/passed/failed per op; docs/OPERATORS.md lists the known failures.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -8,7 +9,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <fstream>
 #include <set>
+
+#include <onnx/onnx_pb.h>
 
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
@@ -28,6 +32,28 @@ const std::map<std::string, std::string> kNotReproducible = {
     {"test_training_dropout_mask", "random mask drawn by numpy's RNG"},
 };
 
+// Applicable tests that fail, with the reason (also in docs/OPERATORS.md). A listed test that
+// starts passing fails this test too, so the list stays true.
+const std::map<std::string, std::string> kKnownFailures = {
+    {"test_cast_FLOAT_to_BFLOAT16", "ONNX 1.12's reference truncates to bfloat16; ATen (and ONNX >= 1.14) round to nearest even"},
+    {"test_castlike_FLOAT_to_BFLOAT16", "ONNX 1.12's reference truncates to bfloat16; ATen rounds to nearest even"},
+    {"test_castlike_FLOAT_to_BFLOAT16_expanded", "ONNX 1.12's reference truncates to bfloat16; ATen rounds to nearest even"},
+    {"test_cast_FLOAT_to_STRING", "string tensors: LibTorch has no string dtype"},
+    {"test_cast_STRING_to_FLOAT", "string tensors: LibTorch has no string dtype"},
+    {"test_castlike_FLOAT_to_STRING", "string tensors: LibTorch has no string dtype"},
+    {"test_castlike_FLOAT_to_STRING_expanded", "string tensors: LibTorch has no string dtype"},
+    {"test_castlike_STRING_to_FLOAT", "string tensors: LibTorch has no string dtype"},
+    {"test_castlike_STRING_to_FLOAT_expanded", "string tensors: LibTorch has no string dtype"},
+    {"test_max_uint32", "uint32 tensors: LibTorch 1.13 has no uint32 dtype"},
+    {"test_max_uint64", "uint64 tensors: LibTorch 1.13 has no uint64 dtype"},
+    {"test_min_uint32", "uint32 tensors: LibTorch 1.13 has no uint32 dtype"},
+    {"test_min_uint64", "uint64 tensors: LibTorch 1.13 has no uint64 dtype"},
+    {"test_mod_uint32", "uint32 tensors: LibTorch 1.13 has no uint32 dtype"},
+    {"test_mod_uint64", "uint64 tensors: LibTorch 1.13 has no uint64 dtype"},
+    {"test_pow_types_float32_uint32", "uint32 tensors: LibTorch 1.13 has no uint32 dtype"},
+    {"test_pow_types_float32_uint64", "uint64 tensors: LibTorch 1.13 has no uint64 dtype"},
+};
+
 bool close(const at::Tensor& got, const at::Tensor& want, std::string* why) {
   if (got.sizes() != want.sizes()) {
     *why = "shape " + c10::str(got.sizes()) + " vs expected " + c10::str(want.sizes());
@@ -43,62 +69,89 @@ bool close(const at::Tensor& got, const at::Tensor& want, std::string* why) {
   at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
   at::Tensor bad = (g - w).abs() > (w.abs() * 1e-3 + 1e-7);
   bad = at::logical_and(bad, at::logical_not(at::logical_and(at::isnan(g), at::isnan(w))));
+  bad = at::logical_or(bad, at::logical_xor(at::isnan(g), at::isnan(w)));
   if (bad.any().item<bool>()) {
-    *why = "max abs diff " + std::to_string((g - w).abs().max().item<double>());
+    *why = "max abs diff " + std::to_string((g - w).abs().nan_to_num(0).max().item<double>());
     return false;
   }
   return true;
 }
 
+// The test data store bfloat16 values as their uint16 bit patterns.
+at::Tensor as_declared(at::Tensor t, std::int32_t elem_type) {
+  if (elem_type == onnx::TensorProto::BFLOAT16 && t.scalar_type() != at::kBFloat16) {
+    at::Tensor bits = t.to(at::kInt).to(at::kShort).contiguous();
+    return at::from_blob(bits.data_ptr(), bits.sizes(), at::kBFloat16).clone();
+  }
+  return t;
+}
+
+// Op types of a model file, read straight from the protobuf (also for models the importer
+// refuses, so that they still count).
+std::set<std::string> op_types(const fs::path& model) {
+  onnx::ModelProto m;
+  std::ifstream f(model, std::ios::binary);
+  std::set<std::string> ops;
+  if (!m.ParseFromIstream(&f)) return ops;
+  for (const auto& n : m.graph().node()) ops.insert((n.domain().empty() || n.domain() == "ai.onnx" ? "" : n.domain() + ":") + n.op_type());
+  return ops;
+}
+
+struct OpTally {
+  int ran = 0, passed = 0;
+};
+
 TEST(OnnxNodeConformance, EverySupportedOpTestMatches) {
   const Registry& reg = testing::shipped_registry();
-  const fs::path root = fs::path(ONNX_TESTDATA_DIR) / "node";
-  ASSERT_TRUE(fs::is_directory(root)) << "install libonnx-testdata";
   std::vector<fs::path> dirs;
-  for (const auto& e : fs::directory_iterator(root))
+  for (const char* suite : {"node", "pytorch-converted", "pytorch-operator"}) {
+    const fs::path root = fs::path(ONNX_TESTDATA_DIR) / suite;
+    ASSERT_TRUE(fs::is_directory(root)) << "install libonnx-testdata";
+    for (const auto& e : fs::directory_iterator(root))
+      if (e.is_directory()) dirs.push_back(e.path());
+  }
+  // Ops whose opsets are newer than the installed test data, expected outputs from PyTorch
+  // (tests/conformance/make_extra_cases.py).
+  for (const auto& e : fs::directory_iterator(fs::path(SPARSEBIT_SOURCE_DIR) / "tests/conformance/extra"))
     if (e.is_directory()) dirs.push_back(e.path());
   std::sort(dirs.begin(), dirs.end());
 
-  int ran = 0, passed = 0, cases = 0;
-  std::set<std::string> ops_seen;
+  int ran = 0, passed = 0, cases = 0, known = 0;
+  std::map<std::string, OpTally> by_op;
   std::vector<std::string> failures, skipped;
   for (const auto& dir : dirs) {
     const std::string name = dir.filename().string();
-    Model model;
-    try {
-      model = load_onnx((dir / "model.onnx").string());
-    } catch (const Error&) {
-      continue;  // uses an opset or op that ONNX 1.12's converter cannot lift; not ours to run
-    }
-    bool supported = true;  // Constant-only models fold to initializers and still run
-    for (const Node* n : model.graph.nodes()) supported = supported && reg.op(n->op_type, n->domain);
+    const std::set<std::string> ops = op_types(dir / "model.onnx");
+    bool supported = !ops.empty();
+    for (const auto& op : ops) supported = supported && (op == "Constant" || reg.op(op, ""));
     if (!supported) continue;
-    bool tensors_only = true;
-    for (const auto& v : model.graph.inputs) tensors_only = tensors_only && v.elem_type != 0;
-    for (const auto& v : model.graph.outputs) tensors_only = tensors_only && v.elem_type != 0;
-    if (!tensors_only) {
-      skipped.push_back(name + " (sequence/optional values are not tensors)");
-      continue;
-    }
     if (kNotReproducible.count(name)) {
       skipped.push_back(name + " (" + kNotReproducible.at(name) + ")");
       continue;
     }
-    ++ran;
     bool ok = true;
     std::string detail;
     try {
+      Model model = load_onnx((dir / "model.onnx").string());
+      bool tensors_only = true;
+      for (const auto& v : model.graph.inputs) tensors_only = tensors_only && v.elem_type != 0;
+      for (const auto& v : model.graph.outputs) tensors_only = tensors_only && v.elem_type != 0;
+      if (!tensors_only) {
+        skipped.push_back(name + " (sequence/optional values are not tensors)");
+        continue;
+      }
       Executor ex(model.graph, reg);
-      for (const Node* n : model.graph.nodes()) ops_seen.insert(n->op_type);
       for (const auto& set : fs::directory_iterator(dir)) {
         if (!set.is_directory() || set.path().filename().string().rfind("test_data_set_", 0) != 0) continue;
         std::map<std::string, at::Tensor> feeds;
         for (std::size_t i = 0; i < model.graph.inputs.size(); ++i)
-          feeds[model.graph.inputs[i].name] = load_tensor_pb((set.path() / ("input_" + std::to_string(i) + ".pb")).string());
+          feeds[model.graph.inputs[i].name] = as_declared(
+              load_tensor_pb((set.path() / ("input_" + std::to_string(i) + ".pb")).string()), model.graph.inputs[i].elem_type);
         auto outs = ex.run(feeds);
         ++cases;
         for (std::size_t i = 0; i < outs.size(); ++i) {
-          at::Tensor want = load_tensor_pb((set.path() / ("output_" + std::to_string(i) + ".pb")).string());
+          at::Tensor want = as_declared(load_tensor_pb((set.path() / ("output_" + std::to_string(i) + ".pb")).string()),
+                                        model.graph.outputs[i].elem_type);
           std::string why;
           if (!close(outs[i], want, &why)) {
             ok = false;
@@ -110,21 +163,30 @@ TEST(OnnxNodeConformance, EverySupportedOpTestMatches) {
       ok = false;
       detail = e.what();
     }
+    ++ran;
+    for (const auto& op : ops) {
+      ++by_op[op].ran;
+      if (ok) ++by_op[op].passed;
+    }
+    const bool expected_failure = kKnownFailures.count(name) != 0;
     if (ok) ++passed;
-    else failures.push_back(name + ":" + detail);
+    if (ok && expected_failure) failures.push_back(name + ": passes now; remove it from kKnownFailures and docs/OPERATORS.md");
+    if (!ok && expected_failure) ++known;
+    if (!ok && !expected_failure) failures.push_back(name + ":" + detail);
   }
-  std::string ops;
-  for (const auto& o : ops_seen) ops += " " + o;
-  std::printf("ONNX node conformance: %d tests (%d data sets) ran, %d passed, %zu failed, %zu skipped\n", ran, cases,
-              passed, failures.size(), skipped.size());
-  std::printf("ops covered:%s\n", ops.c_str());
+  std::printf("ONNX backend tests: %d applicable ran (%d data sets), %d passed, %d failed (%d known), %zu skipped\n", ran,
+              cases, passed, ran - passed, known, skipped.size());
+  std::printf("%-26s %5s %6s %6s\n", "op", "ran", "passed", "failed");
+  for (const auto& [op, t] : by_op) std::printf("%-26s %5d %6d %6d\n", op.c_str(), t.ran, t.passed, t.ran - t.passed);
   for (const auto& s : skipped) std::printf("  skipped %s\n", s.c_str());
   for (const auto& f : failures) ADD_FAILURE() << f;
-  EXPECT_GE(ran, 134) << "fewer node tests than expected were selected";
+  EXPECT_GE(ran, 720) << "fewer backend tests than expected were selected";
+  EXPECT_GE(passed * 100, ran * 97) << "pass rate below 97%";
   for (const char* op : {"Conv", "Gemm", "MatMul", "BatchNormalization", "Relu", "Clip", "Sigmoid", "HardSigmoid", "Add",
                          "Mul", "MaxPool", "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Concat",
-                         "Softmax", "Identity", "Dropout"})
-    EXPECT_TRUE(ops_seen.count(op)) << op << " has no node test that ran";
+                         "Softmax", "Identity", "Dropout", "Resize", "LayerNormalization", "Gather", "Slice", "Einsum",
+                         "Gelu", "Mish", "GroupNormalization"})
+    EXPECT_GT(by_op[op].ran, 0) << op << " has no backend test that ran";
 }
 
 }  // namespace
