@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Exports a ResNet-18-shaped model (random weights, 1x3x224x224, dynamic batch) to ONNX for the
-benchmarks. The architecture is torchvision's resnet18, written out here because Debian's
-python3-torch does not ship torchvision.
+benchmarks. The architecture is torchvision's resnet18, written out here so that the benchmark needs only
+python3-torch.
 
     /usr/bin/python3 bench/make_resnet18.py OUT.onnx
 """

@@ -9,7 +9,8 @@ packages=(
   libboost-dev libboost-filesystem-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev
   nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist libonnx-testdata
-  python3-torch python3-onnx python3-numpy
+  python3-torch python3-torchvision python3-onnx python3-numpy
+  libopenblas0-pthread  # LibTorch calls BLAS for MatMul/Gemm: without it, the ~10x slower reference libblas3
 )
 sudo=""
 [[ $(id -u) -ne 0 ]] && sudo="sudo"

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -176,7 +177,7 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
 }
 
 struct QuantizeArgs {
-  std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs;
+  std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs, eval_fp32_outputs;
   int batch_size = 0, calib_count = -1;
 };
 
@@ -190,7 +191,7 @@ json evaluate(sb::QuantModel& qm, const QuantizeArgs& a, bool progress_on) {
   const at::Device device(qm.config().calibration.device);
   std::int64_t n = 0, fp_correct = 0, q_correct = 0, agree = 0;
   double max_diff = 0;
-  std::vector<at::Tensor> sim_outputs;
+  std::vector<at::Tensor> sim_outputs, fp_outputs;
   sb::cli::Progress bar("evaluating", progress_on);
   while (auto b = batcher.next()) {
     std::vector<at::Tensor> in;
@@ -201,6 +202,7 @@ json evaluate(sb::QuantModel& qm, const QuantizeArgs& a, bool progress_on) {
     at::Tensor q = qm.forward(in)[0].to(at::kCPU);
     const std::int64_t rows = fp.size(0);
     if (!a.eval_outputs.empty()) sim_outputs.push_back(q);
+    if (!a.eval_fp32_outputs.empty()) fp_outputs.push_back(fp);
     max_diff = std::max(max_diff, (fp - q).abs().max().item<double>());
     at::Tensor fp_top = fp.reshape({rows, -1}).argmax(1), q_top = q.reshape({rows, -1}).argmax(1);
     agree += (fp_top == q_top).sum().item<std::int64_t>();
@@ -218,6 +220,7 @@ json evaluate(sb::QuantModel& qm, const QuantizeArgs& a, bool progress_on) {
   qm.set_quant(false, false);
   if (n == 0) throw sb::Error("evaluation data " + a.eval_data + " yielded no samples");
   if (!a.eval_outputs.empty()) sb::write_npy(at::cat(sim_outputs, 0), a.eval_outputs);
+  if (!a.eval_fp32_outputs.empty()) sb::write_npy(at::cat(fp_outputs, 0), a.eval_fp32_outputs);
   json j = {{"samples", n}, {"top1_agreement", double(agree) / n}, {"max_abs_output_diff", max_diff}};
   if (labels.defined()) {
     j["fp32_accuracy"] = double(fp_correct) / n;
@@ -243,7 +246,10 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
 
   sb::Registry registry;
   registry.load(config.plugins);
+  const auto import_start = std::chrono::steady_clock::now();
   sb::Model model = sb::load_onnx(a.model);
+  const double import_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - import_start).count();
   sb::QuantModel qm(std::move(model), config, registry);
   auto data = sb::open_dataset(a.calib, qm.graph().inputs);
   spdlog::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data->describe(),
@@ -257,6 +263,7 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
   spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples, stats.seconds);
 
   json rep = json::parse(qm.report_json(&stats));
+  rep["import_ms"] = import_ms;
   if (!a.eval_data.empty()) {
     json ev = evaluate(qm, a, !g.quiet);
     rep["evaluation"] = ev;
@@ -303,6 +310,7 @@ int main(int argc, char** argv) {
   quantize->add_option("--eval-data", qa.eval_data, "Also evaluate FP32 vs simulated quantized on this data");
   quantize->add_option("--eval-labels", qa.eval_labels, "IDX labels for --eval-data (prints accuracies)");
   quantize->add_option("--eval-outputs", qa.eval_outputs, "Write the simulated quantized first output on --eval-data as .npy");
+  quantize->add_option("--eval-fp32-outputs", qa.eval_fp32_outputs, "Write the FP32 first output on --eval-data as .npy");
 
   std::string plugins_config;
   bool plugins_json = false;

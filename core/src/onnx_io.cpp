@@ -457,13 +457,14 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
 
   for (const auto& kv : proto.metadata_props()) model.meta.metadata_props[kv.key()] = kv.value();
   // Keep model-level fields; nodes and tensors live in the IR from now on.
-  onnx::ModelProto skeleton = proto;
-  auto* sg = skeleton.mutable_graph();
-  sg->clear_node();
-  sg->clear_initializer();
-  sg->clear_input();
-  sg->clear_output();
-  model.meta.skeleton = skeleton.SerializeAsString();
+  // The graph's bulk moves out first, so that the copy is of the small remainder only.
+  auto* pg = proto.mutable_graph();
+  onnx::GraphProto bulk;
+  bulk.mutable_node()->Swap(pg->mutable_node());
+  bulk.mutable_initializer()->Swap(pg->mutable_initializer());
+  bulk.mutable_input()->Swap(pg->mutable_input());
+  bulk.mutable_output()->Swap(pg->mutable_output());
+  model.meta.skeleton = proto.SerializeAsString();
   return model;
 }
 
@@ -482,6 +483,17 @@ std::int64_t onnx_library_max_opset() {
   return it == map.end() ? 0 : it->second.second;
 }
 
+namespace {
+std::string read_all(std::ifstream& in) {
+  in.seekg(0, std::ios::end);
+  const auto size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  std::string bytes(size > 0 ? static_cast<std::size_t>(size) : 0, '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return bytes;
+}
+}  // namespace
+
 Model load_onnx_from_bytes(const std::string& bytes, const std::string& name, const ImportOptions& options) {
   onnx::ModelProto proto;
   if (bytes.empty()) throw Error(name + ": the file is empty, not an ONNX model");
@@ -498,7 +510,7 @@ Model load_onnx(const std::string& path, const ImportOptions& options) {
   if (fs::is_directory(path, ec)) throw Error(path + ": is a folder, expected an .onnx file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot be opened for reading");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes = read_all(in);
   return load_onnx_from_bytes(bytes, path, options);
 }
 
@@ -578,7 +590,7 @@ void save_onnx(const Graph& graph, const ModelMeta& meta, const std::string& pat
 at::Tensor load_tensor_pb(const std::string& path, std::string* name) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot be opened");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes = read_all(in);
   onnx::TensorProto p;
   if (!p.ParseFromString(bytes)) throw Error(path + ": not a serialized onnx.TensorProto");
   if (name) *name = p.name();

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Quantizes one exported real-architecture model (W8A8, ONNX Runtime backend) and checks it
+# against ONNX Runtime with check_model.mjs.
+#
+#   tests/models/check_model.sh SPARSEBIT_BINARY MODELS_DIR NAME [CONFIG]
+#
+# MODELS_DIR/NAME is what make_models.py wrote. Results go to MODELS_DIR/NAME/result.json.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+bin="$1"
+dir="$2/$3"
+name="$3"
+config="${4:-$root/configs/w8a8_onnxruntime.toml}"
+[[ -f "$dir/model.onnx" ]] || { echo "$dir/model.onnx is missing: run tests/models/make_models.py $2 $name" >&2; exit 1; }
+out="$dir/out"
+mkdir -p "$out"
+
+input=$(cat "$dir/input_name")
+"$bin" -q quantize "$dir/model.onnx" -c "$config" --calib "$dir/calib" -o "$out/qdq.onnx" \
+  --report "$out/report.json" --eval-data "$dir/eval" \
+  --eval-outputs "$out/simulated.npy" --eval-fp32-outputs "$out/fp32.npy"
+node "$here/check_model.mjs" --name "$name" --float "$dir/model.onnx" --qdq "$out/qdq.onnx" \
+  --input "$input=$dir/eval/000.npy" --fp32 "$out/fp32.npy" --sim "$out/simulated.npy" \
+  --report "$out/report.json" --result "$dir/result.json"
