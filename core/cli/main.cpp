@@ -13,11 +13,13 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "progress.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
+#include "sparsebit/core/passes.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/quant_model.h"
@@ -176,6 +178,35 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
   return 0;
 }
 
+std::map<std::string, int> op_histogram(const sb::Graph& g) {
+  std::map<std::string, int> h;
+  for (const auto* n : g.nodes()) ++h[(n->domain.empty() ? "" : n->domain + ":") + n->op_type];
+  return h;
+}
+
+int cmd_simplify(const std::string& model_path, const std::string& config_path, const std::string& output) {
+  const sb::Config config = config_path.empty() ? sb::Config() : sb::Config::from_file(config_path);
+  sb::AtomicFile out(output);
+  sb::Registry registry;
+  registry.load(config.plugins);
+  sb::Model model = sb::load_onnx(model_path);
+  const auto before = op_histogram(model.graph);
+  const auto nodes_before = model.graph.num_nodes();
+  sb::run_passes(config.schedule, sb::Pass::Stage::kSimplify, model.graph, registry, nullptr, config.source);
+  const auto after = op_histogram(model.graph);
+  out.write(sb::serialize_onnx(model.graph, model.meta));
+  out.commit();
+  std::printf("%s: %zu -> %zu nodes\n", output.c_str(), nodes_before, model.graph.num_nodes());
+  std::set<std::string> ops;
+  for (const auto& [op, n] : before) ops.insert(op);
+  for (const auto& [op, n] : after) ops.insert(op);
+  for (const auto& op : ops) {
+    const int b = before.count(op) ? before.at(op) : 0, a = after.count(op) ? after.at(op) : 0;
+    if (a != b) std::printf("  %-26s %5d -> %d\n", op.c_str(), b, a);
+  }
+  return 0;
+}
+
 struct QuantizeArgs {
   std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs, eval_fp32_outputs;
   int batch_size = 0, calib_count = -1;
@@ -325,12 +356,19 @@ int main(int argc, char** argv) {
   inspect->add_option("-c,--config", inspect_config, "Config whose [plugins] section to use");
   inspect->add_flag("--json", inspect_json, "Machine-readable output");
 
+  std::string simplify_model, simplify_config, simplify_output;
+  auto* simplify = app.add_subcommand("simplify", "Run the simplify-stage passes and write the float model");
+  simplify->add_option("model", simplify_model, "ONNX model")->required();
+  simplify->add_option("-c,--config", simplify_config, "Config whose [schedule]/[passes]/[plugins] to use (default: all on)");
+  simplify->add_option("-o,--output", simplify_output, "Output ONNX model")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
     setup_logging(g);
     if (*quantize) return cmd_quantize(qa, g);
     if (*plugins) return cmd_plugins(plugins_config, plugins_json);
     if (*inspect) return cmd_inspect(inspect_model, inspect_config, inspect_json);
+    if (*simplify) return cmd_simplify(simplify_model, simplify_config, simplify_output);
   } catch (const sb::Error& e) {
     spdlog::error("{}", e.what());
     return 1;

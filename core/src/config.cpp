@@ -180,7 +180,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Config c;
   c.source = source_name;
   Reader r{c.source};
-  r.check_keys(root, "", {"backend", "skip", "w", "a", "specific", "schedule", "calibration", "plugins"});
+  r.check_keys(root, "", {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "plugins"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   c.skip = r.strings(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
@@ -213,6 +213,40 @@ Config Config::from_string(const std::string& text, const std::string& source_na
         r.quant_table(*sub->as_table(), name + "." + side, std::string(side) == "w" ? e.w : e.a);
       }
       c.specific.push_back(std::move(e));
+    }
+  }
+  if (auto* t = table("passes")) {
+    for (const auto& name : r.strings(*t, "passes", "extra")) {
+      bool known = false;
+      for (const auto& e : c.schedule) known = known || e.pass == name;
+      if (known) throw Error(r.key_path("passes", "extra") + ": '" + name + "' is already scheduled; turn it on in [schedule]");
+      c.schedule.push_back({name, true});
+    }
+    std::vector<ScheduleEntry> ordered;
+    for (const auto& name : r.strings(*t, "passes", "order")) {
+      auto it = std::find_if(c.schedule.begin(), c.schedule.end(), [&](const ScheduleEntry& e) { return e.pass == name; });
+      if (it == c.schedule.end()) {
+        std::vector<std::string> known;
+        for (const auto& e : c.schedule) known.push_back(e.pass);
+        std::string hint = nearest(name, known);
+        throw Error(r.key_path("passes", "order") + ": '" + name + "' is not a scheduled pass" +
+                    (hint.empty() ? "" : " (did you mean '" + hint + "'?)") + "; add it to [passes] extra");
+      }
+      ordered.push_back(std::move(*it));
+      c.schedule.erase(it);
+    }
+    ordered.insert(ordered.end(), std::make_move_iterator(c.schedule.begin()), std::make_move_iterator(c.schedule.end()));
+    c.schedule = std::move(ordered);
+    std::vector<std::string> keys{"extra", "order"};
+    for (const auto& e : c.schedule) keys.push_back(e.pass);
+    r.check_keys(*t, "passes", keys);
+    for (auto& e : c.schedule) {
+      if (const toml::node* n = t->get(e.pass)) {
+        if (!n->is_table()) throw Error(r.key_path("passes", e.pass) + " must be a table of options for pass '" + e.pass + "'");
+        e.options = r.options(*n->as_table(), "passes." + e.pass);
+      } else {
+        e.options = Options("[passes." + e.pass + "]");
+      }
     }
   }
   if (auto* t = table("schedule")) {

@@ -1,5 +1,7 @@
 #include "sparsebit/core/quant_model.h"
 
+#include "sparsebit/core/passes.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <fnmatch.h>
@@ -108,6 +110,8 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
     }
   }
 
+  // Simplify-stage passes rewrite the float graph before anything is bound to its nodes.
+  run_passes(config_.schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source);
   executor_ = std::make_unique<Executor>(model_->graph, registry);
   if (config_.calibration.device != "cpu") {
     at::Device dev(at::kCPU);
@@ -145,7 +149,7 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
     if (backend_->quantize_bias()) add_bias_slots(i, bias_inputs);
   }
   SlotState state(*this);
-  run_fuse_passes(state);
+  run_passes(config_.schedule, Pass::Stage::kFuse, model_->graph, registry, &state, config_.source);
   try {
     backend_->place(state);
   } catch (const Error& e) {
@@ -273,27 +277,6 @@ void QuantModel::add_bias_slots(std::size_t node, const std::vector<std::size_t>
     s.bias_weight = weight;
     slot_of_[node][k] = static_cast<int>(slots_.size());
     slots_.push_back(std::move(s));
-  }
-}
-
-void QuantModel::run_fuse_passes(QuantState& state) {
-  for (const auto& entry : config_.schedule) {
-    if (!entry.enabled) continue;
-    const auto* p = registry_->pass(entry.pass);
-    if (!p) {
-      throw Error(config_.source + ": [schedule] " + entry.pass + " is on, but no loaded plugin provides pass '" +
-                  entry.pass + "' (set it to false or install the plugin; `sparsebit plugins` lists passes)");
-    }
-    Options none("[schedule]");
-    try {
-      auto pass = p->factory();
-      if (pass->stage() == Pass::Stage::kFuse) pass->run_quant(state, PassContext{none});
-      else pass->run(model_->graph, PassContext{none});
-    } catch (const Error& e) {
-      throw Error("pass '" + entry.pass + "' (plugin '" + p->plugin + "'): " + e.what());
-    } catch (const std::exception& e) {
-      throw Error("pass '" + entry.pass + "' (plugin '" + p->plugin + "') failed: " + e.what());
-    }
   }
 }
 

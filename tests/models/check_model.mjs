@@ -3,6 +3,8 @@
 //        --fp32 OURS_FP32.npy --sim OURS_SIMULATED.npy --report REPORT.json --result OUT.json
 //        [--threads N]
 // FP32 parity: max |ours - ORT| / max |ORT| over the first output, must be <= 1e-4.
+// Passes: with --simplified (the model after `sparsebit simplify`), max |ORT(simplified) -
+// ORT(original)| / max |ORT(original)|, must be <= 1e-5: every simplify pass keeps the function.
 // QDQ parity: max |ORT(QDQ) - simulated| in output quantization steps (8 bits over the output's
 // symmetric range, the rule of the Fashion-MNIST example) with ORT's graph optimizations at
 // 'basic', where ORT runs the Q/DQ nodes as written. Must be <= max(1, 2 * noise floor): the
@@ -46,6 +48,7 @@ async function run(model, level = 'all') {
 
 const ortFp = await run(opt.float);
 const ortQ = await run(opt.qdq);
+const ortSimplified = opt.simplified ? await run(opt.simplified) : null;
 const ortQBasic = await run(opt.qdq, 'basic');
 const ours = Float64Array.from(readNpy(opt.fp32).data, Number);
 const simAll = Float64Array.from(readNpy(opt.sim).data, Number);
@@ -55,11 +58,12 @@ for (const [what, a] of [['our FP32 output', ours.subarray(0, ortFp.data.length)
   if (a.length !== ortFp.data.length) throw new Error(`${opt.name}: ${what} has ${a.length} values, ORT FP32 ${ortFp.data.length}`);
 
 let fpDiff = 0; let fpMax = 0; let qDiff = 0; let qBasicDiff = 0; let simMax = 0; let dot = 0; let nq = 0; let nf = 0;
-let noise = 0;
+let noise = 0; let simplifiedDiff = 0;
 for (let i = 0; i < ortFp.data.length; ++i) {
   for (let k = n; k + n <= simAll.length; k += n) noise = Math.max(noise, Math.abs(simAll[k + i] - sim[i]));
   fpDiff = Math.max(fpDiff, Math.abs(ours[i] - ortFp.data[i]));
   fpMax = Math.max(fpMax, Math.abs(ortFp.data[i]));
+  if (ortSimplified) simplifiedDiff = Math.max(simplifiedDiff, Math.abs(ortSimplified.data[i] - ortFp.data[i]));
   qDiff = Math.max(qDiff, Math.abs(ortQ.data[i] - sim[i]));
   qBasicDiff = Math.max(qBasicDiff, Math.abs(ortQBasic.data[i] - sim[i]));
   simMax = Math.max(simMax, Math.abs(sim[i]));
@@ -74,6 +78,7 @@ const row = {
   import_ms: report.import_ms,
   calibration_s: report.calibration?.seconds,
   fp32_rel_error: fpMax > 0 ? fpDiff / fpMax : fpDiff,
+  simplified_rel_error: ortSimplified ? (fpMax > 0 ? simplifiedDiff / fpMax : simplifiedDiff) : null,
   qdq_steps: step > 0 ? qBasicDiff / step : qBasicDiff,
   noise_floor_steps: step > 0 ? noise / step : noise,
   qdq_steps_fused: step > 0 ? qDiff / step : qDiff,
@@ -85,6 +90,10 @@ fs.writeFileSync(opt.result, `${JSON.stringify(row, null, 2)}\n`);
 console.log(JSON.stringify(row));
 let failed = false;
 if (!(row.fp32_rel_error <= 1e-4)) { console.log(`FAIL ${opt.name}: FP32 differs from ONNX Runtime by ${row.fp32_rel_error} (relative)`); failed = true; }
+if (ortSimplified && !(row.simplified_rel_error <= 1e-5)) {
+  console.log(`FAIL ${opt.name}: the simplified model differs from the original by ${row.simplified_rel_error} (relative)`);
+  failed = true;
+}
 const limit = Math.max(1, 2 * row.noise_floor_steps);
 if (!(row.qdq_steps <= limit)) {
   console.log(`FAIL ${opt.name}: QDQ model differs from the simulation by ${row.qdq_steps} output steps (limit ${limit})`);

@@ -20,6 +20,8 @@ input=$(cat "$dir/input_name")
 "$bin" -q quantize "$dir/model.onnx" -c "$config" --calib "$dir/calib" -o "$out/qdq.onnx" \
   --report "$out/report.json" --eval-data "$dir/eval" \
   --eval-outputs "$out/simulated.npy" --eval-fp32-outputs "$out/fp32.npy"
+"$bin" -q simplify "$dir/model.onnx" -o "$out/simplified.onnx" > "$out/simplify.txt"
 node "$here/check_model.mjs" --name "$name" --float "$dir/model.onnx" --qdq "$out/qdq.onnx" \
+  --simplified "$out/simplified.onnx" \
   --input "$input=$dir/eval/000.npy" --fp32 "$out/fp32.npy" --sim "$out/simulated.npy" \
   --report "$out/report.json" --result "$dir/result.json"

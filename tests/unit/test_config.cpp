@@ -32,6 +32,43 @@ TEST(Config, ShippedConfigsParse) {
   EXPECT_FALSE(ort.a.spec(false, 1).symmetric);
 }
 
+TEST(Config, PassesAreAddedOrderedAndConfigured) {
+  Config c = Config::from_string(R"(
+[passes]
+extra = ["my_pass"]
+order = ["my_pass", "fuse_bn"]
+[passes.my_pass]
+strength = 3
+[schedule]
+fuse_gelu = false
+my_pass = true
+)", "p.toml");
+  ASSERT_GE(c.schedule.size(), 3u);
+  EXPECT_EQ(c.schedule[0].pass, "my_pass");
+  EXPECT_EQ(c.schedule[1].pass, "fuse_bn");
+  EXPECT_EQ(c.schedule[0].options.get_int("strength", 0), 3);
+  EXPECT_EQ(c.schedule.size(), Config().schedule.size() + 1);
+  for (const auto& e : c.schedule) EXPECT_EQ(e.enabled, e.pass != "fuse_gelu") << e.pass;
+  try {
+    Config::from_string("[passes]\norder = [\"fuse_bm\"]\n", "p.toml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'fuse_bn'"), std::string::npos) << e.what();
+  }
+  try {
+    Config::from_string("[passes]\nextra = [\"fuse_bn\"]\n", "p.toml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already scheduled"), std::string::npos) << e.what();
+  }
+  try {
+    Config::from_string("[passes]\nmy_pass = 1\n", "p.toml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[passes]"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Config, ReadsEveryKey) {
   Config c = Config::from_string(R"(
 backend = "onnxruntime"
@@ -67,7 +104,7 @@ disable = ["*.minmax"]
   EXPECT_TRUE(w.narrow_range);
   EXPECT_DOUBLE_EQ(c.w.observer_options.get_double("alpha", 0), 0.5);
   EXPECT_TRUE(c.a.disable);
-  EXPECT_FALSE(c.schedule.at(0).enabled);
+  for (const auto& e : c.schedule) EXPECT_EQ(e.enabled, e.pass != "disable_unnecessary_quant") << e.pass;
   EXPECT_EQ(c.calibration.batch_size, 7);
   EXPECT_EQ(c.calibration.count, 100);
   EXPECT_EQ(c.calibration.mode, "layerwise");

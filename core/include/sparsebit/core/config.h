@@ -19,8 +19,13 @@
 ///     nodes = ["/head/*"]             #   matches a node applies to all its inputs
 ///     w = { bits = 4 }                #   any [w]/[a] key; unset keys come from [w]/[a]
 ///     a = { observer = "percentile", observer_options = { alpha = 1e-2 } }
-///     [schedule]                      # passes run after conversion, by name
+///     [schedule]                      # passes on/off by name (defaults: Config::schedule)
 ///     disable_unnecessary_quant = true
+///     fuse_bn = true
+///     [passes]                        # more passes (from plugins) and their order
+///     extra = ["my_pass"]             #   appended to the schedule, on
+///     order = ["fuse_bn", "my_pass"]  #   these run first, in this order; the rest keep theirs
+///     [passes.my_pass]                #   options handed to that pass; unread keys are errors
 ///     [calibration]
 ///     batch_size = 32
 ///     count = 512                     # samples used (0: all)
@@ -71,10 +76,12 @@ struct SpecificEntry {
   QuantTableConfig a;
 };
 
-/// Passes switched on or off in `[schedule]`, in the order they run.
+/// Passes switched on or off in `[schedule]`, in the order they run. Simplify-stage passes
+/// run before conversion, fuse-stage passes after it, each group in this order.
 struct ScheduleEntry {
   std::string pass;
   bool enabled;
+  Options options{"[passes]"};  ///< from [passes.<name>]
 };
 
 struct SPARSEBIT_API Config {
@@ -86,7 +93,11 @@ struct SPARSEBIT_API Config {
   std::vector<SpecificEntry> specific;  ///< first match wins
   CalibrationConfig calibration;
   PluginSearch plugins;
-  std::vector<ScheduleEntry> schedule{{"disable_unnecessary_quant", true}};
+  std::vector<ScheduleEntry> schedule{{"remove_identity", true},  {"fold_constants", true},
+                                      {"fuse_bn", true},          {"fuse_matmul_add", true},
+                                      {"fuse_hardswish", true},   {"fuse_gelu", true},
+                                      {"fuse_layernorm", true},   {"merge_transposes", true},
+                                      {"disable_unnecessary_quant", true}};
 
   Config();
   static Config from_file(const std::string& path);

@@ -114,7 +114,6 @@ class SPARSEBIT_API QuantModel {
   int add_slot(std::size_t node, std::size_t input, InputRole role, std::int64_t weight_axis);
   const QuantTableConfig& table_for(const Node& n, bool is_weight) const;
   void probe_options(const QuantTableConfig& cfg, bool is_weight);
-  void run_fuse_passes(QuantState& state);
   std::string clip_to_grid(Graph& g, const Node* consumer, const QuantSlot& s, const std::string& quantized,
                            at::ScalarType qtype) const;
   std::map<std::string, std::string> export_metadata() const;

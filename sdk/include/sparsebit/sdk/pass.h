@@ -5,10 +5,15 @@
 ///   - kFuse, after conversion: sees which node inputs are quantized (QuantState) and may
 ///     bypass quantizers that deployment fuses away ("fake fused": kept, neither applied in
 ///     simulation nor exported).
-/// `[schedule]` in the config turns passes on by name.
+/// `[schedule]` in the config turns passes on by name; `[passes]` adds and orders them.
+/// Passes that match subgraphs use sparsebit/sdk/pattern.h.
+
+#include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "sparsebit/sdk/graph.h"
 #include "sparsebit/sdk/options.h"
@@ -17,6 +22,9 @@ namespace sparsebit {
 
 struct PassContext {
   const Options& options;
+  /// Runs one node with the loaded op plugins (for constant folding); empty where the host
+  /// offers none. Throws sparsebit::Error when no plugin runs the op.
+  std::function<std::vector<at::Tensor>(const Node&, const std::vector<at::Tensor>&)> evaluate = {};
 };
 
 /// The quantization state a kFuse pass works on.

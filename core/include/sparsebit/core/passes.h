@@ -1,0 +1,25 @@
+#pragma once
+/// \file
+/// Running graph passes from the registry: the pipeline's two stages (QuantModel calls them),
+/// `sparsebit simplify`, and tests.
+
+#include <string>
+#include <vector>
+
+#include "sparsebit/core/config.h"
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/pass.h"
+
+namespace sparsebit {
+
+/// Runs, in schedule order, every enabled pass whose stage is `stage`: simplify passes on
+/// `graph` (validated after each), fuse passes on `state`. Errors name the pass and its plugin;
+/// `config_source` names the config in messages about missing passes and unread options.
+/// Returns whether any pass changed something.
+SPARSEBIT_API bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, Graph& graph,
+                              const Registry& registry, QuantState* state, const std::string& config_source);
+
+/// Runs one simplify-stage pass by name with default options; returns whether it changed the graph.
+SPARSEBIT_API bool run_simplify_pass(const std::string& name, Graph& graph, const Registry& registry);
+
+}  // namespace sparsebit

@@ -1,0 +1,384 @@
+// Simplify-stage passes (they run before conversion and keep the float function):
+//   remove_identity   Identity and inference-mode Dropout disappear
+//   fold_constants    nodes whose inputs are all constant become initializers (shape arithmetic too)
+//   fuse_bn           Conv / ConvTranspose / Gemm followed by BatchNormalization become one node;
+//                     the weight quantizer is built after folding, so its per-channel scales see
+//                     the folded weights
+//   fuse_matmul_add   MatMul(x, W) + b with a 2-D x, constant W and 1-D b becomes Gemm
+//   fuse_hardswish    x * HardSigmoid(x) (alpha 1/6, beta 1/2) becomes HardSwish (opset >= 14)
+//   fuse_gelu         0.5 * x * (1 + Erf(x / sqrt(2))) becomes Gelu (opset >= 20)
+//   fuse_layernorm    ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div (+ Mul, Add) becomes
+//                     LayerNormalization (opset >= 17)
+// Fusions into ops newer than the model's opset are skipped (with a debug message): the
+// exported model keeps the opset it came with.
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <optional>
+
+#include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/pattern.h"
+#include "sparsebit/sdk/plugin.h"
+
+namespace sparsebit::passes {
+namespace {
+
+using Inputs = Pattern::Inputs;
+
+std::optional<at::Tensor> constant(const Graph& g, const std::string& name) {
+  auto it = g.initializers.find(name);
+  if (it == g.initializers.end()) return std::nullopt;
+  return it->second;
+}
+
+/// The value of a one-element floating constant input.
+std::optional<double> scalar(const Graph& g, const std::string& name) {
+  auto t = constant(g, name);
+  if (!t || t->numel() != 1 || !t->is_floating_point()) return std::nullopt;
+  return t->reshape({}).item<double>();
+}
+
+bool near(double a, double b) { return std::abs(a - b) <= 1e-6 * std::max(1.0, std::abs(b)); }
+
+/// The operand of a two-input node that is not `value` (for commutative ops), or "".
+std::string other_input(const Node& n, const std::string& value) {
+  if (n.inputs.size() != 2) return "";
+  return n.inputs[0] == value ? n.inputs[1] : n.inputs[1] == value ? n.inputs[0] : "";
+}
+
+bool opset_at_least(const Graph& g, std::int64_t v, const char* pass, const char* op) {
+  if (g.default_opset() >= v) return true;
+  sdk::log_debug(std::string(pass) + ": the model's opset " + std::to_string(g.default_opset()) + " has no " + op +
+                 " (needs " + std::to_string(v) + "); pattern left as is");
+  return false;
+}
+
+class RemoveIdentity final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext&) override {
+    Pattern p;
+    p.node("id", {"Identity", "Dropout"}, {}, Inputs::kOrdered, [](const Node& n, const Graph& graph) {
+      if (n.op_type == "Dropout") {
+        // Only in inference mode, and only when nothing reads the mask.
+        if (n.outputs.size() > 1 && !n.outputs[1].empty()) return false;
+        if (n.has_input(2)) {
+          auto training = constant(graph, n.inputs[2]);
+          if (!training || training->reshape({}).item<bool>()) return false;
+        }
+      }
+      // A graph output keeps its name (and its producer).
+      return n.has_input(0) && !graph.is_graph_output(n.outputs[0]);
+    });
+    return rewrite(g, p, [](Graph& graph, const Match& m) {
+             const Node* n = m.at("id");
+             graph.replace_all_uses(n->outputs[0], n->inputs[0]);
+             return true;
+           }) > 0;
+  }
+};
+
+class FoldConstants final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext& ctx) override {
+    if (!ctx.evaluate) return false;
+    const std::int64_t limit = ctx.options.get_int("max_elements", 1 << 24);
+    bool changed = false;
+    for (Node* n : g.nodes()) {
+      if (!n->domain.empty() || n->outputs.empty()) continue;
+      bool all_constant = true;
+      for (const auto& in : n->inputs) all_constant = all_constant && (in.empty() || g.initializers.count(in));
+      if (!all_constant) continue;
+      std::vector<at::Tensor> inputs;
+      for (const auto& in : n->inputs) inputs.push_back(in.empty() ? at::Tensor() : g.initializers.at(in));
+      std::vector<at::Tensor> out;
+      try {
+        out = ctx.evaluate(*n, inputs);
+      } catch (const Error& e) {
+        sdk::log_debug("fold_constants: " + n->describe() + " kept: " + e.what());
+        continue;
+      }
+      bool fits = out.size() >= n->outputs.size();
+      for (std::size_t i = 0; i < n->outputs.size() && fits; ++i)
+        fits = n->outputs[i].empty() || (out[i].defined() && out[i].numel() <= limit);
+      // A graph output stays computed by a node, so that the model's outputs keep their producers.
+      for (const auto& o : n->outputs) fits = fits && !g.is_graph_output(o);
+      if (!fits) continue;
+      for (std::size_t i = 0; i < n->outputs.size(); ++i)
+        if (!n->outputs[i].empty()) g.initializers[n->outputs[i]] = out[i].detach().contiguous();
+      g.erase(n);
+      changed = true;
+    }
+    if (changed) g.prune_dead();
+    return changed;
+  }
+};
+
+class FuseBatchNorm final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext&) override {
+    Pattern p;
+    p.node("op", {"Conv", "ConvTranspose", "Gemm"}, {}, Inputs::kOrdered, [](const Node& n, const Graph& graph) {
+      if (!n.has_input(1) || !graph.initializers.count(n.inputs[1])) return false;
+      if (n.has_input(2) && (!graph.initializers.count(n.inputs[2]) || graph.initializers.at(n.inputs[2]).dim() != 1))
+        return false;
+      if (n.op_type == "Gemm" && (n.attr_int("transA", 0) != 0 || graph.initializers.at(n.inputs[1]).dim() != 2))
+        return false;
+      return true;
+    });
+    p.node("bn", {"BatchNormalization"}, {"op"}, Inputs::kOrdered, [](const Node& n, const Graph& graph) {
+      for (std::size_t i = 1; i < 5; ++i)
+        if (!n.has_input(i) || !graph.initializers.count(n.inputs[i])) return false;
+      for (std::size_t i = 1; i < n.outputs.size(); ++i)
+        if (!n.outputs[i].empty()) return false;  // training-mode statistics outputs
+      return n.attr_int("training_mode", 0) == 0;
+    });
+    return rewrite(g, p, [](Graph& graph, const Match& m) { return fold(graph, *m.at("op"), *m.at("bn")); }) > 0;
+  }
+
+ private:
+  static bool fold(Graph& g, Node& op, const Node& bn) {
+    auto f = [&](std::size_t i) { return g.initializers.at(bn.inputs[i]).to(at::kDouble); };
+    const at::Tensor s = f(1) / at::sqrt(f(4) + bn.attr_float("epsilon", 1e-5));
+    const at::Tensor shift = f(2) - f(3) * s;
+    at::Tensor w = g.initializers.at(op.inputs[1]).to(at::kDouble);
+    const std::int64_t channels = s.numel();
+    at::Tensor w2;
+    if (op.op_type == "Conv") {
+      if (w.size(0) != channels) return false;
+      std::vector<std::int64_t> shape(static_cast<std::size_t>(w.dim()), 1);
+      shape[0] = channels;
+      w2 = w * s.reshape(shape);
+    } else if (op.op_type == "ConvTranspose") {
+      // W is [C_in, C_out / group, k...]; output channel g * (C_out / group) + j.
+      const std::int64_t groups = op.attr_int("group", 1);
+      if (w.size(1) * groups != channels || w.size(0) % groups) return false;
+      std::vector<std::int64_t> shape{groups, w.size(0) / groups, w.size(1)}, sshape{groups, 1, w.size(1)};
+      for (std::int64_t d = 2; d < w.dim(); ++d) {
+        shape.push_back(w.size(d));
+        sshape.push_back(1);
+      }
+      w2 = (w.reshape(shape) * s.reshape(sshape)).reshape(w.sizes());
+    } else {  // Gemm: output channels are N; alpha scales A * B, so it is folded into B first
+      const bool trans_b = op.attr_int("transB", 0) != 0;
+      if (w.size(trans_b ? 0 : 1) != channels) return false;
+      w = w * op.attr_float("alpha", 1.0);
+      w2 = trans_b ? w * s.reshape({channels, 1}) : w * s.reshape({1, channels});
+    }
+    at::Tensor b = at::zeros({channels}, at::kDouble);
+    if (op.has_input(2)) {
+      b = g.initializers.at(op.inputs[2]).to(at::kDouble);
+      if (op.op_type == "Gemm") b = b * op.attr_float("beta", 1.0);
+      if (b.numel() == 1) b = b.expand({channels});
+      if (b.numel() != channels) return false;
+    }
+    const at::Tensor b2 = b * s + shift;
+    const auto dtype = g.initializers.at(op.inputs[1]).scalar_type();
+    const std::string wn = g.unique_name(op.inputs[1] + "_bn"), bname = g.unique_name(bn.inputs[2] + "_folded");
+    g.initializers[wn] = w2.to(dtype).contiguous();
+    g.initializers[bname] = b2.to(dtype).contiguous();
+    op.inputs.resize(3);
+    op.inputs[1] = wn;
+    op.inputs[2] = bname;
+    if (op.op_type == "Gemm") {
+      op.attributes.erase("alpha");
+      op.attributes.erase("beta");
+    }
+    // The op now writes the BN's output directly; its old output had no other reader.
+    op.outputs[0] = bn.outputs[0];
+    g.erase(&bn);
+    return true;
+  }
+};
+
+class FuseMatMulAdd final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext&) override {
+    Pattern p;
+    p.node("mm", {"MatMul"}, {}, Inputs::kOrdered, [](const Node& n, const Graph& graph) {
+      auto w = constant(graph, n.inputs.size() > 1 ? n.inputs[1] : "");
+      return w && w->dim() == 2;
+    });
+    p.node("add", {"Add"}, {"mm"}, Inputs::kAnyOrder);
+    p.joint([](const Match& m, const Graph& graph) {
+      const Node& mm = *m.at("mm");
+      auto b = constant(graph, other_input(*m.at("add"), mm.outputs[0]));
+      return b && b->dim() == 1 && b->numel() == graph.initializers.at(mm.inputs[1]).size(1);
+    });
+    return rewrite(g, p, [](Graph& graph, const Match& m) {
+             Node& mm = *m.at("mm");
+             const Node& add = *m.at("add");
+             if (!two_dimensional(graph, mm.inputs[0])) return false;  // Gemm's A must be 2-D
+             mm.op_type = "Gemm";
+             mm.inputs.push_back(other_input(add, mm.outputs[0]));
+             mm.outputs[0] = add.outputs[0];
+             graph.erase(&add);
+             return true;
+           }) > 0;
+  }
+
+ private:
+  /// Whether `value` is known to be 2-D without running the model: a 2-D graph input, or the
+  /// output of Flatten, Gemm or a Reshape to a constant two-element shape.
+  static bool two_dimensional(Graph& g, const std::string& value) {
+    for (const auto& in : g.inputs)
+      if (in.name == value) return in.has_shape && in.shape.size() == 2;
+    const Node* p = g.producer(value);
+    if (!p || !p->domain.empty()) return false;
+    if (p->op_type == "Flatten" || p->op_type == "Gemm") return true;
+    if (p->op_type == "Reshape") {
+      auto shape = constant(g, p->inputs.size() > 1 ? p->inputs[1] : "");
+      return shape && shape->numel() == 2;
+    }
+    return false;
+  }
+};
+
+class FuseHardSwish final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext&) override {
+    if (!opset_at_least(g, 14, "fuse_hardswish", "HardSwish")) return false;
+    Pattern p;
+    p.node("hs", {"HardSigmoid"}, {}, Inputs::kOrdered, [](const Node& n, const Graph&) {
+      return near(n.attr_float("alpha", 0.2), 1.0 / 6) && near(n.attr_float("beta", 0.5), 0.5);
+    });
+    p.node("mul", {"Mul"}, {"hs"}, Inputs::kAnyOrder);
+    p.joint([](const Match& m, const Graph&) {
+      return other_input(*m.at("mul"), m.at("hs")->outputs[0]) == m.at("hs")->inputs[0];
+    });
+    return rewrite(g, p, [](Graph& graph, const Match& m) {
+             Node& hs = *m.at("hs");
+             const Node& mul = *m.at("mul");
+             hs.op_type = "HardSwish";
+             hs.attributes.clear();
+             hs.outputs[0] = mul.outputs[0];
+             graph.erase(&mul);
+             return true;
+           }) > 0;
+  }
+};
+
+class FuseGelu final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext&) override {
+    if (!opset_at_least(g, 20, "fuse_gelu", "Gelu")) return false;
+    // torch exports Gelu as Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5) (either operand order).
+    Pattern p;
+    p.node("div", {"Div"}, {}, Inputs::kOrdered, [](const Node& n, const Graph& graph) {
+      auto c = scalar(graph, n.inputs.size() > 1 ? n.inputs[1] : "");
+      return c && near(*c, std::sqrt(2.0));
+    });
+    p.node("erf", {"Erf"}, {"div"});
+    p.node("add", {"Add"}, {"erf"}, Inputs::kAnyOrder, [](const Node& n, const Graph& graph) {
+      auto a = scalar(graph, n.inputs[0]), b = scalar(graph, n.inputs[1]);
+      return (a && near(*a, 1.0)) || (b && near(*b, 1.0));
+    });
+    p.node("mul", {"Mul"}, {"add"}, Inputs::kAnyOrder);
+    p.node("half", {"Mul"}, {"mul"}, Inputs::kAnyOrder, [](const Node& n, const Graph& graph) {
+      auto a = scalar(graph, n.inputs[0]), b = scalar(graph, n.inputs[1]);
+      return (a && near(*a, 0.5)) || (b && near(*b, 0.5));
+    });
+    p.joint([](const Match& m, const Graph&) {
+      return other_input(*m.at("mul"), m.at("add")->outputs[0]) == m.at("div")->inputs[0];
+    });
+    return rewrite(g, p, [](Graph& graph, const Match& m) {
+             Node& div = *m.at("div");
+             div.op_type = "Gelu";
+             div.inputs.resize(1);
+             div.attributes.clear();
+             div.outputs[0] = m.at("half")->outputs[0];
+             graph.erase(m.at("half"));  // the rest becomes dead and is pruned
+             return true;
+           }) > 0;
+  }
+};
+
+class FuseLayerNorm final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext&) override {
+    if (!opset_at_least(g, 17, "fuse_layernorm", "LayerNormalization")) return false;
+    return rewrite(g, pattern(), fuse) > 0;
+  }
+
+ private:
+  /// Trailing axes (all negative, consecutive, ending at -1) of a ReduceMean, as given.
+  static std::optional<std::vector<std::int64_t>> axes(const Node& n, const Graph& g) {
+    if (n.attr_int("keepdims", 1) != 1) return std::nullopt;
+    std::vector<std::int64_t> a = n.attr_ints("axes");
+    if (n.has_input(1)) {
+      auto t = constant(g, n.inputs[1]);
+      if (!t) return std::nullopt;
+      at::Tensor v = t->to(at::kLong).contiguous().reshape({-1});
+      a.assign(v.data_ptr<std::int64_t>(), v.data_ptr<std::int64_t>() + v.numel());
+    }
+    std::sort(a.begin(), a.end());
+    if (a.empty() || a.back() != -1) return std::nullopt;
+    for (std::size_t i = 1; i < a.size(); ++i)
+      if (a[i] != a[i - 1] + 1) return std::nullopt;
+    return a;
+  }
+
+  static Pattern pattern() {
+    auto reduce = [](const Node& n, const Graph& g) { return axes(n, g).has_value(); };
+    Pattern p;
+    p.node("mean", {"ReduceMean"}, {}, Inputs::kOrdered, reduce);
+    p.node("sub", {"Sub"}, {"", "mean"});
+    p.node("pow", {"Pow"}, {"sub"}, Inputs::kOrdered, [](const Node& n, const Graph& g) {
+      auto e = scalar(g, n.inputs.size() > 1 ? n.inputs[1] : "");
+      return e && *e == 2.0;
+    });
+    p.node("var", {"ReduceMean"}, {"pow"}, Inputs::kOrdered, reduce);
+    p.node("eps", {"Add"}, {"var"}, Inputs::kAnyOrder);
+    p.node("sqrt", {"Sqrt"}, {"eps"});
+    p.node("div", {"Div"}, {"sub", "sqrt"});
+    p.node("scale", {"Mul"}, {"div"}, Inputs::kAnyOrder);
+    p.node("shift", {"Add"}, {"scale"}, Inputs::kAnyOrder);
+    p.joint([](const Match& m, const Graph& g) {
+      const Node& mean = *m.at("mean");
+      if (m.at("sub")->inputs[0] != mean.inputs[0] || axes(mean, g) != axes(*m.at("var"), g)) return false;
+      if (!scalar(g, other_input(*m.at("eps"), m.at("var")->outputs[0]))) return false;
+      auto gamma = constant(g, other_input(*m.at("scale"), m.at("div")->outputs[0]));
+      auto beta = constant(g, other_input(*m.at("shift"), m.at("scale")->outputs[0]));
+      return gamma && beta && gamma->dim() >= 1 && beta->dim() >= 1;
+    });
+    return p;
+  }
+
+  static bool fuse(Graph& g, const Match& m) {
+    const Node& mean = *m.at("mean");
+    Node ln;
+    ln.name = g.unique_name(m.at("div")->name + "_layernorm");
+    ln.op_type = "LayerNormalization";
+    ln.attributes["axis"] = Attribute::of_int(axes(mean, g)->front());
+    ln.attributes["epsilon"] = Attribute::of_float(*scalar(g, other_input(*m.at("eps"), m.at("var")->outputs[0])));
+    ln.inputs = {mean.inputs[0], other_input(*m.at("scale"), m.at("div")->outputs[0]),
+                 other_input(*m.at("shift"), m.at("scale")->outputs[0])};
+    Node* tail = m.at("shift");
+    ln.outputs = {tail->outputs[0]};
+    g.insert_after(tail, std::move(ln));
+    g.erase(tail);  // the rest becomes dead and is pruned
+    return true;
+  }
+};
+
+void register_all(Registrar& r) {
+  r.add_pass<RemoveIdentity>("remove_identity");
+  r.add_pass<FoldConstants>("fold_constants");
+  r.add_pass<FuseBatchNorm>("fuse_bn");
+  r.add_pass<FuseMatMulAdd>("fuse_matmul_add");
+  r.add_pass<FuseHardSwish>("fuse_hardswish");
+  r.add_pass<FuseGelu>("fuse_gelu");
+  r.add_pass<FuseLayerNorm>("fuse_layernorm");
+}
+
+}  // namespace
+}  // namespace sparsebit::passes
+
+SPARSEBIT_PLUGIN("sparsebit.passes.simplify", "0.1.0", sparsebit::passes::register_all)
