@@ -55,6 +55,11 @@ class TempDir {
   fs::path path_;
 };
 
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
 }

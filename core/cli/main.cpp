@@ -13,12 +13,14 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "progress.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
+#include "sparsebit/core/graph_dump.h"
 #include "sparsebit/core/passes.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
@@ -115,7 +117,39 @@ int cmd_plugins(const std::string& config_path, bool as_json) {
   return 0;
 }
 
-int cmd_inspect(const std::string& model_path, const std::string& config_path, bool as_json) {
+/// Draws the float model, or with a config the converted one with its quantizers.
+void write_drawings(const std::string& model_path, const std::string& config_path, const std::string& dot,
+                    const std::string& mermaid) {
+  if (dot.empty() && mermaid.empty()) return;
+  std::optional<sb::AtomicFile> dot_out, mermaid_out;  // claimed first: a bad path fails before work
+  if (!dot.empty()) dot_out.emplace(dot);
+  if (!mermaid.empty()) mermaid_out.emplace(mermaid);
+  sb::Model model = sb::load_onnx(model_path);
+  std::optional<sb::QuantModel> qm;
+  std::map<std::string, sb::NodeNote> notes;
+  sb::Registry registry;
+  if (!config_path.empty()) {
+    sb::Config config = sb::Config::from_file(config_path);
+    registry.load(config.plugins);
+    qm.emplace(std::move(model), config, registry);
+    notes = sb::quant_notes(*qm);
+  }
+  const sb::Graph& g = qm ? qm->graph() : model.graph;
+  if (dot_out) {
+    dot_out->write(sb::graph_to_dot(g, notes));
+    dot_out->commit();
+    spdlog::info("wrote {}", dot);
+  }
+  if (mermaid_out) {
+    mermaid_out->write(sb::graph_to_mermaid(g, notes));
+    mermaid_out->commit();
+    spdlog::info("wrote {}", mermaid);
+  }
+}
+
+int cmd_inspect(const std::string& model_path, const std::string& config_path, bool as_json, const std::string& dot,
+                const std::string& mermaid) {
+  write_drawings(model_path, config_path, dot, mermaid);
   sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{0});
   sb::Registry registry;
   registry.load(plugin_search(config_path));
@@ -349,12 +383,15 @@ int main(int argc, char** argv) {
   plugins->add_flag("--json", plugins_json, "Machine-readable output");
   plugins->add_option("-c,--config", plugins_config, "Also search the config's [plugins] paths and apply enable/disable");
 
-  std::string inspect_model, inspect_config;
+  std::string inspect_model, inspect_config, inspect_dot, inspect_mermaid;
   bool inspect_json = false;
   auto* inspect = app.add_subcommand("inspect", "Show a model's inputs, outputs and ops, and which ops have a QModule");
   inspect->add_option("model", inspect_model, "ONNX model")->required();
-  inspect->add_option("-c,--config", inspect_config, "Config whose [plugins] section to use");
+  inspect->add_option("-c,--config", inspect_config,
+                      "Config whose [plugins] section to use; with --dot/--mermaid, draw the converted model");
   inspect->add_flag("--json", inspect_json, "Machine-readable output");
+  inspect->add_option("--dot", inspect_dot, "Write a Graphviz drawing of the model (quantizers marked with -c)");
+  inspect->add_option("--mermaid", inspect_mermaid, "Write a Mermaid flowchart of the model (quantizers marked with -c)");
 
   std::string simplify_model, simplify_config, simplify_output;
   auto* simplify = app.add_subcommand("simplify", "Run the simplify-stage passes and write the float model");
@@ -367,7 +404,7 @@ int main(int argc, char** argv) {
     setup_logging(g);
     if (*quantize) return cmd_quantize(qa, g);
     if (*plugins) return cmd_plugins(plugins_config, plugins_json);
-    if (*inspect) return cmd_inspect(inspect_model, inspect_config, inspect_json);
+    if (*inspect) return cmd_inspect(inspect_model, inspect_config, inspect_json, inspect_dot, inspect_mermaid);
     if (*simplify) return cmd_simplify(simplify_model, simplify_config, simplify_output);
   } catch (const sb::Error& e) {
     spdlog::error("{}", e.what());

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sparsebit/core/data.h"
+#include "sparsebit/core/onnx_io.h"
 #include "test_support.h"
 
 namespace sparsebit {
@@ -173,6 +174,41 @@ TEST_F(Cli, FailedRunKeepsAnExistingOutputIntact) {
   std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(content, "previous");
   EXPECT_EQ(testing::count_files(out_), 1);
+}
+
+}  // namespace
+}  // namespace sparsebit
+
+namespace sparsebit {
+namespace {
+
+TEST(CliDrawings, DotAndMermaidShowNodesEdgesAndQuantizers) {
+  testing::TempDir work;
+  const std::string dot = work / "m.dot", mmd = work / "m.mmd";
+  auto r = run_cli("inspect " + testing::fixture_model() + " -c " + testing::source_path("configs/w8a8_tensorrt.toml") +
+                   " --dot " + dot + " --mermaid " + mmd);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string d = testing::read_text(dot), m = testing::read_text(mmd);
+  Model model = load_onnx(testing::fixture_model());
+  std::size_t edges = 0;
+  for (std::size_t p = d.find("->"); p != std::string::npos; p = d.find("->", p + 2)) ++edges;
+  std::size_t mermaid_edges = 0;
+  for (std::size_t p = m.find("-->|"); p != std::string::npos; p = m.find("-->|", p + 4)) ++mermaid_edges;
+  EXPECT_EQ(d.rfind("digraph model {", 0), 0u);
+  EXPECT_EQ(m.rfind("flowchart TD", 0), 0u);
+  EXPECT_EQ(edges, mermaid_edges);
+  EXPECT_GE(edges, model.graph.num_nodes());  // a chain at least, plus input and output edges
+  for (const Node* n : model.graph.nodes()) {
+    if (n->op_type == "BatchNormalization") continue;  // folded into its conv by fuse_bn
+    EXPECT_NE(d.find(n->name), std::string::npos) << n->name;
+    EXPECT_NE(m.find(n->name), std::string::npos) << n->name;
+  }
+  EXPECT_NE(d.find("8b per-channel-symmetric minmax/uniform"), std::string::npos);
+  EXPECT_NE(d.find("(fused)"), std::string::npos) << "the Relu after a conv is fused under tensorrt";
+  EXPECT_NE(m.find("class n0 quantized"), std::string::npos);
+  // Without a config: the float model, no quantizer lines.
+  ASSERT_EQ(run_cli("inspect " + testing::fixture_model() + " --dot " + dot).exit_code, 0);
+  EXPECT_EQ(testing::read_text(dot).find("minmax"), std::string::npos);
 }
 
 }  // namespace
