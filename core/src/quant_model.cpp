@@ -342,16 +342,22 @@ at::Tensor QuantModel::apply_slot(std::size_t node, std::size_t input, const at:
   return s.quantizer->forward(x);
 }
 
-std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& inputs, const ValueFn& on_value) {
   const auto& gin = model_->graph.inputs;
   if (inputs.size() != gin.size()) {
     throw Error("the model has " + std::to_string(gin.size()) + " input(s), " + std::to_string(inputs.size()) + " given");
   }
   std::map<std::string, at::Tensor> feeds;
   for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = inputs[i];
-  if (!w_on_ && !a_on_) return executor_->run(feeds);
-  return executor_->run(feeds, [this](std::size_t n, std::size_t k, const at::Tensor& x) { return apply_slot(n, k, x); });
+  if (!w_on_ && !a_on_ && !on_value) return executor_->run(feeds);
+  const auto nodes = model_->graph.nodes();
+  return executor_->run(feeds, [this, &on_value, &nodes](std::size_t n, std::size_t k, const at::Tensor& x) {
+    if (on_value) on_value(nodes[n]->inputs[k], x);
+    return apply_slot(n, k, x);
+  });
 }
+
+void QuantModel::set_slot_enabled(std::size_t slot, bool enabled) { slots_.at(slot).enabled = enabled; }
 
 CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress) {
   // Inference mode only while data flows: quantizer parameters made afterwards must be

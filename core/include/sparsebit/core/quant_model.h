@@ -88,8 +88,12 @@ class SPARSEBIT_API QuantModel {
   /// observers and quantizers are rebuilt: calibrate again before using them.
   std::size_t set_bits(const std::string& node_glob, int bits, std::optional<InputRole> role = {});
 
+  /// Called with every tensor a node reads (by name), before its quantizer applies.
+  using ValueFn = std::function<void(const std::string& tensor, const at::Tensor& value)>;
   /// Runs the model (graph inputs in order) and returns the graph outputs.
-  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs, const ValueFn& on_value = {});
+  /// Switches one quantizer (an index into slots()) on or off.
+  void set_slot_enabled(std::size_t slot, bool enabled);
 
   /// Writes the QDQ ONNX model atomically; every slot must be calibrated.
   void export_onnx(const std::string& path) const;
