@@ -19,6 +19,7 @@
 
 #include "progress.h"
 #include "sparsebit/core/atomic_file.h"
+#include "sparsebit/core/bn_tuning.h"
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/graph_dump.h"
 #include "sparsebit/core/passes.h"
@@ -363,6 +364,7 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
   sb::Model model = sb::load_onnx(a.model);
   const double import_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - import_start).count();
+  if (sb::bn_tuning_enabled(config)) model = sb::tune_batchnorm(model, config, registry, a.calib);
   sb::QuantModel qm(std::move(model), config, registry);
   auto data = sb::open_dataset(a.calib, qm.graph().inputs);
   spdlog::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data->describe(),

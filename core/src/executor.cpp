@@ -57,6 +57,12 @@ Executor::Executor(const Graph& graph, const Registry& registry) : graph_(graph)
   }
 }
 
+void Executor::set_constant(const std::string& name, at::Tensor value) {
+  auto it = constants_.find(name);
+  if (it == constants_.end()) throw Error("set_constant: '" + name + "' is not a constant of the graph");
+  it->second = std::move(value);
+}
+
 void Executor::to(const std::string& device) {
   at::Device d(device);
   for (auto& kv : constants_) kv.second = kv.second.to(d);

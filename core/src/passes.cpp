@@ -13,7 +13,7 @@ bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, G
                 QuantState* state, const std::string& config_source) {
   bool any = false;
   for (const auto& entry : schedule) {
-    if (!entry.enabled) continue;
+    if (!entry.enabled || entry.pass == "bn_tuning") continue;  // bn_tuning is a host step (bn_tuning.h)
     const auto* p = registry.pass(entry.pass);
     if (!p) {
       throw Error(config_source + ": [schedule] " + entry.pass + " is on, but no loaded plugin provides pass '" +

@@ -22,6 +22,7 @@
 ///     [schedule]                      # passes on/off by name (defaults: Config::schedule)
 ///     disable_unnecessary_quant = true
 ///     fuse_bn = true
+///     bn_tuning = false               # built in: see bn_tuning.h
 ///     [passes]                        # more passes (from plugins) and their order
 ///     extra = ["my_pass"]             #   appended to the schedule, on
 ///     order = ["fuse_bn", "my_pass"]  #   these run first, in this order; the rest keep theirs
@@ -97,7 +98,7 @@ struct SPARSEBIT_API Config {
                                       {"fuse_bn", true},          {"fuse_matmul_add", true},
                                       {"fuse_hardswish", true},   {"fuse_gelu", true},
                                       {"fuse_layernorm", true},   {"merge_transposes", true},
-                                      {"disable_unnecessary_quant", true}};
+                                      {"disable_unnecessary_quant", true}, {"bn_tuning", false}};
 
   Config();
   static Config from_file(const std::string& path);

@@ -54,6 +54,8 @@ class SPARSEBIT_API Executor {
   const std::vector<BoundModule>& modules() const { return modules_; }
   /// Constants (initializers) on the executor's device.
   const std::map<std::string, at::Tensor>& constants() const { return constants_; }
+  /// Replaces the executor's copy of constant `name` (the graph's initializer is unchanged).
+  void set_constant(const std::string& name, at::Tensor value);
   /// Moves constants to `device` ("cpu", "cuda", "cuda:1").
   void to(const std::string& device);
 

@@ -1,0 +1,106 @@
+#include "sparsebit/core/bn_tuning.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <map>
+
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit {
+
+bool bn_tuning_enabled(const Config& config) {
+  for (const auto& e : config.schedule)
+    if (e.pass == "bn_tuning") return e.enabled;
+  return false;
+}
+
+namespace {
+/// Per-channel sums of one BatchNormalization's input over the tuning pass.
+struct ChannelStats {
+  std::string mean, var;  // the BN's initializers
+  at::Tensor sum, sumsq;
+  std::int64_t count = 0;
+};
+}  // namespace
+
+Model tune_batchnorm(const Model& model, const Config& config, const Registry& registry, const std::string& calib) {
+  Config unfused = config;
+  for (auto& e : unfused.schedule)
+    if (e.pass == "fuse_bn") e.enabled = false;
+  QuantModel qm(Model{model.graph.clone(), model.meta}, unfused, registry);
+
+  // BN inputs by tensor name; their statistics are private copies, updated in place.
+  std::map<std::string, std::vector<ChannelStats>> by_input;
+  const Graph& g = qm.graph();
+  for (const Node* n : g.nodes()) {
+    if (n->op_type != "BatchNormalization" || !n->domain.empty() || n->inputs.size() < 5) continue;
+    if (!g.initializers.count(n->inputs[3]) || !g.initializers.count(n->inputs[4])) continue;
+    by_input[n->inputs[0]].push_back({n->inputs[3], n->inputs[4], {}, {}, 0});
+  }
+  if (by_input.empty()) {
+    sdk::log_info("bn_tuning: the model has no BatchNormalization with constant statistics; nothing to tune");
+    return Model{model.graph.clone(), model.meta};
+  }
+  Executor& ex = qm.executor();
+  for (auto& [input, list] : by_input)
+    for (auto& s : list)
+      for (const auto& name : {s.mean, s.var}) ex.set_constant(name, ex.constants().at(name).clone());
+  const auto& constants = ex.constants();
+
+  {
+    auto data = open_dataset(calib, qm.graph().inputs);
+    qm.calibrate(*data);
+  }
+  c10::InferenceMode guard;
+  auto data = open_dataset(calib, qm.graph().inputs);
+  Batcher batcher(*data, qm.graph().inputs, config.calibration.batch_size, config.calibration.count);
+  const at::Device device(config.calibration.device);
+  qm.set_quant(true, true);
+  std::int64_t samples = 0;
+  while (auto b = batcher.next()) {
+    std::vector<at::Tensor> in;
+    for (auto& t : b->inputs) in.push_back(t.to(device));
+    qm.forward(in, [&](const std::string& name, const at::Tensor& x) {
+      auto it = by_input.find(name);
+      if (it == by_input.end() || x.dim() < 2) return;
+      std::vector<std::int64_t> dims{0};
+      for (std::int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+      const at::Tensor xd = x.to(at::kDouble);
+      const at::Tensor sum = xd.sum(dims), sumsq = (xd * xd).sum(dims);
+      const std::int64_t count = x.numel() / x.size(1);
+      for (auto& s : it->second) {
+        s.sum = s.sum.defined() ? s.sum + sum : sum;
+        s.sumsq = s.sumsq.defined() ? s.sumsq + sumsq : sumsq;
+        s.count += count;
+        // This batch normalizes with its own statistics (the node reads these constants next).
+        const at::Tensor mean = sum / count;
+        constants.at(s.mean).copy_(mean);
+        constants.at(s.var).copy_((sumsq / count - mean * mean).clamp_min(0));
+      }
+    });
+    samples += b->inputs[0].size(0);
+  }
+  if (samples == 0) throw Error("bn_tuning: " + calib + " yielded no samples");
+
+  Model tuned{model.graph.clone(), model.meta};
+  std::size_t tuned_count = 0;
+  for (auto& [input, list] : by_input) {
+    for (auto& s : list) {
+      if (s.count == 0) continue;
+      const at::Tensor mean = s.sum / s.count, var = (s.sumsq / s.count - mean * mean).clamp_min(0);
+      const auto dtype = tuned.graph.initializers.at(s.mean).scalar_type();
+      tuned.graph.initializers[s.mean] = mean.to(at::kCPU, dtype).contiguous();
+      tuned.graph.initializers[s.var] = var.to(at::kCPU, dtype).contiguous();
+      ++tuned_count;
+    }
+  }
+  sdk::log_info("bn_tuning: re-estimated " + std::to_string(tuned_count) + " BatchNormalization layer(s) on " +
+                std::to_string(samples) + " samples with quantization on");
+  return tuned;
+}
+
+}  // namespace sparsebit
