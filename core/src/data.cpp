@@ -1,5 +1,7 @@
 #include "sparsebit/core/data.h"
 
+#include "limits.h"
+
 #include <ATen/ATen.h>
 #include <zlib.h>
 
@@ -53,14 +55,24 @@ at::Tensor read_npy(const std::string& path) {
   std::vector<std::int64_t> shape;
   std::string dims = m[1];
   std::regex num("\\d+");
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator(); ++it)
+  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator(); ++it) {
+    if (it->str().size() > 15) throw Error(path + ": .npy shape has an absurd dimension " + it->str());
     shape.push_back(std::stoll(it->str()));
+  }
 
   static const std::map<std::string, at::ScalarType> types = {
       {"<f4", at::kFloat}, {"<f8", at::kDouble}, {"<f2", at::kHalf}, {"|u1", at::kByte}, {"|i1", at::kChar},
       {"<i2", at::kShort}, {"<i4", at::kInt},    {"<i8", at::kLong},  {"|b1", at::kBool}};
   auto t = types.find(descr);
   if (t == types.end()) throw Error(path + ": unsupported .npy dtype '" + descr + "' (use little-endian numeric types)");
+  // The declared size must be there before it is allocated.
+  const std::int64_t numel = limits::checked_numel(shape, c10::elementSize(t->second), path);
+  const auto bytes = static_cast<std::uint64_t>(numel) * c10::elementSize(t->second);
+  const auto data_start = static_cast<std::uint64_t>(in.tellg());
+  std::error_code ec;
+  const auto file_size = static_cast<std::uint64_t>(std::filesystem::file_size(path, ec));
+  if (ec || file_size < data_start || file_size - data_start < bytes)
+    throw Error(path + ": truncated .npy data (expected " + std::to_string(bytes) + " bytes)");
   at::Tensor out = at::empty(shape, at::TensorOptions().dtype(t->second));
   in.read(static_cast<char*>(out.data_ptr()), static_cast<std::streamsize>(out.nbytes()));
   if (static_cast<std::size_t>(in.gcount()) != out.nbytes())
@@ -131,10 +143,29 @@ at::Tensor read_idx(const std::string& path, std::int64_t max_items) {
     shape.push_back((std::int64_t(b[0]) << 24) | (b[1] << 16) | (b[2] << 8) | b[3]);
   }
   if (max_items > 0) shape[0] = std::min(shape[0], max_items);
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(t->second));
-  std::size_t got = read(out.data_ptr(), out.nbytes());
+  const std::size_t elem = c10::elementSize(t->second);
+  std::int64_t numel = 0;
+  try {
+    numel = limits::checked_numel(shape, elem, path);
+  } catch (const Error&) {
+    gzclose(f);
+    throw;
+  }
+  // Gzip hides the payload size: read what is there in chunks (so a lying header costs no more
+  // memory than the data), then check it is all there.
+  const std::size_t bytes = static_cast<std::size_t>(numel) * elem;
+  std::string data;
+  std::string chunk(std::min<std::size_t>(bytes, 1 << 24), '\0');
+  while (data.size() < bytes) {
+    const std::size_t want = std::min(chunk.size(), bytes - data.size());
+    const std::size_t got = read(chunk.data(), want);
+    data.append(chunk.data(), got);
+    if (got < want) break;
+  }
   gzclose(f);
-  if (got != out.nbytes()) throw Error(path + ": truncated IDX data (expected " + std::to_string(out.nbytes()) + " bytes)");
+  if (data.size() != bytes) throw Error(path + ": truncated IDX data (expected " + std::to_string(bytes) + " bytes)");
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(t->second));
+  if (bytes > 0) std::memcpy(out.data_ptr(), data.data(), bytes);
   // IDX stores multi-byte values big-endian.
   if (out.element_size() > 1) {
     auto* p = static_cast<unsigned char*>(out.data_ptr());

@@ -7,13 +7,21 @@
 #include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
+#include <boost/uuid/detail/sha1.hpp>
+#include <sys/wait.h>
+#include <csignal>
+#include <unistd.h>
+
 #include <algorithm>
+#include <iomanip>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
+#include "limits.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
@@ -121,18 +129,89 @@ at::Tensor unpack_4bit(const onnx::TensorProto& p, const std::vector<std::int64_
   return t.reshape(shape);
 }
 
+/// SHA-1 of a file as 40 lowercase hex digits (ONNX's external-data checksum), read in chunks.
+std::string sha1_of_file(const fs::path& file) {
+  boost::uuids::detail::sha1 h;
+  std::ifstream in(file, std::ios::binary);
+  std::string chunk(1 << 20, '\0');
+  while (in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    h.process_bytes(chunk.data(), static_cast<std::size_t>(in.gcount()));
+  }
+  boost::uuids::detail::sha1::digest_type d;
+  h.get_digest(d);
+  std::ostringstream os;
+  for (auto word : d) os << std::hex << std::setw(8) << std::setfill('0') << word;
+  return os.str();
+}
+
+/// Reads a tensor's external data, confined to the model's folder: the location must be
+/// relative, without "..", and must not resolve (through symlinks) outside the folder; offset
+/// and length are checked against the file before anything is allocated.
+std::string read_external_data(const onnx::TensorProto& p, const fs::path& base_dir, std::int64_t expected,
+                               const std::string& what) {
+  std::string location, checksum;
+  std::int64_t offset = 0, length = -1;
+  for (const auto& kv : p.external_data()) {
+    if (kv.key() == "location") location = kv.value();
+    else if (kv.key() == "offset") offset = limits::parse_size(kv.value(), what + ": external data offset");
+    else if (kv.key() == "length") length = limits::parse_size(kv.value(), what + ": external data length");
+    else if (kv.key() == "checksum") checksum = kv.value();
+  }
+  const fs::path rel(location);
+  bool dotdot = false;
+  for (const auto& part : rel) dotdot = dotdot || part == "..";
+  if (location.empty() || rel.is_absolute() || dotdot || location.find('\0') != std::string::npos) {
+    throw Error(what + ": external data location '" + location +
+                "' must be a relative path inside the model's folder (no absolute paths, no '..')");
+  }
+  std::error_code ec;
+  const fs::path folder = fs::weakly_canonical(base_dir.empty() ? fs::path(".") : base_dir, ec);
+  const fs::path file = fs::weakly_canonical(folder / rel, ec);
+  const auto [end, unused] = std::mismatch(folder.begin(), folder.end(), file.begin(), file.end());
+  if (ec || end != folder.end()) {
+    throw Error(what + ": external data location '" + location + "' resolves to " + file.string() +
+                ", outside the model's folder " + folder.string() + " (a symlink?); refusing to read it");
+  }
+  if (!fs::is_regular_file(file, ec)) throw Error(what + ": external data file " + file.string() + " does not exist");
+  const auto size = static_cast<std::int64_t>(fs::file_size(file, ec));
+  if (length < 0) length = expected;
+  if (length != expected) {
+    throw Error(what + ": external data length " + std::to_string(length) + " does not match its shape (" +
+                std::to_string(expected) + " bytes)");
+  }
+  if (ec || offset > size || length > size - offset) {
+    throw Error(what + ": external data file " + file.string() + " (" + std::to_string(size) +
+                " bytes) is shorter than offset " + std::to_string(offset) + " + length " + std::to_string(length));
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error(what + ": cannot open external data file " + file.string());
+  std::string bytes(static_cast<std::size_t>(length), '\0');
+  in.seekg(offset);
+  in.read(bytes.data(), length);
+  if (in.gcount() != length) throw Error(what + ": could not read " + std::to_string(length) + " bytes from " + file.string());
+  if (!checksum.empty()) {
+    // The spec's checksum covers the whole file, which tensors usually share: hash it once.
+    static thread_local std::map<std::string, std::string> hashed;
+    const std::string key = file.string() + "@" + std::to_string(size);
+    auto it = hashed.find(key);
+    if (it == hashed.end()) it = hashed.emplace(key, sha1_of_file(file)).first;
+    if (it->second != checksum) {
+      throw Error(what + ": external data file " + file.string() + " does not match its SHA-1 checksum (changed or corrupt)");
+    }
+  }
+  return bytes;
+}
+
 at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_dir, const std::string& what) {
   std::vector<std::int64_t> shape(p.dims().begin(), p.dims().end());
-  std::int64_t numel = 1;
-  for (auto d : shape) {
-    if (d < 0) throw Error(what + " has a negative dimension");
-    numel *= d;
-  }
+  const std::int64_t numel = limits::checked_numel(shape, 1, what);
   if (p.data_type() == kInt4 || p.data_type() == kUint4) return unpack_4bit(p, shape, numel, what);
   if (p.data_type() == onnx::TensorProto::UINT16) {  // no LibTorch dtype: widened to int32
+    const bool raw_ok = p.has_raw_data() && p.raw_data().size() == static_cast<std::size_t>(numel) * 2;
+    if (!raw_ok && p.int32_data_size() != numel) throw Error(what + ": wrong uint16 data size");
     at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(at::kInt));
     if (p.has_raw_data()) {
-      if (p.raw_data().size() != static_cast<std::size_t>(numel) * 2) throw Error(what + ": wrong uint16 data size");
       for (std::int64_t i = 0; i < numel; ++i)
         t.data_ptr<std::int32_t>()[i] = static_cast<unsigned char>(p.raw_data()[2 * i]) |
                                         (static_cast<unsigned char>(p.raw_data()[2 * i + 1]) << 8);
@@ -148,28 +227,7 @@ at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_di
   std::string external;
   const std::string* raw = nullptr;
   if (p.data_location() == onnx::TensorProto::EXTERNAL) {
-    std::string location;
-    std::int64_t offset = 0, length = -1;
-    for (const auto& kv : p.external_data()) {
-      if (kv.key() == "location") location = kv.value();
-      else if (kv.key() == "offset") offset = std::stoll(kv.value());
-      else if (kv.key() == "length") length = std::stoll(kv.value());
-    }
-    if (location.empty() || fs::path(location).is_absolute() || location.find("..") != std::string::npos) {
-      throw Error(what + ": external data location '" + location +
-                  "' must be a relative path inside the model's folder");
-    }
-    fs::path file = base_dir / location;
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw Error(what + ": cannot open external data file " + file.string());
-    if (length < 0) length = numel * static_cast<std::int64_t>(elem);
-    external.resize(static_cast<std::size_t>(length));
-    in.seekg(offset);
-    in.read(external.data(), length);
-    if (in.gcount() != length) {
-      throw Error(what + ": external data file " + file.string() + " is shorter than offset " +
-                  std::to_string(offset) + " + length " + std::to_string(length));
-    }
+    external = read_external_data(p, base_dir, numel * static_cast<std::int64_t>(elem), what);
     raw = &external;
   } else if (p.has_raw_data()) {
     raw = &p.raw_data();
@@ -377,6 +435,68 @@ void verify_node(const onnx::NodeProto& np, const Node& n, std::int64_t opset,
   }
 }
 
+/// Lifts `proto` to `opset` with ONNX's shape inference and version converter, in a forked child
+/// process: on malformed models ONNX's own code can crash (e.g. ConvTranspose shape inference
+/// on a rank-2 input segfaults in ONNX 1.12), and a crash there must not take the host down.
+onnx::ModelProto convert_isolated(const onnx::ModelProto& proto, std::int64_t opset, const std::string& name,
+                                  std::int64_t source_opset) {
+  const std::string hint = ". Re-export the model at opset " + std::to_string(opset) + " or newer";
+  std::string input;
+  if (!proto.SerializeToString(&input)) throw Error(name + ": the model cannot be re-serialized for conversion");
+  int fds[2];
+  if (pipe(fds) != 0) throw Error(name + ": cannot create a pipe for the opset conversion");
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    throw Error(name + ": cannot fork for the opset conversion");
+  }
+  if (pid == 0) {  // child: convert, write "1" + model or "0" + message, exit without cleanup
+    close(fds[0]);
+    // A crash here is reported by the parent; no inherited crash handler should run.
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, SIG_DFL);
+    std::string out;
+    try {
+      onnx::ModelProto m;
+      m.ParseFromString(input);
+      try {
+        onnx::shape_inference::InferShapes(m);  // some adapters (Softmax 12->13) need input shapes
+      } catch (const std::exception&) {
+      }
+      out = "1" + onnx::version_conversion::ConvertVersion(m, static_cast<int>(opset)).SerializeAsString();
+    } catch (const std::exception& e) {
+      out = std::string("0") + e.what();
+    }
+    for (std::size_t done = 0; done < out.size();) {
+      const ssize_t n = write(fds[1], out.data() + done, out.size() - done);
+      if (n <= 0) _exit(3);
+      done += static_cast<std::size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string result;
+  char buf[1 << 16];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) result.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status) || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || result.empty()) {
+    throw Error(name + ": ONNX's version converter crashed on this model (" +
+                (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) : std::string("no result")) +
+                ") while lifting it from opset " + std::to_string(source_opset) + " to " + std::to_string(opset) +
+                "; the model is malformed" + hint);
+  }
+  if (result[0] == '0') {
+    throw Error(name + ": ONNX's version converter could not lift the model from opset " + std::to_string(source_opset) +
+                " to " + std::to_string(opset) + ": " + result.substr(1) + hint);
+  }
+  onnx::ModelProto converted;
+  if (!converted.ParseFromArray(result.data() + 1, static_cast<int>(result.size() - 1)))
+    throw Error(name + ": the converted model could not be read back");
+  return converted;
+}
+
 Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const ImportOptions& options) {
   if (!proto.has_graph()) throw Error(name + ": the ONNX model has no graph");
   Model model;
@@ -388,20 +508,7 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   if (options.min_opset > 0 && model.meta.source_opset < options.min_opset) {
     sdk::log_info(name + ": converting from opset " + std::to_string(model.meta.source_opset) + " to " +
                   std::to_string(options.min_opset) + " with ONNX's version converter");
-    try {
-      // Some adapters (Softmax 12->13) need the shapes of their inputs.
-      onnx::shape_inference::InferShapes(proto);
-    } catch (const std::exception& e) {
-      sdk::log_debug(name + ": shape inference before opset conversion failed: " + e.what());
-    }
-    try {
-      proto = onnx::version_conversion::ConvertVersion(proto, static_cast<int>(options.min_opset));
-    } catch (const std::exception& e) {
-      throw Error(name + ": ONNX's version converter could not lift the model from opset " +
-                  std::to_string(model.meta.source_opset) + " to " + std::to_string(options.min_opset) + ": " +
-                  e.what() + ". Re-export the model at opset " + std::to_string(options.min_opset) +
-                  " or newer");
-    }
+    proto = convert_isolated(proto, options.min_opset, name, model.meta.source_opset);
   }
 
   const fs::path base = fs::path(name).parent_path();
@@ -514,7 +621,8 @@ Model load_onnx(const std::string& path, const ImportOptions& options) {
   return load_onnx_from_bytes(bytes, path, options);
 }
 
-std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options) {
+std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options, std::string* external,
+                           const std::string& external_location) {
   onnx::ModelProto proto;
   if (!meta.skeleton.empty() && !proto.ParseFromString(meta.skeleton)) throw Error("internal: bad model skeleton");
   if (proto.ir_version() == 0) proto.set_ir_version(7);
@@ -527,18 +635,24 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   }
   const std::int64_t opset = graph.default_opset();
   proto.set_ir_version(std::max<std::int64_t>(proto.ir_version(), min_ir_version_for(opset)));
-  for (const auto& [key, value] : options.metadata_props) {
+  for (const auto& kv : options.metadata_props) {
+    const std::string& key = kv.first;
     auto* props = proto.mutable_metadata_props();
     auto it = std::find_if(props->begin(), props->end(), [&](const onnx::StringStringEntryProto& e) { return e.key() == key; });
     onnx::StringStringEntryProto* entry = it != props->end() ? &*it : proto.add_metadata_props();
     entry->set_key(key);
-    entry->set_value(value);
+    entry->set_value(kv.second);
   }
 
   auto* gp = proto.mutable_graph();
   if (gp->name().empty()) gp->set_name("graph");
   for (const auto& v : graph.inputs) value_info_to_proto(v, gp->add_input());
   for (const auto& v : graph.outputs) value_info_to_proto(v, gp->add_output());
+  std::int64_t total = 0;
+  for (const auto& kv : graph.initializers) total += static_cast<std::int64_t>(kv.second.nbytes());
+  const bool to_side_file = external != nullptr && (options.external_data || total > options.external_threshold_bytes);
+  if (to_side_file && external_location.empty()) throw Error("internal: external data needs a location");
+  if (external) external->clear();
   for (const auto& kv : graph.initializers) {
     auto narrow = graph.narrow_types.find(kv.first);
     tensor_to_proto(kv.second, kv.first, gp->add_initializer(), narrow == graph.narrow_types.end() ? 0 : narrow->second);
@@ -574,17 +688,47 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
                     std::to_string(onnx_library_max_opset()) + "); the checker was skipped");
     }
   }
+  // After the checker (which would look for the side file): large initializers move out.
+  for (auto& tp : *gp->mutable_initializer()) {
+    if (!to_side_file || !tp.has_raw_data() || static_cast<std::int64_t>(tp.raw_data().size()) < options.external_min_bytes)
+      continue;
+    external->resize((external->size() + 4095) / 4096 * 4096, '\0');  // mappable offsets
+    const std::size_t offset = external->size();
+    external->append(tp.raw_data());
+    tp.clear_raw_data();
+    tp.set_data_location(onnx::TensorProto::EXTERNAL);
+    const std::pair<const char*, std::string> entries[] = {
+        {"location", external_location}, {"offset", std::to_string(offset)}, {"length", std::to_string(external->size() - offset)}};
+    for (const auto& [k, v] : entries) {
+      auto* e = tp.add_external_data();
+      e->set_key(k);
+      e->set_value(v);
+    }
+  }
   std::string bytes;
   if (!proto.SerializeToString(&bytes)) {
-    throw Error("the model could not be serialized (protobuf limit is 2 GiB; larger models need external data)");
+    throw Error("the model could not be serialized: protobuf messages stop at 2 GiB; write it with external data "
+                "(`--external-data`, or save_onnx, which switches automatically)");
   }
   return bytes;
 }
 
-void save_onnx(const Graph& graph, const ModelMeta& meta, const std::string& path, const ExportOptions& options) {
+void write_onnx_files(const std::string& path, const std::string& model_bytes, const std::string& external_bytes) {
   AtomicFile out(path);
-  out.write(serialize_onnx(graph, meta, options));
+  std::optional<AtomicFile> data;
+  if (!external_bytes.empty()) {
+    data.emplace(path + ".data");
+    data->write(external_bytes);
+  }
+  out.write(model_bytes);
+  if (data) data->commit();
   out.commit();
+}
+
+void save_onnx(const Graph& graph, const ModelMeta& meta, const std::string& path, const ExportOptions& options) {
+  std::string external;
+  const std::string model = serialize_onnx(graph, meta, options, &external, fs::path(path).filename().string() + ".data");
+  write_onnx_files(path, model, external);
 }
 
 at::Tensor load_tensor_pb(const std::string& path, std::string* name) {

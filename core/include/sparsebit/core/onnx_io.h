@@ -41,14 +41,28 @@ struct ExportOptions {
   bool run_checker = true;
   /// Added to (or replacing keys of) the model's metadata_props.
   std::map<std::string, std::string> metadata_props;
+  /// ONNX external data: initializers of at least `external_min_bytes` go to a side file when
+  /// `external_data` is set or when all initializers together exceed
+  /// `external_threshold_bytes` (default 1 GiB, well below protobuf's 2 GiB message limit).
+  bool external_data = false;
+  std::int64_t external_threshold_bytes = std::int64_t{1} << 30;
+  std::int64_t external_min_bytes = 1024;
 };
 
 /// Serializes `graph` with `meta`'s model-level fields, checks it, and writes `path`
-/// atomically (a temporary file in the same folder, renamed over the target).
+/// atomically (a temporary file in the same folder, renamed over the target). External data,
+/// when used, goes to `path` + ".data" beside it, written (atomically) before the model.
 SPARSEBIT_API void save_onnx(const Graph& graph, const ModelMeta& meta, const std::string& path,
                              const ExportOptions& options = {});
+/// Serializes the model. With `external` given, initializers chosen by the options' external
+/// data rules are written to *external instead, referenced by `external_location` (a file name
+/// relative to the model); otherwise a model over the protobuf limit is an Error.
 SPARSEBIT_API std::string serialize_onnx(const Graph& graph, const ModelMeta& meta,
-                                         const ExportOptions& options = {});
+                                         const ExportOptions& options = {}, std::string* external = nullptr,
+                                         const std::string& external_location = "");
+/// Writes serialize_onnx's two outputs: the side file (if any) first, then the model; both atomic.
+SPARSEBIT_API void write_onnx_files(const std::string& path, const std::string& model_bytes,
+                                    const std::string& external_bytes);
 
 /// Highest default-domain opset the linked ONNX library's checker knows.
 SPARSEBIT_API std::int64_t onnx_library_max_opset();
