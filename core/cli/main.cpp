@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -292,6 +293,7 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
 
 struct QuantizeArgs {
   std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs, eval_fp32_outputs;
+  bool external_data = false;
   int batch_size = 0, calib_count = -1;
 };
 
@@ -391,7 +393,15 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
     std::printf("%-28s %9.2f%%\n", "top-1 agreement", 100 * ev["top1_agreement"].get<double>());
   }
 
-  out.write(qm.serialize());
+  std::string external;
+  out.write(qm.serialize(&external, std::filesystem::path(a.output).filename().string() + ".data", a.external_data));
+  if (!external.empty()) {
+    // The side file lands before the model that refers to it.
+    sb::AtomicFile data(a.output + ".data");
+    data.write(external);
+    data.commit();
+    spdlog::info("large initializers written to {}.data (ONNX external data)", a.output);
+  }
   if (report) {
     report->write(rep.dump(2) + "\n");
     report->commit();
@@ -426,6 +436,8 @@ int main(int argc, char** argv) {
   quantize->add_option("--eval-labels", qa.eval_labels, "IDX labels for --eval-data (prints accuracies)");
   quantize->add_option("--eval-outputs", qa.eval_outputs, "Write the simulated quantized first output on --eval-data as .npy");
   quantize->add_option("--eval-fp32-outputs", qa.eval_fp32_outputs, "Write the FP32 first output on --eval-data as .npy");
+  quantize->add_flag("--external-data", qa.external_data,
+                     "Write initializers of 1 KiB or more to OUTPUT.data (ONNX external data); automatic above 1 GiB");
 
   std::string plugins_config;
   bool plugins_json = false;

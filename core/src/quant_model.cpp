@@ -46,6 +46,24 @@ void refuse_unused(const Options& o, const std::string& plugin_kind, const std::
 
 }  // namespace
 
+/// Runs one call into an observer or quantizer plugin; any failure becomes an Error naming the
+/// quantized input, the plugin object and the call.
+template <typename Fn>
+auto plugin_call(const QuantSlot& s, bool observer, const char* call, Fn&& fn) -> decltype(fn()) {
+  const std::string who = observer ? "observer '" + s.observer_name + "' (plugin '" + s.observer_plugin + "')"
+                                   : "quantizer '" + s.quantizer_name + "' (plugin '" + s.quantizer_plugin + "')";
+  try {
+    return fn();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    throw Error(msg.find(s.tensor) != std::string::npos ? msg : s.where() + ": " + who + " " + call + ": " + msg);
+  } catch (const c10::Error& e) {
+    throw Error(s.where() + ": " + who + " failed in " + call + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw Error(s.where() + ": " + who + " failed in " + call + ": " + e.what());
+  }
+}
+
 // The QuantState that fuse passes and the backend's placement see.
 class SlotState final : public QuantState {
  public:
@@ -238,6 +256,8 @@ int QuantModel::add_slot(std::size_t i, std::size_t k, InputRole role, std::int6
   }
   s.make_observer = obs->factory;
   s.make_quantizer = qz->factory;
+  s.observer_plugin = obs->plugin;
+  s.quantizer_plugin = qz->plugin;
   s.observer_options = cfg.observer_options;
   s.quantizer_options = cfg.quantizer_options;
   try {
@@ -339,7 +359,13 @@ at::Tensor QuantModel::apply_slot(std::size_t node, std::size_t input, const at:
   if (!on || !usable(s) || !x.is_floating_point()) return x;
   if (!s.calibrated) throw Error(s.where() + ": quantization is on but the model was not calibrated");
   if (s.role == InputRole::kBias) return w_on_ && a_on_ ? fake_quantize(x, s.bias_params, s.spec) : x;
-  return s.quantizer->forward(x);
+  at::Tensor y = plugin_call(s, false, "forward", [&] { return s.quantizer->forward(x); });
+  if (!y.defined() || y.sizes() != x.sizes()) {
+    throw Error(s.where() + ": quantizer '" + s.quantizer_name + "' (plugin '" + s.quantizer_plugin + "') forward returned " +
+                (y.defined() ? "shape " + c10::str(y.sizes()) : std::string("no tensor")) + " for an input of shape " +
+                c10::str(x.sizes()));
+  }
+  return y;
 }
 
 std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& inputs, const ValueFn& on_value) {
@@ -384,11 +410,7 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
         s.enabled = false;
         return x;
       }
-      try {
-        s.observer->observe(x);
-      } catch (const Error& e) {
-        throw Error(s.where() + ": " + e.what());
-      }
+      plugin_call(s, true, "observe", [&] { s.observer->observe(x); });
     }
     return x;
   };
@@ -462,20 +484,35 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   return stats;
 }
 
+/// Scale and zero point from an observer must have one value per tensor, per channel or per
+/// group of the quantized tensor (checked against the weight itself where it is known).
+void QuantModel::check_qparams(const QuantSlot& s, const QParams& p, const char* call) const {
+  auto fail = [&](const std::string& why) {
+    throw Error(s.where() + ": observer '" + s.observer_name + "' (plugin '" + s.observer_plugin + "') " + call + " " + why);
+  };
+  if (!p.scale.defined() || !p.zero_point.defined()) fail("returned no scale or zero point");
+  if (p.scale.numel() != p.zero_point.numel()) fail("returned scale and zero point of different sizes");
+  if (!s.spec.per_channel && s.spec.group_size == 0 && p.scale.numel() != 1)
+    fail("returned " + std::to_string(p.scale.numel()) + " scales for a per-tensor scheme");
+  if (s.spec.per_channel && s.spec.group_size == 0 && s.role == InputRole::kWeight) {
+    const at::Tensor& w = executor_->constants().at(s.tensor);
+    if (s.spec.channel_axis < w.dim() && p.scale.numel() != w.size(s.spec.channel_axis))
+      fail("returned " + std::to_string(p.scale.numel()) + " scales for " + std::to_string(w.size(s.spec.channel_axis)) +
+           " channels");
+  }
+}
+
 void QuantModel::finish_calibration() {
   const auto& constants = executor_->constants();
   for (auto& s : slots_) {
     if (!s.active() || s.role == InputRole::kBias) continue;
-    try {
-      if (s.role == InputRole::kWeight) {
-        s.observer->reset();
-        s.observer->observe(constants.at(s.tensor));
-      }
-      s.quantizer->initialize(s.observer->compute());
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      throw Error(msg.find(s.tensor) != std::string::npos ? msg : s.where() + ": " + msg);
+    if (s.role == InputRole::kWeight) {
+      plugin_call(s, true, "reset", [&] { s.observer->reset(); });
+      plugin_call(s, true, "observe", [&] { s.observer->observe(constants.at(s.tensor)); });
     }
+    const QParams p = plugin_call(s, true, "compute", [&] { return s.observer->compute(); });
+    check_qparams(s, p, "compute");
+    plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(p); });
     s.observer->reset();  // statistics are no longer needed
     s.calibrated = true;
   }
@@ -528,10 +565,11 @@ std::map<std::string, std::string> QuantModel::export_metadata() const {
   return {{"sparsebit.bits", bits.dump()}};
 }
 
-std::string QuantModel::serialize() const {
+std::string QuantModel::serialize(std::string* external, const std::string& external_location, bool force_external) const {
   ExportOptions options;
   options.metadata_props = export_metadata();
-  return serialize_onnx(export_graph(), model_->meta, options);
+  options.external_data = force_external;
+  return serialize_onnx(export_graph(), model_->meta, options, external, external_location);
 }
 
 // Note [4-bit export]

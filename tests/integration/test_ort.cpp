@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -264,6 +265,43 @@ TEST(OnnxRuntime, SixteenBitActivationsExportAtOpset21) {
     Model exported = check_export(*qm, dir / "a16.onnx", dir, 0.04, scheme);
     EXPECT_EQ(exported.graph.default_opset(), 21);
   }
+}
+
+}  // namespace
+}  // namespace sparsebit
+
+namespace sparsebit {
+namespace {
+
+// A float model whose weights live in a side file goes through `sparsebit quantize
+// --external-data`; the QDQ export keeps its weights outside too, loads back to the same
+// tensors, and runs in ONNX Runtime with the same outputs as the in-file export.
+TEST(OnnxRuntime, ExternalDataRoundTripsThroughQuantize) {
+  testing::TempDir dir;
+  Model m = load_onnx(testing::fixture_model());
+  ExportOptions ext;
+  ext.external_data = true;
+  save_onnx(m.graph, m.meta, dir / "float.onnx", ext);
+  ASSERT_TRUE(std::filesystem::exists(dir / "float.onnx.data"));
+  EXPECT_LT(std::filesystem::file_size(dir / "float.onnx"), std::filesystem::file_size(dir / "float.onnx.data"));
+  Model back = load_onnx(dir / "float.onnx");
+  for (const auto& [name, t] : m.graph.initializers) EXPECT_TRUE(at::equal(back.graph.initializers.at(name), t)) << name;
+
+  const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+  const std::string common = " -c " + testing::source_path("configs/w8a8_onnxruntime.toml") + " --calib " + images +
+                             " --calib-count 64";
+  auto r = testing::run_cli("quantize " + (dir / "float.onnx") + common + " -o " + (dir / "q_ext.onnx") + " --external-data");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(dir / "q_ext.onnx.data"));
+  r = testing::run_cli("quantize " + (dir / "float.onnx") + common + " -o " + (dir / "q_in.onnx"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "q_in.onnx.data")) << "small models stay in one file by default";
+
+  const at::Tensor x = test_images(16);
+  at::Tensor with_side_file = run_in_ort(dir / "q_ext.onnx", "image", x, "logits", dir);
+  at::Tensor in_file = run_in_ort(dir / "q_in.onnx", "image", x, "logits", dir);
+  ASSERT_TRUE(with_side_file.defined() && in_file.defined());
+  EXPECT_TRUE(at::equal(with_side_file, in_file));
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ struct SPARSEBIT_API QuantSlot {
   InputRole role = InputRole::kActivation;
   QSpec spec;
   std::string observer_name, quantizer_name;
+  std::string observer_plugin, quantizer_plugin;  ///< where they come from, for messages
   std::unique_ptr<Observer> observer;
   std::unique_ptr<Quantizer> quantizer;
   bool calibrated = false;
@@ -99,8 +100,11 @@ class SPARSEBIT_API QuantModel {
   void export_onnx(const std::string& path) const;
   /// The QDQ graph export would write (for inspection and tests).
   Graph export_graph() const;
-  /// The exported model's bytes (graph plus metadata such as sparsebit.bits).
-  std::string serialize() const;
+  /// The exported model's bytes (graph plus metadata such as sparsebit.bits). With `external`,
+  /// large initializers go there instead (ONNX external data at `external_location`, relative to
+  /// the model) when `force_external` or the model would approach protobuf's 2 GiB limit.
+  std::string serialize(std::string* external = nullptr, const std::string& external_location = "",
+                        bool force_external = false) const;
 
   /// JSON report: model, config, backend and every slot with its parameters.
   std::string report_json(const CalibrationStats* stats = nullptr) const;
@@ -124,6 +128,7 @@ class SPARSEBIT_API QuantModel {
   void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
   at::Tensor apply_slot(std::size_t node, std::size_t input, const at::Tensor& x);
   void finish_calibration();
+  void check_qparams(const QuantSlot& s, const QParams& p, const char* call) const;
 
   std::unique_ptr<Model> model_;  // heap-held: the executor refers to its graph
   Config config_;
