@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the dependencies, builds, and runs every test: unit, ONNX conformance, plugin host,
 # CLI, ONNX Runtime agreement, install layout with out-of-tree plugins, the end-to-end example;
-# then the unit suite again built with AddressSanitizer + UndefinedBehaviorSanitizer.
-# SPARSEBIT_SKIP_SANITIZERS=1 skips the sanitizer stage (it rebuilds everything, ~5 minutes).
+# then the unit suite again built with AddressSanitizer + UndefinedBehaviorSanitizer, and each
+# libFuzzer target for SPARSEBIT_FUZZ_SECONDS (default 60) on its corpus.
+# SPARSEBIT_SKIP_SANITIZERS=1 skips the sanitizer and fuzzing stages (they rebuild everything).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/tools/install-deps.sh"
@@ -14,4 +15,8 @@ if [[ "${SPARSEBIT_SKIP_SANITIZERS:-0}" != 1 ]]; then
     -DSPARSEBIT_BUILD_BENCH=OFF -DSPARSEBIT_REQUIRE_ORT=ON >/dev/null
   cmake --build "$root/build-asan" -j"$(nproc)"
   ctest --test-dir "$root/build-asan" --output-on-failure -j"$(nproc)" -L unit --timeout 1200
+fi
+if [[ "${SPARSEBIT_SKIP_SANITIZERS:-0}" != 1 ]]; then
+  echo "== fuzzing each input reader for ${SPARSEBIT_FUZZ_SECONDS:-60} s"
+  "$root/scripts/fuzz.sh" all "${SPARSEBIT_FUZZ_SECONDS:-60}"
 fi

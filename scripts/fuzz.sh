@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang 14, ASan+UBSan) and fuzzes one of them.
+#
+#   scripts/fuzz.sh TARGET SECONDS      TARGET: onnx_import | config | npy | idx | tensor_pb | all
+#
+# The corpus lives in build-fuzz/corpus/TARGET (seeded from the repository's fixtures and the
+# installed ONNX test data on first use, and kept between runs); findings go to
+# build-fuzz/findings/TARGET/. Turn a finding into a regression test by copying it to
+# tests/fuzz/regressions/TARGET/ (FuzzRegressions.* replays those in the normal test suite).
+# Exits non-zero when the fuzzer finds a crash, a leak, a sanitizer report or an input slower
+# than 10 s.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+target="${1:?usage: scripts/fuzz.sh TARGET SECONDS}"
+seconds="${2:?usage: scripts/fuzz.sh TARGET SECONDS}"
+build="${SPARSEBIT_FUZZ_BUILD:-$root/build-fuzz}"
+targets=(onnx_import config npy idx tensor_pb)
+if [[ "$target" == all ]]; then
+  for t in "${targets[@]}"; do "$0" "$t" "$seconds"; done
+  exit 0
+fi
+[[ " ${targets[*]} " == *" $target "* ]] || { echo "unknown target '$target' (one of: ${targets[*]} all)" >&2; exit 2; }
+
+if [[ ! -f "$build/build.ninja" ]]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSEBIT_FUZZ=ON \
+    -DCMAKE_CXX_COMPILER=clang++-14 > /dev/null
+fi
+cmake --build "$build" --target "fuzz_$target" -j "$(nproc)" > /dev/null
+
+corpus="$build/corpus/$target"
+if [[ ! -d "$corpus" ]]; then
+  mkdir -p "$corpus"
+  testdata=/usr/share/libonnx-testdata/data/node
+  case "$target" in
+    onnx_import)
+      cp "$root"/tests/fixtures/*.onnx "$corpus/"
+      cp "$root"/tests/conformance/extra/*/model.onnx "$corpus/" 2>/dev/null || true
+      for d in "$testdata"/test_{conv,gemm,relu,resize,reshape,slice,gather,split,concat,layer_normalization}*; do
+        [[ -f "$d/model.onnx" ]] && cp "$d/model.onnx" "$corpus/$(basename "$d").onnx"
+      done ;;
+    config)
+      cp "$root"/configs/*.toml "$corpus/"
+      cp "$root"/examples/plugin-template/*.toml "$corpus/" 2>/dev/null || true ;;
+    npy)
+      cp "$root"/tests/observers/data.npy "$corpus/"
+      /usr/bin/python3 - "$corpus" <<'PY'
+import sys, numpy as np
+for i, (dt, shape) in enumerate([("<f4", (2, 3)), ("<i8", (4,)), ("|u1", (1, 2, 2)), ("<f8", ()), ("|b1", (3,))]):
+    np.save(f"{sys.argv[1]}/seed{i}.npy", np.arange(int(np.prod(shape))).reshape(shape).astype(dt))
+PY
+      ;;
+    idx)
+      cp /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz "$corpus/labels.gz"
+      zcat /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz | head -c 200 > "$corpus/labels_plain" ;;
+    tensor_pb)
+      for d in "$testdata"/test_{abs,cast_FLOAT_to_FLOAT16,gather_0,reshape_reordered_all_dims,and2d,argmax_default_axis_example}; do
+        [[ -f "$d/test_data_set_0/input_0.pb" ]] && cp "$d/test_data_set_0/input_0.pb" "$corpus/$(basename "$d").pb"
+      done ;;
+  esac
+fi
+findings="$build/findings/$target"
+mkdir -p "$findings"
+echo "fuzzing $target for ${seconds}s (corpus: $(ls "$corpus" | wc -l) files)"
+ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  "$build/bin/fuzz_$target" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+  -malloc_limit_mb=4096 -artifact_prefix="$findings/" -print_final_stats=1 2>&1 | tail -n 15
