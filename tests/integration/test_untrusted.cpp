@@ -149,6 +149,38 @@ TEST_F(Untrusted, TensorDimsThatOverflowOrAreNegative) {
   EXPECT_NE(error_of([&] { load_tensor_pb(work_ / "big.pb"); }).find("overflows"), std::string::npos);
 }
 
+TEST(UntrustedModels, NestingBombsAndDuplicateValueNames) {
+  // Subgraph attributes nested 200 deep: protobuf's recursion limit (100) stops the parser.
+  onnx::ModelProto m = model_with_external({});
+  m.mutable_graph()->clear_initializer();
+  onnx::GraphProto* g = m.mutable_graph();
+  for (int depth = 0; depth < 200; ++depth) {
+    auto* n = g->add_node();
+    n->set_op_type("If");
+    auto* a = n->add_attribute();
+    a->set_name("then_branch");
+    a->set_type(onnx::AttributeProto::GRAPH);
+    g = a->mutable_g();
+  }
+  auto msg = error_of([&] { load_onnx_from_bytes(m.SerializeAsString(), "nested.onnx"); });
+  EXPECT_NE(msg.find("nested.onnx"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not a valid ONNX model"), std::string::npos) << msg;
+
+  // Two nodes writing the same tensor.
+  onnx::ModelProto d = model_with_external({});
+  d.mutable_graph()->clear_initializer();
+  auto* n0 = d.mutable_graph()->mutable_node(0);
+  n0->set_input(1, "x");
+  auto* n1 = d.mutable_graph()->add_node();
+  n1->set_op_type("Relu");
+  n1->set_name("second_writer");
+  n1->add_input("x");
+  n1->add_output("y");
+  msg = error_of([&] { load_onnx_from_bytes(d.SerializeAsString(), "dup.onnx"); });
+  EXPECT_NE(msg.find("'y' is defined twice"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("second_writer"), std::string::npos) << msg;
+}
+
 // Every file under tests/fuzz/regressions/<target>/ once made that fuzz target fail; each must
 // now end in a result or a sparsebit::Error.
 TEST(FuzzRegressions, EveryKeptFindingIsHandled) {
