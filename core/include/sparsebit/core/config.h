@@ -98,6 +98,7 @@ struct SPARSEBIT_API Config {
                                       {"fuse_bn", true},          {"fuse_matmul_add", true},
                                       {"fuse_hardswish", true},   {"fuse_gelu", true},
                                       {"fuse_layernorm", true},   {"merge_transposes", true},
+                                      {"cross_layer_equalization", false},
                                       {"disable_unnecessary_quant", true}, {"bn_tuning", false}};
 
   Config();
