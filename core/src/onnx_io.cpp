@@ -208,15 +208,16 @@ at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_di
   const std::int64_t numel = limits::checked_numel(shape, 1, what);
   if (p.data_type() == kInt4 || p.data_type() == kUint4) return unpack_4bit(p, shape, numel, what);
   if (p.data_type() == onnx::TensorProto::UINT16) {  // no LibTorch dtype: widened to int32
-    const bool raw_ok = p.has_raw_data() && p.raw_data().size() == static_cast<std::size_t>(numel) * 2;
-    if (!raw_ok && p.int32_data_size() != numel) throw Error(what + ": wrong uint16 data size");
+    // Sizes are checked before the allocation; raw data, when present, is the data.
+    const bool raw = p.has_raw_data();
+    if (raw ? p.raw_data().size() != static_cast<std::size_t>(numel) * 2 : p.int32_data_size() != numel)
+      throw Error(what + ": wrong uint16 data size");
     at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(at::kInt));
-    if (p.has_raw_data()) {
+    if (raw) {
       for (std::int64_t i = 0; i < numel; ++i)
         t.data_ptr<std::int32_t>()[i] = static_cast<unsigned char>(p.raw_data()[2 * i]) |
                                         (static_cast<unsigned char>(p.raw_data()[2 * i + 1]) << 8);
     } else {
-      if (p.int32_data_size() != numel) throw Error(what + ": wrong uint16 data size");
       for (std::int64_t i = 0; i < numel; ++i) t.data_ptr<std::int32_t>()[i] = p.int32_data(static_cast<int>(i));
     }
     return t.reshape(shape);
