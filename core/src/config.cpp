@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "sparsebit/sdk/error.h"
@@ -87,11 +88,15 @@ struct Reader {
   T get(const toml::table& t, const std::string& table, const std::string& key, T fallback, const char* what) const {
     const toml::node* n = t.get(key);
     if (!n) return fallback;
-    auto v = n->value<T>();
-    if (!v || (std::is_same_v<T, std::int64_t> && !n->is_integer()) || (std::is_same_v<T, bool> && !n->is_boolean()) ||
-        (std::is_same_v<T, std::string> && !n->is_string())) {
-      throw Error(key_path(table, key) + " must be " + what);
-    }
+    // The kind is checked before converting: toml++ turns a huge float into an integer with
+    // undefined behaviour (found by fuzzing: bits = 5.5e103).
+    bool kind_ok = n->is_floating_point() || n->is_integer();
+    if constexpr (std::is_same_v<T, std::int64_t>) kind_ok = n->is_integer();
+    if constexpr (std::is_same_v<T, bool>) kind_ok = n->is_boolean();
+    if constexpr (std::is_same_v<T, std::string>) kind_ok = n->is_string();
+    std::optional<T> v;
+    if (kind_ok) v = n->value<T>();
+    if (!v) throw Error(key_path(table, key) + " must be " + what);
     return *v;
   }
 
