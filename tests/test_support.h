@@ -8,10 +8,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 
 #include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
 namespace sparsebit::testing {
@@ -54,6 +56,17 @@ class TempDir {
  private:
   fs::path path_;
 };
+
+/// Runs `fn` and returns the sparsebit::Error's message; fails the test if none is thrown.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no sparsebit::Error was thrown";
+  return {};
+}
 
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -70,16 +70,7 @@ void initializer(onnx::GraphProto& g, const std::string& name, int type, std::ve
   }
 }
 
-/// Runs `fn` and returns the Error's message; fails the test if nothing (or something else) is thrown.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no sparsebit::Error was thrown";
-  return {};
-}
+using testing::error_of;
 
 std::string import_error(const std::string& bytes) {
   return error_of([&] { load_onnx_from_bytes(bytes, "bad.onnx"); });

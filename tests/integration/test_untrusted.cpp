@@ -21,15 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no sparsebit::Error was thrown";
-  return {};
-}
+using testing::error_of;
 
 /// y = x + w, with w an external-data initializer described by `external`.
 onnx::ModelProto model_with_external(const std::vector<std::pair<std::string, std::string>>& external,
