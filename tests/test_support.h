@@ -13,6 +13,7 @@
 #include <string>
 
 #include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/graph.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
@@ -34,6 +35,35 @@ inline const Registry& shipped_registry() {
   }();
   return *r;
 }
+
+/// A graph under construction: float input "x" of `shape`, output "y".
+struct Builder {
+  Graph g;
+  explicit Builder(std::vector<std::int64_t> shape, std::int64_t opset = 17) {
+    g.opset_imports[""] = opset;
+    ValueInfo x;
+    x.name = "x";
+    x.elem_type = 1;
+    x.has_shape = true;
+    for (auto d : shape) x.shape.push_back(Dim{d, ""});
+    g.inputs.push_back(x);
+    ValueInfo y;
+    y.name = "y";
+    y.elem_type = 1;
+    g.outputs.push_back(y);
+  }
+  Node* add(const std::string& name, const std::string& op, std::vector<std::string> in, std::vector<std::string> out,
+            std::map<std::string, Attribute> attrs = {}) {
+    Node n;
+    n.name = name;
+    n.op_type = op;
+    n.inputs = std::move(in);
+    n.outputs = std::move(out);
+    n.attributes = std::move(attrs);
+    return g.append(std::move(n));
+  }
+  void constant(const std::string& name, at::Tensor t) { g.initializers[name] = std::move(t); }
+};
 
 inline std::string fixture_model() { return std::string(SPARSEBIT_SOURCE_DIR) + "/examples/fashion_mnist/fashion_mnist_cnn.onnx"; }
 inline std::string source_path(const std::string& rel) { return std::string(SPARSEBIT_SOURCE_DIR) + "/" + rel; }

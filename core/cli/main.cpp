@@ -351,7 +351,8 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
   if (a.calib_count >= 0) config.calibration.count = a.calib_count;
   if (!a.device.empty()) config.calibration.device = a.device;
   if (!a.mode.empty()) {
-    if (a.mode != "streaming" && a.mode != "layerwise") throw sb::Error("--mode must be streaming or layerwise");
+    if (a.mode != "streaming" && a.mode != "layerwise" && a.mode != "asym")
+      throw sb::Error("--mode must be streaming, layerwise or asym");
     config.calibration.mode = a.mode;
   }
   // Claim the outputs first: an unwritable path fails before any work, and nothing is left
@@ -431,7 +432,7 @@ int main(int argc, char** argv) {
   quantize->add_option("--batch-size", qa.batch_size, "Calibration batch size (overrides [calibration] batch_size)")->check(CLI::PositiveNumber);
   quantize->add_option("--calib-count", qa.calib_count, "Calibration samples to use, 0 = all (overrides [calibration] count)")->check(CLI::NonNegativeNumber);
   quantize->add_option("--device", qa.device, "cpu or cuda[:N] (overrides [calibration] device)");
-  quantize->add_option("--mode", qa.mode, "streaming (default) or layerwise calibration");
+  quantize->add_option("--mode", qa.mode, "calibration: streaming (default), layerwise, or asym (layerwise on the quantized model's own activations)");
   quantize->add_option("--eval-data", qa.eval_data, "Also evaluate FP32 vs simulated quantized on this data");
   quantize->add_option("--eval-labels", qa.eval_labels, "IDX labels for --eval-data (prints accuracies)");
   quantize->add_option("--eval-outputs", qa.eval_outputs, "Write the simulated quantized first output on --eval-data as .npy");

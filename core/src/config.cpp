@@ -270,8 +270,8 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     c.calibration.count = static_cast<int>(count);
     c.calibration.device = r.get<std::string>(*t, "calibration", "device", c.calibration.device, "a string");
     c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
-    if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise")
-      throw Error(r.key_path("calibration", "mode") + " must be \"streaming\" or \"layerwise\"");
+    if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
+      throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");
   }
   if (auto* t = table("plugins")) {
     r.check_keys(*t, "plugins", {"paths", "enable", "disable"});

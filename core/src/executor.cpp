@@ -63,6 +63,10 @@ void Executor::set_constant(const std::string& name, at::Tensor value) {
   it->second = std::move(value);
 }
 
+void Executor::add_constant(const std::string& name, at::Tensor value) {
+  if (!constants_.emplace(name, std::move(value)).second) throw Error("add_constant: '" + name + "' already exists");
+}
+
 void Executor::to(const std::string& device) {
   at::Device d(device);
   for (auto& kv : constants_) kv.second = kv.second.to(d);

@@ -54,6 +54,24 @@ bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, G
   return any;
 }
 
+std::vector<LayerPass> make_layer_passes(const std::vector<ScheduleEntry>& schedule, const Registry& registry) {
+  std::vector<LayerPass> made;
+  for (const auto& entry : schedule) {
+    if (!entry.enabled || entry.pass == "bn_tuning") continue;
+    const auto* p = registry.pass(entry.pass);
+    if (!p) continue;  // reported by run_passes, which runs first
+    std::unique_ptr<Pass> pass;
+    try {
+      pass = p->factory();
+    } catch (const std::exception& e) {
+      throw Error("pass '" + entry.pass + "' (plugin '" + p->plugin + "') failed to construct: " + e.what());
+    }
+    if (pass->stage() != Pass::Stage::kLayer) continue;
+    made.push_back({entry.pass, p->plugin, entry.options, std::move(pass)});
+  }
+  return made;
+}
+
 bool run_simplify_pass(const std::string& name, Graph& graph, const Registry& registry) {
   return run_passes({{name, true}}, Pass::Stage::kSimplify, graph, registry, nullptr, "run_simplify_pass");
 }

@@ -1,6 +1,8 @@
 #include "sparsebit/core/quant_model.h"
 
 #include "sparsebit/core/passes.h"
+#include "layerwise.h"
+#include "plugin_call.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -45,24 +47,6 @@ void refuse_unused(const Options& o, const std::string& plugin_kind, const std::
 }
 
 }  // namespace
-
-/// Runs one call into an observer or quantizer plugin; any failure becomes an Error naming the
-/// quantized input, the plugin object and the call.
-template <typename Fn>
-auto plugin_call(const QuantSlot& s, bool observer, const char* call, Fn&& fn) -> decltype(fn()) {
-  const std::string who = observer ? "observer '" + s.observer_name + "' (plugin '" + s.observer_plugin + "')"
-                                   : "quantizer '" + s.quantizer_name + "' (plugin '" + s.quantizer_plugin + "')";
-  try {
-    return fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    throw Error(msg.find(s.tensor) != std::string::npos ? msg : s.where() + ": " + who + " " + call + ": " + msg);
-  } catch (const c10::Error& e) {
-    throw Error(s.where() + ": " + who + " failed in " + call + ": " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    throw Error(s.where() + ": " + who + " failed in " + call + ": " + e.what());
-  }
-}
 
 // The QuantState that fuse passes and the backend's placement see.
 class SlotState final : public QuantState {
@@ -168,6 +152,7 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
   }
   SlotState state(*this);
   run_passes(config_.schedule, Pass::Stage::kFuse, model_->graph, registry, &state, config_.source);
+  layer_passes_ = make_layer_passes(config_.schedule, registry);
   try {
     backend_->place(state);
   } catch (const Error& e) {
@@ -351,14 +336,14 @@ void QuantModel::set_quant(bool weights, bool activations) {
   a_on_ = activations;
 }
 
-at::Tensor QuantModel::apply_slot(std::size_t node, std::size_t input, const at::Tensor& x) {
+at::Tensor QuantModel::apply_slot(std::size_t node, std::size_t input, const at::Tensor& x, bool force) {
   int idx = slot_of_[node][input];
   if (idx < 0) return x;
   QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
-  const bool on = s.role == InputRole::kWeight ? w_on_ : a_on_;
+  const bool on = force || (s.role == InputRole::kWeight ? w_on_ : a_on_);
   if (!on || !usable(s) || !x.is_floating_point()) return x;
   if (!s.calibrated) throw Error(s.where() + ": quantization is on but the model was not calibrated");
-  if (s.role == InputRole::kBias) return w_on_ && a_on_ ? fake_quantize(x, s.bias_params, s.spec) : x;
+  if (s.role == InputRole::kBias) return force || (w_on_ && a_on_) ? fake_quantize(x, s.bias_params, s.spec) : x;
   at::Tensor y = plugin_call(s, false, "forward", [&] { return s.quantizer->forward(x); });
   if (!y.defined() || y.sizes() != x.sizes()) {
     throw Error(s.where() + ": quantizer '" + s.quantizer_name + "' (plugin '" + s.quantizer_plugin + "') forward returned " +
@@ -385,7 +370,34 @@ std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& input
 
 void QuantModel::set_slot_enabled(std::size_t slot, bool enabled) { slots_.at(slot).enabled = enabled; }
 
+at::Tensor QuantModel::observe_input(std::size_t node, std::size_t input, const at::Tensor& x) {
+  const int idx = slot_of_[node][input];
+  if (idx < 0) return x;
+  QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
+  if (s.role != InputRole::kActivation || !s.active()) return x;
+  if (!x.is_floating_point()) {
+    // Integer or bool data (indices, masks, shape arithmetic) has nothing to quantize.
+    sdk::log_debug(s.where() + ": carries " + std::string(c10::toString(x.scalar_type())) + " data, left unquantized");
+    s.enabled = false;
+    return x;
+  }
+  plugin_call(s, true, "observe", [&] { s.observer->observe(x); });
+  return x;
+}
+
 CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress) {
+  for (auto& s : slots_)
+    if (s.observer) s.observer->reset();
+  if (config_.calibration.mode != "streaming") return run_layerwise(*this, data, progress);
+  std::string why;
+  if (!layer_passes_.empty()) why = "pass '" + layer_passes_.front().name + "' works layer by layer";
+  for (const auto& s : slots_)
+    if (why.empty() && s.active() && s.role == InputRole::kWeight && s.quantizer->reconstruction())
+      why = s.where() + " uses quantizer '" + s.quantizer_name + "', which learns by layer reconstruction";
+  if (!why.empty()) {
+    throw Error(config_.source + ": " + why + "; set [calibration] mode = \"layerwise\" or \"asym\" (now \"streaming\")");
+  }
+
   // Inference mode only while data flows: quantizer parameters made afterwards must be
   // ordinary tensors that autograd (QAT) can train.
   std::optional<c10::InferenceMode> inference(std::in_place);
@@ -396,83 +408,14 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   Batcher batcher(data, gin, config_.calibration.batch_size, config_.calibration.count);
   const std::int64_t total = config_.calibration.count > 0 ? config_.calibration.count : data.num_samples().value_or(-1);
   const at::Device device(config_.calibration.device);
-  for (auto& s : slots_)
-    if (s.observer) s.observer->reset();
-
-  auto observe = [this](std::size_t n, std::size_t k, const at::Tensor& x) {
-    int idx = slot_of_[n][k];
-    if (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kActivation &&
-        slots_[static_cast<std::size_t>(idx)].active()) {
-      QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
-      if (!x.is_floating_point()) {
-        // Integer or bool data (indices, masks, shape arithmetic) has nothing to quantize.
-        sdk::log_debug(s.where() + ": carries " + std::string(c10::toString(x.scalar_type())) + " data, left unquantized");
-        s.enabled = false;
-        return x;
-      }
-      plugin_call(s, true, "observe", [&] { s.observer->observe(x); });
-    }
-    return x;
-  };
-  auto feeds_of = [&](const Batch& b) {
+  // Memory is independent of the sample count: one batch in flight, observers stream.
+  while (auto b = batcher.next()) {
     std::map<std::string, at::Tensor> feeds;
-    for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = b.inputs[i].to(device);
-    return feeds;
-  };
-
-  if (config_.calibration.mode == "streaming") {
-    // Memory is independent of the sample count: one batch in flight, observers stream.
-    while (auto b = batcher.next()) {
-      executor_->run(feeds_of(*b), observe);
-      stats.samples += b->inputs[0].size(0);
-      ++stats.batches;
-      if (progress) progress(stats.samples, total);
-    }
-  } else {
-    // Layerwise (the original toolkit's runner): cache the graph inputs of every batch, run the
-    // graph node by node over all batches, and release each cached value explicitly once its
-    // last reader has run (Note [Release by out-degree]).
-    std::vector<std::map<std::string, at::Tensor>> cache;
-    while (auto b = batcher.next()) {
-      cache.push_back(feeds_of(*b));
-      stats.samples += b->inputs[0].size(0);
-      ++stats.batches;
-    }
-    auto counts = executor_->use_counts();
-    std::set<std::string> outputs;
-    for (const auto& o : model_->graph.outputs) outputs.insert(o.name);
-    const auto nodes = model_->graph.nodes();
-    const auto& constants = executor_->constants();
-    std::size_t live = gin.size() * cache.size();
-    stats.peak_cached_tensors = live;
-    for (std::size_t i = 0; i < nodes.size(); ++i) {
-      const Node& n = *nodes[i];
-      for (auto& values : cache) {
-        std::vector<at::Tensor> inputs(n.inputs.size());
-        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-          if (n.inputs[k].empty()) continue;
-          auto c = constants.find(n.inputs[k]);
-          inputs[k] = observe(i, k, c != constants.end() ? c->second : values.at(n.inputs[k]));
-        }
-        auto out = executor_->run_node(i, inputs);
-        for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
-          if (!n.outputs[k].empty()) {
-            values[n.outputs[k]] = std::move(out[k]);
-            ++live;
-          }
-      }
-      stats.peak_cached_tensors = std::max(stats.peak_cached_tensors, live);
-      auto release = [&](const std::string& name) {
-        for (auto& values : cache) live -= values.erase(name);
-      };
-      for (const auto& name : n.inputs) {
-        auto it = counts.find(name);
-        if (it != counts.end() && --it->second == 0 && !outputs.count(name)) release(name);
-      }
-      for (const auto& name : n.outputs)
-        if (!name.empty() && !counts.count(name) && !outputs.count(name)) release(name);
-      if (progress) progress(static_cast<std::int64_t>(i + 1) * stats.samples / static_cast<std::int64_t>(nodes.size()), total);
-    }
+    for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = b->inputs[i].to(device);
+    executor_->run(feeds, [this](std::size_t n, std::size_t k, const at::Tensor& x) { return observe_input(n, k, x); });
+    stats.samples += b->inputs[0].size(0);
+    ++stats.batches;
+    if (progress) progress(stats.samples, total);
   }
   if (stats.samples == 0) throw Error("the calibration data " + data.describe() + " yielded no samples");
   inference.reset();
@@ -503,36 +446,39 @@ void QuantModel::check_qparams(const QuantSlot& s, const QParams& p, const char*
 }
 
 void QuantModel::finish_calibration() {
-  const auto& constants = executor_->constants();
-  for (auto& s : slots_) {
-    if (!s.active() || s.role == InputRole::kBias) continue;
-    if (s.role == InputRole::kWeight) {
-      plugin_call(s, true, "reset", [&] { s.observer->reset(); });
-      plugin_call(s, true, "observe", [&] { s.observer->observe(constants.at(s.tensor)); });
-    }
-    const QParams p = plugin_call(s, true, "compute", [&] { return s.observer->compute(); });
-    check_qparams(s, p, "compute");
-    plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(p); });
-    s.observer->reset();  // statistics are no longer needed
-    s.calibrated = true;
+  for (auto& s : slots_)
+    if (s.active() && s.role != InputRole::kBias) finish_slot(s);
+  for (auto& s : slots_)
+    if (s.role == InputRole::kBias) finish_bias(s);
+}
+
+void QuantModel::finish_slot(QuantSlot& s) {
+  if (s.role == InputRole::kWeight) {
+    plugin_call(s, true, "reset", [&] { s.observer->reset(); });
+    plugin_call(s, true, "observe", [&] { s.observer->observe(executor_->constants().at(s.tensor)); });
   }
-  // Bias scale = activation scale x weight scale(s): what an int32 accumulator adds.
-  for (auto& s : slots_) {
-    if (s.role != InputRole::kBias) continue;
-    s.fake_fused = false;  // decided afresh from the current activation and weight slots
-    const QuantSlot& act = slots_[static_cast<std::size_t>(s.bias_activation)];
-    const QuantSlot& w = slots_[static_cast<std::size_t>(s.bias_weight)];
-    const at::Tensor& bias = constants.at(s.tensor);
-    const at::Tensor w_scale = w.calibrated ? w.quantizer->qparams().scale.to(at::kCPU, at::kFloat) : at::Tensor();
-    if (!act.active() || !w.active() || !act.calibrated || !w.calibrated || act.spec.per_channel || w.spec.group_size > 0 ||
-        (w.spec.per_channel && w_scale.numel() != bias.numel())) {
-      s.fake_fused = true;  // the product has no single per-output scale: keep the bias float
-      continue;
-    }
-    s.bias_params.scale = act.quantizer->qparams().scale.to(at::kCPU, at::kFloat).reshape({}) * w_scale;
-    s.bias_params.zero_point = at::zeros(s.bias_params.scale.sizes(), at::TensorOptions().dtype(at::kInt));
-    s.calibrated = true;
+  const QParams p = plugin_call(s, true, "compute", [&] { return s.observer->compute(); });
+  check_qparams(s, p, "compute");
+  plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(p); });
+  s.observer->reset();  // statistics are no longer needed
+  s.calibrated = true;
+}
+
+// Bias scale = activation scale x weight scale(s): what an int32 accumulator adds.
+void QuantModel::finish_bias(QuantSlot& s) {
+  s.fake_fused = false;  // decided afresh from the current activation and weight slots
+  const QuantSlot& act = slots_[static_cast<std::size_t>(s.bias_activation)];
+  const QuantSlot& w = slots_[static_cast<std::size_t>(s.bias_weight)];
+  const at::Tensor& bias = executor_->constants().at(s.tensor);
+  const at::Tensor w_scale = w.calibrated ? w.quantizer->qparams().scale.to(at::kCPU, at::kFloat) : at::Tensor();
+  if (!act.active() || !w.active() || !act.calibrated || !w.calibrated || act.spec.per_channel || w.spec.group_size > 0 ||
+      (w.spec.per_channel && w_scale.numel() != bias.numel())) {
+    s.fake_fused = true;  // the product has no single per-output scale: keep the bias float
+    return;
   }
+  s.bias_params.scale = act.quantizer->qparams().scale.to(at::kCPU, at::kFloat).reshape({}) * w_scale;
+  s.bias_params.zero_point = at::zeros(s.bias_params.scale.sizes(), at::TensorOptions().dtype(at::kInt));
+  s.calibrated = true;
 }
 
 // Note [Narrow export]
@@ -672,9 +618,16 @@ Graph QuantModel::export_graph() const {
     };
     std::string quantized;
     if (s.role != InputRole::kActivation) {
-      // Weights (and biases) are stored as integers followed by DequantizeLinear.
+      // Weights (and biases) are stored as integers followed by DequantizeLinear. A weight's
+      // integers are those of what its quantizer computes (exactly on the grid of p), so
+      // quantizers that choose their own rounding (AdaRound) export what they simulated.
       quantized = g.unique_name(base + "_quantized");
-      g.initializers[quantized] = quantize_to_int(executor_->constants().at(s.tensor).to(at::kCPU), p, s.spec).to(qtype);
+      at::Tensor value = executor_->constants().at(s.tensor);
+      if (!is_bias) {
+        c10::InferenceMode guard;
+        value = s.quantizer->forward(value);
+      }
+      g.initializers[quantized] = quantize_to_int(value.detach().to(at::kCPU), p, s.spec).to(qtype);
       if (narrow) g.narrow_types[quantized] = narrow;
     } else {
       Node q;
@@ -756,7 +709,13 @@ std::string QuantModel::report_json(const CalibrationStats* stats) const {
                         {"batches", stats->batches},
                         {"seconds", stats->seconds},
                         {"mode", stats->mode},
-                        {"peak_cached_tensors", stats->peak_cached_tensors}};
+                        {"peak_cached_tensors", stats->peak_cached_tensors},
+                        {"peak_cached_bytes", stats->peak_cached_bytes},
+                        {"layer_pass_changes", stats->layer_pass_changes}};
+    auto& rec = j["calibration"]["reconstructions"] = nlohmann::json::array();
+    for (const auto& r : stats->reconstructions)
+      rec.push_back({{"node", r.node}, {"mse_nearest", r.mse_nearest}, {"mse_learnt", r.mse_learnt},
+                     {"iterations", r.iterations}, {"seconds", r.seconds}});
   }
   return j.dump(2);
 }

@@ -31,7 +31,7 @@
 ///     batch_size = 32
 ///     count = 512                     # samples used (0: all)
 ///     device = "cpu"
-///     mode = "streaming"              # streaming | layerwise
+///     mode = "streaming"              # streaming | layerwise | asym (Note [Layerwise runner])
 ///     [plugins]
 ///     paths = []
 ///     enable = []
@@ -99,7 +99,8 @@ struct SPARSEBIT_API Config {
                                       {"fuse_hardswish", true},   {"fuse_gelu", true},
                                       {"fuse_layernorm", true},   {"merge_transposes", true},
                                       {"cross_layer_equalization", false},
-                                      {"disable_unnecessary_quant", true}, {"bn_tuning", false}};
+                                      {"disable_unnecessary_quant", true}, {"bn_tuning", false},
+                                      {"bias_correction", false}};
 
   Config();
   static Config from_file(const std::string& path);

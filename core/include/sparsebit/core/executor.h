@@ -56,6 +56,8 @@ class SPARSEBIT_API Executor {
   const std::map<std::string, at::Tensor>& constants() const { return constants_; }
   /// Replaces the executor's copy of constant `name` (the graph's initializer is unchanged).
   void set_constant(const std::string& name, at::Tensor value);
+  /// Adds a constant the graph's nodes may then read (the name must be new).
+  void add_constant(const std::string& name, at::Tensor value);
   /// Moves constants to `device` ("cpu", "cuda", "cuda:1").
   void to(const std::string& device);
 

@@ -3,6 +3,7 @@
 /// Running graph passes from the registry: the pipeline's two stages (QuantModel calls them),
 /// `sparsebit simplify`, and tests.
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,17 @@ namespace sparsebit {
 /// Returns whether any pass changed something.
 SPARSEBIT_API bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, Graph& graph,
                               const Registry& registry, QuantState* state, const std::string& config_source);
+
+/// A kLayer-stage pass made for one calibration run (the layerwise runner calls it per node).
+struct LayerPass {
+  std::string name, plugin;
+  Options options;
+  std::unique_ptr<Pass> pass;
+};
+
+/// Makes every enabled pass of the schedule whose stage is kLayer, in schedule order.
+SPARSEBIT_API std::vector<LayerPass> make_layer_passes(const std::vector<ScheduleEntry>& schedule,
+                                                       const Registry& registry);
 
 /// Runs one simplify-stage pass by name with default options; returns whether it changed the graph.
 SPARSEBIT_API bool run_simplify_pass(const std::string& name, Graph& graph, const Registry& registry);

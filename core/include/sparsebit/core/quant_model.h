@@ -10,6 +10,26 @@
 ///     auto outputs = qm.forward({x});        // simulated low-bit, differentiable
 ///     qm.export_onnx("model_qdq.onnx");      // QDQ ONNX for ONNX Runtime / TensorRT
 ///
+/// Note [Layerwise runner]
+/// `[calibration] mode` picks how data flows. "streaming": one batch at a time through the
+/// whole graph, observers stream (memory independent of the sample count). "layerwise": every
+/// batch is cached at the graph inputs and the graph runs node by node over all batches, each
+/// node's quantizers set as soon as it has seen all the data. "asym": as layerwise, with a
+/// second, quantized stream beside the float one: each node's activation observers see the
+/// quantized stream (what the deployed model feeds it) and its output is computed twice, float
+/// from float inputs and quantized from quantized inputs. Both caches release values by the
+/// out-degree rule (Note [Release by out-degree]); where the quantized stream has not diverged
+/// yet it shares the float stream's tensors instead of holding copies.
+///
+/// Note [Layer reconstruction]
+/// A weight quantizer whose reconstruction() is set (AdaRound) is trained at its node by the
+/// layerwise runner: targets are the node's float outputs; inputs are the cached inputs (the
+/// quantized stream in asym mode), fake-quantized by the node's activation quantizers; each
+/// step draws `batch_size` samples, runs the node with the quantizer's soft weight, and takes
+/// an Adam step on the quantizer's parameters() against
+///     mean over samples/positions of sum over channels (y - y_float)^2 + penalty(step).
+/// kLayer passes (bias correction) run after it, on the final weights.
+///
 /// Note [Quantization slots]
 /// A slot is one quantized input of one node: (node, input index, tensor name) with its QSpec,
 /// observer and quantizer. The QModule's input_specs() decide which inputs get slots; the
@@ -57,18 +77,33 @@ struct SPARSEBIT_API QuantSlot {
   std::string where() const;
 };
 
+/// One layer's reconstruction (Note [Layer reconstruction]): the mean squared error of its
+/// output against the float layer's, over the cached calibration data, with the weight rounded
+/// to nearest and with the learnt rounding (inputs as the runner feeds them).
+struct ReconstructionReport {
+  std::string node;
+  double mse_nearest = 0, mse_learnt = 0;
+  std::int64_t iterations = 0;
+  double seconds = 0;
+};
+
 struct CalibrationStats {
   std::int64_t samples = 0;
   std::int64_t batches = 0;
   double seconds = 0;
   std::string mode;
-  std::size_t peak_cached_tensors = 0;  ///< layerwise: most per-batch tensors cached at once
+  std::size_t peak_cached_tensors = 0;  ///< layerwise/asym: most per-batch tensors cached at once
+  std::int64_t peak_cached_bytes = 0;   ///< layerwise/asym: most bytes cached at once
+  std::vector<ReconstructionReport> reconstructions;
+  std::vector<std::string> layer_pass_changes;  ///< "pass: node" for every node a kLayer pass changed
 };
 
 /// Called after each calibration batch (samples done so far, total if known or -1).
 using ProgressFn = std::function<void(std::int64_t done, std::int64_t total)>;
 
 class SlotState;
+class LayerwiseRunner;
+struct LayerPass;
 
 class SPARSEBIT_API QuantModel {
  public:
@@ -117,6 +152,7 @@ class SPARSEBIT_API QuantModel {
 
  private:
   friend class SlotState;
+  friend class LayerwiseRunner;
   bool usable(const QuantSlot& s) const;
   std::vector<QuantSlot*> matching(const std::string& node_glob, std::optional<InputRole> role);
   int add_slot(std::size_t node, std::size_t input, InputRole role, std::int64_t weight_axis);
@@ -126,8 +162,16 @@ class SPARSEBIT_API QuantModel {
                            at::ScalarType qtype) const;
   std::map<std::string, std::string> export_metadata() const;
   void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
-  at::Tensor apply_slot(std::size_t node, std::size_t input, const at::Tensor& x);
+  /// The tensor node `node` sees at `input`: fake-quantized where quantization is on (`force`:
+  /// as if weights and activations were both on).
+  at::Tensor apply_slot(std::size_t node, std::size_t input, const at::Tensor& x, bool force = false);
+  /// Feeds an activation slot's observer (calibration); returns x.
+  at::Tensor observe_input(std::size_t node, std::size_t input, const at::Tensor& x);
   void finish_calibration();
+  /// Observer result -> quantizer, for one weight or activation slot.
+  void finish_slot(QuantSlot& s);
+  /// Bias parameters from the node's activation and weight slots.
+  void finish_bias(QuantSlot& s);
   void check_qparams(const QuantSlot& s, const QParams& p, const char* call) const;
 
   std::unique_ptr<Model> model_;  // heap-held: the executor refers to its graph
@@ -136,6 +180,7 @@ class SPARSEBIT_API QuantModel {
   std::unique_ptr<Backend> backend_;
   std::string backend_plugin_;
   std::unique_ptr<Executor> executor_;
+  std::vector<LayerPass> layer_passes_;  // kLayer passes, called by the layerwise runner
   std::vector<QuantSlot> slots_;
   std::vector<std::vector<int>> slot_of_;  // [node][input] -> slot index or -1
   std::set<const QuantTableConfig*> used_tables_;  // while building

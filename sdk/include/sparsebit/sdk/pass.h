@@ -1,10 +1,13 @@
 #pragma once
 /// \file
-/// Graph passes. A pass runs at one of two stages of the pipeline:
+/// Graph passes. A pass runs at one of three stages of the pipeline:
 ///   - kSimplify, before conversion: rewrites the IR (Graph) and keeps its float function;
 ///   - kFuse, after conversion: sees which node inputs are quantized (QuantState) and may
 ///     bypass quantizers that deployment fuses away ("fake fused": kept, neither applied in
-///     simulation nor exported).
+///     simulation nor exported);
+///   - kLayer, during layerwise calibration: called for each node once its quantizers are set,
+///     with the node's float and quantized outputs on the calibration data (LayerState), e.g.
+///     to correct its bias. Needs `[calibration] mode = "layerwise"` or `"asym"`.
 /// `[schedule]` in the config turns passes on by name; `[passes]` adds and orders them.
 /// Passes that match subgraphs use sparsebit/sdk/pattern.h.
 
@@ -41,9 +44,30 @@ class QuantState {
   virtual bool quantize_activation(const Node& node, std::size_t input) = 0;
 };
 
+/// One node of the layerwise calibration runner (Note [Layerwise runner] in quant_model.h).
+class LayerState {
+ public:
+  virtual ~LayerState() = default;
+  virtual const Graph& graph() const = 0;
+  virtual const Node& node() const = 0;
+  /// Number of cached calibration batches.
+  virtual std::size_t batches() const = 0;
+  /// Output `k` of the node in the float model for batch `b`.
+  virtual at::Tensor float_output(std::size_t b, std::size_t k = 0) const = 0;
+  /// Output `k` of the node with its quantizers on, for batch `b`, computed now from the
+  /// inputs the quantized model gives it ("asym" mode) or the float ones ("layerwise").
+  virtual at::Tensor quantized_output(std::size_t b, std::size_t k = 0) = 0;
+  /// Index of the node's bias input (a 1-D constant), or -1 when it has none.
+  virtual int bias_input() const = 0;
+  /// Axis of output 0 that the bias runs along (1 for Conv, the last for Gemm/MatMul).
+  virtual std::int64_t bias_axis() const = 0;
+  /// Replaces the value of the bias (same shape); used by the rest of calibration and export.
+  virtual void set_bias(const at::Tensor& value) = 0;
+};
+
 class Pass {
  public:
-  enum class Stage { kSimplify, kFuse };
+  enum class Stage { kSimplify, kFuse, kLayer };
   virtual ~Pass() = default;
   virtual Stage stage() const = 0;
   /// kSimplify passes: rewrite `graph`; return true if it changed.
@@ -54,6 +78,12 @@ class Pass {
   }
   /// kFuse passes: adjust quantizers; return true if anything changed.
   virtual bool run_quant(QuantState& state, const PassContext& ctx) {
+    (void)state;
+    (void)ctx;
+    return false;
+  }
+  /// kLayer passes: called once per node; return true if anything changed.
+  virtual bool run_layer(LayerState& state, const PassContext& ctx) {
     (void)state;
     (void)ctx;
     return false;

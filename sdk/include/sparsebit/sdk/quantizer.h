@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,15 @@
 #include "sparsebit/sdk/quant.h"
 
 namespace sparsebit {
+
+/// How the calibration runner optimises a quantizer that learns from its layer's output
+/// (Note [Layer reconstruction] in sparsebit/core/quant_model.h).
+struct ReconstructionSettings {
+  std::int64_t iterations = 20000;
+  std::int64_t batch_size = 32;   ///< samples per step, drawn from the cached calibration data
+  double learning_rate = 1e-3;    ///< Adam
+  std::uint64_t seed = 0;         ///< for drawing the samples
+};
 
 struct QuantizerContext {
   QSpec spec;
@@ -34,6 +45,20 @@ class Quantizer {
   /// express (DoReFa): its weights are then exported as the float values forward() produces,
   /// and its activations cannot be exported.
   virtual bool affine_grid() const { return true; }
+
+  /// Weight quantizers that learn by layer reconstruction (AdaRound) return their settings;
+  /// the layerwise runner then calls begin_reconstruction(weight), minimises the layer's
+  /// output error plus reconstruction_penalty(step) over parameters() with Adam, and calls
+  /// end_reconstruction(), after which forward() must be deterministic and on the grid of
+  /// qparams() (export stores the integers of forward(weight)).
+  virtual std::optional<ReconstructionSettings> reconstruction() const { return std::nullopt; }
+  virtual void begin_reconstruction(const at::Tensor& weight) { (void)weight; }
+  /// A scalar added to the layer's loss at `step` (0-based); undefined for none.
+  virtual at::Tensor reconstruction_penalty(std::int64_t step) {
+    (void)step;
+    return {};
+  }
+  virtual void end_reconstruction() {}
 };
 
 }  // namespace sparsebit

@@ -1,0 +1,407 @@
+// The layerwise calibration runner (Note [Layerwise runner]) and layer reconstruction
+// (Note [Layer reconstruction]), both in sparsebit/core/quant_model.h.
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/optim/adam.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "layerwise.h"
+#include "plugin_call.h"
+#include "sparsebit/core/passes.h"
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit {
+
+using Values = std::map<std::string, at::Tensor>;
+
+class LayerwiseRunner {
+ public:
+  LayerwiseRunner(QuantModel& qm, Dataset& data, const ProgressFn& progress)
+      : qm_(qm), data_(data), progress_(progress), asym_(qm.config_.calibration.mode == "asym"),
+        nodes_(qm.model_->graph.nodes()) {}
+
+  CalibrationStats run();
+
+  // For LayerState.
+  const Graph& graph() const { return qm_.model_->graph; }
+  const Node& node(std::size_t i) const { return *nodes_[i]; }
+  std::size_t batches() const { return fp_.size(); }
+  const Values& source(std::size_t b) const { return asym_ ? q_[b] : fp_[b]; }
+  at::Tensor float_output(std::size_t i, std::size_t b, std::size_t k) const;
+  std::vector<at::Tensor> quantized_outputs(std::size_t i, const Values& values);
+  int bias_input(std::size_t i) const;
+  void set_bias(std::size_t i, const at::Tensor& value);
+
+ private:
+  /// Node i's inputs as stored: constants, cached values of `values`, undefined where omitted.
+  std::vector<at::Tensor> raw_inputs(std::size_t i, const Values& values) const;
+  void reconstruct(std::size_t i, QuantSlot& w, CalibrationStats& stats);
+  void run_layer_passes(std::size_t i, CalibrationStats& stats);
+  void release(std::size_t i);
+  void account(CalibrationStats& stats) const;
+
+  QuantModel& qm_;
+  Dataset& data_;
+  const ProgressFn& progress_;
+  const bool asym_;
+  const std::vector<Node*> nodes_;
+  std::vector<Values> fp_, q_;       // per batch: float stream, quantized stream (asym only)
+  std::vector<std::int64_t> rows_;   // samples in each batch
+  std::map<std::string, int> counts_;
+  std::set<std::string> outputs_;
+};
+
+namespace {
+
+class LayerStateImpl final : public LayerState {
+ public:
+  LayerStateImpl(LayerwiseRunner& r, std::size_t i) : r_(r), i_(i) {}
+  const Graph& graph() const override { return r_.graph(); }
+  const Node& node() const override { return r_.node(i_); }
+  std::size_t batches() const override { return r_.batches(); }
+  at::Tensor float_output(std::size_t b, std::size_t k) const override { return r_.float_output(i_, b, k); }
+  at::Tensor quantized_output(std::size_t b, std::size_t k) override {
+    if (b >= r_.batches()) throw Error("quantized_output: batch " + std::to_string(b) + " of " + std::to_string(r_.batches()));
+    auto out = r_.quantized_outputs(i_, r_.source(b));
+    if (k >= out.size()) throw Error(node().describe() + ": has no output " + std::to_string(k));
+    return out[k];
+  }
+  int bias_input() const override { return r_.bias_input(i_); }
+  std::int64_t bias_axis() const override {
+    const int k = bias_input();
+    if (k < 0) throw Error(node().describe() + ": has no bias");
+    const std::int64_t c = r_.graph().initializers.at(node().inputs[static_cast<std::size_t>(k)]).numel();
+    const at::Tensor y = r_.float_output(i_, 0, 0);
+    if (y.dim() >= 2 && y.size(1) == c) return 1;
+    if (y.dim() >= 1 && y.size(-1) == c) return y.dim() - 1;
+    throw Error(node().describe() + ": its bias of " + std::to_string(c) + " values matches no channel axis of its output " +
+                c10::str(y.sizes()));
+  }
+  void set_bias(const at::Tensor& value) override { r_.set_bias(i_, value); }
+
+ private:
+  LayerwiseRunner& r_;
+  std::size_t i_;
+};
+
+/// The reconstruction loss: squared error summed over channels (dim 1), averaged over the rest.
+at::Tensor reconstruction_loss(const at::Tensor& y, const at::Tensor& target) {
+  const at::Tensor d = (y - target).pow(2);
+  return d.dim() >= 2 ? d.sum(1).mean() : d.mean();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::vector<at::Tensor> LayerwiseRunner::raw_inputs(std::size_t i, const Values& values) const {
+  const Node& n = *nodes_[i];
+  const auto& constants = qm_.executor_->constants();
+  std::vector<at::Tensor> inputs(n.inputs.size());
+  for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+    if (n.inputs[k].empty()) continue;
+    auto c = constants.find(n.inputs[k]);
+    inputs[k] = c != constants.end() ? c->second : values.at(n.inputs[k]);
+  }
+  return inputs;
+}
+
+at::Tensor LayerwiseRunner::float_output(std::size_t i, std::size_t b, std::size_t k) const {
+  const Node& n = *nodes_[i];
+  if (b >= fp_.size()) throw Error("float_output: batch " + std::to_string(b) + " of " + std::to_string(fp_.size()));
+  if (k >= n.outputs.size() || n.outputs[k].empty()) throw Error(n.describe() + ": has no output " + std::to_string(k));
+  return fp_[b].at(n.outputs[k]);
+}
+
+std::vector<at::Tensor> LayerwiseRunner::quantized_outputs(std::size_t i, const Values& values) {
+  auto inputs = raw_inputs(i, values);
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].defined()) inputs[k] = qm_.apply_slot(i, k, inputs[k], /*force=*/true);
+  return qm_.executor_->run_node(i, inputs);
+}
+
+int LayerwiseRunner::bias_input(std::size_t i) const {
+  const Node& n = *nodes_[i];
+  const auto specs = qm_.executor_->modules()[i].module->input_specs();
+  for (std::size_t k = 0; k < specs.size() && k < n.inputs.size(); ++k) {
+    if (specs[k].role != InputRole::kBias || !n.has_input(k)) continue;
+    auto init = graph().initializers.find(n.inputs[k]);
+    if (init != graph().initializers.end() && init->second.dim() == 1 && init->second.is_floating_point())
+      return static_cast<int>(k);
+  }
+  return -1;
+}
+
+void LayerwiseRunner::set_bias(std::size_t i, const at::Tensor& value) {
+  const int k = bias_input(i);
+  Node& n = qm_.model_->graph.node(i);
+  if (k < 0) throw Error(n.describe() + ": set_bias on a node without a constant bias");
+  const std::string name = n.inputs[static_cast<std::size_t>(k)];
+  Graph& g = qm_.model_->graph;
+  const at::Tensor& old = g.initializers.at(name);
+  if (value.sizes() != old.sizes()) {
+    throw Error(n.describe() + ": set_bias with shape " + c10::str(value.sizes()) + ", the bias has " + c10::str(old.sizes()));
+  }
+  const at::Tensor cpu = value.detach().to(at::kCPU, old.scalar_type()).contiguous();
+  std::size_t readers = 0;
+  for (const Node* other : nodes_)
+    readers += static_cast<std::size_t>(std::count(other->inputs.begin(), other->inputs.end(), name));
+  if (readers == 1) {
+    g.initializers[name] = cpu;
+    qm_.executor_->set_constant(name, value.detach().to(qm_.executor_->constants().at(name).device(), old.scalar_type()));
+    return;
+  }
+  // Shared with other nodes: this node gets its own corrected copy.
+  const std::string own = g.unique_name(name + "_" + n.name + "_corrected");
+  g.initializers[own] = cpu;
+  qm_.executor_->add_constant(own, value.detach().to(qm_.executor_->constants().at(name).device(), old.scalar_type()));
+  n.inputs[static_cast<std::size_t>(k)] = own;
+  const int slot = qm_.slot_of_[i][static_cast<std::size_t>(k)];
+  if (slot >= 0) qm_.slots_[static_cast<std::size_t>(slot)].tensor = own;
+}
+
+void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats& stats) {
+  const Node& n = *nodes_[i];
+  const auto t0 = std::chrono::steady_clock::now();
+  const ReconstructionSettings settings = *w.quantizer->reconstruction();
+  const at::Tensor weight = qm_.executor_->constants().at(w.tensor);
+  const auto& constants = qm_.executor_->constants();
+
+  // Samples are drawn row by row where every cached input and the target count samples along
+  // dim 0; otherwise a step takes one whole cached batch.
+  bool by_rows = true;
+  for (std::size_t b = 0; b < fp_.size() && by_rows; ++b) {
+    const at::Tensor& t = fp_[b].at(n.outputs[0]);
+    by_rows = t.dim() >= 1 && t.size(0) == rows_[b];
+    for (const auto& name : n.inputs)
+      if (!name.empty() && !constants.count(name)) {
+        const at::Tensor& x = source(b).at(name);
+        by_rows = by_rows && x.dim() >= 1 && x.size(0) == rows_[b];
+      }
+  }
+  auto inputs_for = [&](std::size_t b, const at::Tensor& rows) {
+    auto inputs = raw_inputs(i, source(b));
+    at::NoGradGuard no_grad;
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      if (!inputs[k].defined() || k == w.input_index) continue;
+      if (rows.defined() && !constants.count(n.inputs[k])) inputs[k] = inputs[k].index_select(0, rows);
+      inputs[k] = qm_.apply_slot(i, k, inputs[k], /*force=*/true);
+    }
+    return inputs;
+  };
+  auto output_with = [&](std::vector<at::Tensor> inputs) {
+    inputs[w.input_index] = plugin_call(w, false, "forward", [&] { return w.quantizer->forward(weight); });
+    return qm_.executor_->run_node(i, inputs).at(0);
+  };
+  auto mse = [&] {
+    at::NoGradGuard no_grad;
+    double sum = 0, count = 0;
+    for (std::size_t b = 0; b < fp_.size(); ++b) {
+      const at::Tensor y = output_with(inputs_for(b, {}));
+      sum += (y - fp_[b].at(n.outputs[0])).pow(2).sum().item<double>();
+      count += static_cast<double>(y.numel());
+    }
+    return sum / std::max(count, 1.0);
+  };
+
+  ReconstructionReport report;
+  report.node = n.name;
+  report.mse_nearest = mse();
+  plugin_call(w, false, "begin_reconstruction", [&] { w.quantizer->begin_reconstruction(weight); });
+  {
+    at::AutoGradMode grad(true);
+    auto params = plugin_call(w, false, "parameters", [&] { return w.quantizer->parameters(); });
+    if (params.empty()) throw Error(w.where() + ": quantizer '" + w.quantizer_name + "' has nothing to reconstruct with");
+    torch::optim::Adam adam(params, torch::optim::AdamOptions(settings.learning_rate));
+    std::mt19937_64 rng(settings.seed);
+    std::discrete_distribution<std::size_t> pick_batch(rows_.begin(), rows_.end());
+    for (std::int64_t step = 0; step < settings.iterations; ++step) {
+      const std::size_t b = pick_batch(rng);
+      at::Tensor rows;
+      if (by_rows && rows_[b] > settings.batch_size) {
+        std::vector<std::int64_t> all(static_cast<std::size_t>(rows_[b]));
+        std::iota(all.begin(), all.end(), 0);
+        for (std::int64_t j = 0; j < settings.batch_size; ++j) {  // partial Fisher-Yates
+          std::uniform_int_distribution<std::int64_t> d(j, rows_[b] - 1);
+          std::swap(all[static_cast<std::size_t>(j)], all[static_cast<std::size_t>(d(rng))]);
+        }
+        all.resize(static_cast<std::size_t>(settings.batch_size));
+        rows = at::tensor(all, at::kLong).to(weight.device());
+      }
+      at::Tensor target = fp_[b].at(n.outputs[0]);
+      if (rows.defined()) target = target.index_select(0, rows);
+      at::Tensor loss = reconstruction_loss(output_with(inputs_for(b, rows)), target);
+      at::Tensor penalty = plugin_call(w, false, "reconstruction_penalty", [&] { return w.quantizer->reconstruction_penalty(step); });
+      if (penalty.defined()) loss = loss + penalty;
+      adam.zero_grad();
+      loss.backward();
+      adam.step();
+    }
+  }
+  plugin_call(w, false, "end_reconstruction", [&] { w.quantizer->end_reconstruction(); });
+  report.mse_learnt = mse();
+  report.iterations = settings.iterations;
+  report.seconds = seconds_since(t0);
+  sdk::log_info("reconstructed " + n.describe() + ": output MSE " + std::to_string(report.mse_nearest) +
+                " (round to nearest) -> " + std::to_string(report.mse_learnt) + " in " +
+                std::to_string(report.iterations) + " steps, " + std::to_string(report.seconds) + " s");
+  stats.reconstructions.push_back(std::move(report));
+}
+
+void LayerwiseRunner::run_layer_passes(std::size_t i, CalibrationStats& stats) {
+  for (auto& lp : qm_.layer_passes_) {
+    LayerStateImpl state(*this, i);
+    PassContext ctx{lp.options};
+    bool changed = false;
+    try {
+      changed = lp.pass->run_layer(state, ctx);
+    } catch (const Error& e) {
+      throw Error("pass '" + lp.name + "' (plugin '" + lp.plugin + "') at " + nodes_[i]->describe() + ": " + e.what());
+    } catch (const c10::Error& e) {
+      throw Error("pass '" + lp.name + "' (plugin '" + lp.plugin + "') failed at " + nodes_[i]->describe() + ": " +
+                  e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      throw Error("pass '" + lp.name + "' (plugin '" + lp.plugin + "') failed at " + nodes_[i]->describe() + ": " + e.what());
+    }
+    if (changed) stats.layer_pass_changes.push_back(lp.name + ": " + nodes_[i]->name);
+  }
+}
+
+void LayerwiseRunner::release(std::size_t i) {
+  const Node& n = *nodes_[i];
+  auto drop = [&](const std::string& name) {
+    for (auto& v : fp_) v.erase(name);
+    for (auto& v : q_) v.erase(name);
+  };
+  for (const auto& name : n.inputs) {
+    auto it = counts_.find(name);
+    if (it != counts_.end() && --it->second == 0 && !outputs_.count(name)) drop(name);
+  }
+  for (const auto& name : n.outputs)
+    if (!name.empty() && !counts_.count(name) && !outputs_.count(name)) drop(name);
+}
+
+void LayerwiseRunner::account(CalibrationStats& stats) const {
+  std::size_t tensors = 0;
+  std::int64_t bytes = 0;
+  for (std::size_t b = 0; b < fp_.size(); ++b) {
+    for (const auto& [name, t] : fp_[b]) {
+      ++tensors;
+      bytes += static_cast<std::int64_t>(t.nbytes());
+    }
+    if (!asym_) continue;
+    for (const auto& [name, t] : q_[b]) {
+      auto f = fp_[b].find(name);
+      if (f != fp_[b].end() && f->second.is_same(t)) continue;  // shared, counted once
+      ++tensors;
+      bytes += static_cast<std::int64_t>(t.nbytes());
+    }
+  }
+  stats.peak_cached_tensors = std::max(stats.peak_cached_tensors, tensors);
+  stats.peak_cached_bytes = std::max(stats.peak_cached_bytes, bytes);
+}
+
+CalibrationStats LayerwiseRunner::run() {
+  // Plain tensors, not inference tensors: reconstruction trains through cached values.
+  at::NoGradGuard no_grad;
+  const auto start = std::chrono::steady_clock::now();
+  CalibrationStats stats;
+  stats.mode = qm_.config_.calibration.mode;
+  const auto& gin = qm_.model_->graph.inputs;
+  const auto& cal = qm_.config_.calibration;
+  const at::Device device(cal.device);
+  const std::int64_t total = cal.count > 0 ? cal.count : data_.num_samples().value_or(-1);
+  Batcher batcher(data_, gin, cal.batch_size, cal.count);
+  while (auto b = batcher.next()) {
+    Values feeds;
+    for (std::size_t k = 0; k < gin.size(); ++k) feeds[gin[k].name] = b->inputs[k].to(device);
+    if (asym_) q_.push_back(feeds);  // shares the tensors until the streams diverge
+    fp_.push_back(std::move(feeds));
+    rows_.push_back(b->inputs[0].dim() > 0 ? b->inputs[0].size(0) : 1);
+    stats.samples += rows_.back();
+    ++stats.batches;
+  }
+  if (stats.samples == 0) throw Error("the calibration data " + data_.describe() + " yielded no samples");
+  counts_ = qm_.executor_->use_counts();
+  for (const auto& o : qm_.model_->graph.outputs) outputs_.insert(o.name);
+  account(stats);
+
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = *nodes_[i];
+    auto store = [&](Values& values, std::vector<at::Tensor>& out) {
+      for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
+        if (!n.outputs[k].empty()) values[n.outputs[k]] = std::move(out[k]);
+    };
+    for (std::size_t b = 0; b < fp_.size(); ++b) {
+      auto out = qm_.executor_->run_node(i, raw_inputs(i, fp_[b]));
+      store(fp_[b], out);
+    }
+    for (std::size_t b = 0; b < fp_.size(); ++b) {
+      const auto inputs = raw_inputs(i, source(b));
+      for (std::size_t k = 0; k < inputs.size(); ++k)
+        if (inputs[k].defined()) qm_.observe_input(i, k, inputs[k]);
+    }
+    QuantSlot* reconstructed = nullptr;
+    for (std::size_t k = 0; k < qm_.slot_of_[i].size(); ++k) {
+      const int idx = qm_.slot_of_[i][k];
+      if (idx < 0) continue;
+      QuantSlot& s = qm_.slots_[static_cast<std::size_t>(idx)];
+      if (!s.active() || s.role == InputRole::kBias) continue;
+      qm_.finish_slot(s);
+      if (s.role == InputRole::kWeight && s.quantizer->reconstruction()) reconstructed = &s;
+    }
+    for (int idx : qm_.slot_of_[i])
+      if (idx >= 0 && qm_.slots_[static_cast<std::size_t>(idx)].role == InputRole::kBias)
+        qm_.finish_bias(qm_.slots_[static_cast<std::size_t>(idx)]);
+    if (reconstructed) reconstruct(i, *reconstructed, stats);
+    run_layer_passes(i, stats);
+
+    if (asym_) {
+      for (std::size_t b = 0; b < q_.size(); ++b) {
+        // Where the node sees exactly what the float stream gave it, its output is shared too.
+        auto raw = raw_inputs(i, q_[b]);
+        bool same = true;
+        for (std::size_t k = 0; k < raw.size() && same; ++k) {
+          if (!raw[k].defined()) continue;
+          if (!qm_.executor_->constants().count(n.inputs[k]) && !raw[k].is_same(fp_[b].at(n.inputs[k]))) same = false;
+          else if (!qm_.apply_slot(i, k, raw[k], /*force=*/true).is_same(raw[k])) same = false;
+        }
+        if (same) {
+          for (const auto& o : n.outputs)
+            if (!o.empty() && fp_[b].count(o)) q_[b][o] = fp_[b][o];
+          continue;
+        }
+        auto out = quantized_outputs(i, q_[b]);
+        store(q_[b], out);
+      }
+    }
+    account(stats);
+    release(i);
+    if (progress_)
+      progress_(static_cast<std::int64_t>(i + 1) * stats.samples / static_cast<std::int64_t>(nodes_.size()), total);
+  }
+  for (auto& lp : qm_.layer_passes_) {
+    auto unused = lp.options.unused();
+    if (!unused.empty()) {
+      throw Error(qm_.config_.source + ": [passes." + lp.name + "] key " + unused.front() + " is not read by this pass");
+    }
+  }
+  stats.seconds = seconds_since(start);
+  return stats;
+}
+
+CalibrationStats run_layerwise(QuantModel& qm, Dataset& data, const ProgressFn& progress) {
+  return LayerwiseRunner(qm, data, progress).run();
+}
+
+}  // namespace sparsebit
