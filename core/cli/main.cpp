@@ -389,7 +389,7 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
     std::printf("%-28s %10lld\n", "samples", static_cast<long long>(ev["samples"].get<std::int64_t>()));
     if (ev.contains("fp32_accuracy")) {
       std::printf("%-28s %9.2f%%\n", "FP32 accuracy", 100 * ev["fp32_accuracy"].get<double>());
-      std::printf("%-28s %9.2f%%\n", "INT8 simulated accuracy", 100 * ev["int8_simulated_accuracy"].get<double>());
+      std::printf("%-28s %9.2f%%\n", "simulated quantized accuracy", 100 * ev["int8_simulated_accuracy"].get<double>());
     }
     std::printf("%-28s %9.2f%%\n", "top-1 agreement", 100 * ev["top1_agreement"].get<double>());
   }

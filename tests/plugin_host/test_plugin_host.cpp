@@ -10,6 +10,7 @@
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/version.h"
 #include "test_support.h"
 
 namespace sparsebit {
@@ -48,8 +49,9 @@ TEST_F(PluginHost, WrongAbiIsRefusedNamingBothValues) {
   ASSERT_TRUE(p);
   EXPECT_EQ(p->status, PluginRecord::Status::kRefused);
   EXPECT_EQ(p->gate, "abi_version");
-  EXPECT_NE(p->reason.find("ABI version 42"), std::string::npos) << p->reason;
-  EXPECT_NE(p->reason.find("host has 1"), std::string::npos) << p->reason;
+  const std::string plugin_abi = "ABI version " + std::to_string(sdk::kAbiVersion + 41);
+  EXPECT_NE(p->reason.find(plugin_abi), std::string::npos) << p->reason;
+  EXPECT_NE(p->reason.find("host has " + std::to_string(sdk::kAbiVersion)), std::string::npos) << p->reason;
 }
 
 TEST_F(PluginHost, WrongFingerprintIsRefusedBeforeItsCodeRuns) {
@@ -65,14 +67,15 @@ TEST_F(PluginHost, NewerSdkMinorIsRefused) {
   const PluginRecord* p = find(registry_, "fixture_wrong_sdk");
   ASSERT_TRUE(p);
   EXPECT_EQ(p->gate, "sdk_version");
-  EXPECT_NE(p->reason.find("SDK 0.2"), std::string::npos) << p->reason;
+  const std::string newer = "SDK " + std::to_string(sdk::kSdkVersionMajor) + "." + std::to_string(sdk::kSdkVersionMinor + 1);
+  EXPECT_NE(p->reason.find(newer), std::string::npos) << p->reason;
 }
 
 TEST_F(PluginHost, OlderSdkMinorLoads) {
   const PluginRecord* p = find(registry_, "fixture_old_sdk_minor");
   ASSERT_TRUE(p);
   EXPECT_EQ(p->status, PluginRecord::Status::kLoaded) << p->reason;
-  EXPECT_EQ(p->sdk_version, "0.0");
+  EXPECT_EQ(p->sdk_version, std::to_string(sdk::kSdkVersionMajor) + "." + std::to_string(sdk::kSdkVersionMinor - 1));
   EXPECT_TRUE(registry_.observer("fixture_old_sdk"));
 }
 
