@@ -11,11 +11,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "progress.h"
@@ -25,6 +27,7 @@
 #include "sparsebit/core/graph_dump.h"
 #include "sparsebit/core/passes.h"
 #include "sparsebit/core/profiler.h"
+#include "sparsebit/core/qat.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/quant_model.h"
@@ -412,6 +415,102 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
   return 0;
 }
 
+struct QatArgs {
+  std::string model, config, calib, train, output, report, device, checkpoint, loss;
+  int epochs = 0;
+  double lr = 0;
+  bool restart = false;
+};
+
+// What a checkpoint must agree on to be resumed (Note [QAT checkpoints]): every input of the
+// run except the epoch count.
+std::string qat_fingerprint(const QatArgs& a, const sb::Config& c) {
+  auto file_id = [](const std::string& path) {  // size and a hash of the first MiB
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    std::string head(1 << 20, '\0');
+    std::ifstream in(path, std::ios::binary);
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<std::size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+    return path + "#" + std::to_string(ec ? 0 : size) + "#" + std::to_string(std::hash<std::string>{}(head));
+  };
+  std::ostringstream s;
+  s << file_id(a.model) << "|" << file_id(a.config) << "|" << std::filesystem::absolute(a.calib).string() << "|"
+    << std::filesystem::absolute(a.train).string() << "|" << c.qat.lr << "|" << c.qat.weight_decay << "|" << c.qat.batch_size
+    << "|" << c.qat.count << "|" << c.qat.loss << "|" << c.qat.temperature << "|" << c.qat.seed << "|"
+    << c.calibration.batch_size << "|" << c.calibration.count << "|" << c.calibration.mode;
+  return s.str();
+}
+
+int cmd_qat(QatArgs a, const GlobalOptions& g) {
+  sb::Config config = sb::Config::from_file(a.config);
+  if (a.epochs > 0) config.qat.epochs = a.epochs;
+  if (a.lr > 0) config.qat.lr = a.lr;
+  if (!a.loss.empty()) {
+    if (a.loss != "mse" && a.loss != "kl") throw sb::Error("--loss must be mse or kl");
+    config.qat.loss = a.loss;
+  }
+  if (!a.device.empty()) config.calibration.device = a.device;
+  const std::string checkpoint = a.checkpoint.empty() ? a.output + ".ckpt" : a.checkpoint;
+  if (a.restart) std::filesystem::remove(checkpoint);
+  sb::AtomicFile out(a.output);
+  std::unique_ptr<sb::AtomicFile> report;
+  if (!a.report.empty()) report = std::make_unique<sb::AtomicFile>(a.report);
+
+  sb::Registry registry;
+  registry.load(config.plugins);
+  sb::Model float_model = sb::load_onnx(a.model);
+  sb::Executor teacher(float_model.graph, registry);
+  teacher.to(config.calibration.device);
+  sb::QuantModel qm(sb::load_onnx(a.model), config, registry);
+  const auto& inputs = qm.graph().inputs;
+  sb::CalibrationStats stats;
+  {
+    auto calib = sb::open_dataset(a.calib, inputs);
+    sb::cli::Progress bar("calibrating", !g.quiet);
+    stats = qm.init_qat(*calib, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
+  }
+  spdlog::info("training {} epoch(s) on {} (batch {}, Adam lr {}, {} distillation loss, device {}, {} threads)", config.qat.epochs,
+               a.train, config.qat.batch_size, config.qat.lr, config.qat.loss, config.calibration.device, at::get_num_threads());
+  sb::QatOptions options{config.qat, checkpoint, qat_fingerprint(a, config)};
+  std::unique_ptr<sb::cli::Progress> bar;
+  int bar_epoch = 0;
+  const sb::QatResult result = sb::distill(
+      qm, teacher, [&] { return sb::open_dataset(a.train, inputs); }, options,
+      [&](int epoch, std::int64_t done, std::int64_t total, double loss) {
+        if (epoch != bar_epoch) {
+          bar = std::make_unique<sb::cli::Progress>("epoch " + std::to_string(epoch) + "/" + std::to_string(config.qat.epochs),
+                                                    !g.quiet);
+          bar_epoch = epoch;
+        }
+        char note[64];
+        std::snprintf(note, sizeof note, " loss %.4g", loss);
+        bar->update(done, total, note);
+      });
+  bar.reset();
+
+  json rep = json::parse(qm.report_json(&stats));
+  rep["qat"] = {{"resumed_after_epoch", result.resumed_after}, {"checkpoint", checkpoint}, {"loss", config.qat.loss},
+                {"lr", config.qat.lr}, {"epochs", json::array()}};
+  for (const auto& e : result.epochs)
+    rep["qat"]["epochs"].push_back({{"epoch", e.epoch}, {"loss", e.loss}, {"samples", e.samples}, {"seconds", e.seconds}});
+  std::string external;
+  out.write(qm.serialize(&external, std::filesystem::path(a.output).filename().string() + ".data"));
+  if (!external.empty()) {
+    sb::AtomicFile data(a.output + ".data");
+    data.write(external);
+    data.commit();
+  }
+  if (report) {
+    report->write(rep.dump(2) + "\n");
+    report->commit();
+  }
+  out.commit();
+  spdlog::info("wrote {} (checkpoint {} kept: rerun with more --epochs to continue, --restart to start over)", a.output,
+               checkpoint);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -473,6 +572,21 @@ int main(int argc, char** argv) {
   prof->add_option("--calib-count", pa.calib_count, "Calibration samples, 0 = all (overrides [calibration] count)")->check(CLI::NonNegativeNumber);
   prof->add_option("--device", pa.device, "cpu or cuda[:N] (overrides [calibration] device)");
 
+  QatArgs qt;
+  auto* qat = app.add_subcommand("qat", "Quantization-aware training by distillation from the float model (no labels needed)");
+  qat->add_option("model", qt.model, "Float ONNX model")->required();
+  qat->add_option("-c,--config", qt.config, "TOML config (see configs/w4a4_lsq.toml; [qat] sets the training)")->required();
+  qat->add_option("--calib", qt.calib, "Calibration data for the initial quantizer parameters")->required();
+  qat->add_option("--train", qt.train, "Training data (unlabeled; same layouts as --calib)")->required();
+  qat->add_option("-o,--output", qt.output, "Output QDQ ONNX model")->required();
+  qat->add_option("--epochs", qt.epochs, "Epochs (overrides [qat] epochs)")->check(CLI::PositiveNumber);
+  qat->add_option("--lr", qt.lr, "Adam learning rate (overrides [qat] lr)")->check(CLI::PositiveNumber);
+  qat->add_option("--loss", qt.loss, "mse or kl (overrides [qat] loss)");
+  qat->add_option("--device", qt.device, "cpu or cuda[:N] (overrides [calibration] device)");
+  qat->add_option("--checkpoint", qt.checkpoint, "Checkpoint written after every epoch and resumed from (default OUTPUT.ckpt)");
+  qat->add_flag("--restart", qt.restart, "Ignore an existing checkpoint and start from calibration");
+  qat->add_option("--report", qt.report, "Write a JSON report (quantizers and per-epoch loss)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     setup_logging(g);
@@ -481,6 +595,7 @@ int main(int argc, char** argv) {
     if (*inspect) return cmd_inspect(inspect_model, inspect_config, inspect_json, inspect_dot, inspect_mermaid);
     if (*simplify) return cmd_simplify(simplify_model, simplify_config, simplify_output);
     if (*prof) return cmd_profile(pa, g);
+    if (*qat) return cmd_qat(qt, g);
   } catch (const sb::Error& e) {
     spdlog::error("{}", e.what());
     return 1;

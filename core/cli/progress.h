@@ -11,7 +11,8 @@ class Progress {
  public:
   Progress(std::string label, bool enabled);
   ~Progress();
-  void update(std::int64_t done, std::int64_t total);
+  /// `note` is printed after the counts (e.g. " loss 0.012").
+  void update(std::int64_t done, std::int64_t total, const std::string& note = "");
   void finish();
 
  private:

@@ -185,7 +185,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Config c;
   c.source = source_name;
   Reader r{c.source};
-  r.check_keys(root, "", {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "plugins"});
+  r.check_keys(root, "", {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "plugins"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   c.skip = r.strings(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
@@ -272,6 +272,26 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
     if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
       throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");
+  }
+  if (auto* t = table("qat")) {
+    r.check_keys(*t, "qat", {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed"});
+    auto positive_int = [&](const char* key, int current, std::int64_t min) {
+      const std::int64_t v = r.get<std::int64_t>(*t, "qat", key, current, "an integer");
+      if (v < min || v > (1 << 30)) throw Error(r.key_path("qat", key) + " must be at least " + std::to_string(min));
+      return static_cast<int>(v);
+    };
+    c.qat.epochs = positive_int("epochs", c.qat.epochs, 1);
+    c.qat.batch_size = positive_int("batch_size", c.qat.batch_size, 1);
+    c.qat.count = positive_int("count", c.qat.count, 0);
+    c.qat.lr = r.get<double>(*t, "qat", "lr", c.qat.lr, "a number");
+    if (!(c.qat.lr > 0)) throw Error(r.key_path("qat", "lr") + " must be > 0");
+    c.qat.weight_decay = r.get<double>(*t, "qat", "weight_decay", c.qat.weight_decay, "a number");
+    if (!(c.qat.weight_decay >= 0)) throw Error(r.key_path("qat", "weight_decay") + " must be >= 0");
+    c.qat.loss = r.get<std::string>(*t, "qat", "loss", c.qat.loss, "a string");
+    if (c.qat.loss != "mse" && c.qat.loss != "kl") throw Error(r.key_path("qat", "loss") + " must be \"mse\" or \"kl\"");
+    c.qat.temperature = r.get<double>(*t, "qat", "temperature", c.qat.temperature, "a number");
+    if (!(c.qat.temperature > 0)) throw Error(r.key_path("qat", "temperature") + " must be > 0");
+    c.qat.seed = r.get<std::int64_t>(*t, "qat", "seed", c.qat.seed, "an integer");
   }
   if (auto* t = table("plugins")) {
     r.check_keys(*t, "plugins", {"paths", "enable", "disable"});

@@ -370,6 +370,51 @@ std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& input
 
 void QuantModel::set_slot_enabled(std::size_t slot, bool enabled) { slots_.at(slot).enabled = enabled; }
 
+CalibrationStats QuantModel::init_qat(Dataset& data, const ProgressFn& progress) {
+  CalibrationStats stats = calibrate(data, progress);
+  set_quant(true, true);
+  trainable_.clear();
+  std::set<std::string> seen;
+  const auto nodes = model_->graph.nodes();
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    bool quantized_weight = false;
+    for (int idx : slot_of_[i])
+      quantized_weight = quantized_weight || (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kWeight &&
+                                              slots_[static_cast<std::size_t>(idx)].active());
+    if (!quantized_weight) continue;
+    const auto specs = executor_->modules()[i].module->input_specs();
+    for (std::size_t k = 0; k < specs.size() && k < nodes[i]->inputs.size(); ++k) {
+      if (specs[k].role != InputRole::kWeight && specs[k].role != InputRole::kBias) continue;
+      const std::string& name = nodes[i]->inputs[k];
+      auto c = executor_->constants().find(name);
+      if (c == executor_->constants().end() || !c->second.is_floating_point() || !seen.insert(name).second) continue;
+      executor_->set_constant(name, c->second.detach().clone().set_requires_grad(true));
+      trainable_.push_back(name);
+    }
+  }
+  sdk::log_info("QAT: " + std::to_string(trainable_.size()) + " weight and bias tensors trainable, " +
+                std::to_string(named_parameters().size() - trainable_.size()) + " quantizer parameters");
+  return stats;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> QuantModel::named_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& name : trainable_) out.emplace_back("weight " + name, executor_->constants().at(name));
+  for (auto& s : slots_) {
+    if (!s.active() || !s.quantizer) continue;
+    const auto params = plugin_call(s, false, "parameters", [&] { return s.quantizer->parameters(); });
+    for (std::size_t j = 0; j < params.size(); ++j)
+      out.emplace_back("quantizer " + s.node_name + "#" + std::to_string(s.input_index) + "/" + std::to_string(j), params[j]);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> QuantModel::parameters() {
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
 at::Tensor QuantModel::observe_input(std::size_t node, std::size_t input, const at::Tensor& x) {
   const int idx = slot_of_[node][input];
   if (idx < 0) return x;
@@ -549,6 +594,8 @@ void lift_to_opset21(Graph& g, const std::string& why) {
 
 Graph QuantModel::export_graph() const {
   Graph g = model_->graph.clone();
+  for (const auto& name : trainable_)  // Note [QAT]: the trained values
+    g.initializers[name] = executor_->constants().at(name).detach().to(at::kCPU).clone();
   const std::int64_t opset = std::max<std::int64_t>({g.default_opset(), backend_->min_export_opset(), 13});
   g.opset_imports[""] = opset;
   bool int4 = false, wide16 = false;

@@ -32,6 +32,10 @@
 ///     count = 512                     # samples used (0: all)
 ///     device = "cpu"
 ///     mode = "streaming"              # streaming | layerwise | asym (Note [Layerwise runner])
+///     [qat]                           # `sparsebit qat` (sparsebit/core/qat.h)
+///     epochs = 1
+///     lr = 1e-4
+///     loss = "mse"                    # mse | kl
 ///     [plugins]
 ///     paths = []
 ///     enable = []
@@ -68,6 +72,18 @@ struct CalibrationConfig {
   std::string mode = "streaming";
 };
 
+/// `[qat]`: quantization-aware training by distillation (sparsebit/core/qat.h).
+struct QatConfig {
+  int epochs = 1;
+  double lr = 1e-4;          ///< Adam learning rate
+  double weight_decay = 0;
+  int batch_size = 32;
+  int count = 0;              ///< training samples per epoch (0: all)
+  std::string loss = "mse";   ///< mse | kl (on softmax over axis 1 at `temperature`)
+  double temperature = 1;
+  std::int64_t seed = 0;
+};
+
 /// One `[[specific]]` entry: complete [w]/[a] tables (the global ones with this entry's keys
 /// over them) for the nodes matching `nodes`.
 struct SpecificEntry {
@@ -93,6 +109,7 @@ struct SPARSEBIT_API Config {
   std::vector<std::string> skip;
   std::vector<SpecificEntry> specific;  ///< first match wins
   CalibrationConfig calibration;
+  QatConfig qat;
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},  {"fold_constants", true},
                                       {"fuse_bn", true},          {"fuse_matmul_add", true},

@@ -30,6 +30,15 @@
 ///     mean over samples/positions of sum over channels (y - y_float)^2 + penalty(step).
 /// kLayer passes (bias correction) run after it, on the final weights.
 ///
+/// Note [QAT]
+/// init_qat() replaces the executor's copies of the weights and biases of every node with an
+/// active weight quantizer by leaf tensors that require gradients; the graph's initializers
+/// keep the float originals until export, which writes the executor's (trained) values. Weight
+/// quantizers see the trained weight at every forward (their scale learns where they are
+/// learnable); gradients cross rounding by each quantizer's rule (STE, LSQ, PACT, ...).
+/// BatchNormalization is folded into its conv by fuse_bn before conversion, so the trained
+/// weights already carry it.
+///
 /// Note [Quantization slots]
 /// A slot is one quantized input of one node: (node, input index, tensor name) with its QSpec,
 /// observer and quantizer. The QModule's input_specs() decide which inputs get slots; the
@@ -115,6 +124,16 @@ class SPARSEBIT_API QuantModel {
   /// quantizer from its observer.
   CalibrationStats calibrate(Dataset& data, const ProgressFn& progress = {});
 
+  /// Quantization-aware training (Note [QAT]): calibrates on `data`, turns weight and
+  /// activation quantization on, and makes the float weights and biases of quantized nodes
+  /// trainable. Train parameters() with any LibTorch optimizer through forward(); export
+  /// writes the trained values.
+  CalibrationStats init_qat(Dataset& data, const ProgressFn& progress = {});
+  /// Every trainable tensor after init_qat(), named ("weight NAME" for the model's float
+  /// constants, "quantizer NODE#INPUT/k" for quantizer parameters), in a fixed order.
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters();
+  std::vector<at::Tensor> parameters();
+
   /// Turns weight / activation fake quantization on or off (both off after construction).
   void set_quant(bool weights, bool activations);
   /// Switches the quantizers of nodes whose name matches `node_glob` (of `role`, or all roles)
@@ -185,6 +204,7 @@ class SPARSEBIT_API QuantModel {
   std::vector<std::vector<int>> slot_of_;  // [node][input] -> slot index or -1
   std::set<const QuantTableConfig*> used_tables_;  // while building
   bool w_on_ = false, a_on_ = false;
+  std::vector<std::string> trainable_;  // float constants made trainable by init_qat, in node order
 };
 
 }  // namespace sparsebit

@@ -1,0 +1,189 @@
+// Distillation QAT (sparsebit/core/qat.h).
+
+#include "sparsebit/core/qat.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/optim/adam.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+
+#include "sparsebit/core/atomic_file.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit {
+
+at::Tensor distillation_loss(const std::vector<at::Tensor>& student, const std::vector<at::Tensor>& teacher,
+                             const std::string& loss, double temperature) {
+  if (student.size() != teacher.size()) {
+    throw Error("distillation: the student has " + std::to_string(student.size()) + " outputs, the teacher " +
+                std::to_string(teacher.size()));
+  }
+  at::Tensor total;
+  std::int64_t terms = 0;
+  for (std::size_t i = 0; i < student.size(); ++i) {
+    if (!student[i].is_floating_point()) continue;
+    if (student[i].sizes() != teacher[i].sizes()) {
+      throw Error("distillation: output " + std::to_string(i) + " has shape " + c10::str(student[i].sizes()) +
+                  " in the student and " + c10::str(teacher[i].sizes()) + " in the teacher");
+    }
+    const at::Tensor t = teacher[i].detach().to(student[i].scalar_type());
+    at::Tensor term;
+    if (loss == "mse") {
+      term = (student[i] - t).pow(2).mean();
+    } else if (loss == "kl") {
+      if (student[i].dim() < 2) throw Error("distillation: loss \"kl\" needs outputs with a class axis 1");
+      const at::Tensor log_p = at::log_softmax(student[i] / temperature, 1);
+      const at::Tensor q = at::softmax(t / temperature, 1);
+      term = (q * (at::log(q.clamp_min(1e-12)) - log_p)).sum() / double(student[i].size(0)) * temperature * temperature;
+    } else {
+      throw Error("distillation: unknown loss \"" + loss + "\" (mse or kl)");
+    }
+    total = total.defined() ? total + term : term;
+    ++terms;
+  }
+  if (!terms) throw Error("distillation: the model has no float output to compare");
+  return total / double(terms);
+}
+
+namespace {
+
+void save_checkpoint(const std::string& path, const std::string& fingerprint, int epoch,
+                     const std::vector<std::pair<std::string, at::Tensor>>& params, torch::optim::Adam& adam) {
+  torch::serialize::OutputArchive archive;
+  archive.write("fingerprint", c10::IValue(fingerprint));
+  archive.write("epoch", c10::IValue(static_cast<std::int64_t>(epoch)));
+  torch::serialize::OutputArchive values;
+  for (const auto& [name, t] : params) values.write(name, t.detach().to(at::kCPU));
+  archive.write("parameters", values);
+  torch::serialize::OutputArchive optimizer;
+  adam.save(optimizer);
+  archive.write("optimizer", optimizer);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  AtomicFile out(path);
+  out.write(bytes.str());
+  out.commit();
+}
+
+/// Restores a checkpoint into `params` and `adam`; returns the epochs it had finished.
+int load_checkpoint(const std::string& path, const std::string& fingerprint,
+                    const std::vector<std::pair<std::string, at::Tensor>>& params, torch::optim::Adam& adam) {
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path);
+  } catch (const std::exception& e) {
+    throw Error(path + ": not a readable QAT checkpoint (" + std::string(e.what()).substr(0, 200) +
+                "); delete it or pass --restart");
+  }
+  c10::IValue fp, epoch;
+  if (!archive.try_read("fingerprint", fp) || !fp.isString() || !archive.try_read("epoch", epoch) || !epoch.isInt()) {
+    throw Error(path + ": not a QAT checkpoint of this version; delete it or pass --restart");
+  }
+  if (fp.toStringRef() != fingerprint) {
+    throw Error(path + ": checkpoint of another run (different model, config or data); delete it or pass --restart");
+  }
+  torch::serialize::InputArchive values;
+  archive.read("parameters", values);
+  at::NoGradGuard no_grad;
+  for (const auto& [name, t] : params) {
+    at::Tensor saved;
+    if (!values.try_read(name, saved) || saved.sizes() != t.sizes()) {
+      throw Error(path + ": checkpoint has no parameter '" + name + "' of shape " + c10::str(t.sizes()) +
+                  "; delete it or pass --restart");
+    }
+    t.copy_(saved);
+  }
+  torch::serialize::InputArchive optimizer;
+  archive.read("optimizer", optimizer);
+  adam.load(optimizer);
+  return static_cast<int>(epoch.toInt());
+}
+
+}  // namespace
+
+QatResult distill(QuantModel& student, Executor& teacher, const std::function<std::unique_ptr<Dataset>()>& open_train,
+                  const QatOptions& options, const QatProgressFn& progress) {
+  const QatConfig& s = options.settings;
+  const auto& gin = student.graph().inputs;
+  const at::Device device(student.config().calibration.device);
+  auto feeds_of = [&](const Batch& b) {
+    std::vector<at::Tensor> student_in;
+    std::map<std::string, at::Tensor> teacher_in;
+    for (std::size_t i = 0; i < gin.size(); ++i) {
+      student_in.push_back(b.inputs[i].to(device));
+      teacher_in[gin[i].name] = student_in.back();
+    }
+    return std::make_pair(student_in, teacher_in);
+  };
+
+  // Quantizers that initialise on their first input (lsq's init = "lsq") do so now, before a
+  // checkpoint's values are restored over them.
+  {
+    auto data = open_train();
+    Batcher batcher(*data, gin, s.batch_size, s.count);
+    auto first = batcher.next();
+    if (!first) throw Error("the training data " + data->describe() + " yielded no samples");
+    at::NoGradGuard no_grad;
+    student.forward(feeds_of(*first).first);
+  }
+  const auto params = student.named_parameters();
+  if (params.empty()) throw Error("QAT: nothing to train; call init_qat() first");
+  std::vector<at::Tensor> tensors;
+  for (const auto& [name, t] : params) tensors.push_back(t);
+  torch::optim::Adam adam(tensors, torch::optim::AdamOptions(s.lr).weight_decay(s.weight_decay));
+
+  QatResult result;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!options.checkpoint.empty() && fs::exists(options.checkpoint, ec)) {
+    result.resumed_after = load_checkpoint(options.checkpoint, options.fingerprint, params, adam);
+    sdk::log_info("resuming from " + options.checkpoint + " after epoch " + std::to_string(result.resumed_after) + " of " +
+                  std::to_string(s.epochs));
+  }
+  for (int epoch = result.resumed_after + 1; epoch <= s.epochs; ++epoch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto data = open_train();
+    Batcher batcher(*data, gin, s.batch_size, s.count);
+    const std::int64_t total = s.count > 0 ? s.count : data->num_samples().value_or(-1);
+    QatEpoch e;
+    e.epoch = epoch;
+    double loss_sum = 0;
+    std::int64_t batches = 0;
+    while (auto b = batcher.next()) {
+      auto [student_in, teacher_in] = feeds_of(*b);
+      std::vector<at::Tensor> target;
+      {
+        at::NoGradGuard no_grad;
+        target = teacher.run(teacher_in);
+      }
+      at::Tensor loss = distillation_loss(student.forward(student_in), target, s.loss, s.temperature);
+      const double value = loss.item<double>();
+      if (!std::isfinite(value)) {
+        throw Error("QAT: the loss became " + std::to_string(value) + " in epoch " + std::to_string(epoch) +
+                    "; lower [qat] lr (now " + std::to_string(s.lr) + ")");
+      }
+      adam.zero_grad();
+      loss.backward();
+      adam.step();
+      loss_sum += value;
+      ++batches;
+      e.samples += b->inputs[0].size(0);
+      if (progress) progress(epoch, e.samples, total, loss_sum / double(batches));
+    }
+    e.loss = batches ? loss_sum / double(batches) : 0;
+    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    result.epochs.push_back(e);
+    sdk::log_info("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs) + ": loss " + std::to_string(e.loss) +
+                  " over " + std::to_string(e.samples) + " samples, " + std::to_string(e.seconds) + " s");
+    if (!options.checkpoint.empty()) save_checkpoint(options.checkpoint, options.fingerprint, epoch, params, adam);
+  }
+  return result;
+}
+
+}  // namespace sparsebit

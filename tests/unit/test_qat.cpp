@@ -1,0 +1,133 @@
+// Quantization-aware training: gradients reach every trainable tensor, one optimiser step lowers
+// the distillation loss, training changes the exported model, an interrupted run resumes from
+// its checkpoint to exactly the uninterrupted result, and the loss functions against hand values.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+
+#include <cmath>
+
+#include "sparsebit/core/qat.h"
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/sdk/error.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+const std::string kImages = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+
+Config w4a4_lsq(int train_count) {
+  Config c = Config::from_file(testing::source_path("configs/w4a4_lsq.toml"));
+  c.calibration.count = 128;
+  c.qat.count = train_count;
+  c.qat.batch_size = 32;
+  c.plugins.use_environment = false;
+  return c;
+}
+
+struct QatSetup {
+  Model float_model = load_onnx(testing::fixture_model());
+  Executor teacher{float_model.graph, testing::shipped_registry()};
+  QuantModel student;
+  explicit QatSetup(const Config& c) : student(load_onnx(testing::fixture_model()), c, testing::shipped_registry()) {
+    auto calib = open_dataset(kImages, student.graph().inputs);
+    student.init_qat(*calib);
+  }
+  std::function<std::unique_ptr<Dataset>()> train_data() const {
+    return [this] { return open_dataset(kImages, student.graph().inputs); };
+  }
+};
+
+at::Tensor images(std::int64_t n) { return read_idx(kImages, n).to(at::kFloat).div(255).unsqueeze(1); }
+
+TEST(Qat, OneStepLowersTheLossAndEveryParameterGetsAGradient) {
+  const Config c = w4a4_lsq(64);
+  QatSetup s(c);
+  const auto named = s.student.named_parameters();
+  std::size_t weights = 0, quantizer_params = 0;
+  for (const auto& [name, t] : named) {
+    EXPECT_TRUE(t.requires_grad()) << name;
+    (name.rfind("weight ", 0) == 0 ? weights : quantizer_params)++;
+  }
+  EXPECT_EQ(weights, 14u);          // 7 weighted layers: weight and bias each
+  EXPECT_GE(quantizer_params, 14u);  // an LSQ scale per quantized weight and activation
+  const at::Tensor x = images(64);
+  std::map<std::string, at::Tensor> feeds{{s.student.graph().inputs[0].name, x}};
+  const auto target = [&] {
+    at::NoGradGuard g;
+    return s.teacher.run(feeds);
+  }();
+  torch::optim::Adam adam(s.student.parameters(), torch::optim::AdamOptions(c.qat.lr));
+  at::Tensor loss0 = distillation_loss(s.student.forward({x}), target, "mse", 1);
+  adam.zero_grad();
+  loss0.backward();
+  for (const auto& [name, t] : named) {
+    ASSERT_TRUE(t.grad().defined()) << name;
+    EXPECT_GT(t.grad().abs().sum().item<double>(), 0) << name;
+  }
+  adam.step();
+  const double loss1 = distillation_loss(s.student.forward({x}), target, "mse", 1).item<double>();
+  std::printf("distillation loss %.5f -> %.5f after one Adam step (lr %g)\n", loss0.item<double>(), loss1, c.qat.lr);
+  EXPECT_LT(loss1, loss0.item<double>());
+}
+
+TEST(Qat, DistillationLossesMatchTheirDefinitions) {
+  const at::Tensor s = at::tensor({1.0f, 2.0f, 0.5f, 0.0f, -1.0f, 1.0f}).reshape({2, 3});
+  const at::Tensor t = at::tensor({1.5f, 2.0f, 0.0f, 0.0f, 0.0f, 1.0f}).reshape({2, 3});
+  EXPECT_NEAR(distillation_loss({s}, {t}, "mse", 1).item<double>(), (0.25 + 0.25 + 1.0) / 6, 1e-7);
+  // KL(q || p) per row with p = softmax(s / T), q = softmax(t / T), batch mean, times T^2.
+  const double T = 2;
+  double kl = 0;
+  for (int r = 0; r < 2; ++r) {
+    double zs = 0, zt = 0;
+    for (int c = 0; c < 3; ++c) {
+      zs += std::exp(s[r][c].item<double>() / T);
+      zt += std::exp(t[r][c].item<double>() / T);
+    }
+    for (int c = 0; c < 3; ++c) {
+      const double p = std::exp(s[r][c].item<double>() / T) / zs, q = std::exp(t[r][c].item<double>() / T) / zt;
+      kl += q * std::log(q / p);
+    }
+  }
+  EXPECT_NEAR(distillation_loss({s}, {t}, "kl", T).item<double>(), kl / 2 * T * T, 1e-6);
+  EXPECT_NE(testing::error_of([&] { distillation_loss({s}, {t.narrow(1, 0, 2)}, "mse", 1); }).find("shape"),
+            std::string::npos);
+}
+
+TEST(Qat, ResumingFromACheckpointEndsWhereAnUninterruptedRunEnds) {
+  testing::TempDir dir;
+  const Config c = w4a4_lsq(96);
+  auto run = [&](int epochs, const std::string& checkpoint) {
+    Config ce = c;
+    ce.qat.epochs = epochs;
+    auto s = std::make_unique<QatSetup>(ce);
+    QatResult r = distill(s->student, s->teacher, s->train_data(), {ce.qat, checkpoint, "fingerprint"});
+    return std::make_pair(std::move(s), r);
+  };
+  auto [straight, r_straight] = run(2, dir / "a.ckpt");
+  EXPECT_EQ(r_straight.resumed_after, 0);
+  ASSERT_EQ(r_straight.epochs.size(), 2u);
+  EXPECT_EQ(r_straight.epochs[1].samples, 96);
+  auto [first, r_first] = run(1, dir / "b.ckpt");  // "interrupted" after one epoch
+  auto [resumed, r_resumed] = run(2, dir / "b.ckpt");
+  EXPECT_EQ(r_resumed.resumed_after, 1);
+  ASSERT_EQ(r_resumed.epochs.size(), 1u);
+  EXPECT_EQ(r_resumed.epochs[0].loss, r_straight.epochs[1].loss);
+  const auto a = straight->student.named_parameters(), b = resumed->student.named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i].second, b[i].second)) << a[i].first;
+  EXPECT_EQ(straight->student.serialize(), resumed->student.serialize());
+  // Training changed what export writes.
+  QatSetup untrained(c);
+  EXPECT_NE(untrained.student.serialize(), straight->student.serialize());
+  // Another run's checkpoint is refused, naming the way out.
+  QatSetup other(c);
+  const std::string msg = testing::error_of(
+      [&] { distill(other.student, other.teacher, other.train_data(), {c.qat, dir / "b.ckpt", "another run"}); });
+  EXPECT_NE(msg.find("--restart"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace sparsebit
