@@ -211,5 +211,43 @@ TEST(CliDrawings, DotAndMermaidShowNodesEdgesAndQuantizers) {
   EXPECT_EQ(testing::read_text(dot).find("minmax"), std::string::npos);
 }
 
+TEST_F(Cli, QatTrainsResumesFromItsCheckpointAndExports) {
+  const std::string cfg = work_ / "qat.toml", ckpt = work_ / "qat.ckpt";
+  testing::write_text(cfg,
+                      "backend = \"virtual\"\n[w]\nqscheme = \"per-channel-symmetric\"\nbits = 4\nquantizer = \"lsq\"\n"
+                      "[a]\nqscheme = \"per-tensor-affine\"\nbits = 4\nquantizer = \"lsq\"\n"
+                      "[calibration]\nbatch_size = 8\n[qat]\nbatch_size = 8\nlr = 1e-4\n");
+  const std::string cmd = "qat " + testing::fixture_model() + " -c " + cfg + " --calib " + calib_ + " --train " + calib_ +
+                          " -o " + out_ + "/qat.onnx --checkpoint " + ckpt + " --report " + out_ + "/r.json";
+  auto r = run_cli(cmd + " --epochs 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto rep = nlohmann::json::parse(testing::read_text(out_ + "/r.json"));
+  EXPECT_EQ(rep["qat"]["resumed_after_epoch"], 0);
+  ASSERT_EQ(rep["qat"]["epochs"].size(), 1u);
+  EXPECT_EQ(rep["qat"]["epochs"][0]["samples"], 17);
+  EXPECT_TRUE(fs::exists(ckpt));
+  // A second run with more epochs continues after the first.
+  r = run_cli(cmd + " --epochs 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming"), std::string::npos) << r.output;
+  rep = nlohmann::json::parse(testing::read_text(out_ + "/r.json"));
+  EXPECT_EQ(rep["qat"]["resumed_after_epoch"], 1);
+  ASSERT_EQ(rep["qat"]["epochs"].size(), 1u);
+  EXPECT_EQ(rep["qat"]["epochs"][0]["epoch"], 2);
+  Model m = load_onnx(out_ + "/qat.onnx");
+  std::size_t dq = 0;
+  for (const Node* n : m.graph.nodes()) dq += n->op_type == "DequantizeLinear";
+  EXPECT_GE(dq, 14u);
+  // Another learning rate is another run: its checkpoint is refused, and nothing is written.
+  fs::remove_all(out_);
+  fs::create_directories(out_);
+  expect_failure(run_cli(cmd + " --epochs 2 --lr 1e-3"), {"qat.ckpt", "another run", "--restart"});
+  r = run_cli(cmd + " --epochs 1 --lr 1e-3 --restart");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  fs::remove_all(out_);
+  fs::create_directories(out_);
+  expect_failure(run_cli(cmd + " --loss hinge"), {"--loss", "mse or kl"});
+}
+
 }  // namespace
 }  // namespace sparsebit
