@@ -10,6 +10,7 @@
 
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/qat.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/quant.h"
 #include "test_support.h"
@@ -226,6 +227,30 @@ TEST(OnnxRuntime, FourBitWeightsExportAsInt4AtOpset21) {
     for (const auto& [name, type] : exported.graph.narrow_types) int4 += type == 22;
     EXPECT_EQ(int4, 7 * 2);  // 7 weights: the packed values and their zero points
     EXPECT_TRUE(run_in_ort(path, "image", test_images(4), "logits", dir, "all").defined());
+  }
+}
+
+// AdaRound's learnt rounding and QAT's trained weights and scales are what the exported model
+// computes: our executor on the export equals the simulation, ONNX Runtime is within 2 steps.
+TEST(OnnxRuntime, AdaRoundAndQatExportsReproduceTheSimulation) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  Config ada = Config::from_file(testing::source_path("configs/w4a8_adaround.toml"));
+  ada.w.quantizer_options.set("iterations", std::int64_t{50});
+  auto qm = calibrated_fixture(ada, 128);
+  check_export(*qm, dir / "adaround.onnx", dir, 2.0, "W4A8 AdaRound");
+  for (const char* cfg : {"configs/w4a4_lsq.toml", "configs/w4a4_lsq_plus.toml"}) {
+    Config c = Config::from_file(testing::source_path(cfg));
+    c.calibration.count = 128;
+    c.qat.count = 128;
+    QuantModel student(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+    const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+    auto calib = open_dataset(images, student.graph().inputs);
+    student.init_qat(*calib);
+    Model float_model = load_onnx(testing::fixture_model());
+    Executor teacher(float_model.graph, testing::shipped_registry());
+    distill(student, teacher, [&] { return open_dataset(images, student.graph().inputs); }, {c.qat, "", ""});
+    check_export(student, dir / "qat.onnx", dir, 2.0, cfg);
   }
 }
 

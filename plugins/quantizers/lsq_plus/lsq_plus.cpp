@@ -1,7 +1,11 @@
 // LSQ+ (Bhalgat et al., "LSQ+: Improving low-bit quantization through learnable offsets and
-// better initialization", CVPRW 2020): learnable scale s and offset beta,
-//   y = round(clamp((x - beta) / s, qmin, qmax)) * s + beta   (straight-through round),
-// so dy/dbeta is 0 inside the range and 1 outside. Weights start symmetric with
+// better initialization", CVPRW 2020): learnable scale s and offset beta. The offset acts through
+// the integer zero point z = round(-beta / s) (straight-through), so the simulated grid is the one
+// QuantizeLinear exports:
+//   y = (round(clamp(x / s + z, qmin, qmax)) - z) * s   (straight-through round),
+// which equals the paper's round(clamp((x - beta) / s)) * s + beta whenever -beta / s is an
+// integer, and has its gradients: dy/dbeta is 0 inside the range and 1 outside, dy/ds is
+// round(v) - v inside (v = x / s + z; z's dependence on s is not differentiated). Weights start symmetric with
 // s = max(|mean - 3 std|, |mean + 3 std|) / 2^(b-1) per channel; activations start from the
 // observer (beta = -zero_point * s). Export: zero point = round(-beta / s), clamped.
 // The scale's gradient is scaled like LSQ's.
@@ -44,8 +48,8 @@ class LsqPlusQuantizer final : public Quantizer {
     const double qmax = double(spec_.qmax()), qmin = double(spec_.qmin());
     const double per_scale = double(x.numel()) / double(std::max<std::int64_t>(scale_.numel(), 1));
     at::Tensor s = along_channel(grad_scale(scale_, 1.0 / std::sqrt(per_scale * qmax)), x, spec_);
-    at::Tensor b = along_channel(beta_, x, spec_);
-    return round_ste(at::clamp((x - b) / s, qmin, qmax)) * s + b;
+    at::Tensor z = along_channel(round_ste(-beta_ / scale_.detach().clamp_min(kMinScale)).clamp(qmin, qmax), x, spec_);
+    return (round_ste(at::clamp(x / s + z, qmin, qmax)) - z) * s;
   }
 
   QParams qparams() const override {
