@@ -130,12 +130,18 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
     auto first = batcher.next();
     if (!first) throw Error("the training data " + data->describe() + " yielded no samples");
     at::NoGradGuard no_grad;
+    const bool was_training = student.training();
+    student.eval();  // running statistics untouched
     student.forward(feeds_of(*first).first);
+    student.train(was_training);
   }
-  const auto params = student.named_parameters();
-  if (params.empty()) throw Error("QAT: nothing to train; call init_qat() first");
+  const auto trained = student.named_parameters();
+  if (trained.empty()) throw Error("QAT: nothing to train; call init_qat() first");
   std::vector<at::Tensor> tensors;
-  for (const auto& [name, t] : params) tensors.push_back(t);
+  for (const auto& [name, t] : trained) tensors.push_back(t);
+  auto params = trained;  // what a checkpoint holds: parameters and running statistics
+  for (auto& st : student.named_states()) params.push_back(st);
+  student.train(true);
   torch::optim::Adam adam(tensors, torch::optim::AdamOptions(s.lr).weight_decay(s.weight_decay));
 
   QatResult result;

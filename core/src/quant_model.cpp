@@ -381,10 +381,13 @@ CalibrationStats QuantModel::init_qat(Dataset& data, const ProgressFn& progress)
     for (int idx : slot_of_[i])
       quantized_weight = quantized_weight || (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kWeight &&
                                               slots_[static_cast<std::size_t>(idx)].active());
-    if (!quantized_weight) continue;
     const auto specs = executor_->modules()[i].module->input_specs();
+    bool learns = quantized_weight;
+    for (const auto& spec : specs) learns = learns || spec.trainable;
+    if (!learns) continue;
     for (std::size_t k = 0; k < specs.size() && k < nodes[i]->inputs.size(); ++k) {
-      if (specs[k].role != InputRole::kWeight && specs[k].role != InputRole::kBias) continue;
+      const bool weight_or_bias = specs[k].role == InputRole::kWeight || specs[k].role == InputRole::kBias;
+      if (!(weight_or_bias && quantized_weight) && !specs[k].trainable) continue;
       const std::string& name = nodes[i]->inputs[k];
       auto c = executor_->constants().find(name);
       if (c == executor_->constants().end() || !c->second.is_floating_point() || !seen.insert(name).second) continue;
@@ -392,9 +395,21 @@ CalibrationStats QuantModel::init_qat(Dataset& data, const ProgressFn& progress)
       trainable_.push_back(name);
     }
   }
+  train(true);
   sdk::log_info("QAT: " + std::to_string(trainable_.size()) + " weight and bias tensors trainable, " +
                 std::to_string(named_parameters().size() - trainable_.size()) + " quantizer parameters");
   return stats;
+}
+
+void QuantModel::train(bool on) {
+  for (std::size_t i = 0; i < executor_->modules().size(); ++i) {
+    try {
+      executor_->modules()[i].module->set_training(on);
+    } catch (const std::exception& e) {
+      throw Error(model_->graph.node(i).describe() + " (plugin '" + executor_->modules()[i].plugin + "') set_training: " + e.what());
+    }
+  }
+  training_ = on;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> QuantModel::named_parameters() {
@@ -405,6 +420,22 @@ std::vector<std::pair<std::string, at::Tensor>> QuantModel::named_parameters() {
     const auto params = plugin_call(s, false, "parameters", [&] { return s.quantizer->parameters(); });
     for (std::size_t j = 0; j < params.size(); ++j)
       out.emplace_back("quantizer " + s.node_name + "#" + std::to_string(s.input_index) + "/" + std::to_string(j), params[j]);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> QuantModel::named_states() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::set<std::string> seen;
+  const auto nodes = model_->graph.nodes();
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const auto specs = executor_->modules()[i].module->input_specs();
+    for (std::size_t k = 0; k < specs.size() && k < nodes[i]->inputs.size(); ++k) {
+      if (!specs[k].training_state) continue;
+      auto c = executor_->constants().find(nodes[i]->inputs[k]);
+      if (c != executor_->constants().end() && c->second.is_floating_point() && seen.insert(c->first).second)
+        out.emplace_back("state " + c->first, c->second);
+    }
   }
   return out;
 }
@@ -590,12 +621,88 @@ void lift_to_opset21(Graph& g, const std::string& why) {
   }
   g.opset_imports[""] = 21;
 }
+
+// Note [BN folding at export]
+// A BatchNormalization left in the model (fuse_bn = false, e.g. to train it in QAT) after a Conv
+// whose weight is quantized per output channel is folded into that Conv on export: with
+// k = gamma / sqrt(var + eps) > 0 per channel, Conv(x, s q) then BN equals Conv(x, (s k) q) plus
+// the bias (b - mean) k + beta, so the weight's integers stay, its scales are multiplied by k, and
+// an int32 bias (scale s_a s) is requantized at s_a s k. What deployment runs is then exactly
+// what was simulated. BNs that cannot be folded this way (per-tensor or float weights shared
+// elsewhere, k <= 0, other producers) stay as BatchNormalization nodes.
+const Node* single_producer(Graph& g, const std::string& value, const char* op) {
+  Node* p = g.producer(value);
+  return p && p->op_type == op && g.consumers(value).size() == 1 && !g.is_graph_output(value) ? p : nullptr;
+}
+
+bool fold_batchnorm(Graph& g, Node* bn) {
+  auto init = [&](const std::string& name) -> const at::Tensor* {
+    auto it = g.initializers.find(name);
+    return it == g.initializers.end() ? nullptr : &it->second;
+  };
+  if (bn->inputs.size() < 5 || bn->outputs.size() != 1 || bn->attr_int("training_mode", 0)) return false;
+  for (std::size_t k = 1; k < 5; ++k)
+    if (!init(bn->inputs[k])) return false;
+  Node* conv = g.producer(bn->inputs[0]);
+  if (!conv || conv->op_type != "Conv" || !conv->has_input(1) || g.consumers(bn->inputs[0]).size() != 1 ||
+      g.is_graph_output(bn->inputs[0]))
+    return false;
+  const Node* wdq = single_producer(g, conv->inputs[1], "DequantizeLinear");
+  if (!wdq || wdq->attr_int("axis", 1) != 0 || wdq->has_attr("block_size") || !init(wdq->inputs[0]) || !init(wdq->inputs[1]))
+    return false;
+  const at::Tensor scale = *init(wdq->inputs[1]);
+  const std::int64_t channels = init(wdq->inputs[0])->size(0);
+  if (scale.dim() != 1 || scale.size(0) != channels || g.consumers(wdq->inputs[1]).size() != 1) return false;
+  const at::Tensor gamma = init(bn->inputs[1])->to(at::kDouble), beta = init(bn->inputs[2])->to(at::kDouble);
+  const at::Tensor mean = init(bn->inputs[3])->to(at::kDouble), var = init(bn->inputs[4])->to(at::kDouble);
+  if (gamma.numel() != channels) return false;
+  const at::Tensor k = gamma / at::sqrt(var + bn->attr_float("epsilon", 1e-5));
+  if (!(k > 0).all().item<bool>()) return false;
+
+  // The bias: float, int32 behind DequantizeLinear, or none.
+  at::Tensor bias = at::zeros({channels}, at::kDouble);
+  const Node* bdq = conv->has_input(2) ? single_producer(g, conv->inputs[2], "DequantizeLinear") : nullptr;
+  if (conv->has_input(2)) {
+    if (bdq) {
+      if (!init(bdq->inputs[0]) || !init(bdq->inputs[1]) || g.consumers(bdq->inputs[1]).size() != 1 ||
+          g.consumers(bdq->inputs[0]).size() != 1 || init(bdq->inputs[1])->numel() != channels)
+        return false;
+      bias = init(bdq->inputs[0])->to(at::kDouble) * init(bdq->inputs[1])->to(at::kDouble);
+    } else if (const at::Tensor* b = init(conv->inputs[2]); b && g.consumers(conv->inputs[2]).size() == 1) {
+      bias = b->to(at::kDouble);
+    } else {
+      return false;
+    }
+  }
+  const at::Tensor folded_bias = (bias - mean) * k + beta;
+  g.initializers[wdq->inputs[1]] = (scale.to(at::kDouble) * k).to(scale.scalar_type());
+  if (bdq) {
+    const at::Tensor bscale = init(bdq->inputs[1])->to(at::kDouble) * k;
+    g.initializers[bdq->inputs[1]] = bscale.to(at::kFloat);
+    g.initializers[bdq->inputs[0]] = at::round(folded_bias / bscale).to(at::kInt);
+  } else {
+    const std::string name = g.unique_name(bn->name + "_folded_bias");
+    g.initializers[name] = folded_bias.to(at::kFloat);
+    if (conv->inputs.size() < 3) conv->inputs.resize(3);
+    conv->inputs[2] = name;
+  }
+  conv->outputs[0] = bn->outputs[0];
+  g.erase(bn);
+  return true;
+}
+
+void fold_batchnorms(Graph& g) {
+  for (Node* n : g.nodes())
+    if (n->op_type == "BatchNormalization" && !fold_batchnorm(g, n)) sdk::log_debug(n->describe() + ": exported unfolded");
+}
 }  // namespace
 
 Graph QuantModel::export_graph() const {
   Graph g = model_->graph.clone();
   for (const auto& name : trainable_)  // Note [QAT]: the trained values
     g.initializers[name] = executor_->constants().at(name).detach().to(at::kCPU).clone();
+  for (const auto& [name, t] : named_states())  // running statistics
+    g.initializers[name.substr(6)] = t.detach().to(at::kCPU).clone();
   const std::int64_t opset = std::max<std::int64_t>({g.default_opset(), backend_->min_export_opset(), 13});
   g.opset_imports[""] = opset;
   bool int4 = false, wide16 = false;
@@ -698,6 +805,7 @@ Graph QuantModel::export_graph() const {
     consumer->inputs[s.input_index] = dequantized;
     made[key] = dequantized;
   }
+  fold_batchnorms(g);
   try {
     backend_->adjust_export(g);
   } catch (const Error& e) {

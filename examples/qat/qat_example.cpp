@@ -24,12 +24,15 @@ namespace {
 const std::string kData = "/usr/share/datasets/fashion-mnist";
 
 double accuracy(sb::QuantModel& qm, const at::Tensor& images, const at::Tensor& labels) {
+  const bool was_training = qm.training();
+  qm.eval();  // BatchNormalization (if kept) on its running statistics
   c10::InferenceMode guard;
   std::int64_t correct = 0;
   for (std::int64_t i = 0; i < images.size(0); i += 500) {
     const std::int64_t n = std::min<std::int64_t>(500, images.size(0) - i);
     correct += (qm.forward({images.narrow(0, i, n)})[0].argmax(1) == labels.narrow(0, i, n)).sum().item<std::int64_t>();
   }
+  qm.train(was_training);
   return 100.0 * double(correct) / double(images.size(0));
 }
 

@@ -7,6 +7,7 @@
 #include <torch/optim/adam.h>
 
 #include <cmath>
+#include <set>
 
 #include "sparsebit/core/qat.h"
 #include "sparsebit/core/quant_model.h"
@@ -127,6 +128,75 @@ TEST(Qat, ResumingFromACheckpointEndsWhereAnUninterruptedRunEnds) {
   const std::string msg = testing::error_of(
       [&] { distill(other.student, other.teacher, other.train_data(), {c.qat, dir / "b.ckpt", "another run"}); });
   EXPECT_NE(msg.find("--restart"), std::string::npos) << msg;
+}
+
+// x -> Conv -> BatchNormalization -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> y, with
+// BatchNormalization kept (fuse_bn = false): its scale and bias train, train() uses batch
+// statistics and updates the running ones as PyTorch does, and export folds it into the conv.
+TEST(Qat, BatchNormTrainsUpdatesItsStatisticsAndFoldsAtExport) {
+  at::manual_seed(31);
+  testing::Builder b({8, 3, 8, 8});
+  b.constant("w", at::randn({6, 3, 3, 3}) * 0.3);
+  b.constant("cb", at::randn({6}) * 0.1);
+  b.constant("gamma", at::rand({6}) + 0.5);
+  b.constant("beta", at::randn({6}) * 0.1);
+  b.constant("mean", at::randn({6}) * 0.1);
+  b.constant("var", at::rand({6}) + 0.5);
+  b.constant("w2", at::randn({4, 6}) * 0.5);
+  b.constant("b2", at::zeros({4}));
+  b.add("conv", "Conv", {"x", "w", "cb"}, {"c"}, {{"pads", Attribute::of_ints({1, 1, 1, 1})}});
+  b.add("bn", "BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"n"}, {{"momentum", Attribute::of_float(0.9)}});
+  b.add("relu", "Relu", {"n"}, {"r"});
+  b.add("gap", "GlobalAveragePool", {"r"}, {"p"});
+  b.add("flatten", "Flatten", {"p"}, {"f"});
+  b.add("fc", "Gemm", {"f", "w2", "b2"}, {"y"}, {{"transB", Attribute::of_int(1)}});
+  const Config c = Config::from_string(
+      "backend = \"virtual\"\n[w]\nqscheme = \"per-channel-symmetric\"\nbits = 4\nquantizer = \"lsq\"\n"
+      "[a]\nqscheme = \"per-tensor-affine\"\nquantizer = \"lsq\"\n[schedule]\nfuse_bn = false\n[calibration]\nbatch_size = 8\n",
+      "bn.toml");
+  QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, testing::shipped_registry());
+  testing::TempDir dir;
+  write_npy(at::rand({16, 3, 8, 8}), dir / "calib.npy");
+  auto calib = open_dataset(dir / "calib.npy", qm.graph().inputs);
+  qm.init_qat(*calib);
+  EXPECT_TRUE(qm.training());
+  std::set<std::string> names;
+  for (const auto& [name, t] : qm.named_parameters()) names.insert(name);
+  EXPECT_TRUE(names.count("weight gamma") && names.count("weight beta")) << "BN scale and bias train";
+  auto states = qm.named_states();
+  ASSERT_EQ(states.size(), 2u);
+  const at::Tensor mean0 = states[0].second.detach().clone(), var0 = states[1].second.detach().clone();
+
+  // Training mode: normalize with the batch's statistics, update the running ones.
+  const at::Tensor x = at::randn({8, 3, 8, 8}) + 0.5;
+  at::Tensor seen;
+  qm.forward({x}, [&](const std::string& name, const at::Tensor& v) {
+    if (name == "c") seen = v.detach().clone();
+  });
+  ASSERT_TRUE(seen.defined());
+  const at::Tensor bmean = seen.mean({0, 2, 3}), bvar = seen.var({0, 2, 3}, /*unbiased=*/true);
+  EXPECT_TRUE(at::allclose(states[0].second, 0.9 * mean0 + 0.1 * bmean, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(states[1].second, 0.9 * var0 + 0.1 * bvar, 1e-5, 1e-6));
+
+  // One step moves BN's scale; eval() then uses the running statistics and leaves them alone.
+  torch::optim::Adam adam(qm.parameters(), torch::optim::AdamOptions(1e-2));
+  const at::Tensor gamma0 = qm.executor().constants().at("gamma").detach().clone();
+  qm.forward({x})[0].pow(2).sum().backward();
+  adam.step();
+  EXPECT_FALSE(at::equal(qm.executor().constants().at("gamma"), gamma0));
+  qm.eval();
+  const at::Tensor mean1 = states[0].second.detach().clone();
+  const at::Tensor simulated = qm.forward({x})[0].detach();
+  EXPECT_TRUE(at::equal(states[0].second, mean1));
+
+  // Export folds BN into the conv's weight scales and bias; the result computes the simulation.
+  Graph g = qm.export_graph();
+  for (const Node* n : g.nodes()) EXPECT_NE(n->op_type, "BatchNormalization");
+  Executor exported(g, testing::shipped_registry());
+  const at::Tensor deployed = exported.run({{"x", x}})[0];
+  // Equal in exact arithmetic (same integers, scales times k); float rounding aside. The step's
+  // learning rate drives some LSQ scales below the minimum: simulation clamps them as export does.
+  EXPECT_TRUE(at::allclose(deployed, simulated, 1e-5, 1e-6)) << (deployed - simulated).abs().max().item<double>();
 }
 
 }  // namespace

@@ -169,10 +169,19 @@ class QBatchNorm final : public QModule {
         eps_(c.node.attr_float("epsilon", 1e-5)),
         momentum_(c.node.attr_float("momentum", 0.9)),
         training_(c.node.attr_int("training_mode", 0) != 0) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override {
+    std::vector<InputSpec> specs(5);  // X stays float: conv -> BN runs as one kernel
+    specs[1].trainable = specs[2].trainable = true;
+    specs[3].training_state = specs[4].training_state = true;
+    return specs;
+  }
+  void set_training(bool on) override { qat_training_ = on; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     const at::Tensor &scale = in.at(1), &bias = in.at(2), &mean = in.at(3), &var = in.at(4);
+    // QAT (QuantModel::train): batch statistics, running ones updated in place, as PyTorch does
+    // (ONNX momentum m keeps m of the old value).
+    if (qat_training_ && !training_) return {at::batch_norm(x, scale, bias, mean, var, true, 1.0 - momentum_, eps_, false)};
     if (!training_) return {at::batch_norm(x, scale, bias, mean, var, false, 0.0, eps_, false)};
     // Training mode: normalize with batch statistics and update the running ones (population
     // variance, as the ONNX reference does).
@@ -190,7 +199,8 @@ class QBatchNorm final : public QModule {
  private:
   Node node_;
   double eps_, momentum_;
-  bool training_;
+  bool training_;  // the node's own training_mode: ONNX training semantics, running stats as outputs
+  bool qat_training_ = false;
 };
 
 class QMaxPool final : public QModule {

@@ -12,8 +12,9 @@
 ///                        {config.qat, "run.ckpt", fingerprint});
 ///
 /// Note [QAT checkpoints]
-/// After every epoch the student's named_parameters() and the optimizer's state are written
-/// (atomically) to the checkpoint file with the epoch count and the run's fingerprint. A run
+/// After every epoch the student's named_parameters(), named_states() and the optimizer's state
+/// are written (atomically) to the checkpoint file with the epoch count and the run's
+/// fingerprint. A run
 /// that finds a checkpoint with its fingerprint continues after the last finished epoch, so an
 /// interruption loses at most one epoch; calibration and data order are deterministic, so the
 /// result equals an uninterrupted run's. A checkpoint with another fingerprint is refused.

@@ -36,8 +36,9 @@
 /// keep the float originals until export, which writes the executor's (trained) values. Weight
 /// quantizers see the trained weight at every forward (their scale learns where they are
 /// learnable); gradients cross rounding by each quantizer's rule (STE, LSQ, PACT, ...).
-/// BatchNormalization is folded into its conv by fuse_bn before conversion, so the trained
-/// weights already carry it.
+/// BatchNormalization is folded into its conv by fuse_bn before conversion by default, so the
+/// trained weights carry it; with `fuse_bn = false` it stays, its scale and bias train, train()
+/// makes it use batch statistics and update its running ones, and export folds it.
 ///
 /// Note [Quantization slots]
 /// A slot is one quantized input of one node: (node, input index, tensor name) with its QSpec,
@@ -133,6 +134,15 @@ class SPARSEBIT_API QuantModel {
   /// constants, "quantizer NODE#INPUT/k" for quantizer parameters), in a fixed order.
   std::vector<std::pair<std::string, at::Tensor>> named_parameters();
   std::vector<at::Tensor> parameters();
+  /// Constants that training updates in place (BatchNormalization's running statistics), named
+  /// "state NAME"; QAT checkpoints save them with the parameters.
+  std::vector<std::pair<std::string, at::Tensor>> named_states() const;
+  /// Training mode (init_qat() turns it on): BatchNormalization normalizes with batch statistics
+  /// and updates its running ones; eval() uses the running ones. Export folds each
+  /// BatchNormalization into the convolution before it (Note [BN folding at export]).
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
 
   /// Turns weight / activation fake quantization on or off (both off after construction).
   void set_quant(bool weights, bool activations);
@@ -204,6 +214,7 @@ class SPARSEBIT_API QuantModel {
   std::vector<std::vector<int>> slot_of_;  // [node][input] -> slot index or -1
   std::set<const QuantTableConfig*> used_tables_;  // while building
   bool w_on_ = false, a_on_ = false;
+  bool training_ = false;
   std::vector<std::string> trainable_;  // float constants made trainable by init_qat, in node order
 };
 

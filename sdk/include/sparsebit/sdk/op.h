@@ -28,6 +28,12 @@ enum class InputRole {
 struct InputSpec {
   InputRole role = InputRole::kFloat;
   std::int64_t channel_axis = 0;  ///< for kWeight: the output-channel axis of the weight
+  /// A float constant that quantization-aware training learns (BatchNormalization's scale and
+  /// bias); kWeight and kBias constants of quantized nodes are trained anyway.
+  bool trainable = false;
+  /// A float constant the op updates in place while training (running statistics); saved in
+  /// QAT checkpoints with the parameters.
+  bool training_state = false;
 };
 
 struct OpContext {
@@ -44,6 +50,9 @@ class QModule {
   /// Runs the op. An omitted optional input arrives as an undefined tensor. Must be
   /// differentiable through ATen (QAT runs autograd through it).
   virtual std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs) = 0;
+  /// QuantModel::train() / eval(): ops that behave differently while training (BatchNormalization
+  /// normalizes with batch statistics and updates its running ones in place) switch here.
+  virtual void set_training(bool training) { (void)training; }
 };
 
 }  // namespace sparsebit
