@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/log.h"
 
 namespace sb = sparsebit;
+using sb::bench::accuracy;
 
 namespace {
 
@@ -29,18 +31,6 @@ struct Row {
   int wbits, abits;
   std::string observer;
 };
-
-double accuracy(sb::QuantModel& qm, const at::Tensor& images, const at::Tensor& labels, bool quantized) {
-  c10::InferenceMode guard;
-  qm.set_quant(quantized, quantized);
-  std::int64_t correct = 0;
-  for (std::int64_t i = 0; i < images.size(0); i += 500) {
-    const std::int64_t n = std::min<std::int64_t>(500, images.size(0) - i);
-    at::Tensor out = qm.forward({images.narrow(0, i, n)})[0];
-    correct += (out.argmax(1) == labels.narrow(0, i, n)).sum().item<std::int64_t>();
-  }
-  return 100.0 * double(correct) / double(images.size(0));
-}
 
 }  // namespace
 

@@ -22,24 +22,18 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/log.h"
 
 namespace sb = sparsebit;
+using sb::bench::accuracy;
+using sb::bench::peak_rss_kib;
+using sb::bench::reset_peak_rss;
 
 namespace {
 
 const std::string kData = "/usr/share/datasets/fashion-mnist";
-
-long peak_rss_kib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
-  return -1;
-}
-
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 struct Row {
   std::string name;
@@ -62,18 +56,6 @@ std::string config_text(const Row& r, int count, int iterations) {
   t += "[schedule]\nbias_correction = " + std::string(r.bias_correction ? "true" : "false") + "\n";
   t += "cross_layer_equalization = " + std::string(r.equalization ? "true" : "false") + "\n";
   return t;
-}
-
-double accuracy(sb::QuantModel& qm, const at::Tensor& images, const at::Tensor& labels, bool quantized) {
-  c10::InferenceMode guard;
-  qm.set_quant(quantized, quantized);
-  std::int64_t correct = 0;
-  for (std::int64_t i = 0; i < images.size(0); i += 500) {
-    const std::int64_t n = std::min<std::int64_t>(500, images.size(0) - i);
-    at::Tensor out = qm.forward({images.narrow(0, i, n)})[0];
-    correct += (out.argmax(1) == labels.narrow(0, i, n)).sum().item<std::int64_t>();
-  }
-  return 100.0 * double(correct) / double(images.size(0));
 }
 
 }  // namespace

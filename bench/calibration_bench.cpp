@@ -19,22 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/log.h"
 
 namespace sb = sparsebit;
+using sb::bench::peak_rss_kib;
+using sb::bench::reset_peak_rss;
 
 namespace {
-
-long peak_rss_kib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
-  return -1;
-}
-
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 class MemoryDataset final : public sb::Dataset {
  public:

@@ -22,37 +22,18 @@
 #include <string>
 
 #include "sparsebit/core/qat.h"
+#include "bench_support.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/log.h"
 
 namespace sb = sparsebit;
+using sb::bench::accuracy;
+using sb::bench::peak_rss_kib;
+using sb::bench::reset_peak_rss;
 
 namespace {
 
 const std::string kData = "/usr/share/datasets/fashion-mnist";
-
-long peak_rss_kib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
-  return -1;
-}
-
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
-
-double accuracy(sb::QuantModel& qm, const at::Tensor& images, const at::Tensor& labels) {
-  const bool was_training = qm.training();
-  qm.eval();  // BatchNormalization (if kept) on its running statistics
-  c10::InferenceMode guard;
-  std::int64_t correct = 0;
-  for (std::int64_t i = 0; i < images.size(0); i += 500) {
-    const std::int64_t n = std::min<std::int64_t>(500, images.size(0) - i);
-    correct += (qm.forward({images.narrow(0, i, n)})[0].argmax(1) == labels.narrow(0, i, n)).sum().item<std::int64_t>();
-  }
-  qm.train(was_training);
-  return 100.0 * double(correct) / double(images.size(0));
-}
 
 sb::Config with_adaround(sb::Config c) {
   auto adaround = [](sb::QuantTableConfig& t) {
@@ -117,14 +98,14 @@ int main(int argc, char** argv) {
       qm.init_qat(*calib);
       if (train) train(qm);
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double top1 = accuracy(qm, test_x, test_y);
+      const double top1 = accuracy(qm, test_x, test_y, true);
       std::printf("| %s | %.2f%% | %+.2f | %.0f | %.0f |\n", name.c_str(), top1, top1 - fp32, secs,
                   double(peak_rss_kib()) / 1024);
       std::fflush(stdout);
     };
     {
       sb::QuantModel qm(sb::load_onnx(model), config, registry);
-      fp32 = accuracy(qm, test_x, test_y);
+      fp32 = accuracy(qm, test_x, test_y, false);
       std::printf("| FP32 | %.2f%% | - | - | - |\n", fp32);
     }
     row("W4A4 PTQ, round to nearest", config, {});
