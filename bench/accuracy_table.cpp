@@ -21,10 +21,9 @@
 
 namespace sb = sparsebit;
 using sb::bench::accuracy;
+using sb::bench::kFashionMnist;
 
 namespace {
-
-const std::string kData = "/usr/share/datasets/fashion-mnist";
 
 struct Row {
   std::string name;
@@ -50,8 +49,8 @@ int main(int argc, char** argv) {
   try {
     sb::Registry registry;
     registry.load({});
-    at::Tensor images = sb::read_idx(kData + "/t10k-images-idx3-ubyte.gz").to(at::kFloat).div(255).unsqueeze(1);
-    at::Tensor labels = sb::read_idx(kData + "/t10k-labels-idx1-ubyte.gz").to(at::kLong);
+    at::Tensor images = sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz").to(at::kFloat).div(255).unsqueeze(1);
+    at::Tensor labels = sb::read_idx(kFashionMnist + "/t10k-labels-idx1-ubyte.gz").to(at::kLong);
     const std::vector<Row> rows = {
         {"W8A8", 8, 8, "minmax"},         {"W8A8", 8, 8, "percentile"}, {"W8A8", 8, 8, "mse"},
         {"W8A8", 8, 8, "moving_average"}, {"W8A8", 8, 8, "kl_histogram"}, {"W8A8", 8, 8, "aciq"},
@@ -71,7 +70,7 @@ int main(int argc, char** argv) {
       c.calibration.batch_size = 64;
       c.plugins.use_environment = false;
       sb::QuantModel qm(sb::load_onnx(model), c, registry);
-      auto data = sb::open_dataset(kData + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
+      auto data = sb::open_dataset(kFashionMnist + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
       const auto t0 = std::chrono::steady_clock::now();
       qm.calibrate(*data);
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

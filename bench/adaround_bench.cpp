@@ -28,12 +28,11 @@
 
 namespace sb = sparsebit;
 using sb::bench::accuracy;
+using sb::bench::kFashionMnist;
 using sb::bench::peak_rss_kib;
 using sb::bench::reset_peak_rss;
 
 namespace {
-
-const std::string kData = "/usr/share/datasets/fashion-mnist";
 
 struct Row {
   std::string name;
@@ -114,8 +113,8 @@ int main(int argc, char** argv) {
   try {
     sb::Registry registry;
     registry.load({});
-    at::Tensor images = sb::read_idx(kData + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
-    at::Tensor labels = sb::read_idx(kData + "/t10k-labels-idx1-ubyte.gz", eval_count).to(at::kLong);
+    at::Tensor images = sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
+    at::Tensor labels = sb::read_idx(kFashionMnist + "/t10k-labels-idx1-ubyte.gz", eval_count).to(at::kLong);
     std::printf("model: %s\n%d calibration images, AdaRound %d steps per layer, %lld test images, %d intra-op threads\n\n",
                 model.c_str(), count, iterations, static_cast<long long>(images.size(0)), at::get_num_threads());
     std::printf("| scheme | top-1 | vs FP32 | calibration s | peak RSS MiB |\n|---|---|---|---|---|\n");
@@ -129,7 +128,7 @@ int main(int argc, char** argv) {
       sb::QuantModel qm(sb::load_onnx(model), c, registry);
       double secs = 0;
       if (quantized) {
-        auto data = sb::open_dataset(kData + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
+        auto data = sb::open_dataset(kFashionMnist + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
         const auto t0 = std::chrono::steady_clock::now();
         qm.calibrate(*data);
         secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

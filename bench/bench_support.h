@@ -11,6 +11,9 @@
 
 namespace sparsebit::bench {
 
+/// Where Debian's dataset-fashion-mnist package puts the IDX files.
+inline const std::string kFashionMnist = "/usr/share/datasets/fashion-mnist";
+
 /// Peak resident set size since the last reset_peak_rss() (VmHWM), in KiB.
 inline long peak_rss_kib() {
   std::ifstream in("/proc/self/status");

@@ -28,12 +28,11 @@
 
 namespace sb = sparsebit;
 using sb::bench::accuracy;
+using sb::bench::kFashionMnist;
 using sb::bench::peak_rss_kib;
 using sb::bench::reset_peak_rss;
 
 namespace {
-
-const std::string kData = "/usr/share/datasets/fashion-mnist";
 
 sb::Config with_adaround(sb::Config c) {
   auto adaround = [](sb::QuantTableConfig& t) {
@@ -80,10 +79,10 @@ int main(int argc, char** argv) {
     config.qat.count = static_cast<int>(train_count);
     sb::Registry registry;
     registry.load(config.plugins);
-    const at::Tensor test_x = sb::read_idx(kData + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
-    const at::Tensor test_y = sb::read_idx(kData + "/t10k-labels-idx1-ubyte.gz", eval_count).to(at::kLong);
-    const at::Tensor train_x = sb::read_idx(kData + "/train-images-idx3-ubyte.gz", train_count).to(at::kFloat).div(255).unsqueeze(1);
-    const at::Tensor train_y = sb::read_idx(kData + "/train-labels-idx1-ubyte.gz", train_count).to(at::kLong);
+    const at::Tensor test_x = sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
+    const at::Tensor test_y = sb::read_idx(kFashionMnist + "/t10k-labels-idx1-ubyte.gz", eval_count).to(at::kLong);
+    const at::Tensor train_x = sb::read_idx(kFashionMnist + "/train-images-idx3-ubyte.gz", train_count).to(at::kFloat).div(255).unsqueeze(1);
+    const at::Tensor train_y = sb::read_idx(kFashionMnist + "/train-labels-idx1-ubyte.gz", train_count).to(at::kLong);
     std::printf("model: %s\nconfig: %s; %d epoch(s) of %lld training images, Adam lr %g, batch %d; %lld test images, %d "
                 "intra-op threads\n\n",
                 model.c_str(), config_path.c_str(), epochs, static_cast<long long>(train_x.size(0)), config.qat.lr,
@@ -94,7 +93,7 @@ int main(int argc, char** argv) {
       reset_peak_rss();
       const auto t0 = std::chrono::steady_clock::now();
       sb::QuantModel qm(sb::load_onnx(model), c, registry);
-      auto calib = sb::open_dataset(kData + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
+      auto calib = sb::open_dataset(kFashionMnist + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
       qm.init_qat(*calib);
       if (train) train(qm);
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -128,7 +127,7 @@ int main(int argc, char** argv) {
     row("W4A4 QAT, label-free distillation (MSE)", config, [&](sb::QuantModel& qm) {
       sb::Model float_model = sb::load_onnx(model);
       sb::Executor teacher(float_model.graph, registry);
-      sb::distill(qm, teacher, [&] { return sb::open_dataset(kData + "/train-images-idx3-ubyte.gz", qm.graph().inputs); },
+      sb::distill(qm, teacher, [&] { return sb::open_dataset(kFashionMnist + "/train-images-idx3-ubyte.gz", qm.graph().inputs); },
                   {config.qat, "", ""});
     });
   } catch (const std::exception& e) {
