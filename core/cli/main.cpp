@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -27,6 +28,7 @@
 #include "sparsebit/core/graph_dump.h"
 #include "sparsebit/core/passes.h"
 #include "sparsebit/core/profiler.h"
+#include "sparsebit/core/prune.h"
 #include "sparsebit/core/qat.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
@@ -348,6 +350,40 @@ json evaluate(sb::QuantModel& qm, const QuantizeArgs& a, bool progress_on) {
   return j;
 }
 
+std::string human(double v) {
+  char buf[32];
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f G", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1f k", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+/// Prunes as [sparse] says and logs the before/after table.
+sb::PruneResult prune_and_log(const sb::Model& model, const sb::Config& config, const sb::Registry& registry,
+                              const std::vector<at::Tensor>& sample) {
+  const auto t0 = std::chrono::steady_clock::now();
+  sb::PruneResult r = sb::prune(model, config, registry, sample);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string what = r.pattern == sb::SparsityPattern::kChannel ? std::to_string(r.channels_removed) + " channels removed in " +
+                                                                      std::to_string(r.groups_pruned) + " of " +
+                                                                      std::to_string(r.groups) + " channel groups"
+                     : r.pattern == sb::SparsityPattern::kNM ? std::to_string(r.n) + ":" + std::to_string(r.m) + " sparsity"
+                                                             : "unstructured sparsity";
+  spdlog::info("pruned with '{}' in {:.2f} s: {}", r.sparser, seconds, what);
+  spdlog::info("  {:<20} {:>12} {:>12} {:>8}", "", "before", "after", "ratio");
+  auto row = [](const char* name, double before, double after) {
+    spdlog::info("  {:<20} {:>12} {:>12} {:>7.3f}", name, human(before), human(after), before > 0 ? after / before : 0.0);
+  };
+  row("parameters", double(r.before.parameters), double(r.after.parameters));
+  row("non-zero parameters", double(r.before.nonzero_parameters), double(r.after.nonzero_parameters));
+  row("file bytes", double(r.before.file_bytes), double(r.after.file_bytes));
+  row("FLOPs (dense)", 2.0 * double(r.before.macs), 2.0 * double(r.after.macs));
+  row("FLOPs (non-zero)", 2.0 * double(r.before.sparse_macs), 2.0 * double(r.after.sparse_macs));
+  for (const auto& n : r.notes) spdlog::debug("  {}", n);
+  return r;
+}
+
 int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
   sb::Config config = sb::Config::from_file(a.config);
   if (a.batch_size > 0) config.calibration.batch_size = a.batch_size;
@@ -370,6 +406,12 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
   sb::Model model = sb::load_onnx(a.model);
   const double import_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - import_start).count();
+  json pruning;
+  if (config.sparse) {  // prune, then quantize the pruned model
+    sb::PruneResult pr = prune_and_log(model, config, registry, sb::sample_inputs(model.graph, a.calib));
+    pruning = json::parse(sb::prune_report_json(pr));
+    model = std::move(pr.pruned);
+  }
   if (sb::bn_tuning_enabled(config)) model = sb::tune_batchnorm(model, config, registry, a.calib);
   sb::QuantModel qm(std::move(model), config, registry);
   auto data = sb::open_dataset(a.calib, qm.graph().inputs);
@@ -385,6 +427,7 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
 
   json rep = json::parse(qm.report_json(&stats));
   rep["import_ms"] = import_ms;
+  if (!pruning.is_null()) rep["pruning"] = pruning;
   if (!a.eval_data.empty()) {
     json ev = evaluate(qm, a, !g.quiet);
     rep["evaluation"] = ev;
@@ -511,6 +554,109 @@ int cmd_qat(QatArgs a, const GlobalOptions& g) {
   return 0;
 }
 
+struct PruneArgs {
+  std::string model, config, calib, output, report, masked, train, device;
+  int finetune = 0;
+};
+
+int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
+  sb::Config config = sb::Config::from_file(a.config);
+  if (!config.sparse) throw sb::Error(a.config + ": no [sparse] table; add one, e.g. [sparse] sparser = \"l1_structured\", ratio = 0.5");
+  const bool quantize = config.quantization_given;
+  if (quantize && a.calib.empty())
+    throw sb::Error(a.config + " also quantizes ([w]/[a]): pass --calib with calibration data");
+  if (a.finetune > 0 && a.train.empty()) throw sb::Error("--finetune needs --train with training data");
+  if (a.finetune > 0) config.qat.epochs = a.finetune;
+  if (!a.device.empty()) config.calibration.device = a.device;
+  sb::AtomicFile out(a.output);
+  std::unique_ptr<sb::AtomicFile> report, masked;
+  if (!a.report.empty()) report = std::make_unique<sb::AtomicFile>(a.report);
+  if (!a.masked.empty()) masked = std::make_unique<sb::AtomicFile>(a.masked);
+
+  sb::Registry registry;
+  registry.load(config.plugins);
+  sb::Model model = sb::load_onnx(a.model);
+  const auto sample = sb::sample_inputs(model.graph, a.calib);
+  sb::PruneResult r = prune_and_log(model, config, registry, sample);
+  json rep = json::parse(sb::prune_report_json(r));
+  rep["model"] = a.model;
+  rep["config"] = a.config;
+  if (masked) masked->write(sb::serialize_onnx(r.masked.graph, r.masked.meta));
+
+  const auto& inputs = r.pruned.graph.inputs;
+  auto progress_for = [&](std::unique_ptr<sb::cli::Progress>& bar, int& bar_epoch, int epochs) {
+    return [&, epochs](int epoch, std::int64_t done, std::int64_t total, double loss) {
+      if (epoch != bar_epoch) {
+        bar = std::make_unique<sb::cli::Progress>("fine-tuning " + std::to_string(epoch) + "/" + std::to_string(epochs), !g.quiet);
+        bar_epoch = epoch;
+      }
+      char note[64];
+      std::snprintf(note, sizeof note, " loss %.4g", loss);
+      bar->update(done, total, note);
+    };
+  };
+  std::string bytes, external;
+  const std::string location = std::filesystem::path(a.output).filename().string() + ".data";
+  if (quantize) {
+    sb::QuantModel qm(std::move(r.pruned), config, registry);
+    auto calib = sb::open_dataset(a.calib, inputs);
+    sb::CalibrationStats stats;
+    if (a.finetune > 0) {
+      {
+        sb::cli::Progress bar("calibrating", !g.quiet);
+        stats = qm.init_qat(*calib, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
+      }
+      // Zeros left by element / N:M pruning stay zero while training.
+      std::vector<std::pair<at::Tensor, at::Tensor>> keep;
+      for (const auto& [name, t] : qm.named_parameters())
+        if (name.rfind("weight ", 0) == 0 && t.dim() >= 2 && (t == 0).any().item<bool>()) keep.emplace_back(t, (t != 0).to(t.scalar_type()));
+      sb::Executor teacher(model.graph, registry);
+      teacher.to(config.calibration.device);
+      sb::QatOptions options{config.qat, "", ""};
+      options.after_step = [&] {
+        at::NoGradGuard no_grad;
+        for (auto& [t, mask] : keep) t.mul_(mask);
+      };
+      std::unique_ptr<sb::cli::Progress> bar;
+      int bar_epoch = 0;
+      auto result = sb::distill(qm, teacher, [&] { return sb::open_dataset(a.train, inputs); }, options,
+                                progress_for(bar, bar_epoch, config.qat.epochs));
+      bar.reset();
+      rep["finetune"] = {{"epochs", json::array()}, {"quantization_aware", true}};
+      for (const auto& e : result.epochs) rep["finetune"]["epochs"].push_back({{"epoch", e.epoch}, {"loss", e.loss}});
+    } else {
+      sb::cli::Progress bar("calibrating", !g.quiet);
+      stats = qm.calibrate(*calib, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
+    }
+    rep["quantization"] = json::parse(qm.report_json(&stats));
+    bytes = qm.serialize(&external, location);
+  } else {
+    if (a.finetune > 0) {
+      std::unique_ptr<sb::cli::Progress> bar;
+      int bar_epoch = 0;
+      const auto losses = sb::finetune(r.pruned, model, registry, [&] { return sb::open_dataset(a.train, inputs); }, config.qat,
+                                       config.calibration.device, progress_for(bar, bar_epoch, config.qat.epochs));
+      bar.reset();
+      rep["finetune"] = {{"epoch_loss", losses}, {"quantization_aware", false}};
+    }
+    bytes = sb::serialize_onnx(r.pruned.graph, r.pruned.meta, {}, &external, location);
+  }
+  if (!external.empty()) {
+    sb::AtomicFile data(a.output + ".data");
+    data.write(external);
+    data.commit();
+  }
+  out.write(bytes);
+  if (masked) masked->commit();
+  if (report) {
+    report->write(rep.dump(2) + "\n");
+    report->commit();
+  }
+  out.commit();
+  spdlog::info("wrote {}{}", a.output, quantize ? " (pruned, then quantized)" : "");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -587,6 +733,20 @@ int main(int argc, char** argv) {
   qat->add_flag("--restart", qt.restart, "Ignore an existing checkpoint and start from calibration");
   qat->add_option("--report", qt.report, "Write a JSON report (quantizers and per-epoch loss)");
 
+  PruneArgs pr;
+  auto* prune = app.add_subcommand("prune", "Prune a model ([sparse] in the config); with [w]/[a] too, then quantize it");
+  prune->add_option("model", pr.model, "Float ONNX model")->required();
+  prune->add_option("-c,--config", pr.config, "TOML config with a [sparse] table (see configs/prune_*.toml)")->required();
+  prune->add_option("--calib", pr.calib,
+                    "Data: its first sample fixes the shapes; required when the config also quantizes");
+  prune->add_option("-o,--output", pr.output, "Output ONNX model")->required();
+  prune->add_option("--report", pr.report, "Write a JSON report: parameters, file size, FLOPs before/after, every layer");
+  prune->add_option("--masked", pr.masked, "Also write the masked model (original shapes, pruned weights zero)");
+  prune->add_option("--finetune", pr.finetune, "Fine-tune this many epochs by distillation from the unpruned model")
+      ->check(CLI::PositiveNumber);
+  prune->add_option("--train", pr.train, "Training data for --finetune (unlabeled; same layouts as --calib)");
+  prune->add_option("--device", pr.device, "cpu or cuda[:N] for fine-tuning (overrides [calibration] device)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     setup_logging(g);
@@ -596,6 +756,7 @@ int main(int argc, char** argv) {
     if (*simplify) return cmd_simplify(simplify_model, simplify_config, simplify_output);
     if (*prof) return cmd_profile(pa, g);
     if (*qat) return cmd_qat(qt, g);
+    if (*prune) return cmd_prune(pr, g);
   } catch (const sb::Error& e) {
     spdlog::error("{}", e.what());
     return 1;

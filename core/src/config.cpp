@@ -169,6 +169,55 @@ struct Reader {
       }
     }
   }
+
+  double ratio(const toml::table& t, const std::string& table, double fallback) const {
+    const double v = get<double>(t, table, "ratio", fallback, "a number");
+    if (!(v >= 0 && v < 1)) throw Error(key_path(table, "ratio") + " must be at least 0 and below 1, got " + std::to_string(v));
+    return v;
+  }
+
+  SparseSpecific sparse_specific(const toml::table& t, const std::string& table, const std::string& name,
+                                 const std::vector<std::string>& nodes) const {
+    check_keys(t, table, {"ratio", "nodes"});
+    SparseSpecific s;
+    s.name = name;
+    s.nodes = nodes;
+    if (const toml::node* n = t.get("nodes"); n && n->is_string()) s.nodes = {*n->value<std::string>()};
+    else if (n) s.nodes = strings(t, table, "nodes");
+    if (s.nodes.empty()) throw Error(key_path(table, "nodes") + " is required: a glob (or list of globs) over node names");
+    if (!t.get("ratio")) throw Error(key_path(table, "ratio") + " is required (0 keeps the nodes dense)");
+    s.ratio = ratio(t, table, 0);
+    return s;
+  }
+
+  SparseConfig sparse_table(const toml::table& t) const {
+    check_keys(t, "sparse", {"sparser", "ratio", "granularity", "scope", "round_to", "skip", "specific", "sparser_options"});
+    SparseConfig s;
+    s.sparser = get<std::string>(t, "sparse", "sparser", s.sparser, "a string");
+    s.ratio_set = t.get("ratio") != nullptr;
+    s.ratio = ratio(t, "sparse", s.ratio);
+    s.granularity = get<std::string>(t, "sparse", "granularity", s.granularity, "a string");
+    s.scope = get<std::string>(t, "sparse", "scope", s.scope, "a string");
+    if (s.scope != "layer" && s.scope != "global") throw Error(key_path("sparse", "scope") + " must be \"layer\" or \"global\"");
+    s.round_to = get<std::int64_t>(t, "sparse", "round_to", s.round_to, "an integer");
+    if (s.round_to < 1 || s.round_to > 4096) throw Error(key_path("sparse", "round_to") + " must be between 1 and 4096");
+    s.skip = strings(t, "sparse", "skip");
+    if (const toml::node* n = t.get("sparser_options")) {
+      if (!n->is_table()) throw Error(key_path("sparse", "sparser_options") + " must be a table");
+      s.sparser_options = options(*n->as_table(), "sparse.sparser_options");
+    }
+    if (const toml::node* n = t.get("specific")) {
+      const toml::array* entries = n->as_array();
+      if (!entries) throw Error(source + ": 'sparse.specific' must be an array of tables ([[sparse.specific]])");
+      for (std::size_t i = 0; i < entries->size(); ++i) {
+        const toml::table* e = (*entries)[i].as_table();
+        const std::string name = "sparse.specific[" + std::to_string(i) + "]";
+        if (!e) throw Error(source + ": " + name + " must be a table ([[sparse.specific]])");
+        s.specific.push_back(sparse_specific(*e, name, "[[sparse.specific]] #" + std::to_string(i + 1), {}));
+      }
+    }
+    return s;
+  }
 };
 
 }  // namespace
@@ -185,7 +234,8 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Config c;
   c.source = source_name;
   Reader r{c.source};
-  r.check_keys(root, "", {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "plugins"});
+  r.check_keys(root, "", {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse",
+                         "plugins"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   c.skip = r.strings(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
@@ -196,6 +246,9 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   };
   if (auto* t = table("w")) r.quant_table(*t, "w", c.w);
   if (auto* t = table("a")) r.quant_table(*t, "a", c.a);
+  c.quantization_given = root.get("w") || root.get("a");
+  if (auto* t = table("sparse")) c.sparse = r.sparse_table(*t);
+  std::vector<SparseSpecific> top_level_sparse;  // from [[specific]] sparse = {...}, after [[sparse.specific]]
   if (const toml::node* n = root.get("specific")) {
     const toml::array* entries = n->as_array();
     if (!entries) throw Error(source_name + ": 'specific' must be an array of tables ([[specific]])");
@@ -203,7 +256,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
       const std::string name = "specific[" + std::to_string(i) + "]";
       const toml::table* t = (*entries)[i].as_table();
       if (!t) throw Error(source_name + ": " + name + " must be a table ([[specific]])");
-      r.check_keys(*t, name, {"nodes", "w", "a"});
+      r.check_keys(*t, name, {"nodes", "w", "a", "sparse"});
       SpecificEntry e;
       e.name = "[[specific]] #" + std::to_string(i + 1);
       if (const toml::node* nodes = t->get("nodes"); nodes && nodes->is_string()) e.nodes = {*nodes->value<std::string>()};
@@ -217,9 +270,15 @@ Config Config::from_string(const std::string& text, const std::string& source_na
         if (!sub->is_table()) throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
         r.quant_table(*sub->as_table(), name + "." + side, std::string(side) == "w" ? e.w : e.a);
       }
-      c.specific.push_back(std::move(e));
+      if (const toml::node* sub = t->get("sparse")) {
+        if (!sub->is_table()) throw Error(r.key_path(name, "sparse") + " must be a table, e.g. sparse = { ratio = 0.3 }");
+        if (!c.sparse) throw Error(r.key_path(name, "sparse") + " needs a [sparse] table that says how to prune");
+        top_level_sparse.push_back(r.sparse_specific(*sub->as_table(), name + ".sparse", e.name, e.nodes));
+      }
+      if (t->get("w") || t->get("a") || !t->get("sparse")) c.specific.push_back(std::move(e));
     }
   }
+  if (c.sparse) c.sparse->specific.insert(c.sparse->specific.end(), top_level_sparse.begin(), top_level_sparse.end());
   if (auto* t = table("passes")) {
     for (const auto& name : r.strings(*t, "passes", "extra")) {
       bool known = false;

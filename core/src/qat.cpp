@@ -177,6 +177,7 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
       adam.zero_grad();
       loss.backward();
       adam.step();
+      if (options.after_step) options.after_step();
       loss_sum += value;
       ++batches;
       e.samples += b->inputs[0].size(0);

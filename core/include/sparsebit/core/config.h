@@ -36,11 +36,22 @@
 ///     epochs = 1
 ///     lr = 1e-4
 ///     loss = "mse"                    # mse | kl
+///     [sparse]                        # pruning (sparsebit/core/prune.h); with [w]/[a] too:
+///     sparser = "l1_structured"       #   prune, then quantize, in one run
+///     ratio = 0.5                     # fraction of weights / channels removed per layer
+///     granularity = "channel"         # element | channel | N:M ("2:4"); default: the sparser's
+///     scope = "layer"                 # element: ratio per layer, or "global" over all layers
+///     round_to = 1                    # channel: kept channels rounded up to a multiple
+///     skip = ["conv1"]                # node-name globs never pruned
+///     [[sparse.specific]]             # per-node ratio, first match wins (also accepted as
+///     nodes = ["layer4*"]             #   `sparse = { ratio = 0.3 }` in a top-level [[specific]])
+///     ratio = 0.3
 ///     [plugins]
 ///     paths = []
 ///     enable = []
 ///     disable = []
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +95,26 @@ struct QatConfig {
   std::int64_t seed = 0;
 };
 
+/// `[[sparse.specific]]`: the ratio for the nodes matching `nodes`.
+struct SparseSpecific {
+  std::string name;  ///< "[[sparse.specific]] #1", for messages
+  std::vector<std::string> nodes;
+  double ratio = 0;
+};
+
+/// `[sparse]`: pruning (sparsebit/core/prune.h).
+struct SPARSEBIT_API SparseConfig {
+  std::string sparser = "l1_unstructured";
+  double ratio = 0.5;
+  bool ratio_set = false;
+  std::string granularity;  ///< "" (the sparser's), "element", "channel" or "N:M"
+  std::string scope = "layer";
+  std::int64_t round_to = 1;
+  std::vector<std::string> skip;
+  std::vector<SparseSpecific> specific;  ///< first match wins
+  Options sparser_options{"[sparse.sparser_options]"};
+};
+
 /// One `[[specific]]` entry: complete [w]/[a] tables (the global ones with this entry's keys
 /// over them) for the nodes matching `nodes`.
 struct SpecificEntry {
@@ -110,6 +141,8 @@ struct SPARSEBIT_API Config {
   std::vector<SpecificEntry> specific;  ///< first match wins
   CalibrationConfig calibration;
   QatConfig qat;
+  std::optional<SparseConfig> sparse;  ///< set when the file has a [sparse] table
+  bool quantization_given = false;     ///< the file has [w] or [a] (a prune run then quantizes too)
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},  {"fold_constants", true},
                                       {"fuse_bn", true},          {"fuse_matmul_add", true},

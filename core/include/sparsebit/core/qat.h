@@ -35,6 +35,7 @@ struct QatOptions {
   QatConfig settings;
   std::string checkpoint;   ///< written after every epoch and resumed from ("": none)
   std::string fingerprint;  ///< identifies the run (model, config, data); must match to resume
+  std::function<void()> after_step;  ///< called after every optimizer step (pruning keeps its zeros here)
 };
 
 struct QatEpoch {

@@ -1,0 +1,1074 @@
+// Pruning (sparsebit/core/prune.h): masks for element and N:M sparsity, channel removal.
+
+#include "sparsebit/core/prune.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <fnmatch.h>
+#include <torch/optim/adam.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <set>
+
+#include "sparsebit/core/executor.h"
+#include "sparsebit/core/qat.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit {
+
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+using Shapes = std::map<std::string, Shape>;
+
+bool matches_any(const std::string& name, const std::vector<std::string>& globs) {
+  for (const auto& g : globs)
+    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  return false;
+}
+
+std::int64_t product(const Shape& s, std::size_t from = 0, std::size_t to = SIZE_MAX) {
+  std::int64_t p = 1;
+  for (std::size_t i = from; i < std::min(to, s.size()); ++i) p *= s[i];
+  return p;
+}
+
+/// Runs `graph` on `sample` and records the shape of every tensor a node reads and of the outputs.
+Shapes run_shapes(const Graph& graph, const Registry& registry, const std::vector<at::Tensor>& sample,
+                  std::vector<at::Tensor>* outputs = nullptr) {
+  Executor ex(graph, registry);
+  std::map<std::string, at::Tensor> feeds;
+  if (sample.size() != graph.inputs.size()) {
+    throw Error("the sample has " + std::to_string(sample.size()) + " inputs, the model " + std::to_string(graph.inputs.size()));
+  }
+  for (std::size_t i = 0; i < sample.size(); ++i) feeds[graph.inputs[i].name] = sample[i];
+  Shapes shapes;
+  c10::InferenceMode guard;
+  auto result = ex.run(feeds, [&](std::size_t node, std::size_t input, const at::Tensor& v) {
+    if (v.defined()) shapes[graph.node(node).inputs[input]] = v.sizes().vec();
+    return v;
+  });
+  for (std::size_t i = 0; i < result.size() && i < graph.outputs.size(); ++i)
+    if (result[i].defined()) shapes[graph.outputs[i].name] = result[i].sizes().vec();
+  if (outputs) *outputs = std::move(result);
+  return shapes;
+}
+
+/// The value of a constant tensor: an initializer or a Constant node's `value`.
+std::optional<at::Tensor> constant_value(const Graph& g, const std::string& name) {
+  if (auto it = g.initializers.find(name); it != g.initializers.end()) return it->second;
+  for (const Node* n : g.nodes())
+    if (n->op_type == "Constant" && !n->outputs.empty() && n->outputs[0] == name && n->has_attr("value"))
+      return n->attr_tensor("value");
+  return std::nullopt;
+}
+
+std::vector<std::int64_t> int_values(const at::Tensor& t) {
+  at::Tensor c = t.to(at::kLong).contiguous().flatten();
+  return {c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel()};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Channel analysis (Note [Channel removal])
+
+struct UnionFind {
+  std::vector<int> parent;
+  int make() {
+    parent.push_back(static_cast<int>(parent.size()));
+    return parent.back();
+  }
+  int find(int a) {
+    while (parent[a] != a) a = parent[a] = parent[parent[a]];
+    return a;
+  }
+  void unite(int a, int b) { parent[find(a)] = find(b); }
+};
+
+/// Which atom sits at each position of a tensor's channel axis.
+struct Track {
+  std::int64_t axis = 0;
+  std::vector<int> atoms;
+};
+
+/// A constant input sliced along `axis` when channels go. Producer and consumer weights are
+/// zeroed in the masked model; parameters (BatchNormalization, depthwise) are not.
+struct Site {
+  enum Kind { kProducer, kConsumer, kParam } kind;
+  std::size_t node, input;
+  std::int64_t axis;
+  std::vector<int> atoms;
+};
+
+/// An integer that must become the number of kept positions: a depthwise Conv's `group`
+/// (input = -1) or one entry of a Reshape's constant shape.
+struct CountSite {
+  std::size_t node;
+  int input;  ///< -1: the `group` attribute
+  std::size_t position;
+  std::vector<int> atoms;
+};
+
+struct Producer {
+  std::size_t node;
+  std::vector<int> atoms;
+  double ratio = 0;
+  bool skipped = false;
+};
+
+const std::set<std::string> kUnary = {
+    "Relu",   "LeakyRelu", "Sigmoid", "Tanh",  "HardSigmoid", "HardSwish", "Elu",     "Selu",    "Celu",
+    "Softplus", "Softsign", "Gelu",   "Mish",  "Erf",         "Exp",       "Log",     "Abs",     "Neg",
+    "Sqrt",   "Reciprocal", "Floor",  "Ceil",  "Round",       "Sign",      "Identity", "Dropout", "Cast",
+    "Sin",    "Cos",       "ThresholdedRelu", "Clip", "Not", "IsNaN", "IsInf", "Shrink"};
+const std::set<std::string> kBroadcast = {"Add", "Sub",  "Mul",   "Div",     "Pow",  "Max",  "Min",   "Sum",
+                                          "Mean", "PRelu", "Where", "Equal", "Less", "Greater", "LessOrEqual",
+                                          "GreaterOrEqual", "And", "Or", "Xor", "Mod", "BitShift"};
+const std::set<std::string> kPool = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool"};
+const std::set<std::string> kReduce = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+                                       "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"};
+
+class ChannelAnalysis {
+ public:
+  ChannelAnalysis(const Graph& g, const Shapes& shapes) : g_(g), shapes_(shapes) {
+    for (const Node* n : g.nodes())
+      for (const auto& in : n->inputs) ++readers_[in];
+  }
+
+  UnionFind uf;
+  std::vector<bool> pinned;  // by atom
+  std::vector<Site> sites;
+  std::vector<CountSite> counts;
+  std::vector<Producer> producers;
+  std::vector<int> atom_producer;  // atom -> index into producers, -1 for pinned fillers
+  std::vector<std::int64_t> atom_channel;  // atom -> output channel of its producer
+
+  /// `prunable(node)` says whether a producer's channels may go (else they are pinned).
+  void run(const std::function<std::pair<bool, double>(const Node&)>& prunable) {
+    const auto nodes = g_.nodes();
+    for (std::size_t i = 0; i < nodes.size(); ++i) visit(i, *nodes[i], prunable);
+    for (const auto& o : g_.outputs)
+      if (auto* t = tracked(o.name)) pin(*t);
+  }
+
+ private:
+  const Graph& g_;
+  const Shapes& shapes_;
+  std::map<std::string, Track> tracks_;
+  std::map<std::string, int> readers_;
+
+  Track* tracked(const std::string& v) {
+    auto it = tracks_.find(v);
+    return it == tracks_.end() ? nullptr : &it->second;
+  }
+  const Shape* shape(const std::string& v) const {
+    auto it = shapes_.find(v);
+    return it == shapes_.end() ? nullptr : &it->second;
+  }
+  const at::Tensor* initializer(const std::string& v) const {
+    auto it = g_.initializers.find(v);
+    return it == g_.initializers.end() ? nullptr : &it->second;
+  }
+  void pin(const Track& t) {
+    for (int a : t.atoms) pinned[a] = true;
+  }
+  void pin_inputs(const Node& n) {
+    for (const auto& in : n.inputs)
+      if (auto* t = tracked(in)) pin(*t);
+  }
+  int new_atom(int producer, std::int64_t channel, bool pin_it) {
+    const int a = uf.make();
+    pinned.push_back(pin_it);
+    atom_producer.push_back(producer);
+    atom_channel.push_back(channel);
+    return a;
+  }
+  void set_output(const Node& n, std::size_t k, Track t) {
+    if (k < n.outputs.size() && !n.outputs[k].empty()) tracks_[n.outputs[k]] = std::move(t);
+  }
+  /// Slices constant input `input` of node `i` along `axis` with `atoms`, or pins them when
+  /// the input is not an initializer of that extent. A constant read elsewhere too (tied
+  /// weights) pins as well: slicing it for one reader would untie it and grow the model.
+  bool param(std::size_t i, const Node& n, std::size_t input, std::int64_t axis, const std::vector<int>& atoms,
+             Site::Kind kind = Site::kParam) {
+    if (!n.has_input(input)) return true;
+    const at::Tensor* c = initializer(n.inputs[input]);
+    if (!c || axis >= c->dim() || c->size(axis) != static_cast<std::int64_t>(atoms.size())) return false;
+    if (readers_[n.inputs[input]] > 1 || g_.is_graph_output(n.inputs[input])) return false;
+    sites.push_back({kind, i, input, axis, atoms});
+    return true;
+  }
+  std::int64_t attr_axis(const Node& n, const char* key, std::int64_t fallback, std::int64_t rank) const {
+    std::int64_t a = n.attr_int(key, fallback);
+    return a < 0 ? a + rank : a;
+  }
+  /// Axes from attribute `key` or, when absent, from constant input `input`; nullopt if unknown.
+  std::optional<std::vector<std::int64_t>> axes_of(const Node& n, const char* key, std::size_t input, std::int64_t rank) const {
+    std::vector<std::int64_t> axes;
+    if (n.has_attr(key)) axes = n.attr_ints(key);
+    else if (n.has_input(input)) {
+      auto c = constant_value(g_, n.inputs[input]);
+      if (!c) return std::nullopt;
+      axes = int_values(*c);
+    }
+    for (auto& a : axes) a = a < 0 ? a + rank : a;
+    return axes;
+  }
+
+  void new_producer(std::size_t i, const Node& n, std::int64_t channels, Track& out,
+                    const std::function<std::pair<bool, double>(const Node&)>& prunable) {
+    auto [ok, ratio] = prunable(n);
+    const int p = static_cast<int>(producers.size());
+    producers.push_back({i, {}, ratio, !ok});
+    for (std::int64_t c = 0; c < channels; ++c) producers.back().atoms.push_back(new_atom(p, c, !ok));
+    out.atoms = producers.back().atoms;
+  }
+
+  void visit(std::size_t i, const Node& n, const std::function<std::pair<bool, double>(const Node&)>& prunable) {
+    const std::string& op = n.op_type;
+    Track* x = n.inputs.empty() ? nullptr : tracked(n.inputs[0]);
+    const Shape* xs = n.inputs.empty() ? nullptr : shape(n.inputs[0]);
+    const bool onnx = n.domain.empty() || n.domain == "ai.onnx";
+    if (!onnx) return pin_inputs(n);
+
+    if (op == "Conv" || op == "ConvTranspose") {
+      const at::Tensor* w = n.inputs.size() > 1 ? initializer(n.inputs[1]) : nullptr;
+      const std::int64_t group = n.attr_int("group", 1);
+      const bool transpose = op == "ConvTranspose";
+      if (!w || w->dim() < 3) return pin_inputs(n);
+      const std::int64_t in_axis = transpose ? 0 : 1, out_axis = transpose ? 1 : 0;
+      if (x) {
+        if (x->axis != 1) return pin_inputs(n);
+        const bool depthwise = !transpose && group > 1 && group == static_cast<std::int64_t>(x->atoms.size()) &&
+                               w->size(0) == group && w->size(1) == 1;
+        if (depthwise) {
+          if (!param(i, n, 1, 0, x->atoms) || !param(i, n, 2, 0, x->atoms)) return pin_inputs(n);
+          counts.push_back({i, -1, 0, x->atoms});
+          return set_output(n, 0, *x);
+        }
+        if (group != 1 || !param(i, n, 1, in_axis, x->atoms, Site::kConsumer)) pin(*x);
+      }
+      if (group != 1) return;
+      Track out{1, {}};
+      new_producer(i, n, w->size(out_axis), out, prunable);
+      if (!param(i, n, 1, out_axis, out.atoms, Site::kProducer) || !param(i, n, 2, 0, out.atoms, Site::kProducer))
+        pin(out);
+      return set_output(n, 0, out);
+    }
+    if (op == "Gemm" || op == "MatMul") {
+      const at::Tensor* w = n.inputs.size() > 1 ? initializer(n.inputs[1]) : nullptr;
+      const bool gemm = op == "Gemm";
+      const bool trans_b = gemm && n.attr_int("transB", 0) != 0;
+      if (!w || w->dim() != 2 || (gemm && n.attr_int("transA", 0) != 0) || !xs || xs->size() < (gemm ? 2u : 1u))
+        return pin_inputs(n);
+      const std::int64_t in_axis = trans_b ? 1 : 0, out_axis = trans_b ? 0 : 1;
+      const std::int64_t last = static_cast<std::int64_t>(xs->size()) - 1;
+      if (x && (x->axis != last || !param(i, n, 1, in_axis, x->atoms, Site::kConsumer))) pin(*x);
+      if (xs->size() < 2) return;
+      Track out{last, {}};
+      new_producer(i, n, w->size(out_axis), out, prunable);
+      bool ok = param(i, n, 1, out_axis, out.atoms, Site::kProducer);
+      if (gemm && n.has_input(2)) {
+        const at::Tensor* c = initializer(n.inputs[2]);
+        if (!c) ok = false;
+        else if (c->dim() > 0 && c->size(c->dim() - 1) != 1) ok = ok && param(i, n, 2, c->dim() - 1, out.atoms, Site::kProducer);
+      }
+      if (!ok) pin(out);
+      return set_output(n, 0, out);
+    }
+    if (!x) {
+      // Nothing tracked in input 0: still, a tracked tensor elsewhere must be handled.
+      bool any = false;
+      for (const auto& in : n.inputs) any = any || tracked(in);
+      if (!any) return;
+      if (!kBroadcast.count(op) && op != "Concat") return pin_inputs(n);
+    }
+    if (op == "BatchNormalization" || op == "InstanceNormalization") {
+      if (x->axis != 1 || n.outputs.size() > 1) return pin_inputs(n);
+      for (std::size_t k = 1; k < n.inputs.size(); ++k)
+        if (!param(i, n, k, 0, x->atoms)) return pin_inputs(n);
+      return set_output(n, 0, *x);
+    }
+    if (kUnary.count(op)) {
+      for (std::size_t k = 1; k < n.inputs.size(); ++k) {
+        if (!n.has_input(k)) continue;
+        const Shape* s = shape(n.inputs[k]);
+        if (!s || product(*s) != 1) return pin_inputs(n);
+      }
+      return set_output(n, 0, *x);
+    }
+    if (kPool.count(op)) {
+      if (x->axis != 1 || n.outputs.size() > 1) return pin_inputs(n);
+      return set_output(n, 0, *x);
+    }
+    if (kBroadcast.count(op)) return broadcast(i, n);
+    if (op == "Concat") return concat(n);
+    if (op == "Flatten" || op == "Reshape") return flatten(i, n, *x);
+    if (op == "Transpose") {
+      const auto perm = n.attr_ints("perm");
+      for (std::size_t k = 0; k < perm.size(); ++k)
+        if (perm[k] == x->axis) return set_output(n, 0, Track{static_cast<std::int64_t>(k), x->atoms});
+      if (perm.empty() && xs) return set_output(n, 0, Track{static_cast<std::int64_t>(xs->size()) - 1 - x->axis, x->atoms});
+      return pin_inputs(n);
+    }
+    if (!xs) return pin_inputs(n);
+    const std::int64_t rank = static_cast<std::int64_t>(xs->size());
+    if (op == "Softmax" || op == "LogSoftmax" || op == "Hardmax") {
+      const std::int64_t axis = attr_axis(n, "axis", g_.default_opset() >= 13 ? -1 : 1, rank);
+      const bool mixes = g_.default_opset() >= 13 ? axis == x->axis : x->axis >= axis;
+      if (mixes) return pin_inputs(n);
+      return set_output(n, 0, *x);
+    }
+    if (kReduce.count(op)) {
+      auto axes = axes_of(n, "axes", 1, rank);
+      if (!axes || axes->empty() || std::count(axes->begin(), axes->end(), x->axis)) return pin_inputs(n);
+      std::int64_t axis = x->axis;
+      if (n.attr_int("keepdims", 1) == 0) axis -= std::count_if(axes->begin(), axes->end(), [&](auto a) { return a < x->axis; });
+      return set_output(n, 0, Track{axis, x->atoms});
+    }
+    if (op == "Squeeze" || op == "Unsqueeze") {
+      auto axes = axes_of(n, "axes", 1, op == "Squeeze" ? rank : rank + 0);
+      const Shape* os = shape(n.outputs[0]);
+      if (!axes || !os) return pin_inputs(n);
+      std::int64_t axis = x->axis;
+      if (op == "Squeeze") {
+        if (axes->empty() || std::count(axes->begin(), axes->end(), x->axis)) return pin_inputs(n);
+        axis -= std::count_if(axes->begin(), axes->end(), [&](auto a) { return a < x->axis; });
+      } else {
+        const std::int64_t out_rank = static_cast<std::int64_t>(os->size());
+        std::vector<bool> inserted(static_cast<std::size_t>(out_rank), false);
+        for (auto a : *axes) {
+          const std::int64_t p = a < 0 ? a + out_rank : a;
+          if (p < 0 || p >= out_rank) return pin_inputs(n);
+          inserted[static_cast<std::size_t>(p)] = true;
+        }
+        std::int64_t seen = -1;
+        for (std::int64_t p = 0; p < out_rank; ++p)
+          if (!inserted[static_cast<std::size_t>(p)] && ++seen == x->axis) axis = p;
+      }
+      return set_output(n, 0, Track{axis, x->atoms});
+    }
+    if (op == "Resize" || op == "Upsample") {
+      const std::size_t scales_input = op == "Resize" ? 2 : 1;
+      if (op == "Resize" && n.has_input(3)) return pin_inputs(n);
+      auto scales = n.has_input(scales_input) ? constant_value(g_, n.inputs[scales_input]) : std::nullopt;
+      if (!scales && n.has_attr("scales")) scales = at::tensor(n.attr_floats("scales"));
+      if (!scales || scales->numel() != rank || scales->to(at::kDouble)[x->axis].item<double>() != 1.0) return pin_inputs(n);
+      return set_output(n, 0, *x);
+    }
+    if (op == "Pad") {
+      std::vector<std::int64_t> pads;
+      if (n.has_attr("pads")) pads = n.attr_ints("pads");
+      else if (auto c = n.has_input(1) ? constant_value(g_, n.inputs[1]) : std::nullopt) pads = int_values(*c);
+      if (n.has_input(3) || static_cast<std::int64_t>(pads.size()) != 2 * rank || pads[x->axis] != 0 ||
+          pads[x->axis + rank] != 0)
+        return pin_inputs(n);
+      return set_output(n, 0, *x);
+    }
+    if (op == "Slice") {
+      auto axes = n.has_input(3) ? axes_of(n, "", 3, rank) : std::nullopt;
+      if (!n.has_input(3)) {
+        const Shape* starts = n.has_input(1) ? shape(n.inputs[1]) : nullptr;
+        if (!starts || starts->size() != 1) return pin_inputs(n);
+        axes = std::vector<std::int64_t>();
+        for (std::int64_t a = 0; a < (*starts)[0]; ++a) axes->push_back(a);
+      }
+      if (!axes || std::count(axes->begin(), axes->end(), x->axis)) return pin_inputs(n);
+      return set_output(n, 0, *x);
+    }
+    if (op == "Split") {
+      if (attr_axis(n, "axis", 0, rank) == x->axis) return pin_inputs(n);
+      for (std::size_t k = 0; k < n.outputs.size(); ++k) set_output(n, k, *x);
+      return;
+    }
+    pin_inputs(n);
+  }
+
+  void broadcast(std::size_t i, const Node& n) {
+    const Shape* os = n.outputs.empty() ? nullptr : shape(n.outputs[0]);
+    if (!os) return pin_inputs(n);
+    const std::int64_t R = static_cast<std::int64_t>(os->size());
+    std::int64_t axis = -1;
+    const Track* first = nullptr;
+    for (const auto& in : n.inputs) {
+      const Track* t = tracked(in);
+      const Shape* s = shape(in);
+      if (!t) continue;
+      if (!s) return pin_inputs(n);
+      const std::int64_t a = t->axis + R - static_cast<std::int64_t>(s->size());
+      if ((axis >= 0 && a != axis) || (first && first->atoms.size() != t->atoms.size())) return pin_inputs(n);
+      axis = a;
+      if (!first) first = t;
+    }
+    for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+      if (!n.has_input(k)) continue;
+      const Track* t = tracked(n.inputs[k]);
+      if (t) {
+        for (std::size_t p = 0; p < t->atoms.size(); ++p) uf.unite(t->atoms[p], first->atoms[p]);
+        continue;
+      }
+      const Shape* s = shape(n.inputs[k]);
+      if (!s) return pin_inputs(n);
+      const std::int64_t a = axis - (R - static_cast<std::int64_t>(s->size()));
+      if (a < 0 || (*s)[static_cast<std::size_t>(a)] == 1) continue;
+      if (!param(i, n, k, a, first->atoms)) return pin_inputs(n);
+    }
+    set_output(n, 0, Track{axis, first->atoms});
+  }
+
+  void concat(const Node& n) {
+    const Shape* os = n.outputs.empty() ? nullptr : shape(n.outputs[0]);
+    if (!os) return pin_inputs(n);
+    const std::int64_t axis = attr_axis(n, "axis", 0, static_cast<std::int64_t>(os->size()));
+    Track out{axis, {}};
+    bool along = true;
+    for (const auto& in : n.inputs)
+      if (const Track* t = tracked(in); t && t->axis != axis) along = false;
+    if (!along) {
+      // Concat along another axis: like an elementwise op, every input carries the same channels.
+      const Track* first = nullptr;
+      for (const auto& in : n.inputs) {
+        const Track* t = tracked(in);
+        if (!t || (first && (t->axis != first->axis || t->atoms.size() != first->atoms.size()))) return pin_inputs(n);
+        if (!first) first = t;
+        for (std::size_t p = 0; p < t->atoms.size(); ++p) uf.unite(t->atoms[p], first->atoms[p]);
+      }
+      return set_output(n, 0, *first);
+    }
+    for (const auto& in : n.inputs) {
+      if (const Track* t = tracked(in)) {
+        out.atoms.insert(out.atoms.end(), t->atoms.begin(), t->atoms.end());
+        continue;
+      }
+      const Shape* s = shape(in);
+      if (!s || axis >= static_cast<std::int64_t>(s->size())) return pin_inputs(n);
+      for (std::int64_t c = 0; c < (*s)[static_cast<std::size_t>(axis)]; ++c) out.atoms.push_back(new_atom(-1, c, true));
+    }
+    set_output(n, 0, out);
+  }
+
+  /// Flatten, or a Reshape that merges the channel axis with the axes after it (into features)
+  /// or only reshapes the axes after it.
+  void flatten(std::size_t i, const Node& n, const Track& x) {
+    const Shape* in = shape(n.inputs[0]);
+    const Shape* out = shape(n.outputs[0]);
+    if (!in || !out) return pin_inputs(n);
+    const std::size_t a = static_cast<std::size_t>(x.axis);
+    const std::int64_t C = static_cast<std::int64_t>(x.atoms.size());
+    const std::int64_t inner = product(*in, a + 1);
+    const bool same_prefix = out->size() > a && std::equal(in->begin(), in->begin() + static_cast<std::ptrdiff_t>(a), out->begin());
+    if (!same_prefix) return pin_inputs(n);
+    Track t{x.axis, {}};
+    if ((*out)[a] == C && product(*out, a + 1) == inner) {
+      t.atoms = x.atoms;  // the channel axis stays; only the axes after it change
+    } else if (out->size() == a + 1 && (*out)[a] == C * inner) {
+      t.atoms.reserve(static_cast<std::size_t>(C * inner));
+      for (std::int64_t f = 0; f < C * inner; ++f) t.atoms.push_back(x.atoms[static_cast<std::size_t>(f / inner)]);
+    } else {
+      return pin_inputs(n);
+    }
+    if (n.op_type == "Flatten") {
+      if (attr_axis(n, "axis", 1, static_cast<std::int64_t>(in->size())) > x.axis) return pin_inputs(n);
+    } else if (n.has_input(1)) {
+      if (const at::Tensor* c = initializer(n.inputs[1])) {
+        const auto dims = int_values(*c);
+        if (dims.size() != out->size()) return pin_inputs(n);
+        if (dims[a] == 0 && inner != 1 && t.atoms.size() != x.atoms.size()) return pin_inputs(n);
+        if (dims[a] > 0) counts.push_back({i, 1, a, t.atoms});
+        for (std::size_t k = a + 1; k < dims.size(); ++k)
+          if (dims[k] == 0) return pin_inputs(n);  // 0 would copy an input dim whose meaning moved
+      } else if (constant_value(g_, n.inputs[1])) {
+        return pin_inputs(n);  // a Constant node's shape is not rewritten
+      }
+      // A shape computed at run time (Shape -> Gather -> Concat) follows the pruned sizes.
+    }
+    set_output(n, 0, t);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+
+std::string pattern_name(SparsityPattern p) {
+  switch (p) {
+    case SparsityPattern::kElement: return "element";
+    case SparsityPattern::kNM: return "N:M";
+    case SparsityPattern::kChannel: return "channel";
+  }
+  return "?";
+}
+
+/// Ratio for a node: the first matching [[sparse.specific]], else [sparse] ratio.
+double ratio_for(const SparseConfig& s, const std::string& node) {
+  for (const auto& e : s.specific)
+    if (matches_any(node, e.nodes)) return e.ratio;
+  return s.ratio;
+}
+
+/// Weights (constant kWeight inputs, rank >= 2) by node, with their output-channel axis.
+struct WeightRef {
+  std::size_t node, input;
+  std::string name;
+  std::int64_t channel_axis;
+};
+
+std::vector<WeightRef> weights_of(const Graph& g, const Executor& ex) {
+  std::vector<WeightRef> out;
+  for (std::size_t i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(i);
+    const auto specs = ex.modules()[i].module->input_specs();
+    for (std::size_t k = 0; k < specs.size() && k < n.inputs.size(); ++k) {
+      if (specs[k].role != InputRole::kWeight || !n.has_input(k)) continue;
+      auto it = g.initializers.find(n.inputs[k]);
+      if (it == g.initializers.end() || !it->second.is_floating_point() || it->second.dim() < 2) continue;
+      out.push_back({i, k, n.inputs[k], specs[k].channel_axis});
+    }
+  }
+  return out;
+}
+
+at::Tensor checked_scores(Sparser& sparser, const std::string& name, const at::Tensor& w, std::int64_t channel_axis,
+                          const Node& n, SparsityPattern pattern) {
+  const std::int64_t axis = channel_axis < 0 ? channel_axis + w.dim() : channel_axis;
+  const std::int64_t input_axis = axis == 0 ? 1 : 0;
+  at::Tensor s;
+  try {
+    s = sparser.scores(SparseWeight{w, axis, input_axis, n.name});
+  } catch (const std::exception& e) {
+    throw Error("sparser '" + name + "' failed on " + n.describe() + ": " + e.what());
+  }
+  const std::vector<std::int64_t> expect =
+      pattern == SparsityPattern::kChannel ? std::vector<std::int64_t>{w.size(axis)} : w.sizes().vec();
+  if (!s.defined() || s.sizes().vec() != expect) {
+    throw Error("sparser '" + name + "' returned scores of shape " + (s.defined() ? c10::str(s.sizes()) : "undefined") +
+                " for " + n.describe() + "; expected " + c10::str(at::IntArrayRef(expect)));
+  }
+  s = s.detach().to(at::kCPU, at::kDouble);
+  if (!at::isfinite(s).all().item<bool>() || (s < 0).any().item<bool>())
+    throw Error("sparser '" + name + "' returned negative or non-finite scores for " + n.describe());
+  return s;
+}
+
+/// Keeps the N highest scores of every M consecutive ones along `input_axis`.
+at::Tensor nm_mask(const at::Tensor& scores, std::int64_t input_axis, std::int64_t n, std::int64_t m) {
+  at::Tensor s = scores.movedim(input_axis, -1).contiguous();
+  const auto moved = s.sizes().vec();
+  at::Tensor groups = s.reshape({-1, m});
+  at::Tensor keep = at::zeros_like(groups, groups.options().dtype(at::kFloat));
+  keep.scatter_(1, std::get<1>(groups.topk(n, 1)), 1.0);
+  return keep.reshape(moved).movedim(-1, input_axis).contiguous();
+}
+
+void add_layer(PruneResult& r, const Node& n, const std::string& weight, const at::Tensor& before, const at::Tensor& after) {
+  LayerSparsity l;
+  l.node = n.name;
+  l.op_type = n.op_type;
+  l.weight = weight;
+  l.shape_before = before.sizes().vec();
+  l.shape_after = after.sizes().vec();
+  l.params_before = before.numel();
+  l.params_after = after.numel();
+  l.nonzero_after = after.count_nonzero().item<std::int64_t>();
+  l.sparsity = l.params_before ? 1.0 - double(l.nonzero_after) / double(l.params_before) : 0;
+  r.layers.push_back(std::move(l));
+}
+
+/// Writes `value` for input `input` of node `node`: in place when nobody else reads the
+/// initializer, else under a new name.
+void set_input_constant(Graph& g, std::size_t node, std::size_t input, at::Tensor value,
+                        const std::map<std::string, int>& readers) {
+  Node& n = g.node(node);
+  const std::string& name = n.inputs[input];
+  auto it = readers.find(name);
+  if ((it != readers.end() && it->second > 1) || g.is_graph_output(name)) {
+    const std::string fresh = g.unique_name(name + "_pruned");
+    g.initializers[fresh] = std::move(value);
+    n.inputs[input] = fresh;
+  } else {
+    g.initializers[name] = std::move(value);
+  }
+}
+
+std::map<std::string, int> initializer_readers(const Graph& g) {
+  std::map<std::string, int> readers;
+  for (const Node* n : g.nodes())
+    for (const auto& in : n->inputs)
+      if (g.initializers.count(in)) ++readers[in];
+  return readers;
+}
+
+void prune_channels(const Model& model, const SparseConfig& cfg, Sparser& sparser, const std::string& sparser_name,
+                    const Registry& registry, const std::vector<at::Tensor>& sample, PruneResult& r) {
+  const Graph& g = model.graph;
+  const Shapes shapes = run_shapes(g, registry, sample);
+  ChannelAnalysis an(g, shapes);
+  an.run([&](const Node& n) -> std::pair<bool, double> {
+    if (matches_any(n.name, cfg.skip)) return {false, 0.0};
+    const double ratio = ratio_for(cfg, n.name);
+    return {ratio > 0, ratio};
+  });
+
+  // Producer scores, normalised by each producer's mean so no layer dominates a group.
+  std::vector<at::Tensor> scores(an.producers.size());
+  for (std::size_t p = 0; p < an.producers.size(); ++p) {
+    const Producer& pr = an.producers[p];
+    const Node& n = g.node(pr.node);
+    const at::Tensor& w = g.initializers.at(n.inputs[1]);
+    const std::int64_t out_axis = n.op_type == "ConvTranspose" ? 1 : (n.op_type == "Gemm" && n.attr_int("transB", 0)) ? 0
+                                  : n.op_type == "Conv"                                                              ? 0
+                                                                                                                     : 1;
+    at::Tensor s = checked_scores(sparser, sparser_name, w, out_axis, n, SparsityPattern::kChannel);
+    const double mean = s.mean().item<double>();
+    scores[p] = mean > 0 ? s / mean : at::ones_like(s);
+  }
+
+  // Groups: producers whose channels were united anywhere.
+  UnionFind groups;
+  for (std::size_t p = 0; p < an.producers.size(); ++p) groups.make();
+  std::map<int, int> class_owner;  // class root -> a producer
+  for (std::size_t p = 0; p < an.producers.size(); ++p) {
+    for (int a : an.producers[p].atoms) {
+      const int root = an.uf.find(a);
+      auto [it, fresh] = class_owner.emplace(root, static_cast<int>(p));
+      if (!fresh) groups.unite(static_cast<int>(p), it->second);
+    }
+  }
+  std::map<int, double> class_score;
+  std::set<int> class_pinned;
+  for (std::size_t a = 0; a < an.pinned.size(); ++a) {
+    const int root = an.uf.find(static_cast<int>(a));
+    if (an.pinned[a]) class_pinned.insert(root);
+    const int p = an.atom_producer[a];
+    if (p >= 0) class_score[root] += scores[static_cast<std::size_t>(p)][an.atom_channel[a]].item<double>();
+  }
+  std::map<int, std::vector<int>> group_producers;
+  for (std::size_t p = 0; p < an.producers.size(); ++p) group_producers[groups.find(static_cast<int>(p))].push_back(static_cast<int>(p));
+
+  std::set<int> removed;
+  for (const auto& [gid, members] : group_producers) {
+    std::set<int> classes;
+    double ratio = 1;
+    std::string names;
+    for (int p : members) {
+      const Producer& pr = an.producers[static_cast<std::size_t>(p)];
+      ratio = std::min(ratio, pr.skipped ? 0.0 : pr.ratio);
+      if (names.size() < 200) names += (names.empty() ? "" : ", ") + g.node(pr.node).name;
+      for (int a : pr.atoms) classes.insert(an.uf.find(a));
+    }
+    ++r.groups;
+    std::vector<std::pair<double, int>> candidates;
+    for (int c : classes)
+      if (!class_pinned.count(c)) candidates.push_back({class_score[c], c});
+    const std::int64_t total = static_cast<std::int64_t>(classes.size());
+    std::int64_t keep = total - static_cast<std::int64_t>(std::floor(ratio * double(total) + 1e-9));
+    keep = std::max<std::int64_t>(1, ((keep + cfg.round_to - 1) / cfg.round_to) * cfg.round_to);
+    const std::int64_t pinned = total - static_cast<std::int64_t>(candidates.size());
+    std::int64_t drop = std::max<std::int64_t>(0, total - std::max(keep, pinned));
+    if (pinned > 0 && members.size() > 0 && ratio > 0)
+      r.notes.push_back("channels of " + names + ": " + std::to_string(pinned) + " of " + std::to_string(total) +
+                        (pinned == total ? " kept" : " pinned") +
+                        " (they reach a graph output, a skipped layer, a tied weight or an op whose channel behaviour "
+                        "is not known)");
+    if (drop == 0) continue;
+    ++r.groups_pruned;
+    std::stable_sort(candidates.begin(), candidates.end());
+    for (std::int64_t k = 0; k < drop; ++k) removed.insert(candidates[static_cast<std::size_t>(k)].second);
+    r.channels_removed += drop;
+  }
+
+  auto keep_positions = [&](const std::vector<int>& atoms) {
+    std::vector<std::int64_t> keep;
+    for (std::size_t pos = 0; pos < atoms.size(); ++pos)
+      if (!removed.count(an.uf.find(atoms[pos]))) keep.push_back(static_cast<std::int64_t>(pos));
+    return keep;
+  };
+  const auto readers = initializer_readers(g);
+  Graph pruned = g.clone();
+  Graph masked = g.clone();
+  for (const Site& s : an.sites) {
+    const auto keep = keep_positions(s.atoms);
+    if (keep.size() == s.atoms.size()) continue;
+    // Read the current value: a weight may be sliced twice (input and output channels).
+    const at::Tensor c = pruned.initializers.at(pruned.node(s.node).inputs[s.input]);
+    set_input_constant(pruned, s.node, s.input, c.index_select(s.axis, at::tensor(keep, at::kLong)).contiguous(), readers);
+    if (s.kind != Site::kParam) {
+      at::Tensor mask = at::ones({c.size(s.axis)}, c.options());
+      mask.index_fill_(0, at::tensor(keep, at::kLong), 0.0);
+      std::vector<std::int64_t> view(static_cast<std::size_t>(c.dim()), 1);
+      view[static_cast<std::size_t>(s.axis)] = c.size(s.axis);
+      // Zero where `mask` is 1 (the removed positions).
+      const at::Tensor current = masked.initializers.at(masked.node(s.node).inputs[s.input]);
+      set_input_constant(masked, s.node, s.input, current * (1 - mask.view(view)), readers);
+    }
+  }
+  for (const CountSite& s : an.counts) {
+    const auto kept = static_cast<std::int64_t>(keep_positions(s.atoms).size());
+    if (kept == static_cast<std::int64_t>(s.atoms.size())) continue;
+    Node& n = pruned.node(s.node);
+    if (s.input < 0) {
+      n.attributes["group"] = Attribute::of_int(kept);
+      continue;
+    }
+    at::Tensor dims = g.initializers.at(g.node(s.node).inputs[static_cast<std::size_t>(s.input)]).clone();
+    dims[static_cast<std::int64_t>(s.position)] = kept;
+    set_input_constant(pruned, s.node, static_cast<std::size_t>(s.input), dims, readers);
+  }
+  pruned.prune_dead();
+  masked.prune_dead();
+
+  // Layers whose weights changed.
+  for (std::size_t i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(i);
+    if (n.inputs.size() < 2 || !g.initializers.count(n.inputs[1])) continue;
+    if (n.op_type != "Conv" && n.op_type != "ConvTranspose" && n.op_type != "Gemm" && n.op_type != "MatMul") continue;
+    add_layer(r, n, n.inputs[1], g.initializers.at(n.inputs[1]), pruned.initializers.at(pruned.node(i).inputs[1]));
+  }
+
+  // The shrunk model must compute what the masked one does (Note [Channel removal]).
+  std::vector<at::Tensor> out_pruned, out_masked;
+  try {
+    run_shapes(pruned, registry, sample, &out_pruned);
+  } catch (const std::exception& e) {
+    throw Error(std::string("channel removal produced a model that does not run (") + e.what() +
+                "); set [sparse] skip for the layer named there and report this model");
+  }
+  run_shapes(masked, registry, sample, &out_masked);
+  for (std::size_t k = 0; k < out_masked.size(); ++k) {
+    if (!out_masked[k].is_floating_point()) continue;
+    if (out_pruned[k].sizes() != out_masked[k].sizes())
+      throw Error("channel removal changed the shape of output '" + g.outputs[k].name + "'; report this model");
+    const double scale = std::max(out_masked[k].abs().max().item<double>(), 1e-12);
+    const double diff = (out_pruned[k] - out_masked[k]).abs().max().item<double>() / scale;
+    r.max_masked_difference = std::max(r.max_masked_difference, diff);
+  }
+  if (r.max_masked_difference > 1e-4) {
+    throw Error("channel removal changed the model's function (relative difference " +
+                std::to_string(r.max_masked_difference) + " against the masked model); report this model");
+  }
+  r.pruned = Model{std::move(pruned), model.meta};
+  r.masked = Model{std::move(masked), model.meta};
+}
+
+void prune_elements(const Model& model, const SparseConfig& cfg, Sparser& sparser, const std::string& sparser_name,
+                    const Registry& registry, PruneResult& r) {
+  const Graph& g = model.graph;
+  Executor ex(g, registry);
+  Graph pruned = g.clone();
+  std::set<std::string> done;
+  struct Target {
+    WeightRef ref;
+    at::Tensor scores;
+    double ratio;
+  };
+  std::vector<Target> targets;
+  for (const auto& ref : weights_of(g, ex)) {
+    const Node& n = g.node(ref.node);
+    if (!done.insert(ref.name).second) continue;
+    if (matches_any(n.name, cfg.skip)) continue;
+    const double ratio = ratio_for(cfg, n.name);
+    if (r.pattern == SparsityPattern::kElement && ratio <= 0) continue;
+    const at::Tensor& w = g.initializers.at(ref.name);
+    if (r.pattern == SparsityPattern::kNM) {
+      const std::int64_t axis = ref.channel_axis < 0 ? ref.channel_axis + w.dim() : ref.channel_axis;
+      const std::int64_t input_axis = axis == 0 ? 1 : 0;
+      if (w.size(input_axis) % r.m != 0) {
+        r.notes.push_back(n.describe() + ": " + std::to_string(w.size(input_axis)) + " input channels are not a multiple of " +
+                          std::to_string(r.m) + "; left dense");
+        continue;
+      }
+    }
+    targets.push_back({ref, checked_scores(sparser, sparser_name, w, ref.channel_axis, n, r.pattern), ratio});
+  }
+  std::optional<double> global_threshold;
+  std::int64_t global_ties = 0;  // how many scores equal to the threshold still go
+  if (r.pattern == SparsityPattern::kElement && cfg.scope == "global" && !targets.empty()) {
+    std::vector<at::Tensor> all;
+    for (const auto& t : targets) all.push_back(t.scores.flatten());
+    at::Tensor flat = at::cat(all);
+    const auto k = static_cast<std::int64_t>(std::floor(cfg.ratio * double(flat.numel())));
+    if (k > 0) {
+      const double th = std::get<0>(flat.kthvalue(k)).item<double>();
+      global_threshold = th;
+      global_ties = k - (flat < th).sum().item<std::int64_t>();
+    }
+  }
+  for (auto& t : targets) {
+    const at::Tensor& w = g.initializers.at(t.ref.name);
+    const Node& n = g.node(t.ref.node);
+    at::Tensor mask;
+    if (r.pattern == SparsityPattern::kNM) {
+      const std::int64_t axis = t.ref.channel_axis < 0 ? t.ref.channel_axis + w.dim() : t.ref.channel_axis;
+      mask = nm_mask(t.scores, axis == 0 ? 1 : 0, r.n, r.m);
+    } else if (global_threshold) {
+      at::Tensor below = t.scores < *global_threshold;
+      at::Tensor tie = (t.scores == *global_threshold).flatten();
+      const std::int64_t ties_here = std::min(global_ties, tie.sum().item<std::int64_t>());
+      if (ties_here > 0) {
+        at::Tensor idx = tie.nonzero().flatten().slice(0, 0, ties_here);
+        at::Tensor extra = at::zeros({tie.numel()}, at::kBool).index_fill_(0, idx, true).view(t.scores.sizes());
+        below = below | extra;
+        global_ties -= ties_here;
+      }
+      mask = (~below).to(at::kFloat);
+    } else {
+      const auto k = static_cast<std::int64_t>(std::floor(t.ratio * double(w.numel())));
+      at::Tensor flat = at::ones({w.numel()}, at::kFloat);
+      if (k > 0) flat.index_fill_(0, std::get<1>(t.scores.flatten().sort(/*stable=*/true, 0, false)).slice(0, 0, k), 0.0);
+      mask = flat.view(w.sizes());
+    }
+    at::Tensor out = w * mask.to(w.scalar_type());
+    pruned.initializers[t.ref.name] = out;
+    add_layer(r, n, t.ref.name, w, out);
+  }
+  r.pruned = Model{std::move(pruned), model.meta};
+  r.masked = Model{r.pruned.graph.clone(), model.meta};
+}
+
+}  // namespace
+
+std::vector<at::Tensor> sample_inputs(const Graph& graph, const std::string& calib) {
+  if (!calib.empty()) {
+    auto data = open_dataset(calib, graph.inputs);
+    Batcher batcher(*data, graph.inputs, 1, 1);
+    auto b = batcher.next();
+    if (!b) throw Error("the calibration data " + data->describe() + " yielded no samples");
+    return b->inputs;
+  }
+  std::vector<at::Tensor> out;
+  at::Generator gen = at::detail::createCPUGenerator(0);
+  for (const auto& v : graph.inputs) {
+    if (!v.has_shape) throw Error("input '" + v.name + "' has no declared shape; pass --calib so a sample fixes the shapes");
+    std::vector<std::int64_t> dims;
+    for (std::size_t d = 0; d < v.shape.size(); ++d) {
+      if (v.shape[d].value >= 0) dims.push_back(v.shape[d].value);
+      else if (d == 0) dims.push_back(1);
+      else
+        throw Error("input '" + v.name + "' has an unknown dimension " + std::to_string(d) +
+                    "; pass --calib so a sample fixes the shapes");
+    }
+    if (v.elem_type == 1) out.push_back(at::randn(dims, gen));
+    else if (v.elem_type == 7) out.push_back(at::zeros(dims, at::kLong));
+    else if (v.elem_type == 6) out.push_back(at::zeros(dims, at::kInt));
+    else throw Error("input '" + v.name + "' is of type " + onnx_type_name(v.elem_type) + "; pass --calib with a sample");
+  }
+  return out;
+}
+
+ModelStats model_stats(const Model& model, const Registry& registry, const std::vector<at::Tensor>& sample) {
+  ModelStats s;
+  const Graph& g = model.graph;
+  for (const auto& [name, t] : g.initializers) {
+    if (!t.is_floating_point()) continue;
+    s.parameters += t.numel();
+    s.nonzero_parameters += t.count_nonzero().item<std::int64_t>();
+  }
+  ExportOptions plain;
+  plain.run_checker = false;
+  s.file_bytes = static_cast<std::int64_t>(serialize_onnx(g, model.meta, plain).size());
+  const Shapes shapes = run_shapes(g, registry, sample);
+  auto shape = [&](const std::string& v) -> const Shape* {
+    auto it = shapes.find(v);
+    return it == shapes.end() ? nullptr : &it->second;
+  };
+  for (const Node* n : g.nodes()) {
+    if (n->inputs.size() < 2 || n->outputs.empty()) continue;
+    const Shape* x = shape(n->inputs[0]);
+    const Shape* w = shape(n->inputs[1]);
+    const Shape* y = shape(n->outputs[0]);
+    if (!x || !w) continue;
+    std::int64_t macs = 0;
+    if (n->op_type == "Conv" && y) macs = product(*y) * product(*w, 1);
+    else if (n->op_type == "ConvTranspose") macs = product(*x) * product(*w, 1);
+    else if (n->op_type == "Gemm" && y && x->size() == 2) macs = product(*y) * (*x)[n->attr_int("transA", 0) ? 0 : 1];
+    else if (n->op_type == "MatMul" && y && !x->empty()) macs = product(*y) * x->back();
+    if (!macs) continue;
+    s.macs += macs;
+    double density = 1;
+    if (auto it = g.initializers.find(n->inputs[1]); it != g.initializers.end() && it->second.numel())
+      density = double(it->second.count_nonzero().item<std::int64_t>()) / double(it->second.numel());
+    s.sparse_macs += static_cast<std::int64_t>(std::llround(double(macs) * density));
+  }
+  return s;
+}
+
+PruneResult prune(const Model& model, const Config& config, const Registry& registry, const std::vector<at::Tensor>& sample) {
+  if (!config.sparse) throw Error(config.source + ": no [sparse] table: nothing says how to prune");
+  const SparseConfig& cfg = *config.sparse;
+  const auto* entry = registry.sparser(cfg.sparser);
+  if (!entry) {
+    const auto known = registry.names("sparser");
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    const std::string hint = nearest(cfg.sparser, known);
+    throw Error(config.source + ": sparse.sparser: no plugin provides sparser '" + cfg.sparser + "'" +
+                (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (loaded: " + (list.empty() ? "none" : list) + ")");
+  }
+  Options options = cfg.sparser_options;
+  std::unique_ptr<Sparser> sparser;
+  try {
+    sparser = entry->factory(SparserContext{options, "[sparse.sparser_options]"});
+  } catch (const std::exception& e) {
+    throw Error(config.source + ": sparser '" + cfg.sparser + "' (plugin '" + entry->plugin + "'): " + e.what());
+  }
+  for (const auto& key : options.unused())
+    throw Error(config.source + ": sparse.sparser_options." + key + ": sparser '" + cfg.sparser + "' has no such option");
+
+  PruneResult r;
+  r.sparser = cfg.sparser;
+  r.pattern = sparser->pattern();
+  // granularity must agree with what the sparser does; for N:M it sets N and M.
+  const std::string& gran = cfg.granularity;
+  const std::string what = pattern_name(r.pattern);
+  if (r.pattern == SparsityPattern::kNM) {
+    r.n = 2, r.m = 4;
+    if (!gran.empty()) {
+      const auto colon = gran.find(':');
+      try {
+        if (colon == std::string::npos) throw std::invalid_argument(gran);
+        r.n = std::stoll(gran.substr(0, colon));
+        r.m = std::stoll(gran.substr(colon + 1));
+      } catch (const std::exception&) {
+        throw Error(config.source + ": sparse.granularity: sparser '" + cfg.sparser + "' prunes N of every M weights; write it as \"2:4\"");
+      }
+      if (r.n < 1 || r.m < 2 || r.n >= r.m || r.m > 64) throw Error(config.source + ": sparse.granularity: need 1 <= N < M <= 64, got " + gran);
+    }
+    if (cfg.ratio_set) sdk::log_warn(config.source + ": sparse.ratio is ignored by an N:M sparser (it removes " +
+                                     std::to_string(r.m - r.n) + " of every " + std::to_string(r.m) + ")");
+  } else if (!gran.empty() && gran != what && !(gran == "unstructured" && what == "element") &&
+             !(gran == "structured" && what == "channel")) {
+    const std::string want = gran == "channel" || gran == "structured" ? "l1_structured"
+                             : gran == "element" || gran == "unstructured" ? "l1_unstructured"
+                                                                            : "n_m";
+    throw Error(config.source + ": sparse.granularity = \"" + gran + "\" but sparser '" + cfg.sparser + "' prunes by " + what +
+                "; use sparser = \"" + want + "\" or drop the key");
+  }
+  if (cfg.scope == "global" && r.pattern != SparsityPattern::kElement)
+    throw Error(config.source + ": sparse.scope = \"global\" needs an element sparser (such as l1_unstructured)");
+  for (const auto& e : cfg.specific) {
+    bool any = false;
+    for (const Node* n : model.graph.nodes()) any = any || matches_any(n->name, e.nodes);
+    if (!any) sdk::log_warn(config.source + ": " + e.name + " matches no node of the model");
+  }
+
+  r.before = model_stats(model, registry, sample);
+  if (r.pattern == SparsityPattern::kChannel) prune_channels(model, cfg, *sparser, cfg.sparser, registry, sample, r);
+  else prune_elements(model, cfg, *sparser, cfg.sparser, registry, r);
+  r.after = model_stats(r.pruned, registry, sample);
+  return r;
+}
+
+std::string prune_report_json(const PruneResult& r) {
+  using nlohmann::json;
+  auto stats = [](const ModelStats& s) {
+    return json{{"parameters", s.parameters}, {"nonzero_parameters", s.nonzero_parameters}, {"file_bytes", s.file_bytes},
+                {"macs", s.macs}, {"flops", 2 * s.macs}, {"sparse_macs", s.sparse_macs}};
+  };
+  json j;
+  j["sparser"] = r.sparser;
+  j["pattern"] = pattern_name(r.pattern);
+  if (r.pattern == SparsityPattern::kNM) j["n_m"] = {r.n, r.m};
+  j["before"] = stats(r.before);
+  j["after"] = stats(r.after);
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  j["ratios"] = {{"parameters", ratio(double(r.after.parameters), double(r.before.parameters))},
+                 {"nonzero_parameters", ratio(double(r.after.nonzero_parameters), double(r.before.parameters))},
+                 {"file_bytes", ratio(double(r.after.file_bytes), double(r.before.file_bytes))},
+                 {"macs", ratio(double(r.after.macs), double(r.before.macs))},
+                 {"sparse_macs", ratio(double(r.after.sparse_macs), double(r.before.macs))}};
+  if (r.pattern == SparsityPattern::kChannel) {
+    j["channel_groups"] = r.groups;
+    j["channel_groups_pruned"] = r.groups_pruned;
+    j["channels_removed"] = r.channels_removed;
+    j["max_relative_difference_vs_masked"] = r.max_masked_difference;
+  }
+  json layers = json::array();
+  for (const auto& l : r.layers) {
+    layers.push_back({{"node", l.node}, {"op", l.op_type}, {"weight", l.weight}, {"shape_before", l.shape_before},
+                      {"shape_after", l.shape_after}, {"params_before", l.params_before}, {"params_after", l.params_after},
+                      {"nonzero_after", l.nonzero_after}, {"sparsity", l.sparsity}});
+  }
+  j["layers"] = layers;
+  j["notes"] = r.notes;
+  return j.dump(2);
+}
+
+std::vector<double> finetune(Model& student, const Model& teacher, const Registry& registry,
+                             const std::function<std::unique_ptr<Dataset>()>& open_train, const QatConfig& settings,
+                             const std::string& device, const FinetuneProgressFn& progress) {
+  Graph& g = student.graph;
+  Executor ex(g, registry);
+  Executor teacher_ex(teacher.graph, registry);
+  ex.to(device);
+  teacher_ex.to(device);
+  // Trainable: weights and biases of weighted nodes, and constants ops mark trainable.
+  std::vector<std::string> names;
+  std::map<std::string, at::Tensor> masks;
+  for (std::size_t i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(i);
+    const auto specs = ex.modules()[i].module->input_specs();
+    bool weighted = false;
+    for (const auto& s : specs) weighted = weighted || s.role == InputRole::kWeight;
+    for (std::size_t k = 0; k < specs.size() && k < n.inputs.size(); ++k) {
+      const bool wb = weighted && (specs[k].role == InputRole::kWeight || specs[k].role == InputRole::kBias);
+      if (!(wb || specs[k].trainable) || !n.has_input(k)) continue;
+      auto c = ex.constants().find(n.inputs[k]);
+      if (c == ex.constants().end() || !c->second.is_floating_point()) continue;
+      if (std::find(names.begin(), names.end(), n.inputs[k]) != names.end()) continue;
+      names.push_back(n.inputs[k]);
+      if (specs[k].role == InputRole::kWeight && (c->second == 0).any().item<bool>())
+        masks[n.inputs[k]] = (c->second != 0).to(c->second.scalar_type());
+      ex.set_constant(n.inputs[k], c->second.detach().clone().set_requires_grad(true));
+    }
+  }
+  if (names.empty()) throw Error("fine-tuning: the model has no weights to train");
+  std::vector<at::Tensor> params;
+  for (const auto& name : names) params.push_back(ex.constants().at(name));
+  torch::optim::Adam adam(params, torch::optim::AdamOptions(settings.lr).weight_decay(settings.weight_decay));
+  std::vector<double> losses;
+  const auto& gin = g.inputs;
+  for (int epoch = 1; epoch <= settings.epochs; ++epoch) {
+    auto data = open_train();
+    Batcher batcher(*data, gin, settings.batch_size, settings.count);
+    const std::int64_t total = settings.count > 0 ? settings.count : data->num_samples().value_or(-1);
+    double sum = 0;
+    std::int64_t batches = 0, done = 0;
+    while (auto b = batcher.next()) {
+      std::map<std::string, at::Tensor> feeds, teacher_feeds;
+      for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = b->inputs[i].to(at::Device(device));
+      for (const auto& v : teacher.graph.inputs) teacher_feeds[v.name] = feeds.at(v.name);
+      std::vector<at::Tensor> target;
+      {
+        at::NoGradGuard no_grad;
+        target = teacher_ex.run(teacher_feeds);
+      }
+      at::Tensor loss = distillation_loss(ex.run(feeds), target, settings.loss, settings.temperature);
+      const double value = loss.item<double>();
+      if (!std::isfinite(value))
+        throw Error("fine-tuning: the loss became " + std::to_string(value) + "; lower [qat] lr (now " + std::to_string(settings.lr) + ")");
+      adam.zero_grad();
+      loss.backward();
+      adam.step();
+      {
+        at::NoGradGuard no_grad;
+        for (const auto& [name, mask] : masks) ex.constants().at(name).mul_(mask);
+      }
+      sum += value;
+      ++batches;
+      done += b->inputs[0].size(0);
+      if (progress) progress(epoch, done, total, sum / double(batches));
+    }
+    losses.push_back(batches ? sum / double(batches) : 0);
+    sdk::log_info("fine-tuning epoch " + std::to_string(epoch) + "/" + std::to_string(settings.epochs) + ": loss " +
+                  std::to_string(losses.back()));
+  }
+  for (const auto& name : names) g.initializers[name] = ex.constants().at(name).detach().to(at::kCPU).clone();
+  return losses;
+}
+
+}  // namespace sparsebit

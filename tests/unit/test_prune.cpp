@@ -1,0 +1,287 @@
+// Pruning: each sparser's pattern against a hand computation, channel removal through residual
+// Adds, Concat, BatchNormalization, depthwise convs and Flatten (the shrunk model computes the
+// masked one, and the shrunk weights are exact slices of the originals), what pins channels,
+// config errors, and fine-tuning that keeps the zeros.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "sparsebit/core/executor.h"
+#include "sparsebit/core/prune.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+using testing::Builder;
+
+Config sparse_config(const std::string& toml) {
+  Config c = Config::from_string(toml, "test.toml");
+  c.plugins.use_environment = false;
+  return c;
+}
+
+PruneResult run_prune(const Graph& g, const std::string& toml, std::vector<std::int64_t> input_shape) {
+  Model m{g.clone(), {}};
+  at::manual_seed(7);
+  return prune(m, sparse_config(toml), testing::shipped_registry(), {at::randn(input_shape)});
+}
+
+at::Tensor run(const Graph& g, const at::Tensor& x) {
+  Executor ex(g, testing::shipped_registry());
+  return ex.run({{"x", x}})[0];
+}
+
+Attribute ints(std::vector<std::int64_t> v) { return Attribute::of_ints(std::move(v)); }
+
+TEST(Prune, ElementSparsityHitsTheRatioAndZeroesTheSmallestWeights) {
+  Builder b({1, 4, 5, 5});
+  at::manual_seed(1);
+  b.constant("w", at::randn({8, 4, 3, 3}));
+  b.add("conv", "Conv", {"x", "w"}, {"y"});
+  auto r = run_prune(b.g, "[sparse]\nsparser = \"l1_unstructured\"\nratio = 0.3\n", {1, 4, 5, 5});
+  const at::Tensor w = b.g.initializers.at("w"), p = r.pruned.graph.initializers.at("w");
+  const std::int64_t zeros = (p == 0).sum().item<std::int64_t>();
+  EXPECT_EQ(zeros, static_cast<std::int64_t>(std::floor(0.3 * 288)));  // 86
+  // Every zeroed weight is no larger than every kept one, and kept ones are unchanged.
+  EXPECT_LE(w.abs().masked_select(p == 0).max().item<double>(), w.abs().masked_select(p != 0).min().item<double>());
+  EXPECT_TRUE(at::equal(p.masked_select(p != 0), w.masked_select(p != 0)));
+  ASSERT_EQ(r.layers.size(), 1u);
+  EXPECT_NEAR(r.layers[0].sparsity, 86.0 / 288, 1e-12);
+  EXPECT_EQ(r.after.nonzero_parameters, 288 - 86);
+  // MACs of the 3x3 conv on 5x5 (no padding): 8 x 3 x 3 positions x 4 x 3 x 3.
+  EXPECT_EQ(r.before.macs, 8 * 9 * 36);
+  EXPECT_EQ(r.after.sparse_macs, std::llround(8 * 9 * 36 * (288.0 - 86) / 288));
+}
+
+TEST(Prune, GlobalScopeRanksAllLayersTogether) {
+  Builder b({1, 4, 5, 5});
+  at::manual_seed(2);
+  b.constant("w1", at::randn({4, 4, 1, 1}) * 10);  // large: keeps most
+  b.constant("w2", at::randn({4, 4, 1, 1}) * 0.1);  // small: loses most
+  b.add("c1", "Conv", {"x", "w1"}, {"a"});
+  b.add("c2", "Conv", {"a", "w2"}, {"y"});
+  auto r = run_prune(b.g, "[sparse]\nratio = 0.5\nscope = \"global\"\n", {1, 4, 5, 5});
+  const auto z1 = (r.pruned.graph.initializers.at("w1") == 0).sum().item<std::int64_t>();
+  const auto z2 = (r.pruned.graph.initializers.at("w2") == 0).sum().item<std::int64_t>();
+  EXPECT_EQ(z1 + z2, 16);
+  EXPECT_GT(z2, z1);
+  const at::Tensor all = at::cat({b.g.initializers.at("w1").flatten(), b.g.initializers.at("w2").flatten()}).abs();
+  const double threshold = std::get<0>(all.kthvalue(16)).item<double>();
+  EXPECT_EQ(z2, (b.g.initializers.at("w2").abs() <= threshold).sum().item<std::int64_t>());
+}
+
+TEST(Prune, TwoOfFourKeepsTheTwoLargestOfEveryFourInputChannels) {
+  Builder b({2, 16, 4, 4});
+  at::manual_seed(3);
+  b.constant("w", at::randn({8, 16, 3, 3}));
+  b.constant("w_first", at::randn({16, 3, 1, 1}));  // 3 input channels: not a multiple of 4
+  b.constant("fc", at::randn({8 * 2 * 2, 12}));     // MatMul weight [K, N]: input axis 0
+  b.add("first", "Conv", {"x", "w"}, {"a"});
+  b.add("flat", "Flatten", {"a"}, {"f"});
+  b.add("fc", "MatMul", {"f", "fc"}, {"y"});
+  auto r = run_prune(b.g, "[sparse]\nsparser = \"n_m\"\n", {2, 16, 4, 4});
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.m, 4);
+  auto check = [](const at::Tensor& original, const at::Tensor& pruned, std::int64_t input_axis) {
+    at::Tensor o = original.movedim(input_axis, -1).reshape({-1, 4}), p = pruned.movedim(input_axis, -1).reshape({-1, 4});
+    for (std::int64_t g = 0; g < o.size(0); ++g) {
+      auto kept = (p[g] != 0).nonzero().flatten();
+      ASSERT_EQ(kept.numel(), 2);
+      auto top = std::get<1>(o[g].abs().topk(2));
+      EXPECT_TRUE(at::equal(std::get<0>(kept.sort()), std::get<0>(top.sort()))) << "group " << g;
+    }
+  };
+  check(b.g.initializers.at("w"), r.pruned.graph.initializers.at("w"), 1);
+  check(b.g.initializers.at("fc"), r.pruned.graph.initializers.at("fc"), 0);
+}
+
+TEST(Prune, NMLeavesLayersWhoseInputChannelsDoNotDivideDense) {
+  Builder b({1, 3, 4, 4});
+  b.constant("w", at::randn({8, 3, 3, 3}));
+  b.add("rgb", "Conv", {"x", "w"}, {"y"});
+  auto r = run_prune(b.g, "[sparse]\nsparser = \"n_m\"\ngranularity = \"1:4\"\n", {1, 3, 4, 4});
+  EXPECT_TRUE(at::equal(r.pruned.graph.initializers.at("w"), b.g.initializers.at("w")));
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("not a multiple of 4"), std::string::npos) << r.notes[0];
+}
+
+// conv0 -> BN -> Relu = a; conv1(a) -> BN = b; Relu(a + b) -> GlobalAveragePool -> Flatten -> Gemm.
+Builder residual_block() {
+  Builder b({1, 4, 6, 6});
+  at::manual_seed(4);
+  b.constant("w0", at::randn({8, 4, 3, 3}));
+  b.constant("b0", at::randn({8}));
+  b.constant("w1", at::randn({8, 8, 3, 3}) * 0.3);
+  for (const char* bn : {"bn0", "bn1"}) {
+    b.constant(std::string(bn) + "_s", at::rand({8}) + 0.5);
+    b.constant(std::string(bn) + "_b", at::randn({8}));
+    b.constant(std::string(bn) + "_m", at::randn({8}) * 0.1);
+    b.constant(std::string(bn) + "_v", at::rand({8}) + 0.5);
+  }
+  b.constant("fc", at::randn({3, 8}));
+  b.constant("fc_b", at::randn({3}));
+  const Attribute pad = ints({1, 1, 1, 1});
+  b.add("conv0", "Conv", {"x", "w0", "b0"}, {"c0"}, {{"pads", pad}});
+  b.add("bn0", "BatchNormalization", {"c0", "bn0_s", "bn0_b", "bn0_m", "bn0_v"}, {"n0"});
+  b.add("relu0", "Relu", {"n0"}, {"a"});
+  b.add("conv1", "Conv", {"a", "w1"}, {"c1"}, {{"pads", pad}});
+  b.add("bn1", "BatchNormalization", {"c1", "bn1_s", "bn1_b", "bn1_m", "bn1_v"}, {"n1"});
+  b.add("add", "Add", {"a", "n1"}, {"s"});
+  b.add("relu1", "Relu", {"s"}, {"r"});
+  b.add("pool", "GlobalAveragePool", {"r"}, {"p"});
+  b.add("flat", "Flatten", {"p"}, {"f"});
+  b.add("fc", "Gemm", {"f", "fc", "fc_b"}, {"y"}, {{"transB", Attribute::of_int(1)}});
+  return b;
+}
+
+TEST(Prune, ResidualChannelsArePrunedAsOneGroupByTheirSummedNormalisedNorms) {
+  Builder b = residual_block();
+  auto r = run_prune(b.g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\n", {1, 4, 6, 6});
+  EXPECT_EQ(r.channels_removed, 4);
+  // Hand ranking: each conv's filter L1 norms over their mean, summed across the Add.
+  auto norm = [&](const char* w) {
+    at::Tensor n = b.g.initializers.at(w).abs().sum({1, 2, 3});
+    return n / n.mean();
+  };
+  at::Tensor keep = std::get<0>(std::get<1>((norm("w0") + norm("w1")).topk(4)).sort());
+  const auto& p = r.pruned.graph.initializers;
+  const auto& o = b.g.initializers;
+  EXPECT_TRUE(at::equal(p.at("w0"), o.at("w0").index_select(0, keep)));
+  EXPECT_TRUE(at::equal(p.at("b0"), o.at("b0").index_select(0, keep)));
+  EXPECT_TRUE(at::equal(p.at("w1"), o.at("w1").index_select(0, keep).index_select(1, keep)));
+  for (const char* t : {"bn0_s", "bn0_b", "bn0_m", "bn0_v", "bn1_s", "bn1_v"})
+    EXPECT_TRUE(at::equal(p.at(t), o.at(t).index_select(0, keep))) << t;
+  EXPECT_TRUE(at::equal(p.at("fc"), o.at("fc").index_select(1, keep)));
+  EXPECT_TRUE(at::equal(p.at("fc_b"), o.at("fc_b")));
+  // The shrunk model computes the masked one.
+  at::Tensor x = at::randn({3, 4, 6, 6});
+  EXPECT_TRUE(at::allclose(run(r.pruned.graph, x), run(r.masked.graph, x), 1e-5, 1e-5));
+  EXPECT_EQ(r.masked.graph.initializers.at("w0").sizes(), o.at("w0").sizes());
+  EXPECT_LT(r.after.parameters, r.before.parameters);
+}
+
+TEST(Prune, SkippingOneLayerOfAResidualGroupKeepsTheWholeGroup) {
+  Builder b = residual_block();
+  auto r = run_prune(b.g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\nskip = [\"conv1\"]\n", {1, 4, 6, 6});
+  EXPECT_EQ(r.channels_removed, 0);
+  EXPECT_TRUE(at::equal(r.pruned.graph.initializers.at("w0"), b.g.initializers.at("w0")));
+  EXPECT_FALSE(r.notes.empty());
+}
+
+TEST(Prune, ConcatDepthwiseAndFlattenFollowTheChannels) {
+  // Two convs concatenated, a depthwise conv, Flatten over 2x2 positions, a MatMul.
+  Builder b({1, 2, 2, 2});
+  at::manual_seed(5);
+  b.constant("wa", at::randn({4, 2, 1, 1}));
+  b.constant("wb", at::randn({6, 2, 1, 1}));
+  b.constant("wd", at::randn({10, 1, 3, 3}));
+  b.constant("bd", at::randn({10}));
+  b.constant("fc", at::randn({40, 5}));
+  b.add("a", "Conv", {"x", "wa"}, {"ya"});
+  b.add("b", "Conv", {"x", "wb"}, {"yb"});
+  b.add("cat", "Concat", {"ya", "yb"}, {"c"}, {{"axis", Attribute::of_int(1)}});
+  b.add("dw", "Conv", {"c", "wd", "bd"}, {"d"}, {{"group", Attribute::of_int(10)}, {"pads", ints({1, 1, 1, 1})}});
+  b.add("flat", "Flatten", {"d"}, {"f"});
+  b.add("fc", "MatMul", {"f", "fc"}, {"y"});
+  auto r = run_prune(b.g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\n", {1, 2, 2, 2});
+  EXPECT_EQ(r.channels_removed, 2 + 3);
+  auto keep_of = [&](const char* w, std::int64_t k) {
+    return std::get<0>(std::get<1>(b.g.initializers.at(w).abs().sum({1, 2, 3}).topk(k)).sort());
+  };
+  at::Tensor keep = at::cat({keep_of("wa", 2), keep_of("wb", 3) + 4});
+  const auto& p = r.pruned.graph.initializers;
+  EXPECT_TRUE(at::equal(p.at("wd"), b.g.initializers.at("wd").index_select(0, keep)));
+  EXPECT_EQ(r.pruned.graph.find_node("dw")->attr_int("group", 0), 5);
+  // Flatten puts channel c at features 4c .. 4c+3.
+  at::Tensor rows = (keep.unsqueeze(1) * 4 + at::arange(4).unsqueeze(0)).flatten();
+  EXPECT_TRUE(at::equal(p.at("fc"), b.g.initializers.at("fc").index_select(0, rows)));
+  at::Tensor x = at::randn({2, 2, 2, 2});
+  EXPECT_TRUE(at::allclose(run(r.pruned.graph, x), run(r.masked.graph, x), 1e-5, 1e-5));
+}
+
+TEST(Prune, UnknownChannelBehaviourAndTiedWeightsPinChannels) {
+  Builder b({1, 4, 3, 3});
+  b.constant("w", at::randn({6, 4, 1, 1}));
+  b.constant("w2", at::randn({6, 6, 1, 1}));
+  b.add("conv", "Conv", {"x", "w"}, {"a"});
+  b.add("softmax", "Softmax", {"a"}, {"s"}, {{"axis", Attribute::of_int(1)}});  // mixes channels
+  b.add("tied1", "Conv", {"s", "w2"}, {"t"});
+  b.add("tied2", "Conv", {"t", "w2"}, {"y"});  // same weight: left alone
+  auto r = run_prune(b.g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\n", {1, 4, 3, 3});
+  EXPECT_EQ(r.channels_removed, 0);
+  EXPECT_EQ(r.pruned.graph.initializers.size(), 2u);
+  EXPECT_EQ(r.after.parameters, r.before.parameters);
+}
+
+TEST(Prune, SpecificRatiosApplyFirstMatchFirst) {
+  Builder b({1, 4, 3, 3});
+  b.constant("w1", at::randn({8, 4, 1, 1}));
+  b.constant("w2", at::randn({8, 8, 1, 1}));
+  b.add("head/conv", "Conv", {"x", "w1"}, {"a"});
+  b.add("tail/conv", "Conv", {"a", "w2"}, {"y"});
+  auto r = run_prune(b.g, R"([sparse]
+ratio = 0.5
+[[sparse.specific]]
+nodes = ["head/*"]
+ratio = 0.25
+[[specific]]
+nodes = "tail/*"
+sparse = { ratio = 0 }
+)", {1, 4, 3, 3});
+  EXPECT_EQ((r.pruned.graph.initializers.at("w1") == 0).sum().item<std::int64_t>(), 8);
+  EXPECT_EQ((r.pruned.graph.initializers.at("w2") == 0).sum().item<std::int64_t>(), 0);
+}
+
+TEST(Prune, ConfigErrorsNameTheKeyAndTheFix) {
+  Builder b({1, 4, 3, 3});
+  b.constant("w", at::randn({8, 4, 1, 1}));
+  b.add("conv", "Conv", {"x", "w"}, {"y"});
+  auto error = [&](const std::string& toml) { return testing::error_of([&] { run_prune(b.g, toml, {1, 4, 3, 3}); }); };
+  EXPECT_NE(error("[sparse]\nsparser = \"l1_structurd\"\n").find("did you mean 'l1_structured'"), std::string::npos);
+  EXPECT_NE(error("[sparse]\nsparser = \"l1_unstructured\"\ngranularity = \"channel\"\n").find("use sparser = \"l1_structured\""),
+            std::string::npos);
+  EXPECT_NE(error("[sparse]\nsparser = \"n_m\"\ngranularity = \"4:2\"\n").find("1 <= N < M"), std::string::npos);
+  EXPECT_NE(error("[sparse]\nsparser = \"l1_structured\"\nscope = \"global\"\n").find("element sparser"), std::string::npos);
+  EXPECT_NE(error("[sparse]\n[sparse.sparser_options]\nalpha = 1\n").find("sparse.sparser_options.alpha"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { sparse_config("[sparse]\nratio = 1.5\n"); }).find("test.toml: sparse.ratio must be"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([] { sparse_config("[sparse]\nratoi = 0.5\n"); }).find("did you mean 'ratio'"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { sparse_config("[[specific]]\nnodes = \"a\"\nsparse = { ratio = 0.5 }\n"); })
+                .find("needs a [sparse] table"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([] { prune(Model{}, sparse_config(""), testing::shipped_registry(), {}); }).find("no [sparse]"),
+            std::string::npos);
+}
+
+TEST(Prune, FineTuningKeepsTheZerosAndLowersTheDistillationLoss) {
+  Model teacher = load_onnx(testing::fixture_model());
+  const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+  auto sample = sample_inputs(teacher.graph, images);
+  PruneResult r = prune(teacher, sparse_config("[sparse]\nratio = 0.75\n"), testing::shipped_registry(), sample);
+  Model student{r.pruned.graph.clone(), r.pruned.meta};
+  QatConfig q;
+  q.epochs = 2;
+  q.count = 512;
+  q.lr = 1e-3;
+  auto open = [&] { return open_dataset(images, student.graph.inputs); };
+  const auto losses = finetune(student, teacher, testing::shipped_registry(), open, q);
+  ASSERT_EQ(losses.size(), 2u);
+  EXPECT_LT(losses[1], losses[0]);
+  for (const auto& l : r.layers) {
+    const at::Tensor before = r.pruned.graph.initializers.at(l.weight), after = student.graph.initializers.at(l.weight);
+    EXPECT_TRUE(at::equal(before == 0, after == 0)) << l.weight;
+    EXPECT_FALSE(at::equal(before, after)) << l.weight << " did not train";
+  }
+  // On held-out images the fine-tuned model is closer to the teacher than the pruned one.
+  at::Tensor x = read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", 256).to(at::kFloat).div(255).unsqueeze(1);
+  auto out = [&](const Graph& g) { return Executor(g, testing::shipped_registry()).run({{g.inputs[0].name, x}})[0]; };
+  const at::Tensor t = out(teacher.graph);
+  EXPECT_LT((out(student.graph) - t).pow(2).mean().item<double>(), (out(r.pruned.graph) - t).pow(2).mean().item<double>());
+}
+
+}  // namespace
+}  // namespace sparsebit
