@@ -583,7 +583,7 @@ int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
   rep["config"] = a.config;
   if (masked) masked->write(sb::serialize_onnx(r.masked.graph, r.masked.meta));
 
-  const auto& inputs = r.pruned.graph.inputs;
+  const std::vector<sb::ValueInfo> inputs = r.pruned.graph.inputs;  // a copy: the model moves below
   auto progress_for = [&](std::unique_ptr<sb::cli::Progress>& bar, int& bar_epoch, int epochs) {
     return [&, epochs](int epoch, std::int64_t done, std::int64_t total, double loss) {
       if (epoch != bar_epoch) {

@@ -137,10 +137,7 @@ const std::set<std::string> kReduce = {"ReduceMean", "ReduceSum", "ReduceMax", "
 
 class ChannelAnalysis {
  public:
-  ChannelAnalysis(const Graph& g, const Shapes& shapes) : g_(g), shapes_(shapes) {
-    for (const Node* n : g.nodes())
-      for (const auto& in : n->inputs) ++readers_[in];
-  }
+  ChannelAnalysis(const Graph& g, const Shapes& shapes) : g_(g), shapes_(shapes) {}
 
   UnionFind uf;
   std::vector<bool> pinned;  // by atom
@@ -162,7 +159,6 @@ class ChannelAnalysis {
   const Graph& g_;
   const Shapes& shapes_;
   std::map<std::string, Track> tracks_;
-  std::map<std::string, int> readers_;
 
   Track* tracked(const std::string& v) {
     auto it = tracks_.find(v);
@@ -194,14 +190,14 @@ class ChannelAnalysis {
     if (k < n.outputs.size() && !n.outputs[k].empty()) tracks_[n.outputs[k]] = std::move(t);
   }
   /// Slices constant input `input` of node `i` along `axis` with `atoms`, or pins them when
-  /// the input is not an initializer of that extent. A constant read elsewhere too (tied
-  /// weights) pins as well: slicing it for one reader would untie it and grow the model.
+  /// the input is not an initializer of that extent. A constant read by several nodes (exporters
+  /// store identical tensors once) is copied for each reader that slices it.
   bool param(std::size_t i, const Node& n, std::size_t input, std::int64_t axis, const std::vector<int>& atoms,
              Site::Kind kind = Site::kParam) {
     if (!n.has_input(input)) return true;
     const at::Tensor* c = initializer(n.inputs[input]);
     if (!c || axis >= c->dim() || c->size(axis) != static_cast<std::int64_t>(atoms.size())) return false;
-    if (readers_[n.inputs[input]] > 1 || g_.is_graph_output(n.inputs[input])) return false;
+    if (g_.is_graph_output(n.inputs[input])) return false;
     sites.push_back({kind, i, input, axis, atoms});
     return true;
   }
@@ -605,7 +601,17 @@ std::map<std::string, int> initializer_readers(const Graph& g) {
 
 void prune_channels(const Model& model, const SparseConfig& cfg, Sparser& sparser, const std::string& sparser_name,
                     const Registry& registry, const std::vector<at::Tensor>& sample, PruneResult& r) {
-  const Graph& g = model.graph;
+  // Readers of Identity(initializer) read the initializer itself (exporters share identical
+  // weights between layers that way), so those weights can be sliced too.
+  Graph normalized = model.graph.clone();
+  for (Node* n : normalized.nodes()) {
+    if (n->op_type != "Identity" || !n->has_input(0) || !normalized.initializers.count(n->inputs[0]) ||
+        normalized.is_graph_output(n->outputs[0]))
+      continue;
+    for (auto& [reader, k] : normalized.consumers(n->outputs[0])) reader->inputs[k] = n->inputs[0];
+  }
+  normalized.prune_dead();
+  const Graph& g = normalized;
   const Shapes shapes = run_shapes(g, registry, sample);
   ChannelAnalysis an(g, shapes);
   an.run([&](const Node& n) -> std::pair<bool, double> {

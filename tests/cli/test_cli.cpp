@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sparsebit/core/data.h"
+#include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "test_support.h"
 
@@ -73,7 +74,7 @@ TEST_F(Cli, InspectReadsBackNarrowBitWidths) {
 }
 
 TEST_F(Cli, HelpOnEveryCommand) {
-  for (const char* cmd : {"--help", "quantize --help", "plugins --help", "inspect --help"}) {
+  for (const char* cmd : {"--help", "quantize --help", "plugins --help", "inspect --help", "prune --help"}) {
     auto r = run_cli(cmd);
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
     EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd;
@@ -247,6 +248,71 @@ TEST_F(Cli, QatTrainsResumesFromItsCheckpointAndExports) {
   fs::remove_all(out_);
   fs::create_directories(out_);
   expect_failure(run_cli(cmd + " --loss hinge"), {"--loss", "mse or kl"});
+}
+
+TEST_F(Cli, PruneWritesTheSmallerModelItsReportAndTheMaskedModel) {
+  const std::string cmd = "prune " + testing::fixture_model() + " -c " + testing::source_path("configs/prune_channels_50.toml") +
+                          " -o " + out_ + "/p.onnx --report " + out_ + "/r.json --masked " + out_ + "/m.onnx";
+  auto r = run_cli(cmd);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("channels removed"), std::string::npos) << r.output;
+  auto rep = nlohmann::json::parse(testing::read_text(out_ + "/r.json"));
+  EXPECT_EQ(rep["pattern"], "channel");
+  EXPECT_LT(rep["after"]["parameters"].get<double>(), 0.3 * rep["before"]["parameters"].get<double>());
+  EXPECT_LT(rep["after"]["macs"].get<double>(), 0.3 * rep["before"]["macs"].get<double>());
+  EXPECT_EQ(rep["after"]["file_bytes"].get<std::int64_t>(), static_cast<std::int64_t>(fs::file_size(out_ + "/p.onnx")));
+  EXPECT_EQ(rep["before"]["file_bytes"].get<std::int64_t>(), static_cast<std::int64_t>(fs::file_size(out_ + "/m.onnx")));
+  EXPECT_FALSE(rep["layers"].empty());
+  Model pruned = load_onnx(out_ + "/p.onnx"), masked = load_onnx(out_ + "/m.onnx");
+  at::Tensor x = at::rand({4, 1, 28, 28});
+  Executor a(pruned.graph, testing::shipped_registry()), b(masked.graph, testing::shipped_registry());
+  EXPECT_TRUE(at::allclose(a.run({{"image", x}})[0], b.run({{"image", x}})[0], 1e-5, 1e-5));
+  EXPECT_EQ(testing::count_files(out_), 3);
+}
+
+TEST_F(Cli, PruneThenQuantizeInOneRunAndFineTune) {
+  const std::string cfg = work_ / "pq.toml";
+  testing::write_text(cfg, "backend = \"onnxruntime\"\n[sparse]\nsparser = \"n_m\"\n[w]\nbits = 8\n"
+                           "[a]\nqscheme = \"per-tensor-affine\"\n[calibration]\nbatch_size = 8\n[qat]\nbatch_size = 8\n");
+  const std::string cmd = "prune " + testing::fixture_model() + " -c " + cfg + " -o " + out_ + "/pq.onnx --report " + out_ + "/r.json";
+  // Quantizing needs calibration data.
+  expect_failure(run_cli(cmd), {"pq.toml", "--calib"});
+  auto r = run_cli(cmd + " --calib " + calib_ + " --finetune 1 --train " + calib_);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto rep = nlohmann::json::parse(testing::read_text(out_ + "/r.json"));
+  EXPECT_EQ(rep["pattern"], "N:M");
+  EXPECT_EQ(rep["finetune"]["quantization_aware"], true);
+  EXPECT_EQ(rep["finetune"]["epochs"].size(), 1u);
+  EXPECT_GT(rep["quantization"]["quantized_inputs"].size(), 5u);
+  // The exported QDQ weights keep 2:4 sparsity after fine-tuning: the int8 weights of every
+  // conv with a multiple of 4 input channels have at most 2 non-zeros in each group of 4.
+  Model m = load_onnx(out_ + "/pq.onnx");
+  int checked = 0;
+  for (const Node* n : m.graph.nodes()) {
+    if (n->op_type != "DequantizeLinear" || !m.graph.initializers.count(n->inputs[0])) continue;
+    const at::Tensor q = m.graph.initializers.at(n->inputs[0]);
+    if (q.dim() != 4 || q.size(1) % 4) continue;
+    EXPECT_LE((q.movedim(1, -1).reshape({-1, 4}) != 0).sum(1).max().item<std::int64_t>(), 2) << n->name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 3);
+  // quantize with a [sparse] table prunes first too.
+  r = run_cli("quantize " + testing::fixture_model() + " -c " + cfg + " --calib " + calib_ + " -o " + out_ + "/q.onnx --report " +
+              out_ + "/q.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(testing::read_text(out_ + "/q.json"))["pruning"]["pattern"], "N:M");
+}
+
+TEST_F(Cli, PruneErrorsLeaveNoFile) {
+  expect_failure(run_cli("prune " + testing::fixture_model() + " -c " + config_ + " -o " + out_ + "/p.onnx"),
+                 {"w8a8_tensorrt.toml", "no [sparse] table"});
+  const std::string cfg = work_ / "bad.toml";
+  testing::write_text(cfg, "[sparse]\nsparser = \"magnitude\"\n");
+  expect_failure(run_cli("prune " + testing::fixture_model() + " -c " + cfg + " -o " + out_ + "/p.onnx --report " + out_ + "/r.json"),
+                 {"bad.toml", "sparse.sparser", "'magnitude'", "l1_unstructured"});
+  expect_failure(run_cli("prune " + testing::fixture_model() + " -c " + testing::source_path("configs/prune_2_4.toml") + " -o " +
+                         out_ + "/p.onnx --finetune 1"),
+                 {"--finetune needs --train"});
 }
 
 }  // namespace

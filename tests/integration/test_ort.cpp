@@ -10,6 +10,7 @@
 
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/prune.h"
 #include "sparsebit/core/qat.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/quant.h"
@@ -327,6 +328,38 @@ TEST(OnnxRuntime, ExternalDataRoundTripsThroughQuantize) {
   at::Tensor in_file = run_in_ort(dir / "q_in.onnx", "image", x, "logits", dir);
   ASSERT_TRUE(with_side_file.defined() && in_file.defined());
   EXPECT_TRUE(at::equal(with_side_file, in_file));
+}
+
+// Channel-pruned models (both Fashion-MNIST fixtures, 30% and 50%) run in ONNX Runtime and
+// compute what the masked models compute; pruned then W8A8-quantized, ORT reproduces the
+// simulation.
+TEST(OnnxRuntime, PrunedModelsMatchTheMaskedModelsAndQuantize) {
+  testing::TempDir dir;
+  at::Tensor x = test_images(16);
+  for (const char* name : {"fashion_mnist_cnn", "fashion_mnist_mobilenet"}) {
+    Model model = load_onnx(testing::source_path(std::string("examples/fashion_mnist/") + name + ".onnx"));
+    for (double ratio : {0.3, 0.5}) {
+      Config c = Config::from_string("[sparse]\nsparser = \"l1_structured\"\nratio = " + std::to_string(ratio) + "\n", "p.toml");
+      c.plugins.use_environment = false;
+      PruneResult r = prune(model, c, testing::shipped_registry(), sample_inputs(model.graph));
+      EXPECT_GT(r.channels_removed, 0);
+      save_onnx(r.pruned.graph, r.pruned.meta, dir / "pruned.onnx");
+      save_onnx(r.masked.graph, r.masked.meta, dir / "masked.onnx");
+      at::Tensor p = run_in_ort(dir / "pruned.onnx", "image", x, "logits", dir);
+      at::Tensor m = run_in_ort(dir / "masked.onnx", "image", x, "logits", dir);
+      ASSERT_TRUE(p.defined() && m.defined());
+      EXPECT_LE((p - m).abs().max().item<double>(), 1e-5 * m.abs().max().item<double>()) << name << " " << ratio;
+    }
+  }
+  Config c = Config::from_file(testing::source_path("configs/prune_channels_30_w8a8_onnxruntime.toml"));
+  c.plugins.use_environment = false;
+  Model model = load_onnx(testing::fixture_model());
+  PruneResult r = prune(model, c, testing::shipped_registry(), sample_inputs(model.graph));
+  c.calibration.count = 256;
+  QuantModel qm(std::move(r.pruned), c, testing::shipped_registry());
+  auto data = open_dataset(std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
+  qm.calibrate(*data);
+  check_export(qm, dir / "pruned_qdq.onnx", dir, 2, "pruned W8A8");
 }
 
 }  // namespace

@@ -203,18 +203,39 @@ TEST(Prune, ConcatDepthwiseAndFlattenFollowTheChannels) {
   EXPECT_TRUE(at::allclose(run(r.pruned.graph, x), run(r.masked.graph, x), 1e-5, 1e-5));
 }
 
-TEST(Prune, UnknownChannelBehaviourAndTiedWeightsPinChannels) {
+TEST(Prune, UnknownChannelBehaviourPinsChannels) {
   Builder b({1, 4, 3, 3});
   b.constant("w", at::randn({6, 4, 1, 1}));
-  b.constant("w2", at::randn({6, 6, 1, 1}));
   b.add("conv", "Conv", {"x", "w"}, {"a"});
-  b.add("softmax", "Softmax", {"a"}, {"s"}, {{"axis", Attribute::of_int(1)}});  // mixes channels
-  b.add("tied1", "Conv", {"s", "w2"}, {"t"});
-  b.add("tied2", "Conv", {"t", "w2"}, {"y"});  // same weight: left alone
+  b.add("softmax", "Softmax", {"a"}, {"y"}, {{"axis", Attribute::of_int(1)}});  // mixes channels
   auto r = run_prune(b.g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\n", {1, 4, 3, 3});
   EXPECT_EQ(r.channels_removed, 0);
-  EXPECT_EQ(r.pruned.graph.initializers.size(), 2u);
   EXPECT_EQ(r.after.parameters, r.before.parameters);
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("6 of 6 kept"), std::string::npos) << r.notes[0];
+}
+
+TEST(Prune, AWeightSharedByTwoLayersIsCopiedForEach) {
+  // conv1 and conv2 read one initializer (directly and through an Identity, as exporters write
+  // identical tensors); each gets its own slice.
+  Builder b({1, 6, 3, 3});
+  at::manual_seed(6);
+  b.constant("w", at::randn({6, 6, 1, 1}));
+  b.constant("w_out", at::randn({2, 6, 1, 1}));
+  b.add("id", "Identity", {"w"}, {"w_copy"});
+  b.add("conv1", "Conv", {"x", "w"}, {"a"});
+  b.add("conv2", "Conv", {"a", "w_copy"}, {"c"});
+  b.add("head", "Conv", {"c", "w_out"}, {"y"});
+  auto r = run_prune(b.g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\n", {1, 6, 3, 3});
+  EXPECT_EQ(r.channels_removed, 6);
+  Graph& p = r.pruned.graph;
+  const at::Tensor& w1 = p.initializers.at(p.find_node("conv1")->inputs[1]);
+  const at::Tensor& w2 = p.initializers.at(p.find_node("conv2")->inputs[1]);
+  EXPECT_EQ(w1.sizes(), (std::vector<std::int64_t>{3, 6, 1, 1}));
+  EXPECT_EQ(w2.sizes(), (std::vector<std::int64_t>{3, 3, 1, 1}));
+  EXPECT_EQ(r.after.parameters, 18 + 9 + 6);
+  at::Tensor x = at::randn({2, 6, 3, 3});
+  EXPECT_TRUE(at::allclose(run(r.pruned.graph, x), run(r.masked.graph, x), 1e-5, 1e-5));
 }
 
 TEST(Prune, SpecificRatiosApplyFirstMatchFirst) {
