@@ -361,16 +361,19 @@ std::string human(double v) {
 
 /// Prunes as [sparse] says and logs the before/after table.
 sb::PruneResult prune_and_log(const sb::Model& model, const sb::Config& config, const sb::Registry& registry,
-                              const std::vector<at::Tensor>& sample) {
+                              const std::string& calib) {
   const auto t0 = std::chrono::steady_clock::now();
-  sb::PruneResult r = sb::prune(model, config, registry, sample);
+  std::unique_ptr<sb::Dataset> data;  // for bias compensation
+  if (!calib.empty()) data = sb::open_dataset(calib, model.graph.inputs);
+  sb::PruneResult r = sb::prune(model, config, registry, sb::sample_inputs(model.graph, calib), data.get());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string what = r.pattern == sb::SparsityPattern::kChannel ? std::to_string(r.channels_removed) + " channels removed in " +
                                                                       std::to_string(r.groups_pruned) + " of " +
                                                                       std::to_string(r.groups) + " channel groups"
                      : r.pattern == sb::SparsityPattern::kNM ? std::to_string(r.n) + ":" + std::to_string(r.m) + " sparsity"
                                                              : "unstructured sparsity";
-  spdlog::info("pruned with '{}' in {:.2f} s: {}", r.sparser, seconds, what);
+  spdlog::info("pruned with '{}' in {:.2f} s: {}{}", r.sparser, seconds, what,
+               r.bias_compensated ? ", " + std::to_string(r.bias_compensated) + " biases compensated" : std::string());
   spdlog::info("  {:<20} {:>12} {:>12} {:>8}", "", "before", "after", "ratio");
   auto row = [](const char* name, double before, double after) {
     spdlog::info("  {:<20} {:>12} {:>12} {:>7.3f}", name, human(before), human(after), before > 0 ? after / before : 0.0);
@@ -408,7 +411,7 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - import_start).count();
   json pruning;
   if (config.sparse) {  // prune, then quantize the pruned model
-    sb::PruneResult pr = prune_and_log(model, config, registry, sb::sample_inputs(model.graph, a.calib));
+    sb::PruneResult pr = prune_and_log(model, config, registry, a.calib);
     pruning = json::parse(sb::prune_report_json(pr));
     model = std::move(pr.pruned);
   }
@@ -576,8 +579,7 @@ int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
   sb::Registry registry;
   registry.load(config.plugins);
   sb::Model model = sb::load_onnx(a.model);
-  const auto sample = sb::sample_inputs(model.graph, a.calib);
-  sb::PruneResult r = prune_and_log(model, config, registry, sample);
+  sb::PruneResult r = prune_and_log(model, config, registry, a.calib);
   json rep = json::parse(sb::prune_report_json(r));
   rep["model"] = a.model;
   rep["config"] = a.config;

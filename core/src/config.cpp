@@ -191,7 +191,8 @@ struct Reader {
   }
 
   SparseConfig sparse_table(const toml::table& t) const {
-    check_keys(t, "sparse", {"sparser", "ratio", "granularity", "scope", "round_to", "skip", "specific", "sparser_options"});
+    check_keys(t, "sparse", {"sparser", "ratio", "granularity", "scope", "round_to", "bias_compensation", "skip", "specific",
+                              "sparser_options"});
     SparseConfig s;
     s.sparser = get<std::string>(t, "sparse", "sparser", s.sparser, "a string");
     s.ratio_set = t.get("ratio") != nullptr;
@@ -201,6 +202,7 @@ struct Reader {
     if (s.scope != "layer" && s.scope != "global") throw Error(key_path("sparse", "scope") + " must be \"layer\" or \"global\"");
     s.round_to = get<std::int64_t>(t, "sparse", "round_to", s.round_to, "an integer");
     if (s.round_to < 1 || s.round_to > 4096) throw Error(key_path("sparse", "round_to") + " must be between 1 and 4096");
+    s.bias_compensation = get<bool>(t, "sparse", "bias_compensation", s.bias_compensation, "true or false");
     s.skip = strings(t, "sparse", "skip");
     if (const toml::node* n = t.get("sparser_options")) {
       if (!n->is_table()) throw Error(key_path("sparse", "sparser_options") + " must be a table");

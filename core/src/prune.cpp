@@ -599,8 +599,108 @@ std::map<std::string, int> initializer_readers(const Graph& g) {
   return readers;
 }
 
-void prune_channels(const Model& model, const SparseConfig& cfg, Sparser& sparser, const std::string& sparser_name,
-                    const Registry& registry, const std::vector<at::Tensor>& sample, PruneResult& r) {
+
+// ---------------------------------------------------------------------------------------------
+// Bias compensation (Note [Bias compensation])
+
+/// For a 2-D Conv, the sum over the batch of the mean over output positions of the input under
+/// each kernel tap, zero padding included: [C, kh * kw]. What a removed weight w[o, c, tap] took
+/// away from output o on average is w times that mean, exactly, also near the borders.
+/// Undefined for other convs (auto_pad SAME, 1-D, 3-D): they use the channel mean.
+at::Tensor conv_tap_sums(const Node& n, const at::Tensor& x) {
+  if (n.op_type != "Conv" || x.dim() != 4 || n.attr_string("auto_pad", "NOTSET") != "NOTSET") return {};
+  auto kernel = n.attr_ints("kernel_shape");
+  if (kernel.size() != 2) return {};
+  auto pads = n.attr_ints("pads", {0, 0, 0, 0});
+  auto strides = n.attr_ints("strides", {1, 1}), dilations = n.attr_ints("dilations", {1, 1});
+  if (pads.size() != 4 || strides.size() != 2 || dilations.size() != 2) return {};
+  const at::Tensor padded = at::constant_pad_nd(x.to(at::kDouble), {pads[1], pads[3], pads[0], pads[2]});
+  const at::Tensor cols = at::im2col(padded, kernel, dilations, {0, 0}, strides);  // [N, C * taps, L]
+  return cols.mean(2).sum(0).view({x.size(1), kernel[0] * kernel[1]});
+}
+
+/// Per-position mean of input 0 of every node in `axis_of` (along that axis) over `data`.
+std::map<std::size_t, at::Tensor> input_means(const Graph& g, const Registry& registry, Dataset& data, const Config& config,
+                                              const std::map<std::size_t, std::int64_t>& axis_of) {
+  Executor ex(g, registry);
+  Batcher batcher(data, g.inputs, config.calibration.batch_size, config.calibration.count);
+  std::map<std::size_t, at::Tensor> sums;
+  std::map<std::size_t, double> counts;
+  c10::InferenceMode guard;
+  while (auto b = batcher.next()) {
+    std::map<std::string, at::Tensor> feeds;
+    for (std::size_t i = 0; i < g.inputs.size(); ++i) feeds[g.inputs[i].name] = b->inputs[i];
+    ex.run(feeds, [&](std::size_t node, std::size_t input, const at::Tensor& v) {
+      auto it = axis_of.find(node);
+      if (input != 0 || it == axis_of.end() || !v.defined() || !v.is_floating_point() || v.dim() == 0) return v;
+      const std::int64_t a = it->second < 0 ? it->second + v.dim() : it->second;
+      auto& acc = sums[node];
+      if (at::Tensor taps = conv_tap_sums(g.node(node), v); taps.defined()) {
+        acc = acc.defined() ? acc + taps : taps;
+        counts[node] += double(v.size(0));
+        return v;
+      }
+      std::vector<std::int64_t> dims;
+      for (std::int64_t d = 0; d < v.dim(); ++d)
+        if (d != a) dims.push_back(d);
+      at::Tensor sum = dims.empty() ? v.to(at::kDouble) : v.to(at::kDouble).sum(dims);
+      acc = acc.defined() ? acc + sum : sum;
+      counts[node] += double(v.numel() / std::max<std::int64_t>(1, v.size(a)));
+      return v;
+    });
+  }
+  std::map<std::size_t, at::Tensor> means;
+  for (auto& [node, sum] : sums) means[node] = sum / counts[node];
+  return means;
+}
+
+/// How much node `n`'s output moves on average when its weight changes from `w` to `w_new`,
+/// given the mean `mu` of its input per input channel (or feature): what its bias must gain to
+/// keep that mean. Undefined where it cannot be expressed as a bias (MatMul, transposed A).
+at::Tensor bias_shift(const Node& n, const at::Tensor& w, const at::Tensor& w_new, const at::Tensor& mu) {
+  const at::Tensor d = (w - w_new).to(at::kDouble);
+  if (n.op_type == "Conv") {
+    const std::int64_t groups = n.attr_int("group", 1), out = d.size(0), per_group = d.size(1);
+    if (mu.size(0) != groups * per_group || out % groups) return {};
+    const std::int64_t taps = d.numel() / (out * per_group);
+    if (mu.dim() == 2 && mu.size(1) == taps && mu.size(0) == groups * per_group) {  // per-tap means
+      const at::Tensor m = mu.view({groups, per_group * taps}).repeat_interleave(out / groups, 0);
+      return (d.reshape({out, per_group * taps}) * m).sum(1);
+    }
+    if (mu.dim() != 1) return {};
+    const at::Tensor m = mu.view({groups, per_group}).repeat_interleave(out / groups, 0);
+    return (d.flatten(2).sum(2) * m).sum(1);
+  }
+  if (n.op_type == "Gemm" && n.attr_int("transA", 0) == 0) {
+    const double beta = n.attr_float("beta", 1.0), alpha = n.attr_float("alpha", 1.0);
+    const at::Tensor dw = n.attr_int("transB", 0) ? d : d.t();
+    if (beta == 0 || mu.numel() != dw.size(1)) return {};
+    return dw.matmul(mu) * (alpha / beta);
+  }
+  return {};
+}
+
+/// Adds `delta` (one value per output channel) to node `node`'s bias, creating it if absent.
+void add_to_bias(Graph& g, std::size_t node, const at::Tensor& delta, const std::map<std::string, int>& readers) {
+  Node& n = g.node(node);
+  const at::Tensor w = g.initializers.at(n.inputs[1]);
+  if (!n.has_input(2)) {
+    const std::string name = g.unique_name(n.name + "_bias");
+    g.initializers[name] = delta.to(w.scalar_type());
+    n.inputs.resize(3);
+    n.inputs[2] = name;
+    return;
+  }
+  const at::Tensor b = g.initializers.at(n.inputs[2]);
+  set_input_constant(g, node, 2, (b + delta.to(b.scalar_type())).contiguous(), readers);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void prune_channels(const Model& model, const Config& config, Sparser& sparser, const Registry& registry,
+                    const std::vector<at::Tensor>& sample, Dataset* data, PruneResult& r) {
+  const SparseConfig& cfg = *config.sparse;
+  const std::string& sparser_name = cfg.sparser;
   // Readers of Identity(initializer) read the initializer itself (exporters share identical
   // weights between layers that way), so those weights can be sliced too.
   Graph normalized = model.graph.clone();
@@ -713,6 +813,38 @@ void prune_channels(const Model& model, const SparseConfig& cfg, Sparser& sparse
       set_input_constant(masked, s.node, s.input, current * (1 - mask.view(view)), readers);
     }
   }
+  if (data) {  // Note [Bias compensation]
+    std::map<std::size_t, std::int64_t> axis_of;
+    for (const Site& s : an.sites)
+      if (s.kind == Site::kConsumer) axis_of[s.node] = g.node(s.node).op_type == "Conv" || g.node(s.node).op_type == "Gemm" ? 1 : -1;
+    const auto means = input_means(g, registry, *data, config, axis_of);
+    for (const Site& s : an.sites) {
+      if (s.kind != Site::kConsumer || !means.count(s.node)) continue;
+      const auto keep = keep_positions(s.atoms);
+      if (keep.size() == s.atoms.size()) continue;
+      const Node& n = g.node(s.node);
+      const at::Tensor& w = g.initializers.at(n.inputs[1]);
+      at::Tensor keep_mask = at::zeros({w.size(s.axis)}, w.options());
+      keep_mask.index_fill_(0, at::tensor(keep, at::kLong), 1.0);
+      std::vector<std::int64_t> view(static_cast<std::size_t>(w.dim()), 1);
+      view[static_cast<std::size_t>(s.axis)] = w.size(s.axis);
+      const at::Tensor delta = bias_shift(n, w, w * keep_mask.view(view), means.at(s.node));
+      if (!delta.defined()) continue;
+      // Outputs this node keeps (it may lose some as a producer too).
+      at::Tensor out_keep = at::ones({delta.size(0)}, at::kDouble);
+      std::vector<std::int64_t> kept_outputs;
+      for (const auto& p : an.producers)
+        if (p.node == s.node) kept_outputs = keep_positions(p.atoms);
+      if (!kept_outputs.empty() && static_cast<std::int64_t>(kept_outputs.size()) < delta.size(0)) {
+        out_keep.zero_().index_fill_(0, at::tensor(kept_outputs, at::kLong), 1.0);
+        add_to_bias(pruned, s.node, delta.index_select(0, at::tensor(kept_outputs, at::kLong)), readers);
+      } else {
+        add_to_bias(pruned, s.node, delta, readers);
+      }
+      add_to_bias(masked, s.node, delta * out_keep, readers);
+      ++r.bias_compensated;
+    }
+  }
   for (const CountSite& s : an.counts) {
     const auto kept = static_cast<std::int64_t>(keep_positions(s.atoms).size());
     if (kept == static_cast<std::int64_t>(s.atoms.size())) continue;
@@ -761,8 +893,10 @@ void prune_channels(const Model& model, const SparseConfig& cfg, Sparser& sparse
   r.masked = Model{std::move(masked), model.meta};
 }
 
-void prune_elements(const Model& model, const SparseConfig& cfg, Sparser& sparser, const std::string& sparser_name,
-                    const Registry& registry, PruneResult& r) {
+void prune_elements(const Model& model, const Config& config, Sparser& sparser, const Registry& registry, Dataset* data,
+                    PruneResult& r) {
+  const SparseConfig& cfg = *config.sparse;
+  const std::string& sparser_name = cfg.sparser;
   const Graph& g = model.graph;
   Executor ex(g, registry);
   Graph pruned = g.clone();
@@ -804,6 +938,14 @@ void prune_elements(const Model& model, const SparseConfig& cfg, Sparser& sparse
       global_ties = k - (flat < th).sum().item<std::int64_t>();
     }
   }
+  std::map<std::size_t, at::Tensor> means;
+  if (data) {  // Note [Bias compensation]
+    std::map<std::size_t, std::int64_t> axis_of;
+    for (const auto& t : targets)
+      if (t.ref.input == 1) axis_of[t.ref.node] = 1;
+    means = input_means(g, registry, *data, config, axis_of);
+  }
+  const auto readers = initializer_readers(g);
   for (auto& t : targets) {
     const at::Tensor& w = g.initializers.at(t.ref.name);
     const Node& n = g.node(t.ref.node);
@@ -831,6 +973,14 @@ void prune_elements(const Model& model, const SparseConfig& cfg, Sparser& sparse
     at::Tensor out = w * mask.to(w.scalar_type());
     pruned.initializers[t.ref.name] = out;
     add_layer(r, n, t.ref.name, w, out);
+    if (auto m = means.find(t.ref.node); m != means.end()) {
+      // Only where this node alone reads the weight: a shared weight's nodes see other inputs.
+      const at::Tensor delta = readers.at(t.ref.name) == 1 ? bias_shift(n, w, out, m->second) : at::Tensor();
+      if (delta.defined()) {
+        add_to_bias(pruned, t.ref.node, delta, readers);
+        ++r.bias_compensated;
+      }
+    }
   }
   r.pruned = Model{std::move(pruned), model.meta};
   r.masked = Model{r.pruned.graph.clone(), model.meta};
@@ -876,7 +1026,9 @@ ModelStats model_stats(const Model& model, const Registry& registry, const std::
   }
   ExportOptions plain;
   plain.run_checker = false;
-  s.file_bytes = static_cast<std::int64_t>(serialize_onnx(g, model.meta, plain).size());
+  std::string external;  // past protobuf's limit the large initializers go to a side file
+  s.file_bytes = static_cast<std::int64_t>(serialize_onnx(g, model.meta, plain, &external, "model.onnx.data").size() +
+                                           external.size());
   const Shapes shapes = run_shapes(g, registry, sample);
   auto shape = [&](const std::string& v) -> const Shape* {
     auto it = shapes.find(v);
@@ -903,7 +1055,8 @@ ModelStats model_stats(const Model& model, const Registry& registry, const std::
   return s;
 }
 
-PruneResult prune(const Model& model, const Config& config, const Registry& registry, const std::vector<at::Tensor>& sample) {
+PruneResult prune(const Model& model, const Config& config, const Registry& registry, const std::vector<at::Tensor>& sample,
+                  Dataset* data) {
   if (!config.sparse) throw Error(config.source + ": no [sparse] table: nothing says how to prune");
   const SparseConfig& cfg = *config.sparse;
   const auto* entry = registry.sparser(cfg.sparser);
@@ -963,8 +1116,9 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
   }
 
   r.before = model_stats(model, registry, sample);
-  if (r.pattern == SparsityPattern::kChannel) prune_channels(model, cfg, *sparser, cfg.sparser, registry, sample, r);
-  else prune_elements(model, cfg, *sparser, cfg.sparser, registry, r);
+  Dataset* stats_data = cfg.bias_compensation ? data : nullptr;
+  if (r.pattern == SparsityPattern::kChannel) prune_channels(model, config, *sparser, registry, sample, stats_data, r);
+  else prune_elements(model, config, *sparser, registry, stats_data, r);
   r.after = model_stats(r.pruned, registry, sample);
   return r;
 }
@@ -993,6 +1147,7 @@ std::string prune_report_json(const PruneResult& r) {
     j["channels_removed"] = r.channels_removed;
     j["max_relative_difference_vs_masked"] = r.max_masked_difference;
   }
+  j["bias_compensated_layers"] = r.bias_compensated;
   json layers = json::array();
   for (const auto& l : r.layers) {
     layers.push_back({{"node", l.node}, {"op", l.op_type}, {"weight", l.weight}, {"shape_before", l.shape_before},

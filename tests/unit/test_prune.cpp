@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/prune.h"
 #include "test_support.h"
@@ -164,6 +165,13 @@ TEST(Prune, ResidualChannelsArePrunedAsOneGroupByTheirSummedNormalisedNorms) {
   EXPECT_LT(r.after.parameters, r.before.parameters);
 }
 
+TEST(Prune, RoundToKeepsAMultipleOfChannels) {
+  // 8 channels at ratio 0.5 keep 4; round_to = 3 rounds that up to 6.
+  auto r = run_prune(residual_block().g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\nround_to = 3\n", {1, 4, 6, 6});
+  EXPECT_EQ(r.channels_removed, 2);
+  EXPECT_EQ(r.pruned.graph.initializers.at("w0").size(0), 6);
+}
+
 TEST(Prune, SkippingOneLayerOfAResidualGroupKeepsTheWholeGroup) {
   Builder b = residual_block();
   auto r = run_prune(b.g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\nskip = [\"conv1\"]\n", {1, 4, 6, 6});
@@ -276,6 +284,59 @@ TEST(Prune, ConfigErrorsNameTheKeyAndTheFix) {
             std::string::npos);
   EXPECT_NE(testing::error_of([] { prune(Model{}, sparse_config(""), testing::shipped_registry(), {}); }).find("no [sparse]"),
             std::string::npos);
+}
+
+TEST(Prune, BiasCompensationGivesTheRemovedChannelsMeanToTheNextBias) {
+  // x [N, 4] -> Gemm (6 channels) -> Relu -> Gemm (3 outputs, bias b2).
+  Builder b({-1, 4});
+  b.g.inputs[0].shape[0] = Dim{-1, "batch"};
+  at::manual_seed(8);
+  b.constant("w1", at::randn({6, 4}));
+  b.constant("b1", at::randn({6}));
+  b.constant("w2", at::randn({3, 6}));
+  b.constant("b2", at::randn({3}));
+  const Attribute t = Attribute::of_int(1);
+  b.add("fc1", "Gemm", {"x", "w1", "b1"}, {"h"}, {{"transB", t}});
+  b.add("relu", "Relu", {"h"}, {"r"});
+  b.add("fc2", "Gemm", {"r", "w2", "b2"}, {"y"}, {{"transB", t}});
+  testing::TempDir dir;
+  const at::Tensor x = at::randn({64, 4});
+  write_npy(x, dir / "batch.npy");
+  Config c = sparse_config("[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\nbias_compensation = true\n");
+  Model m{b.g.clone(), {}};
+  auto data = open_dataset(dir.path().string(), m.graph.inputs);
+  PruneResult r = prune(m, c, testing::shipped_registry(), {x.narrow(0, 0, 1)}, data.get());
+  EXPECT_EQ(r.bias_compensated, 1);
+  // By hand: the channels fc1 drops, their mean after the Relu, through w2.
+  const auto& o = b.g.initializers;
+  at::Tensor keep = std::get<0>(std::get<1>(o.at("w1").abs().sum(1).topk(3)).sort());
+  at::Tensor drop = at::ones({6}, at::kBool).index_fill_(0, keep, false).nonzero().flatten();
+  at::Tensor mean = at::relu(at::addmm(o.at("b1"), x, o.at("w1").t())).mean(0);
+  at::Tensor expected = o.at("b2") + o.at("w2").index_select(1, drop).matmul(mean.index_select(0, drop));
+  EXPECT_TRUE(at::allclose(r.pruned.graph.initializers.at("b2"), expected, 1e-6, 1e-6));
+  // The mean output over the data is what the unpruned model gives.
+  const at::Tensor y0 = run(b.g, x), y1 = run(r.pruned.graph, x);
+  EXPECT_TRUE(at::allclose(y1.mean(0), y0.mean(0), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(y1, run(r.masked.graph, x), 1e-5, 1e-5));
+}
+
+TEST(Prune, BiasCompensationOfAConvUsesTheMeanUnderEachKernelTap) {
+  // One padded 3x3 conv pruned unstructured: its output mean over the data stays exactly.
+  Builder b({-1, 2, 5, 5});
+  b.g.inputs[0].shape[0] = Dim{-1, "batch"};
+  at::manual_seed(9);
+  b.constant("w", at::randn({4, 2, 3, 3}));
+  b.add("conv", "Conv", {"x", "w"}, {"y"}, {{"kernel_shape", ints({3, 3})}, {"pads", ints({1, 1, 1, 1})}});
+  testing::TempDir dir;
+  const at::Tensor x = at::rand({16, 2, 5, 5}) + 0.5;  // a non-zero mean, and borders that differ
+  write_npy(x, dir / "batch.npy");
+  Config c = sparse_config("[sparse]\nratio = 0.5\nbias_compensation = true\n");
+  Model m{b.g.clone(), {}};
+  auto data = open_dataset(dir.path().string(), m.graph.inputs);
+  PruneResult r = prune(m, c, testing::shipped_registry(), {x.narrow(0, 0, 1)}, data.get());
+  ASSERT_EQ(r.pruned.graph.find_node("conv")->inputs.size(), 3u);  // a bias was added
+  const at::Tensor y0 = run(b.g, x), y1 = run(r.pruned.graph, x);
+  EXPECT_TRUE(at::allclose(y1.mean({0, 2, 3}), y0.mean({0, 2, 3}), 1e-5, 1e-5));
 }
 
 TEST(Prune, FineTuningKeepsTheZerosAndLowersTheDistillationLoss) {

@@ -42,6 +42,7 @@
 ///     granularity = "channel"         # element | channel | N:M ("2:4"); default: the sparser's
 ///     scope = "layer"                 # element: ratio per layer, or "global" over all layers
 ///     round_to = 1                    # channel: kept channels rounded up to a multiple
+///     bias_compensation = false       # biases keep the removed weights' mean (needs --calib)
 ///     skip = ["conv1"]                # node-name globs never pruned
 ///     [[sparse.specific]]             # per-node ratio, first match wins (also accepted as
 ///     nodes = ["layer4*"]             #   `sparse = { ratio = 0.3 }` in a top-level [[specific]])
@@ -110,6 +111,7 @@ struct SPARSEBIT_API SparseConfig {
   std::string granularity;  ///< "" (the sparser's), "element", "channel" or "N:M"
   std::string scope = "layer";
   std::int64_t round_to = 1;
+  bool bias_compensation = false;  ///< with calibration data (sparsebit/core/prune.h)
   std::vector<std::string> skip;
   std::vector<SparseSpecific> specific;  ///< first match wins
   Options sparser_options{"[sparse.sparser_options]"};
