@@ -141,6 +141,7 @@ class ChannelAnalysis {
 
   UnionFind uf;
   std::vector<bool> pinned;  // by atom
+  std::map<int, std::string> reason;  // pinned atom -> the node that pinned it
   std::vector<Site> sites;
   std::vector<CountSite> counts;
   std::vector<Producer> producers;
@@ -150,7 +151,11 @@ class ChannelAnalysis {
   /// `prunable(node)` says whether a producer's channels may go (else they are pinned).
   void run(const std::function<std::pair<bool, double>(const Node&)>& prunable) {
     const auto nodes = g_.nodes();
-    for (std::size_t i = 0; i < nodes.size(); ++i) visit(i, *nodes[i], prunable);
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      current_ = nodes[i];
+      visit(i, *nodes[i], prunable);
+    }
+    current_ = nullptr;
     for (const auto& o : g_.outputs)
       if (auto* t = tracked(o.name)) pin(*t);
   }
@@ -159,6 +164,7 @@ class ChannelAnalysis {
   const Graph& g_;
   const Shapes& shapes_;
   std::map<std::string, Track> tracks_;
+  const Node* current_ = nullptr;
 
   Track* tracked(const std::string& v) {
     auto it = tracks_.find(v);
@@ -173,7 +179,10 @@ class ChannelAnalysis {
     return it == g_.initializers.end() ? nullptr : &it->second;
   }
   void pin(const Track& t) {
-    for (int a : t.atoms) pinned[a] = true;
+    for (int a : t.atoms) {
+      if (!pinned[a]) reason[a] = current_ ? current_->describe() : "a graph output";
+      pinned[a] = true;
+    }
   }
   void pin_inputs(const Node& n) {
     for (const auto& in : n.inputs)
@@ -182,6 +191,8 @@ class ChannelAnalysis {
   int new_atom(int producer, std::int64_t channel, bool pin_it) {
     const int a = uf.make();
     pinned.push_back(pin_it);
+    if (pin_it) reason[a] = current_ && producer >= 0 ? current_->describe() + " ([sparse] skip or ratio 0)"
+                                                      : current_ ? current_->describe() : std::string("?");
     atom_producer.push_back(producer);
     atom_channel.push_back(channel);
     return a;
@@ -746,10 +757,10 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
     }
   }
   std::map<int, double> class_score;
-  std::set<int> class_pinned;
+  std::map<int, std::string> class_pinned;  // class root -> why
   for (std::size_t a = 0; a < an.pinned.size(); ++a) {
     const int root = an.uf.find(static_cast<int>(a));
-    if (an.pinned[a]) class_pinned.insert(root);
+    if (an.pinned[a]) class_pinned.emplace(root, an.reason[static_cast<int>(a)]);
     const int p = an.atom_producer[a];
     if (p >= 0) class_score[root] += scores[static_cast<std::size_t>(p)][an.atom_channel[a]].item<double>();
   }
@@ -776,11 +787,12 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
     keep = std::max<std::int64_t>(1, ((keep + cfg.round_to - 1) / cfg.round_to) * cfg.round_to);
     const std::int64_t pinned = total - static_cast<std::int64_t>(candidates.size());
     std::int64_t drop = std::max<std::int64_t>(0, total - std::max(keep, pinned));
-    if (pinned > 0 && members.size() > 0 && ratio > 0)
+    std::string why;
+    for (int c : classes)
+      if (auto it = class_pinned.find(c); it != class_pinned.end() && why.empty()) why = it->second;
+    if (pinned > 0 && ratio > 0)
       r.notes.push_back("channels of " + names + ": " + std::to_string(pinned) + " of " + std::to_string(total) +
-                        (pinned == total ? " kept" : " pinned") +
-                        " (they reach a graph output, a skipped layer, a tied weight or an op whose channel behaviour "
-                        "is not known)");
+                        " kept, held by " + why);
     if (drop == 0) continue;
     ++r.groups_pruned;
     std::stable_sort(candidates.begin(), candidates.end());

@@ -220,7 +220,7 @@ TEST(Prune, UnknownChannelBehaviourPinsChannels) {
   EXPECT_EQ(r.channels_removed, 0);
   EXPECT_EQ(r.after.parameters, r.before.parameters);
   ASSERT_EQ(r.notes.size(), 1u);
-  EXPECT_NE(r.notes[0].find("6 of 6 kept"), std::string::npos) << r.notes[0];
+  EXPECT_NE(r.notes[0].find("6 of 6 kept, held by node 'softmax' (Softmax)"), std::string::npos) << r.notes[0];
 }
 
 TEST(Prune, AWeightSharedByTwoLayersIsCopiedForEach) {
