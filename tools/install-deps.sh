@@ -6,7 +6,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 packages=(
   build-essential cmake ninja-build ccache git clang-14 libclang-rt-14-dev
   libtorch-dev libonnx-dev libprotobuf-dev protobuf-compiler
-  libboost-dev libboost-filesystem-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev
+  libboost-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev
   nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist libonnx-testdata
   python3-torch python3-torchvision python3-onnx python3-numpy

@@ -616,7 +616,7 @@ int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
       teacher.to(config.calibration.device);
       sb::QatOptions options{config.qat, "", ""};
       options.after_step = [&] {
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         for (auto& [t, mask] : keep) t.mul_(mask);
       };
       std::unique_ptr<sb::cli::Progress> bar;

@@ -1,6 +1,7 @@
 #include "sparsebit/core/executor.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 
 #include <set>
 
@@ -69,6 +70,12 @@ void Executor::add_constant(const std::string& name, at::Tensor value) {
 
 void Executor::to(const std::string& device) {
   at::Device d(device);
+  // Full FP32 on the GPU: TensorFloat-32 convolutions and matrix products (on by default for
+  // cuDNN) round inputs to 10 mantissa bits and would move calibrated ranges by ~1e-3.
+  if (d.is_cuda()) {
+    at::globalContext().setAllowTF32CuDNN(false);
+    at::globalContext().setAllowTF32CuBLAS(false);
+  }
   for (auto& kv : constants_) kv.second = kv.second.to(d);
 }
 

@@ -191,7 +191,7 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
   }
   auto inputs_for = [&](std::size_t b, const at::Tensor& rows) {
     auto inputs = raw_inputs(i, source(b));
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       if (!inputs[k].defined() || k == w.input_index) continue;
       if (rows.defined() && !constants.count(n.inputs[k])) inputs[k] = inputs[k].index_select(0, rows);
@@ -204,7 +204,7 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
     return qm_.executor_->run_node(i, inputs).at(0);
   };
   auto mse = [&] {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     double sum = 0, count = 0;
     for (std::size_t b = 0; b < fp_.size(); ++b) {
       const at::Tensor y = output_with(inputs_for(b, {}));
@@ -313,7 +313,7 @@ void LayerwiseRunner::account(CalibrationStats& stats) const {
 
 CalibrationStats LayerwiseRunner::run() {
   // Plain tensors, not inference tensors: reconstruction trains through cached values.
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const auto start = std::chrono::steady_clock::now();
   CalibrationStats stats;
   stats.mode = qm_.config_.calibration.mode;

@@ -35,10 +35,10 @@ bool matches_any(const std::string& name, const std::vector<std::string>& globs)
   return false;
 }
 
-std::int64_t product(const Shape& s, std::size_t from = 0, std::size_t to = SIZE_MAX) {
-  std::int64_t p = 1;
-  for (std::size_t i = from; i < std::min(to, s.size()); ++i) p *= s[i];
-  return p;
+/// Product of s[from:], 1 when empty.
+std::int64_t product(const Shape& s, std::size_t from = 0) {
+  return from >= s.size() ? 1 : std::accumulate(s.begin() + static_cast<std::ptrdiff_t>(from), s.end(), std::int64_t{1},
+                                                std::multiplies<std::int64_t>());
 }
 
 /// Runs `graph` on `sample` and records the shape of every tensor a node reads and of the outputs.
@@ -1217,7 +1217,7 @@ std::vector<double> finetune(Model& student, const Model& teacher, const Registr
       for (const auto& v : teacher.graph.inputs) teacher_feeds[v.name] = feeds.at(v.name);
       std::vector<at::Tensor> target;
       {
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         target = teacher_ex.run(teacher_feeds);
       }
       at::Tensor loss = distillation_loss(ex.run(feeds), target, settings.loss, settings.temperature);
@@ -1228,7 +1228,7 @@ std::vector<double> finetune(Model& student, const Model& teacher, const Registr
       loss.backward();
       adam.step();
       {
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         for (const auto& [name, mask] : masks) ex.constants().at(name).mul_(mask);
       }
       sum += value;

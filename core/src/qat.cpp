@@ -90,7 +90,7 @@ int load_checkpoint(const std::string& path, const std::string& fingerprint,
   }
   torch::serialize::InputArchive values;
   archive.read("parameters", values);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (const auto& [name, t] : params) {
     at::Tensor saved;
     if (!values.try_read(name, saved) || saved.sizes() != t.sizes()) {
@@ -129,7 +129,7 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
     Batcher batcher(*data, gin, s.batch_size, s.count);
     auto first = batcher.next();
     if (!first) throw Error("the training data " + data->describe() + " yielded no samples");
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     const bool was_training = student.training();
     student.eval();  // running statistics untouched
     student.forward(feeds_of(*first).first);
@@ -165,7 +165,7 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
       auto [student_in, teacher_in] = feeds_of(*b);
       std::vector<at::Tensor> target;
       {
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         target = teacher.run(teacher_in);
       }
       at::Tensor loss = distillation_loss(student.forward(student_in), target, s.loss, s.temperature);

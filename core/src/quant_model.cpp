@@ -5,6 +5,7 @@
 #include "plugin_call.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <fnmatch.h>
 
@@ -496,7 +497,7 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   if (stats.samples == 0) throw Error("the calibration data " + data.describe() + " yielded no samples");
   inference.reset();
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     finish_calibration();
   }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -3,6 +3,7 @@
 // its checkpoint to exactly the uninterrupted result, and the loss functions against hand values.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
 
@@ -57,7 +58,7 @@ TEST(Qat, OneStepLowersTheLossAndEveryParameterGetsAGradient) {
   const at::Tensor x = images(64);
   std::map<std::string, at::Tensor> feeds{{s.student.graph().inputs[0].name, x}};
   const auto target = [&] {
-    at::NoGradGuard g;
+    c10::NoGradGuard g;
     return s.teacher.run(feeds);
   }();
   torch::optim::Adam adam(s.student.parameters(), torch::optim::AdamOptions(c.qat.lr));

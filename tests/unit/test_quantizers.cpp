@@ -3,6 +3,7 @@
 // initialisations, and export.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include "sparsebit/core/quant_model.h"
@@ -70,13 +71,13 @@ TEST(Quantizers, LsqPlusOffsetGradientAndExportedZeroPoint) {
   // Once training moves beta off the integer grid, the simulation still is what export writes:
   // the zero point round(-beta / s), used by QuantizeLinear / DequantizeLinear.
   {
-    at::NoGradGuard g;
+    c10::NoGradGuard g;
     beta.add_(0.037);  // -beta / s = 19.63 -> zero point 20
   }
   EXPECT_EQ(q->qparams().zero_point.item<int>(), 20);
   EXPECT_TRUE(at::allclose(q->forward(x).detach(), fake_quantize(x, q->qparams(), s)));
   {
-    at::NoGradGuard g;
+    c10::NoGradGuard g;
     beta.add_(0.03);  // 19.33 -> 19
   }
   EXPECT_EQ(q->qparams().zero_point.item<int>(), 19);

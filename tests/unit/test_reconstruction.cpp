@@ -3,6 +3,7 @@
 // bias correction (the mean output error it removes, measured independently).
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include <ATen/ops/upsample_bilinear2d.h>
@@ -78,7 +79,7 @@ TEST(AdaRound, RegularizerFollowsWarmUpAndBetaSchedule) {
   for (int i = 0; i < 4; ++i) {
     const double eps = 1e-3, v0 = v[i].item<double>();
     auto at_v = [&](double x) {
-      at::NoGradGuard g;
+      c10::NoGradGuard g;
       v[i].fill_(x);
       const double p = q->reconstruction_penalty(60).item<double>();
       v[i].fill_(v0);
@@ -94,7 +95,7 @@ TEST(AdaRound, HardRoundingFollowsTheLearntVariableNotTheNearestValue) {
   q->initialize(per_tensor(0.5));
   q->begin_reconstruction(kWeight);
   {
-    at::NoGradGuard g;
+    c10::NoGradGuard g;
     q->parameters()[0][0].fill_(-3.0);  // 0.6 rounds down
     q->parameters()[0][1].fill_(2.0);   // -1.6 rounds up
   }
@@ -147,7 +148,7 @@ Calibrated calibrate(const Graph& g, const Config& c, const std::vector<at::Tens
 }
 
 double output_mse(QuantModel& qm, const at::Tensor& x) {
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   qm.set_quant(false, false);
   const at::Tensor ref = qm.forward({x})[0];
   qm.set_quant(true, true);
@@ -262,7 +263,7 @@ TEST(Layerwise, AsymRunnerReleasesBothStreamsAsItGoes) {
 
 /// Mean of (float - quantized) output per channel (axis 1) over `x`.
 at::Tensor mean_error_per_channel(QuantModel& qm, const at::Tensor& x) {
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   qm.set_quant(false, false);
   const at::Tensor ref = qm.forward({x})[0];
   qm.set_quant(true, true);
@@ -291,7 +292,7 @@ TEST(BiasCorrection, RemovesTheMeanOutputErrorOfEachChannel) {
   const at::Tensor before = mean_error_per_channel(plain.qm, all);
   // The float model is unchanged by correction except for the bias, so compare against the
   // original float outputs: quantized(corrected) - float(original).
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   plain.qm.set_quant(false, false);
   const at::Tensor ref = plain.qm.forward({all})[0];
   corrected.qm.set_quant(true, true);

@@ -15,6 +15,7 @@
 // lambda (0.01), beta_start (20), beta_end (2), seed (0).
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -86,7 +87,7 @@ class AdaRoundQuantizer final : public Quantizer {
 
   void begin_reconstruction(const at::Tensor& weight) override {
     if (!params_.defined()) throw Error(where_ + ": reconstruction started before calibration");
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     const at::Tensor w = weight.detach().to(at::kFloat);
     const at::Tensor s = expand_param(params_.scale.to(w.device(), at::kFloat), w, spec_);
     const at::Tensor rest = w / s - at::floor(w / s);  // in [0, 1)

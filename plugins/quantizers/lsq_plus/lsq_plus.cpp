@@ -11,6 +11,7 @@
 // The scale's gradient is scaled like LSQ's.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <cmath>
 
