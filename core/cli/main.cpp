@@ -384,6 +384,9 @@ sb::PruneResult prune_and_log(const sb::Model& model, const sb::Config& config, 
   row("FLOPs (dense)", 2.0 * double(r.before.macs), 2.0 * double(r.after.macs));
   row("FLOPs (non-zero)", 2.0 * double(r.before.sparse_macs), 2.0 * double(r.after.sparse_macs));
   for (const auto& n : r.notes) spdlog::debug("  {}", n);
+  if (r.pattern == sb::SparsityPattern::kChannel && config.sparse->round_to == 1 && r.channels_removed > 0)
+    spdlog::info("channel counts that are not multiples of 8 can run slower than the unpruned model in ONNX Runtime "
+                 "and TensorRT (docs/PRUNING.md); [sparse] round_to = 8 keeps them aligned");
   return r;
 }
 
