@@ -1132,6 +1132,9 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
   if (r.pattern == SparsityPattern::kChannel) prune_channels(model, config, *sparser, registry, sample, stats_data, r);
   else prune_elements(model, config, *sparser, registry, stats_data, r);
   r.after = model_stats(r.pruned, registry, sample);
+  if (r.layers.empty())
+    sdk::log_warn(model.meta.source_path + ": nothing to prune: no Conv, ConvTranspose, Gemm or MatMul reads a float constant "
+                  "weight (a QDQ model? prune the float model, then quantize)");
   return r;
 }
 
