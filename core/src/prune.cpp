@@ -6,7 +6,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
-#include <fnmatch.h>
 #include <torch/optim/adam.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include "sparsebit/core/qat.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "glob.h"
 
 namespace sparsebit {
 
@@ -28,12 +28,6 @@ namespace {
 
 using Shape = std::vector<std::int64_t>;
 using Shapes = std::map<std::string, Shape>;
-
-bool matches_any(const std::string& name, const std::vector<std::string>& globs) {
-  for (const auto& g : globs)
-    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
-  return false;
-}
 
 /// Product of s[from:], 1 when empty.
 std::int64_t product(const Shape& s, std::size_t from = 0) {

@@ -16,6 +16,7 @@
 
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "glob.h"
 
 namespace sparsebit {
 
@@ -31,12 +32,6 @@ std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
   return s.empty() ? "none" : s;
-}
-
-bool matches_any(const std::string& name, const std::vector<std::string>& globs) {
-  for (const auto& g : globs)
-    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
-  return false;
 }
 
 void refuse_unused(const Options& o, const std::string& plugin_kind, const std::string& name) {

@@ -1,6 +1,5 @@
 #include "sparsebit/core/registry.h"
 
-#include <fnmatch.h>
 
 #include <algorithm>
 #include <boost/dll/runtime_symbol_info.hpp>
@@ -12,6 +11,7 @@
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/plugin.h"
+#include "glob.h"
 
 namespace sparsebit {
 
@@ -88,11 +88,6 @@ class StagingRegistrar final : public Registrar {
 std::vector<boost::dll::shared_library>& loaded_libraries() {
   static auto* libs = new std::vector<boost::dll::shared_library>();
   return *libs;
-}
-
-bool matches_any(const std::string& name, const std::vector<std::string>& globs) {
-  return std::any_of(globs.begin(), globs.end(),
-                     [&](const std::string& g) { return fnmatch(g.c_str(), name.c_str(), 0) == 0; });
 }
 
 std::vector<std::string> split_path_list(const char* value) {
