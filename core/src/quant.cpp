@@ -1,8 +1,16 @@
 #include "sparsebit/sdk/quant.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/kernels.h"
+#include "sparsebit/sdk/log.h"
 
 namespace sparsebit {
 
@@ -123,7 +131,174 @@ at::Tensor rows_to_params(const at::Tensor& values, const std::vector<std::int64
   return values.reshape({-1});
 }
 
+// --- device kernels (Note [Device kernels]) --------------------------------------------------
+
+namespace {
+struct KernelTable {
+  std::mutex mutex;
+  std::map<c10::DeviceType, std::shared_ptr<QuantKernels>> kernels;
+};
+KernelTable& kernel_table() {
+  static auto* t = new KernelTable();  // outlives every static destructor that may quantize
+  return *t;
+}
+std::atomic<bool>& kernels_on() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("SPARSEBIT_KERNELS");
+    return !(v && std::string(v) == "0");
+  }()};
+  return on;
+}
+}  // namespace
+
+QuantKernels* quant_kernels(c10::DeviceType device) {
+  if (!kernels_on().load()) return nullptr;
+  KernelTable& t = kernel_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto it = t.kernels.find(device);
+  return it == t.kernels.end() ? nullptr : it->second.get();
+}
+
+void use_device_kernels(bool on) { kernels_on().store(on); }
+
+void install_quant_kernels(c10::DeviceType device, std::shared_ptr<QuantKernels> kernels, const std::string& plugin) {
+  if (!kernels) throw Error("plugin " + plugin + " registered empty kernels for " + c10::DeviceTypeName(device));
+  KernelTable& t = kernel_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  sdk::log_debug(c10::DeviceTypeName(device) + " kernels from " + plugin + ": " + kernels->describe());
+  t.kernels[device] = std::move(kernels);
+}
+
+ParamLayout param_layout(const at::Tensor& x, const QSpec& spec) {
+  ParamLayout l;
+  auto around = [&](std::int64_t a) {
+    for (std::int64_t d = 0; d < a; ++d) l.outer *= x.size(d);
+    l.n = x.size(a);
+    for (std::int64_t d = a + 1; d < x.dim(); ++d) l.inner *= x.size(d);
+  };
+  if (spec.group_size > 0) {
+    around(group_axis_of(x, spec));
+    l.kind = ParamLayout::Kind::kGroup;
+    l.group = spec.group_size;
+  } else if (spec.per_channel) {
+    const std::int64_t a = spec.channel_axis < 0 ? spec.channel_axis + x.dim() : spec.channel_axis;
+    if (a < 0 || a >= x.dim())
+      throw Error("channel axis " + std::to_string(spec.channel_axis) + " does not exist in a tensor of shape " + c10::str(x.sizes()));
+    around(a);
+    l.kind = ParamLayout::Kind::kChannel;
+  } else {
+    l.n = x.numel();
+  }
+  return l;
+}
+
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The kernels for x's device when x and its parameters suit them (float32 x, one parameter per
+// layout entry), else nullptr: the reference path then runs (and reports shape errors).
+QuantKernels* kernels_for(const at::Tensor& x, const at::Tensor& scale, const QSpec& spec) {
+  if (!x.defined() || x.scalar_type() != at::kFloat || x.numel() == 0) return nullptr;
+  QuantKernels* k = quant_kernels(x.device().type());
+  if (!k || !scale.defined()) return nullptr;
+  const ParamLayout l = param_layout(x, spec);
+  if (scale.numel() != l.params()) return nullptr;
+  if (spec.per_channel && spec.group_size == 0 && scale.dim() == 0) return nullptr;
+  return k;
+}
+
+QuantArgs make_args(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point, const QSpec& spec) {
+  QuantArgs a;
+  a.x = x.detach().contiguous();
+  a.scale = scale.detach().to(x.device(), at::kFloat).contiguous().reshape({-1});
+  a.zero_point = zero_point.detach().to(x.device(), at::kFloat).contiguous().reshape({-1});
+  a.layout = param_layout(x, spec);
+  a.qmin = spec.qmin();
+  a.qmax = spec.qmax();
+  return a;
+}
+
+// QuantArgs travel to backward as saved tensors plus these integers.
+void save_args(AutogradContext* ctx, const QuantArgs& a, std::vector<at::Tensor> extra = {}) {
+  extra.insert(extra.begin(), {a.x, a.scale, a.zero_point});
+  ctx->save_for_backward(extra);
+  ctx->saved_data["kind"] = static_cast<std::int64_t>(a.layout.kind);
+  ctx->saved_data["outer"] = a.layout.outer;
+  ctx->saved_data["n"] = a.layout.n;
+  ctx->saved_data["inner"] = a.layout.inner;
+  ctx->saved_data["group"] = a.layout.group;
+  ctx->saved_data["qmin"] = a.qmin;
+  ctx->saved_data["qmax"] = a.qmax;
+}
+QuantArgs load_args(AutogradContext* ctx, std::vector<at::Tensor>* extra) {
+  variable_list saved = ctx->get_saved_variables();
+  QuantArgs a;
+  a.x = saved[0];
+  a.scale = saved[1];
+  a.zero_point = saved[2];
+  a.layout.kind = static_cast<ParamLayout::Kind>(ctx->saved_data["kind"].toInt());
+  a.layout.outer = ctx->saved_data["outer"].toInt();
+  a.layout.n = ctx->saved_data["n"].toInt();
+  a.layout.inner = ctx->saved_data["inner"].toInt();
+  a.layout.group = ctx->saved_data["group"].toInt();
+  a.qmin = ctx->saved_data["qmin"].toInt();
+  a.qmax = ctx->saved_data["qmax"].toInt();
+  if (extra) extra->assign(saved.begin() + 3, saved.end());
+  return a;
+}
+QuantKernels* kernels_of(const QuantArgs& a) { return quant_kernels(a.x.device().type()); }
+
+// Straight-through fake quantization with a fused backward; gradient for x only.
+struct FakeQuantizeFn : torch::autograd::Function<FakeQuantizeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, QuantArgs args) {
+    save_args(ctx, args);
+    return kernels_of(args)->fake_quantize(args);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    QuantArgs a = load_args(ctx, nullptr);
+    return {kernels_of(a)->fake_quantize_backward(grads[0].contiguous(), a), at::Tensor()};
+  }
+};
+
+struct LsqFn : torch::autograd::Function<LsqFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point,
+                            QuantArgs args) {
+    save_args(ctx, args);
+    ctx->saved_data["scale_shape"] = scale.sizes().vec();
+    ctx->saved_data["zp_shape"] = zero_point.sizes().vec();
+    ctx->saved_data["zp_grad"] = zero_point.requires_grad();
+    return kernels_of(args)->lsq_forward(args);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    QuantArgs a = load_args(ctx, nullptr);
+    auto [gx, gs, gz] = kernels_of(a)->lsq_backward(grads[0].contiguous(), a);
+    gs = gs.reshape(ctx->saved_data["scale_shape"].toIntVector());
+    gz = ctx->saved_data["zp_grad"].toBool() ? gz.reshape(ctx->saved_data["zp_shape"].toIntVector()) : at::Tensor();
+    return {gx, gs, gz, at::Tensor()};
+  }
+};
+
+struct SoftRoundFn : torch::autograd::Function<SoftRoundFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& v, QuantArgs args, double zeta, double gamma) {
+    at::Tensor vc = v.detach().contiguous();
+    save_args(ctx, args, {vc});
+    ctx->saved_data["zeta"] = zeta;
+    ctx->saved_data["gamma"] = gamma;
+    return kernels_of(args)->soft_round_forward(args, vc, zeta, gamma);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    std::vector<at::Tensor> extra;
+    QuantArgs a = load_args(ctx, &extra);
+    const double zeta = ctx->saved_data["zeta"].toDouble(), gamma = ctx->saved_data["gamma"].toDouble();
+    return {kernels_of(a)->soft_round_backward(grads[0].contiguous(), a, extra[0], zeta, gamma), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+}  // namespace
+
 at::Tensor quantize_to_int(const at::Tensor& x, const QParams& p, const QSpec& spec) {
+  if (QuantKernels* k = kernels_for(x, p.scale, spec)) return k->quantize_to_int(make_args(x, p.scale, p.zero_point, spec));
   // Same float32 arithmetic as fake_quantize, so exported integers equal the simulation's.
   at::Tensor s = broadcastable(p.scale.to(x.device(), at::kFloat), x, spec);
   at::Tensor zp = broadcastable(p.zero_point.to(x.device(), at::kFloat), x, spec);
@@ -133,6 +308,13 @@ at::Tensor quantize_to_int(const at::Tensor& x, const QParams& p, const QSpec& s
 }
 
 at::Tensor fake_quantize(const at::Tensor& x, const QParams& p, const QSpec& spec) {
+  const bool param_grad = p.scale.requires_grad() || p.zero_point.requires_grad();
+  if (!param_grad) {
+    if (QuantKernels* k = kernels_for(x, p.scale, spec)) {
+      QuantArgs a = make_args(x, p.scale, p.zero_point, spec);
+      return x.requires_grad() ? FakeQuantizeFn::apply(x, std::move(a)) : k->fake_quantize(a);
+    }
+  }
   at::Tensor s = broadcastable(p.scale.to(x.device(), x.scalar_type()), x, spec);
   at::Tensor zp = broadcastable(p.zero_point.to(x.device(), x.scalar_type()), x, spec);
   at::Tensor q = at::round(x.detach() / s) + zp;
@@ -142,6 +324,58 @@ at::Tensor fake_quantize(const at::Tensor& x, const QParams& p, const QSpec& spe
   // exactly as torch.fake_quantize_per_*_affine.
   at::Tensor inside = at::logical_and(q >= double(spec.qmin()), q <= double(spec.qmax())).to(x.scalar_type());
   return fq + (x - x.detach()) * inside;
+}
+
+at::Tensor lsq_fake_quantize(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point, const QSpec& spec) {
+  if (kernels_for(x, scale, spec) && zero_point.numel() == scale.numel())
+    return LsqFn::apply(x, scale, zero_point, make_args(x, scale, zero_point, spec));
+  const at::Tensor s = broadcastable(scale.to(x.device()), x, spec);
+  const at::Tensor zp = broadcastable(zero_point.to(x.device(), x.scalar_type()), x, spec);
+  const at::Tensor v = at::clamp(x / s + zp, double(spec.qmin()), double(spec.qmax()));
+  return (v + (at::round(v) - v).detach() - zp) * s;
+}
+
+at::Tensor soft_round_quantize(const at::Tensor& x, const at::Tensor& v, const QParams& p, const QSpec& spec, double zeta,
+                               double gamma) {
+  if (kernels_for(x, p.scale, spec) && v.sizes() == x.sizes() && v.scalar_type() == at::kFloat &&
+      v.device() == x.device())
+    return SoftRoundFn::apply(v, make_args(x, p.scale, p.zero_point, spec), zeta, gamma);
+  const at::Tensor s = broadcastable(p.scale.to(x.device(), x.scalar_type()), x, spec);
+  const at::Tensor zp = broadcastable(p.zero_point.to(x.device(), x.scalar_type()), x, spec);
+  const at::Tensor h = at::clamp(at::sigmoid(v) * (zeta - gamma) + gamma, 0, 1);
+  const at::Tensor q = at::clamp(at::floor(x.detach() / s) + h + zp, double(spec.qmin()), double(spec.qmax()));
+  return (q - zp) * s;
+}
+
+std::pair<at::Tensor, at::Tensor> range_per_param(const at::Tensor& x_in, const QSpec& spec) {
+  at::Tensor x = x_in.detach();
+  if (!x.is_floating_point()) x = x.to(at::kFloat);
+  const std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end());
+  if (x.scalar_type() == at::kFloat && x.numel() > 0) {
+    if (QuantKernels* k = quant_kernels(x.device().type())) {
+      auto [lo, hi] = k->range_per_param(x.contiguous(), param_layout(x, spec));
+      // Kernels return parameter order (Note [Parameter layout]), not quant_rows' row order.
+      const std::vector<std::int64_t> pshape = spec.group_size > 0 ? group_param_shape(x, spec)
+                                               : spec.per_channel   ? std::vector<std::int64_t>{-1}
+                                                                    : std::vector<std::int64_t>{};
+      return {lo.reshape(pshape), hi.reshape(pshape)};
+    }
+  }
+  at::Tensor lo, hi;
+  std::tie(lo, hi) = at::aminmax(quant_rows(x, spec), 1);
+  return {rows_to_params(lo.to(at::kFloat), shape, spec), rows_to_params(hi.to(at::kFloat), shape, spec)};
+}
+
+at::Tensor histogram_counts(const at::Tensor& rows, double range, std::int64_t bins) {
+  if (rows.dim() != 2) throw Error("histogram_counts: rows must be [C, N], got shape " + c10::str(rows.sizes()));
+  if (bins < 2 || !(range > 0)) throw Error("histogram_counts: needs bins >= 2 and range > 0");
+  if (rows.scalar_type() == at::kFloat && rows.numel() > 0)
+    if (QuantKernels* k = quant_kernels(rows.device().type())) return k->histogram_counts(rows.contiguous(), range, bins);
+  const std::int64_t channels = rows.size(0);
+  const double width = 2 * range / double(bins);
+  at::Tensor idx = at::floor((rows.detach().to(at::kDouble) + range) / width).clamp(0, bins - 1).to(at::kLong);
+  idx = idx + at::arange(channels, idx.options()).unsqueeze(1) * bins;
+  return at::bincount(idx.reshape({-1}), {}, channels * bins).reshape({channels, bins});
 }
 
 }  // namespace sparsebit

@@ -37,6 +37,7 @@ struct Registry::Tables {
   std::map<std::string, Entry<PassFactory>> passes;
   std::map<std::string, Entry<SparserFactory>> sparsers;
   std::map<std::string, Entry<BackendFactory>> backends;
+  std::map<std::string, Entry<KernelsFactory>> kernels;  // key: device type, "cuda"
 };
 
 namespace {
@@ -69,6 +70,9 @@ class StagingRegistrar final : public Registrar {
   }
   void add_backend_factory(const std::string& name, BackendFactory f) override {
     put(staged.backends, "backend", name, std::move(f));
+  }
+  void add_kernels_factory(const std::string& device, KernelsFactory f) override {
+    put(staged.kernels, "kernels", device, std::move(f));
   }
 
  private:
@@ -249,8 +253,18 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
                                clash(tables_->quantizers, staging.staged.quantizers, "quantizer"),
                                clash(tables_->passes, staging.staged.passes, "pass"),
                                clash(tables_->sparsers, staging.staged.sparsers, "sparser"),
-                               clash(tables_->backends, staging.staged.backends, "backend")}) {
+                               clash(tables_->backends, staging.staged.backends, "backend"),
+                               clash(tables_->kernels, staging.staged.kernels, "kernels")}) {
     if (!c.empty()) return refuse("duplicate", "plugin '" + rec.name + "' (" + path + "): " + c);
+  }
+  // Kernels are made now, so a plugin whose kernels cannot start is refused like any other.
+  std::vector<std::pair<c10::DeviceType, std::shared_ptr<QuantKernels>>> kernels;
+  for (const auto& kv : staging.staged.kernels) {
+    try {
+      kernels.emplace_back(c10::Device(kv.first).type(), std::shared_ptr<QuantKernels>(kv.second.factory()));
+    } catch (const std::exception& e) {
+      return refuse("register", "plugin '" + rec.name + "': its kernels for '" + kv.first + "' failed to start: " + e.what());
+    }
   }
   auto commit = [&](auto& committed, auto& staged) {
     for (auto& kv : staged) {
@@ -265,6 +279,8 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
   commit(tables_->passes, staging.staged.passes);
   commit(tables_->sparsers, staging.staged.sparsers);
   commit(tables_->backends, staging.staged.backends);
+  commit(tables_->kernels, staging.staged.kernels);
+  for (auto& [device, k] : kernels) install_quant_kernels(device, std::move(k), rec.name);
   rec.registered = std::move(staging.names);
   rec.status = PluginRecord::Status::kLoaded;
   loaded_libraries().push_back(std::move(lib));
@@ -298,6 +314,7 @@ std::vector<std::string> Registry::names(const std::string& kind) const {
   else if (kind == "pass") keys(tables_->passes);
   else if (kind == "sparser") keys(tables_->sparsers);
   else if (kind == "backend") keys(tables_->backends);
+  else if (kind == "kernels") keys(tables_->kernels);
   return out;
 }
 

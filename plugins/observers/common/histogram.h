@@ -53,11 +53,7 @@ class StreamingHistogram {
     if (range_ == 0) range_ = amax > 0 ? amax : 1e-12;
     while (amax > range_) grow();
     // Bin index of each value; the right edge R belongs to the last bin.
-    const double width = 2 * range_ / double(bins_);
-    at::Tensor idx = at::floor((x.to(at::kDouble) + range_) / width).clamp(0, bins_ - 1).to(at::kLong);
-    idx = idx + at::arange(channels, idx.options()).unsqueeze(1) * bins_;
-    at::Tensor added = at::bincount(idx.reshape({-1}), {}, channels * bins_).to(at::kCPU, at::kDouble);
-    counts_ += added.reshape({channels, bins_});
+    counts_ += histogram_counts(x, range_, bins_).to(at::kCPU, at::kDouble);
   }
 
   bool empty() const { return !counts_.defined(); }

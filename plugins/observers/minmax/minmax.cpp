@@ -23,11 +23,7 @@ class MinMaxObserver final : public Observer {
         throw Error(where_ + ": channel axis " + std::to_string(spec_.channel_axis) + " does not exist in a tensor of shape " +
                     c10::str(x.sizes()));
     }
-    shape_.assign(x.sizes().begin(), x.sizes().end());
-    at::Tensor lo, hi;
-    std::tie(lo, hi) = at::aminmax(quant_rows(x, spec_), 1);  // one row per scale
-    lo = lo.to(at::kFloat);
-    hi = hi.to(at::kFloat);
+    auto [lo, hi] = range_per_param(x, spec_);  // parameter-shaped; device kernels when registered
     if (!min_.defined()) {
       min_ = lo;
       max_ = hi;
@@ -42,7 +38,7 @@ class MinMaxObserver final : public Observer {
 
   QParams compute() override {
     if (!min_.defined()) throw Error(where_ + ": nothing was observed (is the calibration data empty?)");
-    return qparams_from_range(rows_to_params(min_, shape_, spec_), rows_to_params(max_, shape_, spec_), spec_, where_);
+    return qparams_from_range(min_, max_, spec_, where_);
   }
 
   void reset() override {
@@ -53,7 +49,6 @@ class MinMaxObserver final : public Observer {
  private:
   QSpec spec_;
   std::string where_;
-  std::vector<std::int64_t> shape_;
   at::Tensor min_, max_;
 };
 

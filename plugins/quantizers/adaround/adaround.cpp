@@ -71,10 +71,11 @@ class AdaRoundQuantizer final : public Quantizer {
       throw Error(where_ + ": adaround learnt the rounding of a weight of shape " + c10::str(v_.sizes()) +
                   ", got shape " + c10::str(x.sizes()));
     }
+    if (state_ == State::kSoft) return soft_round_quantize(x, v_, params_, spec_, kZeta, kGamma);
     const at::Tensor s = expand_param(params_.scale.to(x.scalar_type()), x, spec_);
     const at::Tensor zp = expand_param(params_.zero_point.to(x.scalar_type()), x, spec_);
-    const at::Tensor h = state_ == State::kSoft ? rectified_sigmoid(v_) : (v_ >= 0).to(x.scalar_type());
-    const at::Tensor q = at::clamp(at::floor(x.detach() / s) + h + zp, double(spec_.qmin()), double(spec_.qmax()));
+    const at::Tensor q = at::clamp(at::floor(x.detach() / s) + (v_ >= 0).to(x.scalar_type()) + zp, double(spec_.qmin()),
+                                   double(spec_.qmax()));
     return (q - zp) * s;
   }
 

@@ -46,10 +46,8 @@ class LsqQuantizer final : public Quantizer {
     }
     const double per_scale = double(x.numel()) / double(std::max<std::int64_t>(scale_.numel(), 1));
     // Clamped as qparams() clamps it, so a scale trained below the minimum simulates what exports.
-    at::Tensor s = along_channel(grad_scale(scale_, 1.0 / std::sqrt(per_scale * qmax)).clamp_min(kMinScale), x, spec_);
-    at::Tensor zp = along_channel(zero_point_.to(x.scalar_type()), x, spec_);
-    at::Tensor v = at::clamp(x / s + zp, qmin, qmax);
-    return (round_ste(v) - zp) * s;
+    at::Tensor s = grad_scale(scale_, 1.0 / std::sqrt(per_scale * qmax)).clamp_min(kMinScale);
+    return lsq_fake_quantize(x, s, zero_point_.to(x.scalar_type()), spec_);
   }
 
   QParams qparams() const override { return {scale_.detach().clamp_min(kMinScale), zero_point_}; }

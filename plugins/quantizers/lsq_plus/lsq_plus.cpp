@@ -49,9 +49,9 @@ class LsqPlusQuantizer final : public Quantizer {
     const double qmax = double(spec_.qmax()), qmin = double(spec_.qmin());
     const double per_scale = double(x.numel()) / double(std::max<std::int64_t>(scale_.numel(), 1));
     // Clamped as qparams() clamps it, so a scale trained below the minimum simulates what exports.
-    at::Tensor s = along_channel(grad_scale(scale_, 1.0 / std::sqrt(per_scale * qmax)).clamp_min(kMinScale), x, spec_);
-    at::Tensor z = along_channel(round_ste(-beta_ / scale_.detach().clamp_min(kMinScale)).clamp(qmin, qmax), x, spec_);
-    return (round_ste(at::clamp(x / s + z, qmin, qmax)) - z) * s;
+    at::Tensor s = grad_scale(scale_, 1.0 / std::sqrt(per_scale * qmax)).clamp_min(kMinScale);
+    at::Tensor z = round_ste(-beta_ / scale_.detach().clamp_min(kMinScale)).clamp(qmin, qmax);
+    return lsq_fake_quantize(x, s, z, spec_);
   }
 
   QParams qparams() const override {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sparsebit/sdk/export.h"
@@ -83,5 +84,25 @@ SPARSEBIT_API at::Tensor fake_quantize(const at::Tensor& x, const QParams& p, co
 
 /// The integer values q (int32) of Note [Quantization arithmetic]; export writes these.
 SPARSEBIT_API at::Tensor quantize_to_int(const at::Tensor& x, const QParams& p, const QSpec& spec);
+
+/// LSQ's simulation: v = clamp(x / s + zp, qmin, qmax), y = (round(v) - zp) * s with a
+/// straight-through round; differentiable in x, scale and zero_point (parameter-shaped tensors
+/// as QParams holds them, float). dy/ds = round(v) - zp - x/s inside the range, qmin - zp or
+/// qmax - zp outside; dy/dzp = 0 inside, -s outside.
+SPARSEBIT_API at::Tensor lsq_fake_quantize(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point,
+                                           const QSpec& spec);
+
+/// AdaRound's soft rounding: h = clamp(sigmoid(v) * (zeta - gamma) + gamma, 0, 1),
+/// y = (clamp(floor(x / s) + h + zp, qmin, qmax) - zp) * s; differentiable in v only.
+SPARSEBIT_API at::Tensor soft_round_quantize(const at::Tensor& x, const at::Tensor& v, const QParams& p,
+                                             const QSpec& spec, double zeta, double gamma);
+
+/// Minimum and maximum of x over what each parameter covers, float32 and parameter-shaped
+/// (0-dim per tensor, [C] per channel, group_param_shape per group).
+SPARSEBIT_API std::pair<at::Tensor, at::Tensor> range_per_param(const at::Tensor& x, const QSpec& spec);
+
+/// Counts [C, bins] (int64, on rows' device) of floor((double(x) + range) / width) clamped to
+/// [0, bins - 1], width = 2 range / bins, for rows [C, N]: one histogram update.
+SPARSEBIT_API at::Tensor histogram_counts(const at::Tensor& rows, double range, std::int64_t bins);
 
 }  // namespace sparsebit

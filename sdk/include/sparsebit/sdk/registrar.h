@@ -9,6 +9,7 @@
 #include <string>
 
 #include "sparsebit/sdk/backend.h"
+#include "sparsebit/sdk/kernels.h"
 #include "sparsebit/sdk/observer.h"
 #include "sparsebit/sdk/op.h"
 #include "sparsebit/sdk/pass.h"
@@ -23,6 +24,7 @@ using QuantizerFactory = std::function<std::unique_ptr<Quantizer>(const Quantize
 using PassFactory = std::function<std::unique_ptr<Pass>()>;
 using SparserFactory = std::function<std::unique_ptr<Sparser>(const SparserContext&)>;
 using BackendFactory = std::function<std::unique_ptr<Backend>()>;
+using KernelsFactory = std::function<std::unique_ptr<QuantKernels>()>;
 
 class Registrar {
  public:
@@ -62,12 +64,20 @@ class Registrar {
     add_backend_factory(name, []() -> std::unique_ptr<Backend> { return std::make_unique<T>(); });
   }
 
+  /// Kernels for tensors on `device` (Note [Device kernels]); registry name "kernels:cuda" etc.
+  template <class T>
+  void add_kernels(c10::DeviceType device) {
+    add_kernels_factory(c10::DeviceTypeName(device, /*lower_case=*/true),
+                        []() -> std::unique_ptr<QuantKernels> { return std::make_unique<T>(); });
+  }
+
   virtual void add_op_factory(const std::string& op_type, const std::string& domain, OpFactory f) = 0;
   virtual void add_observer_factory(const std::string& name, ObserverFactory f) = 0;
   virtual void add_quantizer_factory(const std::string& name, QuantizerFactory f) = 0;
   virtual void add_pass_factory(const std::string& name, PassFactory f) = 0;
   virtual void add_sparser_factory(const std::string& name, SparserFactory f) = 0;
   virtual void add_backend_factory(const std::string& name, BackendFactory f) = 0;
+  virtual void add_kernels_factory(const std::string& device, KernelsFactory f) = 0;
 };
 
 }  // namespace sparsebit

@@ -1,0 +1,603 @@
+// CUDA kernels for the quantization arithmetic of sparsebit/sdk/quant.h.
+//
+// Bit-exactness: every float operation the reference (ATen) performs is done here with the
+// same IEEE-rounded intrinsic in the same order (__fdiv_rn, __fadd_rn, __fmul_rn; rintf is
+// round half to even), and nothing is contracted into a fused multiply-add (also --fmad=false),
+// so the quantized integers equal the CPU's for every finite input.
+//
+// Element-wise kernels read and write 4 consecutive floats per thread per step (16-byte
+// vectors when every pointer is aligned) in a grid-stride loop. Reductions to per-parameter
+// values (LSQ's scale and zero-point gradients, min/max) keep a running value per thread while
+// its parameter stays the same, combine contiguous runs of lanes with the same parameter by
+// warp shuffles, and only then apply one atomic per run (Note [Warp runs]).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "quant_kernels.h"
+
+namespace sparsebit::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVec = 4;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+void check_launch(const char* kernel) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + kernel + ": " + cudaGetErrorString(e));
+}
+
+int multiprocessors() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
+    return 80;
+  return count;
+}
+
+// Blocks for `items` work items of kVec elements: enough to fill every multiprocessor several
+// times, no more (the grid-stride loop covers the rest).
+unsigned blocks_for(std::int64_t numel) {
+  const std::int64_t items = (numel + kVec - 1) / kVec;
+  const std::int64_t wanted = (items + kThreads - 1) / kThreads;
+  const std::int64_t cap = std::int64_t(multiprocessors()) * 16;
+  return unsigned(wanted < 1 ? 1 : wanted > cap ? cap : wanted);
+}
+
+// Division by a runtime constant. 32-bit: multiply-high and shift (Granlund & Montgomery), valid
+// for dividends below 2^31, which is when the 32-bit kernels are used.
+template <typename I>
+struct Divider;
+template <>
+struct Divider<std::uint32_t> {
+  std::uint32_t d = 1, m = 1, s = 0;
+  Divider() = default;
+  explicit Divider(std::uint32_t divisor) : d(divisor) {
+    while ((std::uint64_t{1} << s) < d) ++s;
+    m = std::uint32_t(((std::uint64_t{1} << 32) * ((std::uint64_t{1} << s) - d)) / d + 1);
+  }
+  __device__ __forceinline__ std::uint32_t div(std::uint32_t x) const { return (__umulhi(x, m) + x) >> s; }
+};
+template <>
+struct Divider<std::uint64_t> {
+  std::uint64_t d = 1;
+  Divider() = default;
+  explicit Divider(std::uint64_t divisor) : d(divisor) {}
+  __device__ __forceinline__ std::uint64_t div(std::uint64_t x) const { return x / d; }
+};
+
+// Note [Parameter layout] of sparsebit/sdk/kernels.h.
+template <typename I>
+struct ParamIndex {
+  int kind = Layout::kTensor;
+  Divider<I> inner, n, group;
+  I blocks = 1;  // ceil(n / group)
+  ParamIndex() = default;
+  explicit ParamIndex(const Layout& l)
+      : kind(l.kind), inner(I(l.inner)), n(I(l.n)), group(I(l.kind == Layout::kGroup ? l.group : 1)),
+        blocks(I(l.kind == Layout::kGroup ? (l.n + l.group - 1) / l.group : 1)) {}
+  __device__ __forceinline__ I operator()(I e) const {
+    if (kind == Layout::kTensor) return 0;
+    const I row = inner.div(e);
+    const I o = n.div(row);
+    const I k = row - o * n.d;
+    if (kind == Layout::kChannel) return k;
+    return (o * blocks + group.div(k)) * inner.d + (e - row * inner.d);
+  }
+};
+
+template <bool kAligned, typename I, typename T>
+__device__ __forceinline__ void load4(const T* p, I e, I numel, T (&v)[kVec]) {
+  if (kAligned && e + kVec <= numel) {
+    static_assert(sizeof(T) == 4, "4-byte elements");
+    const float4 t = *reinterpret_cast<const float4*>(p + e);
+    const T* u = reinterpret_cast<const T*>(&t);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v[j] = u[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v[j] = e + j < numel ? p[e + j] : T(0);
+  }
+}
+
+template <bool kAligned, typename I, typename T>
+__device__ __forceinline__ void store4(T* p, I e, I numel, const T (&v)[kVec]) {
+  if (kAligned && e + kVec <= numel) {
+    float4 t;
+    T* u = reinterpret_cast<T*>(&t);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) u[j] = v[j];
+    *reinterpret_cast<float4*>(p + e) = t;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      if (e + j < numel) p[e + j] = v[j];
+  }
+}
+
+// clamp as ATen's: NaN stays NaN.
+__device__ __forceinline__ float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+struct Params {
+  const float* scale;
+  const float* zero_point;
+  float qmin, qmax;
+};
+
+// --- fake quantization, straight-through backward, integers -----------------------------------
+
+template <bool kAligned, typename I>
+__global__ void fake_quantize_kernel(const float* x, float* y, I numel, ParamIndex<I> pidx, Params P) {
+  const I stride = I(gridDim.x) * blockDim.x * kVec;
+  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
+    float v[kVec], out[kVec];
+    load4<kAligned>(x, e, numel, v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const I p = pidx(e + j < numel ? e + j : e);
+      const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
+      const float q = clampf(__fadd_rn(rintf(__fdiv_rn(v[j], s)), zp), P.qmin, P.qmax);
+      out[j] = __fmul_rn(__fsub_rn(q, zp), s);
+    }
+    store4<kAligned>(y, e, numel, out);
+  }
+}
+
+template <bool kAligned, typename I>
+__global__ void fake_quantize_backward_kernel(const float* x, const float* g, float* gx, I numel, ParamIndex<I> pidx,
+                                              Params P) {
+  const I stride = I(gridDim.x) * blockDim.x * kVec;
+  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
+    float v[kVec], gv[kVec], out[kVec];
+    load4<kAligned>(x, e, numel, v);
+    load4<kAligned>(g, e, numel, gv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const I p = pidx(e + j < numel ? e + j : e);
+      const float q = __fadd_rn(rintf(__fdiv_rn(v[j], __ldg(P.scale + p))), __ldg(P.zero_point + p));
+      out[j] = (q >= P.qmin && q <= P.qmax) ? gv[j] : 0.0f;
+    }
+    store4<kAligned>(gx, e, numel, out);
+  }
+}
+
+template <bool kAligned, typename I>
+__global__ void quantize_to_int_kernel(const float* x, std::int32_t* q, I numel, ParamIndex<I> pidx, Params P,
+                                       long long qmin, long long qmax) {
+  const I stride = I(gridDim.x) * blockDim.x * kVec;
+  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
+    float v[kVec];
+    std::int32_t out[kVec];
+    load4<kAligned>(x, e, numel, v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const I p = pidx(e + j < numel ? e + j : e);
+      const float f = __fadd_rn(rintf(__fdiv_rn(v[j], __ldg(P.scale + p))), __ldg(P.zero_point + p));
+      // Through int64 as the reference: float32 cannot hold the int32 bounds of 32-bit ranges.
+      long long i = isnan(f) ? qmin : __float2ll_rz(f);
+      i = i < qmin ? qmin : (i > qmax ? qmax : i);
+      out[j] = std::int32_t(i);
+    }
+    store4<kAligned>(q, e, numel, out);
+  }
+}
+
+// --- LSQ --------------------------------------------------------------------------------------
+
+template <bool kAligned, typename I>
+__global__ void lsq_forward_kernel(const float* x, float* y, I numel, ParamIndex<I> pidx, Params P) {
+  const I stride = I(gridDim.x) * blockDim.x * kVec;
+  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
+    float v[kVec], out[kVec];
+    load4<kAligned>(x, e, numel, v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const I p = pidx(e + j < numel ? e + j : e);
+      const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
+      const float c = clampf(__fadd_rn(__fdiv_rn(v[j], s), zp), P.qmin, P.qmax);
+      out[j] = __fmul_rn(__fsub_rn(rintf(c), zp), s);
+    }
+    store4<kAligned>(y, e, numel, out);
+  }
+}
+
+// Note [Warp runs]
+// Lanes of a warp cover consecutive elements, so lanes that share a parameter form contiguous
+// runs. Each lane combines the values of the lanes after it in its run (a shuffle tree bounded
+// by the run's end); the first lane of each run then holds the run's total and applies it. A
+// lane with parameter `none` holds nothing. Every lane of the warp must call this together.
+template <typename I, class Combine, class Apply>
+__device__ __forceinline__ void warp_flush(I p, float a, float b, Combine combine, Apply apply) {
+  const unsigned lane = threadIdx.x & 31u;
+  const I before = __shfl_up_sync(kFullMask, p, 1);
+  const bool head = lane == 0 || before != p;
+  const unsigned heads = __ballot_sync(kFullMask, head);
+  const unsigned later = heads & ~((2u << lane) - 1u);
+  const unsigned end = later ? unsigned(__ffs(int(later)) - 1) : 32u;
+#pragma unroll
+  for (unsigned off = 1; off < 32; off <<= 1) {
+    const float oa = __shfl_down_sync(kFullMask, a, off);
+    const float ob = __shfl_down_sync(kFullMask, b, off);
+    if (lane + off < end) combine(a, b, oa, ob);
+  }
+  if (head && p != ~I(0)) apply(p, a, b);
+}
+
+struct Sum {
+  __device__ void operator()(float& a, float& b, float oa, float ob) const {
+    a += oa;
+    b += ob;
+  }
+};
+struct MinMax {
+  __device__ void operator()(float& a, float& b, float oa, float ob) const {
+    a = fminf(a, oa);
+    b = fmaxf(b, ob);
+  }
+};
+
+struct AddTo {
+  float* first;
+  float* second;
+  template <typename I>
+  __device__ void operator()(I p, float a, float b) const {
+    atomicAdd(first + p, a);
+    if (second) atomicAdd(second + p, b);
+  }
+};
+
+// Float min/max through integer atomics: non-negative floats order as signed ints, negative
+// ones reversed as unsigned ints.
+__device__ __forceinline__ void atomic_min(float* addr, float v) {
+  if (!(v < 0.0f)) atomicMin(reinterpret_cast<int*>(addr), __float_as_int(v));
+  else atomicMax(reinterpret_cast<unsigned*>(addr), __float_as_uint(v));
+}
+__device__ __forceinline__ void atomic_max(float* addr, float v) {
+  if (!(v < 0.0f)) atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
+  else atomicMin(reinterpret_cast<unsigned*>(addr), __float_as_uint(v));
+}
+struct MinMaxTo {
+  float* lo;
+  float* hi;
+  template <typename I>
+  __device__ void operator()(I p, float a, float b) const {
+    atomic_min(lo + p, a);
+    atomic_max(hi + p, b);
+  }
+};
+
+// Per-parameter reduction driver: for each 4-element item, `item(e, p_out, a, b)` returns the
+// item's parameter (or none when its elements span several, having applied them itself) and
+// its values; equal parameters accumulate in registers, and warps flush on a change.
+template <typename I, class Item, class Combine, class Apply>
+__device__ __forceinline__ void reduce_items(I numel, Item item, Combine combine, Apply apply, float ia, float ib) {
+  const I none = ~I(0);
+  const unsigned lane = threadIdx.x & 31u;
+  const I stride = I(gridDim.x) * blockDim.x * kVec;
+  I cp = none;
+  float ca = ia, cb = ib;
+  for (I base = (I(blockIdx.x) * blockDim.x + (threadIdx.x & ~31u)) * kVec; base < numel; base += stride) {
+    const I e = base + I(lane) * kVec;
+    I p = none;
+    float a = ia, b = ib;
+    if (e < numel) item(e, p, a, b);
+    if (__any_sync(kFullMask, p != cp)) {
+      warp_flush(cp, ca, cb, combine, apply);
+      cp = p;
+      ca = a;
+      cb = b;
+    } else {
+      combine(ca, cb, a, b);
+    }
+  }
+  warp_flush(cp, ca, cb, combine, apply);
+}
+
+template <bool kAligned, typename I>
+struct LsqBackwardItem {
+  const float *x, *g;
+  float* gx;
+  I numel;
+  ParamIndex<I> pidx;
+  Params P;
+  AddTo direct;
+  __device__ void operator()(I e, I& p_out, float& a, float& b) const {
+    float v[kVec], gv[kVec], out[kVec], ds[kVec], dz[kVec];
+    I ps[kVec];
+    load4<kAligned>(x, e, numel, v);
+    load4<kAligned>(g, e, numel, gv);
+    bool same = true;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      ps[j] = pidx(e + j < numel ? e + j : e);
+      same = same && ps[j] == ps[0];
+      const float s = __ldg(P.scale + ps[j]), zp = __ldg(P.zero_point + ps[j]);
+      const float xs = __fdiv_rn(v[j], s);
+      const float u = __fadd_rn(xs, zp);
+      const bool inside = u >= P.qmin && u <= P.qmax;
+      const float c = clampf(u, P.qmin, P.qmax);
+      out[j] = inside ? gv[j] : 0.0f;
+      // dy/ds = round(v) - zp - x/s inside, (clamped bound) - zp outside; dy/dzp = -s outside.
+      const float local = inside ? rintf(u) - zp - xs : c - zp;
+      const bool valid = e + j < numel;
+      ds[j] = valid ? gv[j] * local : 0.0f;
+      dz[j] = valid && !inside ? -gv[j] * s : 0.0f;
+    }
+    store4<kAligned>(gx, e, numel, out);
+    if (same) {
+      p_out = ps[0];
+      a = (ds[0] + ds[1]) + (ds[2] + ds[3]);
+      b = (dz[0] + dz[1]) + (dz[2] + dz[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j)
+        if (e + j < numel) direct(ps[j], ds[j], dz[j]);
+    }
+  }
+};
+
+template <bool kAligned, typename I>
+__global__ void lsq_backward_kernel(LsqBackwardItem<kAligned, I> item) {
+  reduce_items(item.numel, item, Sum{}, item.direct, 0.0f, 0.0f);
+}
+
+// --- AdaRound soft rounding -------------------------------------------------------------------
+
+struct Soft {
+  float zeta_minus_gamma, gamma;
+};
+
+template <bool kAligned, typename I>
+__global__ void soft_round_forward_kernel(const float* x, const float* vv, float* y, I numel, ParamIndex<I> pidx,
+                                          Params P, Soft r) {
+  const I stride = I(gridDim.x) * blockDim.x * kVec;
+  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
+    float xv[kVec], v[kVec], out[kVec];
+    load4<kAligned>(x, e, numel, xv);
+    load4<kAligned>(vv, e, numel, v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const I p = pidx(e + j < numel ? e + j : e);
+      const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
+      const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v[j])));
+      const float h = clampf(__fadd_rn(__fmul_rn(sig, r.zeta_minus_gamma), r.gamma), 0.0f, 1.0f);
+      const float q = clampf(__fadd_rn(__fadd_rn(floorf(__fdiv_rn(xv[j], s)), h), zp), P.qmin, P.qmax);
+      out[j] = __fmul_rn(__fsub_rn(q, zp), s);
+    }
+    store4<kAligned>(y, e, numel, out);
+  }
+}
+
+template <bool kAligned, typename I>
+__global__ void soft_round_backward_kernel(const float* x, const float* vv, const float* g, float* gv, I numel,
+                                           ParamIndex<I> pidx, Params P, Soft r) {
+  const I stride = I(gridDim.x) * blockDim.x * kVec;
+  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
+    float xv[kVec], v[kVec], gr[kVec], out[kVec];
+    load4<kAligned>(x, e, numel, xv);
+    load4<kAligned>(vv, e, numel, v);
+    load4<kAligned>(g, e, numel, gr);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const I p = pidx(e + j < numel ? e + j : e);
+      const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
+      const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v[j])));
+      const float pre = __fadd_rn(__fmul_rn(sig, r.zeta_minus_gamma), r.gamma);
+      const float h = clampf(pre, 0.0f, 1.0f);
+      const float q = __fadd_rn(__fadd_rn(floorf(__fdiv_rn(xv[j], s)), h), zp);
+      const bool pass = pre >= 0.0f && pre <= 1.0f && q >= P.qmin && q <= P.qmax;
+      // Chain rule in the reference's order: * s (scale), * (zeta - gamma), sigmoid'.
+      out[j] = pass ? __fmul_rn(__fmul_rn(__fmul_rn(gr[j], s), r.zeta_minus_gamma), __fmul_rn(__fsub_rn(1.0f, sig), sig))
+                    : 0.0f;
+    }
+    store4<kAligned>(gv, e, numel, out);
+  }
+}
+
+// --- observers --------------------------------------------------------------------------------
+
+template <bool kAligned, typename I>
+struct RangeItem {
+  const float* x;
+  I numel;
+  ParamIndex<I> pidx;
+  MinMaxTo direct;
+  int* nan_seen;
+  __device__ void operator()(I e, I& p_out, float& a, float& b) const {
+    float v[kVec];
+    I ps[kVec];
+    load4<kAligned>(x, e, numel, v);
+    bool same = true;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      ps[j] = pidx(e + j < numel ? e + j : e);
+      same = same && ps[j] == ps[0];
+      if (e + j < numel && isnan(v[j])) nan_seen[ps[j]] = 1;
+    }
+    if (same) {
+      p_out = ps[0];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j)
+        if (e + j < numel) {
+          a = fminf(a, v[j]);
+          b = fmaxf(b, v[j]);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j)
+        if (e + j < numel && !isnan(v[j])) direct(ps[j], v[j], v[j]);
+    }
+  }
+};
+
+template <bool kAligned, typename I>
+__global__ void range_kernel(RangeItem<kAligned, I> item) {
+  reduce_items(item.numel, item, MinMax{}, item.direct, __int_as_float(0x7f800000), __int_as_float(0xff800000));
+}
+
+__device__ __forceinline__ long long bin_of(float v, double range, double width, long long bins) {
+  const double t = floor(__ddiv_rn(__dadd_rn(double(v), range), width));
+  if (!(t >= 0.0)) return 0;  // below the range (and NaN, which callers reject beforehand)
+  return t > double(bins - 1) ? bins - 1 : (long long)t;
+}
+
+// One row per blockIdx.y, its bins counted in shared memory and added to global memory once.
+__global__ void histogram_shared_kernel(const float* x, long long rows, long long cols, double range, double width,
+                                        int bins, unsigned long long* counts) {
+  extern __shared__ unsigned int local[];
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
+    __syncthreads();
+    const float* row = x + r * cols;
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (long long)gridDim.x * blockDim.x)
+      atomicAdd(local + bin_of(row[c], range, width, bins), 1u);
+    __syncthreads();
+    for (int b = threadIdx.x; b < bins; b += blockDim.x)
+      if (local[b]) atomicAdd(counts + r * bins + b, (unsigned long long)local[b]);
+    __syncthreads();
+  }
+}
+
+__global__ void histogram_global_kernel(const float* x, long long rows, long long cols, double range, double width,
+                                        long long bins, unsigned long long* counts) {
+  const long long total = rows * cols;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
+    atomicAdd(counts + (i / cols) * bins + bin_of(x[i], range, width, bins), 1ull);
+}
+
+// --- dispatch ---------------------------------------------------------------------------------
+
+bool aligned(const void* p) { return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+Params params_of(const QuantPtrs& a) {
+  return {a.scale, a.zero_point, float(a.qmin), float(a.qmax)};
+}
+
+// Calls f(aligned, index) with the 16-byte alignment (std::integral_constant<bool>) and the
+// index type (32-bit below 2^31 elements) chosen at run time.
+template <class F>
+void dispatch(std::int64_t numel, bool is_aligned, F f) {
+  const bool small = numel < (std::int64_t{1} << 31);
+  if (small && is_aligned) f(std::true_type{}, std::uint32_t{});
+  else if (small) f(std::false_type{}, std::uint32_t{});
+  else if (is_aligned) f(std::true_type{}, std::uint64_t{});
+  else f(std::false_type{}, std::uint64_t{});
+}
+
+}  // namespace
+
+#define SPARSEBIT_TYPES \
+  using I = decltype(index);  \
+  constexpr bool A = decltype(al)::value
+
+void fake_quantize(const QuantPtrs& a, float* y, cudaStream_t stream) {
+  if (a.numel == 0) return;
+  dispatch(a.numel, aligned(a.x) && aligned(y), [&](auto al, auto index) {
+    SPARSEBIT_TYPES;
+    fake_quantize_kernel<A, I>
+        <<<blocks_for(a.numel), kThreads, 0, stream>>>(a.x, y, I(a.numel), ParamIndex<I>(a.layout), params_of(a));
+  });
+  check_launch("fake_quantize");
+}
+
+void fake_quantize_backward(const QuantPtrs& a, const float* grad, float* grad_x, cudaStream_t stream) {
+  if (a.numel == 0) return;
+  dispatch(a.numel, aligned(a.x) && aligned(grad) && aligned(grad_x), [&](auto al, auto index) {
+    SPARSEBIT_TYPES;
+    fake_quantize_backward_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(
+        a.x, grad, grad_x, I(a.numel), ParamIndex<I>(a.layout), params_of(a));
+  });
+  check_launch("fake_quantize_backward");
+}
+
+void quantize_to_int(const QuantPtrs& a, std::int32_t* q, cudaStream_t stream) {
+  if (a.numel == 0) return;
+  dispatch(a.numel, aligned(a.x) && aligned(q), [&](auto al, auto index) {
+    SPARSEBIT_TYPES;
+    quantize_to_int_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(
+        a.x, q, I(a.numel), ParamIndex<I>(a.layout), params_of(a), (long long)a.qmin, (long long)a.qmax);
+  });
+  check_launch("quantize_to_int");
+}
+
+void lsq_forward(const QuantPtrs& a, float* y, cudaStream_t stream) {
+  if (a.numel == 0) return;
+  dispatch(a.numel, aligned(a.x) && aligned(y), [&](auto al, auto index) {
+    SPARSEBIT_TYPES;
+    lsq_forward_kernel<A, I>
+        <<<blocks_for(a.numel), kThreads, 0, stream>>>(a.x, y, I(a.numel), ParamIndex<I>(a.layout), params_of(a));
+  });
+  check_launch("lsq_forward");
+}
+
+void lsq_backward(const QuantPtrs& a, const float* grad, float* grad_x, float* grad_scale, float* grad_zero_point,
+                  cudaStream_t stream) {
+  if (a.numel == 0) return;
+  dispatch(a.numel, aligned(a.x) && aligned(grad) && aligned(grad_x), [&](auto al, auto index) {
+    SPARSEBIT_TYPES;
+    LsqBackwardItem<A, I> item{a.x, grad, grad_x, I(a.numel), ParamIndex<I>(a.layout), params_of(a),
+                               AddTo{grad_scale, grad_zero_point}};
+    lsq_backward_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(item);
+  });
+  check_launch("lsq_backward");
+}
+
+void soft_round_forward(const QuantPtrs& a, const float* v, float zeta, float gamma, float* y, cudaStream_t stream) {
+  if (a.numel == 0) return;
+  const Soft r{zeta - gamma, gamma};
+  dispatch(a.numel, aligned(a.x) && aligned(v) && aligned(y), [&](auto al, auto index) {
+    SPARSEBIT_TYPES;
+    soft_round_forward_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(
+        a.x, v, y, I(a.numel), ParamIndex<I>(a.layout), params_of(a), r);
+  });
+  check_launch("soft_round_forward");
+}
+
+void soft_round_backward(const QuantPtrs& a, const float* v, float zeta, float gamma, const float* grad, float* grad_v,
+                         cudaStream_t stream) {
+  if (a.numel == 0) return;
+  const Soft r{zeta - gamma, gamma};
+  dispatch(a.numel, aligned(a.x) && aligned(v) && aligned(grad) && aligned(grad_v), [&](auto al, auto index) {
+    SPARSEBIT_TYPES;
+    soft_round_backward_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(
+        a.x, v, grad, grad_v, I(a.numel), ParamIndex<I>(a.layout), params_of(a), r);
+  });
+  check_launch("soft_round_backward");
+}
+
+void range_per_param(const float* x, std::int64_t numel, const Layout& layout, float* lo, float* hi, int* nan_seen,
+                     cudaStream_t stream) {
+  if (numel == 0) return;
+  dispatch(numel, aligned(x), [&](auto al, auto index) {
+    SPARSEBIT_TYPES;
+    RangeItem<A, I> item{x, I(numel), ParamIndex<I>(layout), MinMaxTo{lo, hi}, nan_seen};
+    range_kernel<A, I><<<blocks_for(numel), kThreads, 0, stream>>>(item);
+  });
+  check_launch("range_per_param");
+}
+#undef SPARSEBIT_TYPES
+
+void histogram(const float* x, std::int64_t rows, std::int64_t cols, double range, std::int64_t bins,
+               unsigned long long* counts, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const double width = 2 * range / double(bins);
+  constexpr std::int64_t kSharedBins = 12288;  // 48 KiB of 32-bit counters
+  if (bins <= kSharedBins) {
+    const std::int64_t per_row = (cols + kThreads - 1) / kThreads;
+    const unsigned gx = unsigned(per_row < 1 ? 1 : (per_row > 64 ? 64 : per_row));
+    const unsigned gy = unsigned(rows > 65535 ? 65535 : rows);
+    histogram_shared_kernel<<<dim3(gx, gy), kThreads, std::size_t(bins) * sizeof(unsigned), stream>>>(
+        x, rows, cols, range, width, int(bins), counts);
+  } else {
+    histogram_global_kernel<<<blocks_for(rows * cols * kVec), kThreads, 0, stream>>>(x, rows, cols, range, width, bins,
+                                                                                     counts);
+  }
+  check_launch("histogram");
+}
+
+}  // namespace sparsebit::cuda
