@@ -76,11 +76,19 @@ template <typename I>
 struct ParamIndex {
   int kind = Layout::kTensor;
   Divider<I> inner, n, group;
-  I blocks = 1;  // ceil(n / group)
+  I blocks = 1;   // ceil(n / group)
+  bool uniform4;  // the kVec elements of an item (starting at a multiple of kVec) share one parameter
   ParamIndex() = default;
   explicit ParamIndex(const Layout& l)
       : kind(l.kind), inner(I(l.inner)), n(I(l.n)), group(I(l.kind == Layout::kGroup ? l.group : 1)),
-        blocks(I(l.kind == Layout::kGroup ? (l.n + l.group - 1) / l.group : 1)) {}
+        blocks(I(l.kind == Layout::kGroup ? (l.n + l.group - 1) / l.group : 1)),
+        uniform4(l.kind == Layout::kTensor || (l.kind == Layout::kChannel && l.inner % kVec == 0)) {}
+  // Parameters of the item at e (elements past numel get e's).
+  __device__ __forceinline__ void item(I e, I numel, I (&p)[kVec]) const {
+    p[0] = (*this)(e);
+#pragma unroll
+    for (int j = 1; j < kVec; ++j) p[j] = uniform4 || e + j >= numel ? p[0] : (*this)(e + j);
+  }
   __device__ __forceinline__ I operator()(I e) const {
     if (kind == Layout::kTensor) return 0;
     const I row = inner.div(e);
@@ -137,9 +145,11 @@ __global__ void fake_quantize_kernel(const float* x, float* y, I numel, ParamInd
   for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
     float v[kVec], out[kVec];
     load4<kAligned>(x, e, numel, v);
+    I ps[kVec];
+    pidx.item(e, numel, ps);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const I p = pidx(e + j < numel ? e + j : e);
+      const I p = ps[j];
       const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
       const float q = clampf(__fadd_rn(rintf(__fdiv_rn(v[j], s)), zp), P.qmin, P.qmax);
       out[j] = __fmul_rn(__fsub_rn(q, zp), s);
@@ -156,9 +166,11 @@ __global__ void fake_quantize_backward_kernel(const float* x, const float* g, fl
     float v[kVec], gv[kVec], out[kVec];
     load4<kAligned>(x, e, numel, v);
     load4<kAligned>(g, e, numel, gv);
+    I ps[kVec];
+    pidx.item(e, numel, ps);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const I p = pidx(e + j < numel ? e + j : e);
+      const I p = ps[j];
       const float q = __fadd_rn(rintf(__fdiv_rn(v[j], __ldg(P.scale + p))), __ldg(P.zero_point + p));
       out[j] = (q >= P.qmin && q <= P.qmax) ? gv[j] : 0.0f;
     }
@@ -174,9 +186,11 @@ __global__ void quantize_to_int_kernel(const float* x, std::int32_t* q, I numel,
     float v[kVec];
     std::int32_t out[kVec];
     load4<kAligned>(x, e, numel, v);
+    I ps[kVec];
+    pidx.item(e, numel, ps);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const I p = pidx(e + j < numel ? e + j : e);
+      const I p = ps[j];
       const float f = __fadd_rn(rintf(__fdiv_rn(v[j], __ldg(P.scale + p))), __ldg(P.zero_point + p));
       // Through int64 as the reference: float32 cannot hold the int32 bounds of 32-bit ranges.
       long long i = isnan(f) ? qmin : __float2ll_rz(f);
@@ -195,9 +209,11 @@ __global__ void lsq_forward_kernel(const float* x, float* y, I numel, ParamIndex
   for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
     float v[kVec], out[kVec];
     load4<kAligned>(x, e, numel, v);
+    I ps[kVec];
+    pidx.item(e, numel, ps);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const I p = pidx(e + j < numel ? e + j : e);
+      const I p = ps[j];
       const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
       const float c = clampf(__fadd_rn(__fdiv_rn(v[j], s), zp), P.qmin, P.qmax);
       out[j] = __fmul_rn(__fsub_rn(rintf(c), zp), s);
@@ -271,28 +287,43 @@ struct MinMaxTo {
   }
 };
 
-// Per-parameter reduction driver: for each 4-element item, `item(e, p_out, a, b)` returns the
-// item's parameter (or none when its elements span several, having applied them itself) and
-// its values; equal parameters accumulate in registers, and warps flush on a change.
+// Per-parameter reduction driver. Each warp owns one contiguous span of the tensor (so a
+// parameter changes rarely along it) and walks it kItems items per lane at a time, all loads
+// issued before any arithmetic. `item.load(e, regs)` reads an item; `item.compute(e, regs, p, a,
+// b)` gives its parameter (or none when its elements span several, having applied them itself)
+// and values. Equal parameters accumulate in registers; the warp flushes (Note [Warp runs]) when
+// any lane's parameter changes.
+constexpr int kItems = 4;
 template <typename I, class Item, class Combine, class Apply>
-__device__ __forceinline__ void reduce_items(I numel, Item item, Combine combine, Apply apply, float ia, float ib) {
+__device__ __forceinline__ void reduce_items(I numel, const Item& item, Combine combine, Apply apply, float ia, float ib) {
   const I none = ~I(0);
   const unsigned lane = threadIdx.x & 31u;
-  const I stride = I(gridDim.x) * blockDim.x * kVec;
+  constexpr I kStep = I(32) * kVec * kItems;
+  const I warps = I(gridDim.x) * (blockDim.x / 32);
+  const I warp = I(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const I span = ((numel + warps - 1) / warps + kStep - 1) / kStep * kStep;
+  const I begin = warp * span;
+  const I end = begin + span < numel ? begin + span : numel;
   I cp = none;
   float ca = ia, cb = ib;
-  for (I base = (I(blockIdx.x) * blockDim.x + (threadIdx.x & ~31u)) * kVec; base < numel; base += stride) {
-    const I e = base + I(lane) * kVec;
-    I p = none;
-    float a = ia, b = ib;
-    if (e < numel) item(e, p, a, b);
-    if (__any_sync(kFullMask, p != cp)) {
-      warp_flush(cp, ca, cb, combine, apply);
-      cp = p;
-      ca = a;
-      cb = b;
-    } else {
-      combine(ca, cb, a, b);
+  for (I base = begin; base < end; base += kStep) {
+    typename Item::Regs r[kItems];
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) item.load(base + I(u) * 32 * kVec + I(lane) * kVec, r[u]);
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const I e = base + I(u) * 32 * kVec + I(lane) * kVec;
+      I p = none;
+      float a = ia, b = ib;
+      if (e < numel) item.compute(e, r[u], p, a, b);
+      if (__any_sync(kFullMask, p != cp)) {
+        warp_flush(cp, ca, cb, combine, apply);
+        cp = p;
+        ca = a;
+        cb = b;
+      } else {
+        combine(ca, cb, a, b);
+      }
     }
   }
   warp_flush(cp, ca, cb, combine, apply);
@@ -306,27 +337,34 @@ struct LsqBackwardItem {
   ParamIndex<I> pidx;
   Params P;
   AddTo direct;
-  __device__ void operator()(I e, I& p_out, float& a, float& b) const {
-    float v[kVec], gv[kVec], out[kVec], ds[kVec], dz[kVec];
+  struct Regs {
+    float x[kVec], g[kVec];
+  };
+  __device__ __forceinline__ void load(I e, Regs& r) const {
+    if (e < numel) {
+      load4<kAligned>(x, e, numel, r.x);
+      load4<kAligned>(g, e, numel, r.g);
+    }
+  }
+  __device__ __forceinline__ void compute(I e, const Regs& r, I& p_out, float& a, float& b) const {
+    float out[kVec], ds[kVec], dz[kVec];
     I ps[kVec];
-    load4<kAligned>(x, e, numel, v);
-    load4<kAligned>(g, e, numel, gv);
+    pidx.item(e, numel, ps);
     bool same = true;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      ps[j] = pidx(e + j < numel ? e + j : e);
       same = same && ps[j] == ps[0];
       const float s = __ldg(P.scale + ps[j]), zp = __ldg(P.zero_point + ps[j]);
-      const float xs = __fdiv_rn(v[j], s);
+      const float xs = __fdiv_rn(r.x[j], s);
       const float u = __fadd_rn(xs, zp);
       const bool inside = u >= P.qmin && u <= P.qmax;
       const float c = clampf(u, P.qmin, P.qmax);
-      out[j] = inside ? gv[j] : 0.0f;
+      out[j] = inside ? r.g[j] : 0.0f;
       // dy/ds = round(v) - zp - x/s inside, (clamped bound) - zp outside; dy/dzp = -s outside.
       const float local = inside ? rintf(u) - zp - xs : c - zp;
       const bool valid = e + j < numel;
-      ds[j] = valid ? gv[j] * local : 0.0f;
-      dz[j] = valid && !inside ? -gv[j] * s : 0.0f;
+      ds[j] = valid ? r.g[j] * local : 0.0f;
+      dz[j] = valid && !inside ? -r.g[j] * s : 0.0f;
     }
     store4<kAligned>(gx, e, numel, out);
     if (same) {
@@ -360,9 +398,11 @@ __global__ void soft_round_forward_kernel(const float* x, const float* vv, float
     float xv[kVec], v[kVec], out[kVec];
     load4<kAligned>(x, e, numel, xv);
     load4<kAligned>(vv, e, numel, v);
+    I ps[kVec];
+    pidx.item(e, numel, ps);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const I p = pidx(e + j < numel ? e + j : e);
+      const I p = ps[j];
       const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
       const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v[j])));
       const float h = clampf(__fadd_rn(__fmul_rn(sig, r.zeta_minus_gamma), r.gamma), 0.0f, 1.0f);
@@ -382,9 +422,11 @@ __global__ void soft_round_backward_kernel(const float* x, const float* vv, cons
     load4<kAligned>(x, e, numel, xv);
     load4<kAligned>(vv, e, numel, v);
     load4<kAligned>(g, e, numel, gr);
+    I ps[kVec];
+    pidx.item(e, numel, ps);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const I p = pidx(e + j < numel ? e + j : e);
+      const I p = ps[j];
       const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
       const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v[j])));
       const float pre = __fadd_rn(__fmul_rn(sig, r.zeta_minus_gamma), r.gamma);
@@ -408,29 +450,33 @@ struct RangeItem {
   ParamIndex<I> pidx;
   MinMaxTo direct;
   int* nan_seen;
-  __device__ void operator()(I e, I& p_out, float& a, float& b) const {
-    float v[kVec];
+  struct Regs {
+    float x[kVec];
+  };
+  __device__ __forceinline__ void load(I e, Regs& r) const {
+    if (e < numel) load4<kAligned>(x, e, numel, r.x);
+  }
+  __device__ __forceinline__ void compute(I e, const Regs& r, I& p_out, float& a, float& b) const {
     I ps[kVec];
-    load4<kAligned>(x, e, numel, v);
+    pidx.item(e, numel, ps);
     bool same = true;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      ps[j] = pidx(e + j < numel ? e + j : e);
       same = same && ps[j] == ps[0];
-      if (e + j < numel && isnan(v[j])) nan_seen[ps[j]] = 1;
+      if (e + j < numel && isnan(r.x[j])) nan_seen[ps[j]] = 1;
     }
     if (same) {
       p_out = ps[0];
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
         if (e + j < numel) {
-          a = fminf(a, v[j]);
-          b = fmaxf(b, v[j]);
+          a = fminf(a, r.x[j]);
+          b = fmaxf(b, r.x[j]);
         }
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
-        if (e + j < numel && !isnan(v[j])) direct(ps[j], v[j], v[j]);
+        if (e + j < numel && !isnan(r.x[j])) direct(ps[j], r.x[j], r.x[j]);
     }
   }
 };
@@ -588,8 +634,11 @@ void histogram(const float* x, std::int64_t rows, std::int64_t cols, double rang
   const double width = 2 * range / double(bins);
   constexpr std::int64_t kSharedBins = 12288;  // 48 KiB of 32-bit counters
   if (bins <= kSharedBins) {
-    const std::int64_t per_row = (cols + kThreads - 1) / kThreads;
-    const unsigned gx = unsigned(per_row < 1 ? 1 : (per_row > 64 ? 64 : per_row));
+    // About two blocks per multiprocessor in all, each over at least 4096 values of its row
+    // (every block adds its bins to global memory once).
+    const std::int64_t by_size = (cols + 4095) / 4096, by_sms = (2 * std::int64_t(multiprocessors()) + rows - 1) / rows;
+    const std::int64_t per_row = by_size < by_sms ? by_size : by_sms;
+    const unsigned gx = unsigned(per_row < 1 ? 1 : per_row);
     const unsigned gy = unsigned(rows > 65535 ? 65535 : rows);
     histogram_shared_kernel<<<dim3(gx, gy), kThreads, std::size_t(bins) * sizeof(unsigned), stream>>>(
         x, rows, cols, range, width, int(bins), counts);

@@ -130,7 +130,7 @@ TEST_F(CudaKernels, StraightThroughGradient) {
     const at::Tensor xg = x.cuda().set_requires_grad(true);
     fake_quantize(xg, to_cuda(p), c.spec).backward(g.cuda());
     EXPECT_TRUE(at::equal(xc.grad(), xg.grad().cpu()));
-    EXPECT_GT((xg.grad() == 0).sum().item<std::int64_t>(), 0);
+    if (c.spec.bits < 32) EXPECT_GT((xg.grad() == 0).sum().item<std::int64_t>(), 0) << "nothing clipped";
   }
 }
 
@@ -142,9 +142,10 @@ TEST_F(CudaKernels, LsqForwardExactAndGradientsClose) {
     const QParams p = params_for(x, c.spec);
     const at::Tensor g = at::randn(c.shape);
     auto run = [&](const at::Device& d) {
-      at::Tensor xd = x.to(d).set_requires_grad(true);
-      at::Tensor s = (p.scale * 0.7).to(d).set_requires_grad(true);
-      at::Tensor z = p.zero_point.to(d, at::kFloat).set_requires_grad(true);
+      // Fresh leaves per device (x.to(kCPU) would return x itself).
+      at::Tensor xd = x.to(d).clone().set_requires_grad(true);
+      at::Tensor s = (p.scale * 0.7).to(d).clone().set_requires_grad(true);
+      at::Tensor z = p.zero_point.to(d, at::kFloat).clone().set_requires_grad(true);
       at::Tensor y = lsq_fake_quantize(xd, s, z, c.spec);
       y.backward(g.to(d));
       return std::vector<at::Tensor>{y.detach().cpu(), xd.grad().cpu(), s.grad().cpu(), z.grad().cpu()};
@@ -168,7 +169,7 @@ TEST_F(CudaKernels, SoftRoundingForwardAndBackward) {
     const at::Tensor v = at::randn(c.shape) * 4;  // some h saturate at 0 or 1 (zero gradient)
     const at::Tensor g = at::randn(c.shape);
     auto run = [&](const at::Device& d) {
-      at::Tensor vd = v.to(d).set_requires_grad(true);
+      at::Tensor vd = v.to(d).clone().set_requires_grad(true);
       at::Tensor y = soft_round_quantize(x.to(d), vd, d.is_cuda() ? to_cuda(p) : p, c.spec, 1.1, -0.1);
       y.backward(g.to(d));
       return std::pair<at::Tensor, at::Tensor>{y.detach().cpu(), vd.grad().cpu()};
