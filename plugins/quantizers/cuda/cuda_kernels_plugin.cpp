@@ -130,14 +130,11 @@ class CudaQuantKernels final : public QuantKernels {
     const c10::cuda::CUDAGuard guard(x_in.device());
     const at::Tensor x = x_in.to(at::kFloat).contiguous();
     const std::int64_t n = layout.params();
-    at::Tensor lo = at::full({n}, std::numeric_limits<float>::infinity(), x.options());
-    at::Tensor hi = at::full({n}, -std::numeric_limits<float>::infinity(), x.options());
-    at::Tensor nan_seen = at::zeros({n}, x.options().dtype(at::kInt));
+    at::Tensor lo = at::empty({n}, x.options());
+    at::Tensor hi = at::empty({n}, x.options());
     cuda::range_per_param(x.data_ptr<float>(), x.numel(), layout_of(layout), lo.data_ptr<float>(), hi.data_ptr<float>(),
-                          nan_seen.data_ptr<int>(), stream_of(x));
-    const at::Tensor nan = nan_seen.to(at::kBool);
-    const double quiet_nan = std::numeric_limits<float>::quiet_NaN();
-    return {lo.masked_fill(nan, quiet_nan), hi.masked_fill(nan, quiet_nan)};
+                          stream_of(x));
+    return {lo, hi};
   }
 
   at::Tensor histogram_counts(const at::Tensor& rows_in, double range, std::int64_t bins) override {

@@ -49,6 +49,14 @@ unsigned blocks_for(std::int64_t numel) {
   return unsigned(wanted < 1 ? 1 : wanted > cap ? cap : wanted);
 }
 
+// Reductions use fewer, longer-lived warps: each ends with atomics per parameter run, which for
+// a per-tensor reduction all hit one address.
+unsigned reduction_blocks(std::int64_t numel) {
+  const std::int64_t cap = std::int64_t(multiprocessors()) * 4;
+  const std::int64_t wanted = blocks_for(numel);
+  return unsigned(wanted < cap ? wanted : cap);
+}
+
 // Division by a runtime constant. 32-bit: multiply-high and shift (Granlund & Montgomery), valid
 // for dividends below 2^31, which is when the 32-bit kernels are used.
 template <typename I>
@@ -267,23 +275,24 @@ struct AddTo {
   }
 };
 
-// Float min/max through integer atomics: non-negative floats order as signed ints, negative
-// ones reversed as unsigned ints.
-__device__ __forceinline__ void atomic_min(float* addr, float v) {
-  if (!(v < 0.0f)) atomicMin(reinterpret_cast<int*>(addr), __float_as_int(v));
-  else atomicMax(reinterpret_cast<unsigned*>(addr), __float_as_uint(v));
+// Min/max as unsigned keys that order like the floats (sign bit flipped for non-negative values,
+// all bits for negative ones), so plain integer atomics apply. NaN is sticky: it becomes key 0
+// for the minimum and the largest key for the maximum, and decodes back to NaN.
+__device__ __forceinline__ unsigned order_key(float v) {
+  const unsigned b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
-__device__ __forceinline__ void atomic_max(float* addr, float v) {
-  if (!(v < 0.0f)) atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
-  else atomicMin(reinterpret_cast<unsigned*>(addr), __float_as_uint(v));
+__device__ __forceinline__ float from_key(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
+constexpr unsigned kNanMaxKey = 0xffffffffu;
 struct MinMaxTo {
-  float* lo;
-  float* hi;
+  unsigned* lo;  // keys
+  unsigned* hi;
   template <typename I>
   __device__ void operator()(I p, float a, float b) const {
-    atomic_min(lo + p, a);
-    atomic_max(hi + p, b);
+    atomicMin(lo + p, isnan(a) ? 0u : order_key(a));
+    atomicMax(hi + p, isnan(b) ? kNanMaxKey : order_key(b));
   }
 };
 
@@ -449,7 +458,6 @@ struct RangeItem {
   I numel;
   ParamIndex<I> pidx;
   MinMaxTo direct;
-  int* nan_seen;
   struct Regs {
     float x[kVec];
   };
@@ -463,7 +471,7 @@ struct RangeItem {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       same = same && ps[j] == ps[0];
-      if (e + j < numel && isnan(r.x[j])) nan_seen[ps[j]] = 1;
+      if (e + j < numel && isnan(r.x[j])) direct(ps[j], r.x[j], r.x[j]);
     }
     if (same) {
       p_out = ps[0];
@@ -476,7 +484,7 @@ struct RangeItem {
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
-        if (e + j < numel && !isnan(r.x[j])) direct(ps[j], r.x[j], r.x[j]);
+        if (e + j < numel) direct(ps[j], r.x[j], r.x[j]);
     }
   }
 };
@@ -484,6 +492,22 @@ struct RangeItem {
 template <bool kAligned, typename I>
 __global__ void range_kernel(RangeItem<kAligned, I> item) {
   reduce_items(item.numel, item, MinMax{}, item.direct, __int_as_float(0x7f800000), __int_as_float(0xff800000));
+}
+
+__global__ void init_keys_kernel(unsigned* lo, unsigned* hi, std::int64_t n) {
+  const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    lo[i] = 0xffffffffu;  // above every float's key but NaN's maximum key
+    hi[i] = 0u;
+  }
+}
+__global__ void decode_keys_kernel(unsigned* lo, unsigned* hi, std::int64_t n) {
+  const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const unsigned l = lo[i], h = hi[i];
+    reinterpret_cast<float*>(lo)[i] = l == 0u ? __uint_as_float(0x7fc00000u) : from_key(l);
+    reinterpret_cast<float*>(hi)[i] = h == kNanMaxKey ? __uint_as_float(0x7fc00000u) : from_key(h);
+  }
 }
 
 __device__ __forceinline__ long long bin_of(float v, double range, double width, long long bins) {
@@ -588,7 +612,7 @@ void lsq_backward(const QuantPtrs& a, const float* grad, float* grad_x, float* g
     SPARSEBIT_TYPES;
     LsqBackwardItem<A, I> item{a.x, grad, grad_x, I(a.numel), ParamIndex<I>(a.layout), params_of(a),
                                AddTo{grad_scale, grad_zero_point}};
-    lsq_backward_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(item);
+    lsq_backward_kernel<A, I><<<reduction_blocks(a.numel), kThreads, 0, stream>>>(item);
   });
   check_launch("lsq_backward");
 }
@@ -616,14 +640,23 @@ void soft_round_backward(const QuantPtrs& a, const float* v, float zeta, float g
   check_launch("soft_round_backward");
 }
 
-void range_per_param(const float* x, std::int64_t numel, const Layout& layout, float* lo, float* hi, int* nan_seen,
+void range_per_param(const float* x, std::int64_t numel, const Layout& layout, float* lo, float* hi,
                      cudaStream_t stream) {
   if (numel == 0) return;
+  const std::int64_t params = layout.kind == Layout::kTensor    ? 1
+                              : layout.kind == Layout::kChannel ? layout.n
+                                                                : layout.outer * ((layout.n + layout.group - 1) / layout.group) * layout.inner;
+  // The keys live in the output buffers themselves (same size as floats) until decoded.
+  unsigned* lo_key = reinterpret_cast<unsigned*>(lo);
+  unsigned* hi_key = reinterpret_cast<unsigned*>(hi);
+  const unsigned init_blocks = unsigned((params + kThreads - 1) / kThreads);
+  init_keys_kernel<<<init_blocks, kThreads, 0, stream>>>(lo_key, hi_key, params);
   dispatch(numel, aligned(x), [&](auto al, auto index) {
     SPARSEBIT_TYPES;
-    RangeItem<A, I> item{x, I(numel), ParamIndex<I>(layout), MinMaxTo{lo, hi}, nan_seen};
-    range_kernel<A, I><<<blocks_for(numel), kThreads, 0, stream>>>(item);
+    RangeItem<A, I> item{x, I(numel), ParamIndex<I>(layout), MinMaxTo{lo_key, hi_key}};
+    range_kernel<A, I><<<reduction_blocks(numel), kThreads, 0, stream>>>(item);
   });
+  decode_keys_kernel<<<init_blocks, kThreads, 0, stream>>>(lo_key, hi_key, params);
   check_launch("range_per_param");
 }
 #undef SPARSEBIT_TYPES

@@ -38,10 +38,9 @@ void soft_round_forward(const QuantPtrs& a, const float* v, float zeta, float ga
 void soft_round_backward(const QuantPtrs& a, const float* v, float zeta, float gamma, const float* grad, float* grad_v,
                          cudaStream_t stream);
 
-// lo/hi must hold +inf/-inf and nan_seen 0 (one per parameter); nan_seen becomes 1 where a
-// covered element is NaN.
-void range_per_param(const float* x, std::int64_t numel, const Layout& layout, float* lo, float* hi, int* nan_seen,
-                     cudaStream_t stream);
+// Per-parameter minimum and maximum (NaN where a covered element is NaN) into lo and hi
+// (layout's parameter count each).
+void range_per_param(const float* x, std::int64_t numel, const Layout& layout, float* lo, float* hi, cudaStream_t stream);
 
 // counts [rows, bins] must be zeroed.
 void histogram(const float* x, std::int64_t rows, std::int64_t cols, double range, std::int64_t bins,
