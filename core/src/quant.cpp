@@ -162,9 +162,12 @@ QuantKernels* quant_kernels(c10::DeviceType device) {
 void use_device_kernels(bool on) { kernels_on().store(on); }
 
 void install_quant_kernels(c10::DeviceType device, std::shared_ptr<QuantKernels> kernels, const std::string& plugin) {
-  if (!kernels) throw Error("plugin " + plugin + " registered empty kernels for " + c10::DeviceTypeName(device));
   KernelTable& t = kernel_table();
   std::lock_guard<std::mutex> lock(t.mutex);
+  if (!kernels) {
+    t.kernels.erase(device);
+    return;
+  }
   sdk::log_debug(c10::DeviceTypeName(device) + " kernels from " + plugin + ": " + kernels->describe());
   t.kernels[device] = std::move(kernels);
 }

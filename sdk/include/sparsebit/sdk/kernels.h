@@ -100,7 +100,8 @@ SPARSEBIT_API QuantKernels* quant_kernels(c10::DeviceType device);
 /// Switches registered kernels on or off process-wide (on by default unless SPARSEBIT_KERNELS=0).
 SPARSEBIT_API void use_device_kernels(bool on);
 /// Installs kernels for a device, replacing earlier ones (the registry does this when it commits
-/// a plugin's kernels; several registries in one process load the same plugin).
+/// a plugin's kernels; several registries in one process load the same plugin); nullptr removes
+/// them. Kernels stay installed after their registry is gone (plugins are never unloaded).
 SPARSEBIT_API void install_quant_kernels(c10::DeviceType device, std::shared_ptr<QuantKernels> kernels,
                                          const std::string& plugin);
 
