@@ -52,7 +52,7 @@ unsigned blocks_for(std::int64_t numel) {
 // Reductions use fewer, longer-lived warps: each ends with atomics per parameter run, which for
 // a per-tensor reduction all hit one address.
 unsigned reduction_blocks(std::int64_t numel) {
-  const std::int64_t cap = std::int64_t(multiprocessors()) * 4;
+  const std::int64_t cap = std::int64_t(multiprocessors()) * 8;
   const std::int64_t wanted = blocks_for(numel);
   return unsigned(wanted < cap ? wanted : cap);
 }

@@ -41,6 +41,9 @@ inline constexpr std::uint32_t kSdkVersionMinor = 4;
 
 #if defined(AT_CUDA_ENABLED)
 #define SPARSEBIT_FP_CUDA (AT_CUDA_ENABLED() ? 1 : 0)
+#elif __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
+// LibTorch 2.x no longer defines AT_CUDA_ENABLED; this header is generated only by CUDA builds.
+#define SPARSEBIT_FP_CUDA 1
 #else
 #define SPARSEBIT_FP_CUDA 0
 #endif
