@@ -147,22 +147,36 @@ struct Params {
 
 // --- fake quantization, straight-through backward, integers -----------------------------------
 
-template <bool kAligned, typename I>
-__global__ void fake_quantize_kernel(const float* x, float* y, I numel, ParamIndex<I> pidx, Params P) {
-  const I stride = I(gridDim.x) * blockDim.x * kVec;
-  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
-    float v[kVec], out[kVec];
-    load4<kAligned>(x, e, numel, v);
-    I ps[kVec];
-    pidx.item(e, numel, ps);
+template <typename I>
+__device__ __forceinline__ void fake_quantize4(const float (&v)[kVec], I e, I numel, const ParamIndex<I>& pidx,
+                                               const Params& P, float (&out)[kVec]) {
+  I ps[kVec];
+  pidx.item(e, numel, ps);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const I p = ps[j];
-      const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
-      const float q = clampf(__fadd_rn(rintf(__fdiv_rn(v[j], s)), zp), P.qmin, P.qmax);
-      out[j] = __fmul_rn(__fsub_rn(q, zp), s);
+  for (int j = 0; j < kVec; ++j) {
+    const float s = __ldg(P.scale + ps[j]), zp = __ldg(P.zero_point + ps[j]);
+    const float q = clampf(__fadd_rn(rintf(__fdiv_rn(v[j], s)), zp), P.qmin, P.qmax);
+    out[j] = __fmul_rn(__fsub_rn(q, zp), s);
+  }
+}
+
+// Two items per thread per step, both loads issued before the arithmetic: the division chain
+// would otherwise leave one 16-byte load in flight per thread.
+template <bool kAligned, typename I>
+__global__ void fake_quantize_kernel(const float* __restrict__ x, float* __restrict__ y, I numel, ParamIndex<I> pidx,
+                                     Params P) {
+  const I stride = I(gridDim.x) * blockDim.x * kVec * 2;
+  for (I e0 = (I(blockIdx.x) * blockDim.x * 2 + threadIdx.x) * kVec; e0 < numel; e0 += stride) {
+    const I e1 = e0 + I(blockDim.x) * kVec;
+    float v0[kVec], v1[kVec], o0[kVec], o1[kVec];
+    load4<kAligned>(x, e0, numel, v0);
+    if (e1 < numel) load4<kAligned>(x, e1, numel, v1);
+    fake_quantize4(v0, e0, numel, pidx, P, o0);
+    store4<kAligned>(y, e0, numel, o0);
+    if (e1 < numel) {
+      fake_quantize4(v1, e1, numel, pidx, P, o1);
+      store4<kAligned>(y, e1, numel, o1);
     }
-    store4<kAligned>(y, e, numel, out);
   }
 }
 
