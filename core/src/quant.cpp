@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -354,9 +355,10 @@ std::pair<at::Tensor, at::Tensor> range_per_param(const at::Tensor& x_in, const 
   at::Tensor x = x_in.detach();
   if (!x.is_floating_point()) x = x.to(at::kFloat);
   const std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end());
+  const ParamLayout layout = param_layout(x, spec);  // an Error for an axis x does not have
   if (x.scalar_type() == at::kFloat && x.numel() > 0) {
     if (QuantKernels* k = quant_kernels(x.device().type())) {
-      auto [lo, hi] = k->range_per_param(x.contiguous(), param_layout(x, spec));
+      auto [lo, hi] = k->range_per_param(x.contiguous(), layout);
       // Kernels return parameter order (Note [Parameter layout]), not quant_rows' row order.
       const std::vector<std::int64_t> pshape = spec.group_size > 0 ? group_param_shape(x, spec)
                                                : spec.per_channel   ? std::vector<std::int64_t>{-1}
@@ -365,7 +367,16 @@ std::pair<at::Tensor, at::Tensor> range_per_param(const at::Tensor& x_in, const 
     }
   }
   at::Tensor lo, hi;
-  std::tie(lo, hi) = at::aminmax(quant_rows(x, spec), 1);
+  const at::Tensor rows = quant_rows(x, spec);
+  if (spec.group_size > 0 && x.size(group_axis_of(x, spec)) % spec.group_size != 0) {
+    // quant_rows zero-pads the ragged last block; the range covers real elements only.
+    const at::Tensor real = quant_rows(at::ones_like(x), spec) > 0;
+    const double inf = std::numeric_limits<double>::infinity();
+    lo = at::where(real, rows, inf).amin(1);
+    hi = at::where(real, rows, -inf).amax(1);
+  } else {
+    std::tie(lo, hi) = at::aminmax(rows, 1);
+  }
   return {rows_to_params(lo.to(at::kFloat), shape, spec), rows_to_params(hi.to(at::kFloat), shape, spec)};
 }
 

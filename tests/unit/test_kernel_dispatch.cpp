@@ -203,6 +203,16 @@ TEST(ParamLayoutTest, ViewsAroundTheAxis) {
   EXPECT_THROW(param_layout(x, spec_of(8, true, true, 4)), Error);
 }
 
+TEST(RangePerParam, RaggedLastGroupCoversItsRealElementsOnly) {
+  // Blocks of 4 along axis 1: {-1, 2, 3, 4} and {5}; by hand, not 0 for the padded block.
+  const at::Tensor x = at::tensor({-1.f, 2.f, 3.f, 4.f, 5.f, 0.5f, -6.f, 1.f, 2.f, -3.f}).reshape({2, 5});
+  auto [lo, hi] = range_per_param(x, spec_of(4, true, false, 1, 4));
+  ASSERT_EQ(lo.sizes(), (std::vector<std::int64_t>{2, 2}));
+  EXPECT_TRUE(at::equal(lo, at::tensor({-1.f, 5.f, -6.f, -3.f}).reshape({2, 2})));
+  EXPECT_TRUE(at::equal(hi, at::tensor({4.f, 5.f, 2.f, -3.f}).reshape({2, 2})));
+  EXPECT_THROW(range_per_param(x, spec_of(8, true, true, 2)), Error);
+}
+
 TEST_F(KernelDispatch, FakeQuantizeAndIntegersRouteToTheKernels) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.spec.describe());
@@ -299,9 +309,8 @@ TEST_F(KernelDispatch, RangesComeBackParameterShaped) {
     auto [lo, hi] = range_per_param(x, c.spec);
     auto [lr, hr] = reference([&] { return range_per_param(x, c.spec); });
     ASSERT_EQ(lo.sizes(), lr.sizes());
-    // The reference zero-pads a ragged last group; ranges include 0 anyway.
-    EXPECT_TRUE(at::equal(lo.clamp_max(0), lr.clamp_max(0)));
-    EXPECT_TRUE(at::equal(hi.clamp_min(0), hr.clamp_min(0)));
+    EXPECT_TRUE(at::equal(lo, lr));
+    EXPECT_TRUE(at::equal(hi, hr));
   }
   const at::Tensor rows = at::randn({2, 300});
   EXPECT_TRUE(at::equal(histogram_counts(rows, 2.0, 64), reference([&] { return histogram_counts(rows, 2.0, 64); })));

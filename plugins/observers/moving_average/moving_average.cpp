@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "../common/histogram.h"
+#include "sparsebit/sdk/kernels.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::observers {
@@ -19,10 +20,12 @@ class MovingAverageObserver final : public Observer {
 
   void observe(const at::Tensor& x) override {
     if (x.numel() == 0) return;
-    shape_.assign(x.sizes().begin(), x.sizes().end());
-    at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_);
-    at::Tensor lo, hi;
-    std::tie(lo, hi) = at::aminmax(rows, 1);
+    try {
+      param_layout(x, spec_);  // the channel or group axis exists
+    } catch (const Error& e) {
+      throw Error(where_ + ": " + e.what());
+    }
+    auto [lo, hi] = range_per_param(x, spec_);  // parameter-shaped; device kernels when registered
     lo = lo.to(at::kCPU, at::kDouble);
     hi = hi.to(at::kCPU, at::kDouble);
     if (!min_.defined()) {
@@ -36,7 +39,7 @@ class MovingAverageObserver final : public Observer {
 
   QParams compute() override {
     if (!min_.defined()) throw Error(where_ + ": nothing was observed (is the calibration data empty?)");
-    return range_qparams(min_, max_, spec_, where_, shape_);
+    return qparams_from_range(min_, max_, spec_, where_);
   }
 
   void reset() override { min_ = max_ = at::Tensor(); }
@@ -44,7 +47,6 @@ class MovingAverageObserver final : public Observer {
  private:
   QSpec spec_;
   std::string where_;
-  std::vector<std::int64_t> shape_;  // of the observed tensor, to shape the parameters
   double ratio_;
   at::Tensor min_, max_;
 };

@@ -97,8 +97,9 @@ SPARSEBIT_API at::Tensor lsq_fake_quantize(const at::Tensor& x, const at::Tensor
 SPARSEBIT_API at::Tensor soft_round_quantize(const at::Tensor& x, const at::Tensor& v, const QParams& p,
                                              const QSpec& spec, double zeta, double gamma);
 
-/// Minimum and maximum of x over what each parameter covers, float32 and parameter-shaped
-/// (0-dim per tensor, [C] per channel, group_param_shape per group).
+/// Minimum and maximum of x over the elements each parameter covers (a ragged last group: its
+/// real elements only), float32 and parameter-shaped (0-dim per tensor, [C] per channel,
+/// group_param_shape per group); NaN where a covered element is NaN.
 SPARSEBIT_API std::pair<at::Tensor, at::Tensor> range_per_param(const at::Tensor& x, const QSpec& spec);
 
 /// Counts [C, bins] (int64, on rows' device) of floor((double(x) + range) / width) clamped to
