@@ -5,8 +5,9 @@
 // round half to even), and nothing is contracted into a fused multiply-add (also --fmad=false),
 // so the quantized integers equal the CPU's for every finite input.
 //
-// Element-wise kernels read and write 4 consecutive floats per thread per step (16-byte
-// vectors when every pointer is aligned) in a grid-stride loop. Reductions to per-parameter
+// Element-wise kernels share one driver (map_kernel) with an operation each: two items of 4
+// consecutive floats per thread per step (16-byte vectors when every pointer is aligned) in a
+// grid-stride loop. Reductions to per-parameter
 // values (LSQ's scale and zero-point gradients, min/max) keep a running value per thread while
 // its parameter stays the same, combine contiguous runs of lanes with the same parameter by
 // warp shuffles, and only then apply one atomic per run (Note [Warp runs]).
@@ -145,104 +146,83 @@ struct Params {
   float qmin, qmax;
 };
 
-// --- fake quantization, straight-through backward, integers -----------------------------------
+// --- element-wise kernels -------------------------------------------------------------------
 
-template <typename I>
-__device__ __forceinline__ void fake_quantize4(const float (&v)[kVec], I e, I numel, const ParamIndex<I>& pidx,
-                                               const Params& P, float (&out)[kVec]) {
+// One driver for every element-wise kernel: each thread takes two items of kVec consecutive
+// elements per step, issues all their loads before any arithmetic (the division chain would
+// otherwise leave one 16-byte load in flight per thread), and writes op(values, s, zp) per
+// element, values being the element's kIn inputs.
+template <int kIn>
+struct Inputs {
+  const float* p[kIn];
+};
+
+template <bool kAligned, typename I, int kIn, typename Out, class Op>
+__device__ __forceinline__ void map_item(const float (&v)[kIn][kVec], I e, I numel, const ParamIndex<I>& pidx,
+                                         const Params& P, const Op& op, Out* __restrict__ out) {
   I ps[kVec];
   pidx.item(e, numel, ps);
+  Out o[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
-    const float s = __ldg(P.scale + ps[j]), zp = __ldg(P.zero_point + ps[j]);
-    const float q = clampf(__fadd_rn(rintf(__fdiv_rn(v[j], s)), zp), P.qmin, P.qmax);
-    out[j] = __fmul_rn(__fsub_rn(q, zp), s);
+    float a[kIn];
+#pragma unroll
+    for (int k = 0; k < kIn; ++k) a[k] = v[k][j];
+    o[j] = op(a, __ldg(P.scale + ps[j]), __ldg(P.zero_point + ps[j]), P);
   }
+  store4<kAligned>(out, e, numel, o);
 }
 
-// Two items per thread per step, both loads issued before the arithmetic: the division chain
-// would otherwise leave one 16-byte load in flight per thread.
-template <bool kAligned, typename I>
-__global__ void fake_quantize_kernel(const float* __restrict__ x, float* __restrict__ y, I numel, ParamIndex<I> pidx,
-                                     Params P) {
+template <bool kAligned, typename I, int kIn, typename Out, class Op>
+__global__ void map_kernel(Inputs<kIn> in, Out* __restrict__ out, I numel, ParamIndex<I> pidx, Params P, Op op) {
   const I stride = I(gridDim.x) * blockDim.x * kVec * 2;
   for (I e0 = (I(blockIdx.x) * blockDim.x * 2 + threadIdx.x) * kVec; e0 < numel; e0 += stride) {
     const I e1 = e0 + I(blockDim.x) * kVec;
-    float v0[kVec], v1[kVec], o0[kVec], o1[kVec];
-    load4<kAligned>(x, e0, numel, v0);
-    if (e1 < numel) load4<kAligned>(x, e1, numel, v1);
-    fake_quantize4(v0, e0, numel, pidx, P, o0);
-    store4<kAligned>(y, e0, numel, o0);
-    if (e1 < numel) {
-      fake_quantize4(v1, e1, numel, pidx, P, o1);
-      store4<kAligned>(y, e1, numel, o1);
-    }
-  }
-}
-
-template <bool kAligned, typename I>
-__global__ void fake_quantize_backward_kernel(const float* x, const float* g, float* gx, I numel, ParamIndex<I> pidx,
-                                              Params P) {
-  const I stride = I(gridDim.x) * blockDim.x * kVec;
-  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
-    float v[kVec], gv[kVec], out[kVec];
-    load4<kAligned>(x, e, numel, v);
-    load4<kAligned>(g, e, numel, gv);
-    I ps[kVec];
-    pidx.item(e, numel, ps);
+    float v0[kIn][kVec], v1[kIn][kVec];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const I p = ps[j];
-      const float q = __fadd_rn(rintf(__fdiv_rn(v[j], __ldg(P.scale + p))), __ldg(P.zero_point + p));
-      out[j] = (q >= P.qmin && q <= P.qmax) ? gv[j] : 0.0f;
+    for (int k = 0; k < kIn; ++k) {
+      load4<kAligned>(in.p[k], e0, numel, v0[k]);
+      if (e1 < numel) load4<kAligned>(in.p[k], e1, numel, v1[k]);
     }
-    store4<kAligned>(gx, e, numel, out);
+    map_item<kAligned>(v0, e0, numel, pidx, P, op, out);
+    if (e1 < numel) map_item<kAligned>(v1, e1, numel, pidx, P, op, out);
   }
 }
 
-template <bool kAligned, typename I>
-__global__ void quantize_to_int_kernel(const float* x, std::int32_t* q, I numel, ParamIndex<I> pidx, Params P,
-                                       long long qmin, long long qmax) {
-  const I stride = I(gridDim.x) * blockDim.x * kVec;
-  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
-    float v[kVec];
-    std::int32_t out[kVec];
-    load4<kAligned>(x, e, numel, v);
-    I ps[kVec];
-    pidx.item(e, numel, ps);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const I p = ps[j];
-      const float f = __fadd_rn(rintf(__fdiv_rn(v[j], __ldg(P.scale + p))), __ldg(P.zero_point + p));
-      // Through int64 as the reference: float32 cannot hold the int32 bounds of 32-bit ranges.
-      long long i = isnan(f) ? qmin : __float2ll_rz(f);
-      i = i < qmin ? qmin : (i > qmax ? qmax : i);
-      out[j] = std::int32_t(i);
-    }
-    store4<kAligned>(q, e, numel, out);
+// (clamp(round(x / s) + zp) - zp) * s
+struct FakeQuantizeOp {
+  __device__ float operator()(const float (&a)[1], float s, float zp, const Params& P) const {
+    const float q = clampf(__fadd_rn(rintf(__fdiv_rn(a[0], s)), zp), P.qmin, P.qmax);
+    return __fmul_rn(__fsub_rn(q, zp), s);
   }
-}
+};
 
-// --- LSQ --------------------------------------------------------------------------------------
-
-template <bool kAligned, typename I>
-__global__ void lsq_forward_kernel(const float* x, float* y, I numel, ParamIndex<I> pidx, Params P) {
-  const I stride = I(gridDim.x) * blockDim.x * kVec;
-  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
-    float v[kVec], out[kVec];
-    load4<kAligned>(x, e, numel, v);
-    I ps[kVec];
-    pidx.item(e, numel, ps);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const I p = ps[j];
-      const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
-      const float c = clampf(__fadd_rn(__fdiv_rn(v[j], s), zp), P.qmin, P.qmax);
-      out[j] = __fmul_rn(__fsub_rn(rintf(c), zp), s);
-    }
-    store4<kAligned>(y, e, numel, out);
+// {x, grad}: grad where round(x / s) + zp is inside the range.
+struct StraightThroughOp {
+  __device__ float operator()(const float (&a)[2], float s, float zp, const Params& P) const {
+    const float q = __fadd_rn(rintf(__fdiv_rn(a[0], s)), zp);
+    return (q >= P.qmin && q <= P.qmax) ? a[1] : 0.0f;
   }
-}
+};
+
+struct ToIntOp {
+  long long qmin, qmax;
+  __device__ std::int32_t operator()(const float (&a)[1], float s, float zp, const Params&) const {
+    const float f = __fadd_rn(rintf(__fdiv_rn(a[0], s)), zp);
+    // Through int64 as the reference: float32 cannot hold the int32 bounds of 32-bit ranges.
+    long long i = isnan(f) ? qmin : __float2ll_rz(f);
+    i = i < qmin ? qmin : (i > qmax ? qmax : i);
+    return std::int32_t(i);
+  }
+};
+
+// LSQ: (round(clamp(x / s + zp)) - zp) * s
+struct LsqForwardOp {
+  __device__ float operator()(const float (&a)[1], float s, float zp, const Params& P) const {
+    const float c = clampf(__fadd_rn(__fdiv_rn(a[0], s), zp), P.qmin, P.qmax);
+    return __fmul_rn(__fsub_rn(rintf(c), zp), s);
+  }
+};
 
 // Note [Warp runs]
 // Lanes of a warp cover consecutive elements, so lanes that share a parameter form contiguous
@@ -413,56 +393,30 @@ struct Soft {
   float zeta_minus_gamma, gamma;
 };
 
-template <bool kAligned, typename I>
-__global__ void soft_round_forward_kernel(const float* x, const float* vv, float* y, I numel, ParamIndex<I> pidx,
-                                          Params P, Soft r) {
-  const I stride = I(gridDim.x) * blockDim.x * kVec;
-  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
-    float xv[kVec], v[kVec], out[kVec];
-    load4<kAligned>(x, e, numel, xv);
-    load4<kAligned>(vv, e, numel, v);
-    I ps[kVec];
-    pidx.item(e, numel, ps);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const I p = ps[j];
-      const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
-      const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v[j])));
-      const float h = clampf(__fadd_rn(__fmul_rn(sig, r.zeta_minus_gamma), r.gamma), 0.0f, 1.0f);
-      const float q = clampf(__fadd_rn(__fadd_rn(floorf(__fdiv_rn(xv[j], s)), h), zp), P.qmin, P.qmax);
-      out[j] = __fmul_rn(__fsub_rn(q, zp), s);
-    }
-    store4<kAligned>(y, e, numel, out);
-  }
-}
+__device__ __forceinline__ float sigmoid(float v) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v))); }
 
-template <bool kAligned, typename I>
-__global__ void soft_round_backward_kernel(const float* x, const float* vv, const float* g, float* gv, I numel,
-                                           ParamIndex<I> pidx, Params P, Soft r) {
-  const I stride = I(gridDim.x) * blockDim.x * kVec;
-  for (I e = (I(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; e < numel; e += stride) {
-    float xv[kVec], v[kVec], gr[kVec], out[kVec];
-    load4<kAligned>(x, e, numel, xv);
-    load4<kAligned>(vv, e, numel, v);
-    load4<kAligned>(g, e, numel, gr);
-    I ps[kVec];
-    pidx.item(e, numel, ps);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const I p = ps[j];
-      const float s = __ldg(P.scale + p), zp = __ldg(P.zero_point + p);
-      const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v[j])));
-      const float pre = __fadd_rn(__fmul_rn(sig, r.zeta_minus_gamma), r.gamma);
-      const float h = clampf(pre, 0.0f, 1.0f);
-      const float q = __fadd_rn(__fadd_rn(floorf(__fdiv_rn(xv[j], s)), h), zp);
-      const bool pass = pre >= 0.0f && pre <= 1.0f && q >= P.qmin && q <= P.qmax;
-      // Chain rule in the reference's order: * s (scale), * (zeta - gamma), sigmoid'.
-      out[j] = pass ? __fmul_rn(__fmul_rn(__fmul_rn(gr[j], s), r.zeta_minus_gamma), __fmul_rn(__fsub_rn(1.0f, sig), sig))
-                    : 0.0f;
-    }
-    store4<kAligned>(gv, e, numel, out);
+// {x, v}: (clamp(floor(x / s) + h(v) + zp) - zp) * s
+struct SoftRoundOp {
+  Soft r;
+  __device__ float operator()(const float (&a)[2], float s, float zp, const Params& P) const {
+    const float h = clampf(__fadd_rn(__fmul_rn(sigmoid(a[1]), r.zeta_minus_gamma), r.gamma), 0.0f, 1.0f);
+    const float q = clampf(__fadd_rn(__fadd_rn(floorf(__fdiv_rn(a[0], s)), h), zp), P.qmin, P.qmax);
+    return __fmul_rn(__fsub_rn(q, zp), s);
   }
-}
+};
+
+// {x, v, grad}: dL/dv, in the reference's order: * s (scale), * (zeta - gamma), sigmoid'.
+struct SoftRoundBackwardOp {
+  Soft r;
+  __device__ float operator()(const float (&a)[3], float s, float zp, const Params& P) const {
+    const float sig = sigmoid(a[1]);
+    const float pre = __fadd_rn(__fmul_rn(sig, r.zeta_minus_gamma), r.gamma);
+    const float q = __fadd_rn(__fadd_rn(floorf(__fdiv_rn(a[0], s)), clampf(pre, 0.0f, 1.0f)), zp);
+    const bool pass = pre >= 0.0f && pre <= 1.0f && q >= P.qmin && q <= P.qmax;
+    return pass ? __fmul_rn(__fmul_rn(__fmul_rn(a[2], s), r.zeta_minus_gamma), __fmul_rn(__fsub_rn(1.0f, sig), sig))
+                : 0.0f;
+  }
+};
 
 // --- observers --------------------------------------------------------------------------------
 
@@ -573,6 +527,20 @@ void dispatch(std::int64_t numel, bool is_aligned, F f) {
   else f(std::false_type{}, std::uint64_t{});
 }
 
+// Launches map_kernel for op over the inputs (each of a.numel floats) into out.
+template <int kIn, typename Out, class Op>
+void map(const char* name, const Inputs<kIn>& in, Out* out, const QuantPtrs& a, Op op, cudaStream_t stream) {
+  if (a.numel == 0) return;
+  bool all_aligned = aligned(out);
+  for (int k = 0; k < kIn; ++k) all_aligned = all_aligned && aligned(in.p[k]);
+  dispatch(a.numel, all_aligned, [&](auto al, auto index) {
+    using I = decltype(index);
+    map_kernel<decltype(al)::value, I, kIn, Out, Op><<<blocks_for((a.numel + 1) / 2), kThreads, 0, stream>>>(
+        in, out, I(a.numel), ParamIndex<I>(a.layout), params_of(a), op);
+  });
+  check_launch(name);
+}
+
 }  // namespace
 
 #define SPARSEBIT_TYPES \
@@ -580,43 +548,19 @@ void dispatch(std::int64_t numel, bool is_aligned, F f) {
   constexpr bool A = decltype(al)::value
 
 void fake_quantize(const QuantPtrs& a, float* y, cudaStream_t stream) {
-  if (a.numel == 0) return;
-  dispatch(a.numel, aligned(a.x) && aligned(y), [&](auto al, auto index) {
-    SPARSEBIT_TYPES;
-    fake_quantize_kernel<A, I>
-        <<<blocks_for(a.numel), kThreads, 0, stream>>>(a.x, y, I(a.numel), ParamIndex<I>(a.layout), params_of(a));
-  });
-  check_launch("fake_quantize");
+  map<1>("fake_quantize", {a.x}, y, a, FakeQuantizeOp{}, stream);
 }
 
 void fake_quantize_backward(const QuantPtrs& a, const float* grad, float* grad_x, cudaStream_t stream) {
-  if (a.numel == 0) return;
-  dispatch(a.numel, aligned(a.x) && aligned(grad) && aligned(grad_x), [&](auto al, auto index) {
-    SPARSEBIT_TYPES;
-    fake_quantize_backward_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(
-        a.x, grad, grad_x, I(a.numel), ParamIndex<I>(a.layout), params_of(a));
-  });
-  check_launch("fake_quantize_backward");
+  map<2>("fake_quantize_backward", {a.x, grad}, grad_x, a, StraightThroughOp{}, stream);
 }
 
 void quantize_to_int(const QuantPtrs& a, std::int32_t* q, cudaStream_t stream) {
-  if (a.numel == 0) return;
-  dispatch(a.numel, aligned(a.x) && aligned(q), [&](auto al, auto index) {
-    SPARSEBIT_TYPES;
-    quantize_to_int_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(
-        a.x, q, I(a.numel), ParamIndex<I>(a.layout), params_of(a), (long long)a.qmin, (long long)a.qmax);
-  });
-  check_launch("quantize_to_int");
+  map<1>("quantize_to_int", {a.x}, q, a, ToIntOp{(long long)a.qmin, (long long)a.qmax}, stream);
 }
 
 void lsq_forward(const QuantPtrs& a, float* y, cudaStream_t stream) {
-  if (a.numel == 0) return;
-  dispatch(a.numel, aligned(a.x) && aligned(y), [&](auto al, auto index) {
-    SPARSEBIT_TYPES;
-    lsq_forward_kernel<A, I>
-        <<<blocks_for(a.numel), kThreads, 0, stream>>>(a.x, y, I(a.numel), ParamIndex<I>(a.layout), params_of(a));
-  });
-  check_launch("lsq_forward");
+  map<1>("lsq_forward", {a.x}, y, a, LsqForwardOp{}, stream);
 }
 
 void lsq_backward(const QuantPtrs& a, const float* grad, float* grad_x, float* grad_scale, float* grad_zero_point,
@@ -632,26 +576,12 @@ void lsq_backward(const QuantPtrs& a, const float* grad, float* grad_x, float* g
 }
 
 void soft_round_forward(const QuantPtrs& a, const float* v, float zeta, float gamma, float* y, cudaStream_t stream) {
-  if (a.numel == 0) return;
-  const Soft r{zeta - gamma, gamma};
-  dispatch(a.numel, aligned(a.x) && aligned(v) && aligned(y), [&](auto al, auto index) {
-    SPARSEBIT_TYPES;
-    soft_round_forward_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(
-        a.x, v, y, I(a.numel), ParamIndex<I>(a.layout), params_of(a), r);
-  });
-  check_launch("soft_round_forward");
+  map<2>("soft_round_forward", {a.x, v}, y, a, SoftRoundOp{{zeta - gamma, gamma}}, stream);
 }
 
 void soft_round_backward(const QuantPtrs& a, const float* v, float zeta, float gamma, const float* grad, float* grad_v,
                          cudaStream_t stream) {
-  if (a.numel == 0) return;
-  const Soft r{zeta - gamma, gamma};
-  dispatch(a.numel, aligned(a.x) && aligned(v) && aligned(grad) && aligned(grad_v), [&](auto al, auto index) {
-    SPARSEBIT_TYPES;
-    soft_round_backward_kernel<A, I><<<blocks_for(a.numel), kThreads, 0, stream>>>(
-        a.x, v, grad, grad_v, I(a.numel), ParamIndex<I>(a.layout), params_of(a), r);
-  });
-  check_launch("soft_round_backward");
+  map<3>("soft_round_backward", {a.x, v, grad}, grad_v, a, SoftRoundBackwardOp{{zeta - gamma, gamma}}, stream);
 }
 
 void range_per_param(const float* x, std::int64_t numel, const Layout& layout, float* lo, float* hi,

@@ -9,31 +9,18 @@
 #include <cmath>
 #include <limits>
 
-#include "sparsebit/core/registry.h"
-#include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/kernels.h"
 #include "sparsebit/sdk/quant.h"
+#include "test_support.h"
 
 namespace sparsebit {
 namespace {
-
-// The plugins built with this tree (the build's plugin folder), loaded once.
-void load_shipped_plugins() {
-  static Registry* r = [] {
-    auto* reg = new Registry();
-    PluginSearch s;
-    s.use_environment = false;
-    reg->load(s);
-    return reg;
-  }();
-  (void)r;
-}
 
 class CudaKernels : public ::testing::Test {
  protected:
   void SetUp() override {
     if (c10::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    load_shipped_plugins();
+    testing::shipped_registry();
     use_device_kernels(true);
     ASSERT_NE(quant_kernels(c10::DeviceType::CUDA), nullptr) << "the cuda kernels plugin did not load";
   }
@@ -130,7 +117,9 @@ TEST_F(CudaKernels, StraightThroughGradient) {
     const at::Tensor xg = x.cuda().set_requires_grad(true);
     fake_quantize(xg, to_cuda(p), c.spec).backward(g.cuda());
     EXPECT_TRUE(at::equal(xc.grad(), xg.grad().cpu()));
-    if (c.spec.bits < 32) EXPECT_GT((xg.grad() == 0).sum().item<std::int64_t>(), 0) << "nothing clipped";
+    if (c.spec.bits < 32) {
+      EXPECT_GT((xg.grad() == 0).sum().item<std::int64_t>(), 0) << "nothing clipped";
+    }
   }
 }
 
