@@ -32,6 +32,7 @@
 #include "sparsebit/core/qat.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/error.h"
@@ -264,7 +265,7 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   sb::AtomicFile json_out(a.output + ".json"), html_out(a.output + ".html");
   sb::Registry registry;
   registry.load(config.plugins);
-  sb::QuantModel qm(sb::load_onnx(a.model), config, registry);
+  sb::QuantModel qm(sb::load_and_lift(a.model, registry, a.calib), config, registry);
   {
     auto data = sb::open_dataset(a.calib, qm.graph().inputs);
     sb::cli::Progress bar("calibrating", !g.quiet);
@@ -409,7 +410,7 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
   sb::Registry registry;
   registry.load(config.plugins);
   const auto import_start = std::chrono::steady_clock::now();
-  sb::Model model = sb::load_onnx(a.model);
+  sb::Model model = sb::load_and_lift(a.model, registry, a.calib);
   const double import_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - import_start).count();
   json pruning;
@@ -508,10 +509,10 @@ int cmd_qat(QatArgs a, const GlobalOptions& g) {
 
   sb::Registry registry;
   registry.load(config.plugins);
-  sb::Model float_model = sb::load_onnx(a.model);
+  sb::Model float_model = sb::load_and_lift(a.model, registry, a.calib);
   sb::Executor teacher(float_model.graph, registry);
   teacher.to(config.calibration.device);
-  sb::QuantModel qm(sb::load_onnx(a.model), config, registry);
+  sb::QuantModel qm(sb::load_and_lift(a.model, registry, a.calib), config, registry);  // its own tensors: QAT trains them
   const auto& inputs = qm.graph().inputs;
   sb::CalibrationStats stats;
   {
@@ -581,7 +582,7 @@ int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
 
   sb::Registry registry;
   registry.load(config.plugins);
-  sb::Model model = sb::load_onnx(a.model);
+  sb::Model model = sb::load_and_lift(a.model, registry, a.calib);
   sb::PruneResult r = prune_and_log(model, config, registry, a.calib);
   json rep = json::parse(sb::prune_report_json(r));
   rep["model"] = a.model;

@@ -383,27 +383,48 @@ at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source,
 
 std::optional<Batch> Batcher::next() {
   auto pending_rows = [&]() -> std::int64_t { return pending_.empty() ? 0 : pending_[0].size(0); };
-  while (!exhausted_ && pending_rows() < batch_size_ && (limit_ == 0 || delivered_ + pending_rows() < limit_)) {
-    auto rec = data_.next();
-    if (!rec) {
-      exhausted_ = true;
-      break;
-    }
-    if (rec->inputs.size() != inputs_.size()) {
-      throw Error(rec->source + ": provides " + std::to_string(rec->inputs.size()) + " input(s), the model has " +
-                  std::to_string(inputs_.size()));
-    }
+  // Samples of other sizes (symbolic dims: text lines of different widths) never share a batch:
+  // a record whose sizes differ from the pending ones waits for the next batch.
+  auto same_sizes = [&](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (a[i].sizes().slice(1) != b[i].sizes().slice(1)) return false;
+    return true;
+  };
+  while (pending_rows() < batch_size_ && (limit_ == 0 || delivered_ + pending_rows() < limit_)) {
     std::vector<at::Tensor> conformed;
-    for (std::size_t i = 0; i < inputs_.size(); ++i) conformed.push_back(conform(rec->inputs[i], inputs_[i], rec->source, rec->batched));
-    for (std::size_t i = 1; i < conformed.size(); ++i)
-      if (conformed[i].size(0) != conformed[0].size(0))
-        throw Error(rec->source + ": inputs have different batch sizes");
+    std::string source;
+    if (!held_.empty()) {
+      conformed = std::move(held_);
+      source = std::move(held_source_);
+      held_.clear();
+    } else {
+      if (exhausted_) break;
+      auto rec = data_.next();
+      if (!rec) {
+        exhausted_ = true;
+        break;
+      }
+      if (rec->inputs.size() != inputs_.size()) {
+        throw Error(rec->source + ": provides " + std::to_string(rec->inputs.size()) + " input(s), the model has " +
+                    std::to_string(inputs_.size()));
+      }
+      for (std::size_t i = 0; i < inputs_.size(); ++i)
+        conformed.push_back(conform(rec->inputs[i], inputs_[i], rec->source, rec->batched));
+      for (std::size_t i = 1; i < conformed.size(); ++i)
+        if (conformed[i].size(0) != conformed[0].size(0))
+          throw Error(rec->source + ": inputs have different batch sizes");
+      source = rec->source;
+    }
     if (pending_.empty()) {
       pending_ = conformed;
-      pending_source_ = rec->source;
+      pending_source_ = source;
+    } else if (!same_sizes(pending_, conformed)) {
+      held_ = std::move(conformed);
+      held_source_ = std::move(source);
+      break;
     } else {
       for (std::size_t i = 0; i < pending_.size(); ++i) pending_[i] = at::cat({pending_[i], conformed[i]}, 0);
-      if (pending_source_ != rec->source) pending_source_ += ", " + rec->source;
+      if (pending_source_ != source) pending_source_ += ", " + source;
     }
   }
   std::int64_t rows = std::min(pending_rows(), batch_size_);

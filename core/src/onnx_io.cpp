@@ -1,4 +1,5 @@
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/opset_lift.h"
 
 #include <ATen/ATen.h>
 #include <onnx/checker.h>
@@ -506,11 +507,13 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   if (model.meta.source_opset == 0) {
     throw Error(name + ": the model imports no opset of the default ONNX domain; is it an ONNX model?");
   }
-  if (options.min_opset > 0 && model.meta.source_opset < options.min_opset) {
+  if (model.meta.source_opset < kMinLiftableOpset) {
+    // Before 7, broadcasting followed other rules that our executor does not run.
     sdk::log_info(name + ": converting from opset " + std::to_string(model.meta.source_opset) + " to " +
-                  std::to_string(options.min_opset) + " with ONNX's version converter");
-    proto = convert_isolated(proto, options.min_opset, name, model.meta.source_opset);
+                  std::to_string(kMinLiftableOpset) + " with ONNX's version converter");
+    proto = convert_isolated(proto, kMinLiftableOpset, name, model.meta.source_opset);
   }
+  for (const auto& v : proto.graph().value_info()) model.meta.value_info.push_back(value_info_from_proto(v));
 
   const fs::path base = fs::path(name).parent_path();
   Graph& g = model.graph;
@@ -563,6 +566,16 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
     throw Error(name + ": " + e.what());
   }
 
+  if (options.min_opset > g.default_opset()) {
+    try {
+      const LiftReport r = lift_opset(g, options.min_opset, static_value_facts(g, model.meta.value_info));
+      sdk::log_info(name + ": lifted from opset " + std::to_string(r.from) + " to " + std::to_string(r.to) + " (" +
+                    std::to_string(r.rewrites.size()) + " node rewrites)");
+      for (const auto& line : r.rewrites) sdk::log_debug("  " + line);
+    } catch (const Error& e) {
+      throw Error(name + ": " + e.what());
+    }
+  }
   for (const auto& kv : proto.metadata_props()) model.meta.metadata_props[kv.key()] = kv.value();
   // Keep model-level fields; nodes and tensors live in the IR from now on.
   // The graph's bulk moves out first, so that the copy is of the small remainder only.

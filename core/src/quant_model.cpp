@@ -1,5 +1,6 @@
 #include "sparsebit/core/quant_model.h"
 
+#include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/passes.h"
 #include "layerwise.h"
 #include "plugin_call.h"
@@ -88,6 +89,14 @@ class SlotState final : public QuantState {
 
 QuantModel::QuantModel(Model model, Config config, const Registry& registry)
     : model_(std::make_unique<Model>(std::move(model))), config_(std::move(config)), registry_(&registry) {
+  // Per-channel Q/DQ needs opset 13, and lifting later would move the inputs quantizers refer to.
+  if (model_->graph.default_opset() < 13) {
+    try {
+      lift_opset(model_->graph, 13, static_value_facts(model_->graph, model_->meta.value_info));
+    } catch (const Error& e) {
+      throw Error(model_->meta.source_path + ": " + e.what());
+    }
+  }
   const auto* backend = registry.backend(config_.backend);
   if (!backend) {
     throw Error(config_.source + ": backend '" + config_.backend + "' is not provided by any loaded plugin (installed: " +
@@ -596,28 +605,11 @@ std::string QuantModel::serialize(std::string* external, const std::string& exte
 // storage clipped to 16 levels): ONNX Runtime 1.30's graph optimizer moves an int4 activation
 // Q/DQ pair across MaxPool and then rejects the MaxPool on int4 data (measured on the
 // Fashion-MNIST fixture), while int4 weights behind DequantizeLinear run at every optimization
-// level. Nodes keep their meaning when only the opset import is
-// raised if every op in the graph has the same semantics from opset 13 to 21 for the forms the
-// executor runs; otherwise the export is refused (ONNX's version converter knows opsets up to
-// 17 only). Other widths below 8 use Note [Narrow export].
+// level. The graph is lifted from 13 to 21 by the rules of Note [Opset lifting], which keep every
+// node and the position of its inputs and add none, so the slots still address the right inputs. Other widths
+// below 8 use Note [Narrow export].
+
 namespace {
-const std::set<std::string> kSameFrom13To21 = {
-    "Conv", "Gemm", "MatMul", "BatchNormalization", "Relu", "Clip", "Sigmoid", "HardSigmoid", "Add", "Mul", "MaxPool",
-    "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Concat", "Softmax", "Identity", "Dropout", "Pad",
-    "QuantizeLinear", "DequantizeLinear", "Max", "Min", "Sub", "Div"};
-
-void lift_to_opset21(Graph& g, const std::string& why) {
-  const std::int64_t opset = g.default_opset();
-  if (opset >= 21) return;
-  for (const Node* n : g.nodes()) {
-    if (!n->domain.empty() || kSameFrom13To21.count(n->op_type)) continue;
-    throw Error(why + " export needs opset 21, but " + n->describe() + " may change meaning between opset " +
-                std::to_string(opset) + " and 21 and cannot be lifted automatically; export it at 8 bits (or keep " +
-                "the node in float with `skip`), or re-export the model at opset 21");
-  }
-  g.opset_imports[""] = 21;
-}
-
 // Note [BN folding at export]
 // A BatchNormalization left in the model (fuse_bn = false, e.g. to train it in QAT) after a Conv
 // whose weight is quantized per output channel is folded into that Conv on export: with
@@ -699,16 +691,25 @@ Graph QuantModel::export_graph() const {
     g.initializers[name] = executor_->constants().at(name).detach().to(at::kCPU).clone();
   for (const auto& [name, t] : named_states())  // running statistics
     g.initializers[name.substr(6)] = t.detach().to(at::kCPU).clone();
-  const std::int64_t opset = std::max<std::int64_t>({g.default_opset(), backend_->min_export_opset(), 13});
-  g.opset_imports[""] = opset;
-  bool int4 = false, wide16 = false;
+  std::int64_t opset = std::max<std::int64_t>({g.default_opset(), backend_->min_export_opset(), 13});
+  std::string why = "the backend";
   for (const auto& s : slots_) {
-    int4 = int4 || (usable(s) && s.role == InputRole::kWeight && (s.spec.bits == 4 || s.spec.group_size > 0));
-    wide16 = wide16 || (usable(s) && s.role == InputRole::kActivation && s.spec.bits == 16);
+    if (!usable(s) || opset >= 21) continue;
+    if (s.role == InputRole::kWeight && (s.spec.bits == 4 || s.spec.group_size > 0)) why = "4-bit or per-group Q/DQ";
+    else if (s.role == InputRole::kActivation && s.spec.bits == 16) why = "16-bit Q/DQ";
+    else continue;
+    opset = 21;  // Note [4-bit export]
   }
-  if (int4) lift_to_opset21(g, "4-bit Q/DQ");  // Note [4-bit export]
-  if (wide16) lift_to_opset21(g, "16-bit Q/DQ");
-  const auto consumers = g.nodes();  // indices match slots' node_index
+  if (opset > g.default_opset()) {
+    try {
+      lift_opset(g, opset, static_value_facts(g, model_->meta.value_info));
+    } catch (const Error& e) {
+      throw Error(why + " export needs opset " + std::to_string(opset) + ": " + e.what() +
+                  "; export at 8 bits (or keep the node in float with `skip`)");
+    }
+  }
+  const auto consumers = g.nodes();  // indices match slots' node_index (the 13+ rules add no node)
+  if (consumers.size() != model_->graph.num_nodes()) throw Error("internal: lifting for export changed the node count");
   std::map<std::string, std::string> made;  // dedupe key -> dequantized tensor name
 
   for (const auto& s : slots_) {

@@ -41,8 +41,10 @@ class SPARSEBIT_API Dataset {
 /// Opens PATH in whichever of the layouts above it is, for a model with `inputs`.
 SPARSEBIT_API std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs);
 
-/// Regroups any dataset's records into batches of exactly `batch_size` samples (the last may be
-/// smaller), stopping after `limit` samples (0: no limit). Validates every record.
+/// Regroups any dataset's records into batches of exactly `batch_size` samples, stopping after
+/// `limit` samples (0: no limit). A batch holds samples of one size only: where consecutive
+/// samples differ in a dim the model leaves open (symbolic width, length), the batch before the
+/// change is delivered smaller. The last batch may be smaller too. Validates every record.
 class SPARSEBIT_API Batcher {
  public:
   Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64_t batch_size, std::int64_t limit);
@@ -55,6 +57,8 @@ class SPARSEBIT_API Batcher {
   std::int64_t batch_size_, limit_, delivered_ = 0;
   std::vector<at::Tensor> pending_;
   std::string pending_source_;
+  std::vector<at::Tensor> held_;  ///< a record of other sizes, first in the next batch
+  std::string held_source_;
   bool exhausted_ = false;
 };
 

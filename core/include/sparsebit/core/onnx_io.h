@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// ONNX import and export. Import lifts models below opset 13 with ONNX's version converter
-/// (per-channel QuantizeLinear needs 13), folds Constant nodes into initializers, names unnamed
-/// nodes, reads external data, and validates the graph. Export re-emits the IR with the
+/// ONNX import and export. Import lifts models below opset 13 with Sparsebit's own rules
+/// (sparsebit/core/opset_lift.h; per-channel QuantizeLinear needs 13; models older than opset 7
+/// go through ONNX's version converter to 7 first), folds Constant nodes into initializers,
+/// names unnamed nodes, reads external data, and validates the graph. Export re-emits the IR with the
 /// original model's metadata, runs ONNX's checker where the installed ONNX knows the opset, and
 /// writes atomically.
 
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "sparsebit/sdk/graph.h"
 
@@ -21,6 +23,7 @@ struct ModelMeta {
   std::int64_t source_opset = 0;  ///< default-domain opset before any conversion
   std::string skeleton;           ///< serialized ModelProto without nodes and initializers
   std::map<std::string, std::string> metadata_props;  ///< the model's metadata_props, as imported
+  std::vector<ValueInfo> value_info;  ///< declared types and shapes of intermediate values (for lifting)
 };
 
 struct Model {
@@ -29,7 +32,8 @@ struct Model {
 };
 
 struct ImportOptions {
-  /// Models of a lower default-domain opset are converted to this one (0: never convert).
+  /// Models of a lower default-domain opset are lifted to this one with static facts only (0:
+  /// keep the model's opset; the CLI lifts later with lift_model(), which also runs a sample).
   std::int64_t min_opset = 13;
 };
 
