@@ -35,6 +35,7 @@
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/registry.h"
+#include "sparsebit/core/saturation.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/version.h"
 
@@ -181,11 +182,18 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
   }
   int qdq = 0;
   for (const auto* n : model.graph.nodes()) qdq += n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear";
+  const sb::SaturationCheck saturation = sb::check_u8s8_saturation(model.graph);  // Note [u8s8 saturation]
   if (as_json) {
     json j;
     j["model"] = model_path;
     j["opset"] = model.graph.default_opset();
-    j["quantization"] = {{"qdq_nodes", qdq}, {"narrow_bits", narrow}};
+    json risks = json::array();
+    for (const auto& r : saturation.at_risk)
+      risks.push_back({{"node", r.node}, {"op", r.op_type}, {"weight", r.weight}, {"pairs", r.pairs},
+                       {"pairs_over", r.pairs_over}, {"worst_pair", r.worst_pair}});
+    j["quantization"] = {{"qdq_nodes", qdq},
+                         {"narrow_bits", narrow},
+                         {"u8s8_saturation", {{"layers_checked", saturation.layers_checked}, {"at_risk", risks}}}};
     j["nodes"] = model.graph.num_nodes();
     j["initializers"] = model.graph.initializers.size();
     j["inputs"] = json::array();
@@ -217,6 +225,13 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     if (!narrow.empty()) std::cout << "; tensors quantized below 8 bits (sparsebit.bits):";
     std::cout << "\n";
     for (const auto& [tensor, bits] : narrow.items()) std::cout << "    " << tensor << ": " << bits << " bits\n";
+    if (saturation.layers_checked > 0) {
+      std::cout << "  u8 x s8 pair saturation (x86 without VNNI): " << saturation.at_risk.size() << " of "
+                << saturation.layers_checked << " integer layers at risk\n";
+      for (const auto& r : saturation.at_risk)
+        std::cout << "    " << r.node << " (" << r.op_type << "): " << r.pairs_over << " of " << r.pairs
+                  << " weight pairs over, worst |w_i| + |w_j| = " << r.worst_pair << "\n";
+    }
   }
   return 0;
 }

@@ -47,6 +47,10 @@ QSpec QuantTableConfig::spec(bool is_weight, std::int64_t channel_axis) const {
   }
   s.narrow_range = narrow_range;
   s.is_weight = is_weight;
+  if (reduce_range && is_weight && bits == 8) {
+    s.bits = 7;
+    s.reduce_range = true;
+  }
   return s;
 }
 
@@ -132,8 +136,8 @@ struct Reader {
   /// the inherited observer (quantizer) options are dropped, since they were for another one.
   void quant_table(const toml::table& t, const std::string& name, QuantTableConfig& out) const {
     const std::string inherited_observer = out.observer, inherited_quantizer = out.quantizer;
-    check_keys(t, name, {"qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "disable",
-                         "observer_options", "quantizer_options"});
+    check_keys(t, name, {"qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "reduce_range",
+                         "disable", "observer_options", "quantizer_options"});
     out.qscheme = get<std::string>(t, name, "qscheme", out.qscheme, "a string");
     static const std::vector<std::string> schemes = {"per-tensor-symmetric", "per-tensor-affine", "per-channel-symmetric",
                                                      "per-channel-affine", "per-group-symmetric", "per-group-affine"};
@@ -154,6 +158,12 @@ struct Reader {
     out.observer = get<std::string>(t, name, "observer", out.observer, "a string");
     out.quantizer = get<std::string>(t, name, "quantizer", out.quantizer, "a string");
     out.narrow_range = get<bool>(t, name, "narrow_range", out.narrow_range, "true or false");
+    out.reduce_range = get<bool>(t, name, "reduce_range", out.reduce_range, "true or false");
+    if (t.contains("reduce_range") && out.reduce_range && name.back() == 'a')
+      throw Error(key_path(name, "reduce_range") + ": reduce range is for weights ([w]); activations keep 8 bits");
+    if (t.contains("reduce_range") && out.reduce_range && out.bits != 8)  // inherited, it applies at 8 bits only
+      throw Error(key_path(name, "reduce_range") + " puts 8-bit weights on a 7-bit grid; it needs bits = 8 (bits = " +
+                  std::to_string(out.bits) + ")");
     out.disable = get<bool>(t, name, "disable", out.disable, "true or false");
     for (const char* sub : {"observer_options", "quantizer_options"}) {
       const bool is_observer = std::string(sub) == "observer_options";

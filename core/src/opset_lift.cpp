@@ -618,6 +618,7 @@ LiftReport lift_model(Model& model, std::int64_t target, const Registry& registr
 Model load_and_lift(const std::string& path, const Registry& registry, const std::string& calib, std::int64_t target) {
   Model model = load_onnx(path, ImportOptions{0});
   if (model.graph.default_opset() >= target) return model;
+  Executor check(model.graph, registry);  // an op without a QModule is named before the data is read
   const std::vector<at::Tensor> sample = calib.empty() ? std::vector<at::Tensor>{} : sample_inputs(model.graph, calib);
   const LiftReport r = lift_model(model, target, registry, sample);
   sdk::log_info(path + ": lifted from opset " + std::to_string(r.from) + " to " + std::to_string(r.to) + " (" +

@@ -37,6 +37,7 @@ std::string QSpec::describe() const {
                         : std::string("per-tensor");
   s += symmetric ? " symmetric" : " affine";
   if (narrow_range) s += " narrow";
+  if (reduce_range) s += " reduce-range";
   return s;
 }
 

@@ -2,6 +2,7 @@
 
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/passes.h"
+#include "sparsebit/core/saturation.h"
 #include "layerwise.h"
 #include "plugin_call.h"
 
@@ -811,6 +812,9 @@ Graph QuantModel::export_graph() const {
   g.prune_dead();  // float weights now read by nobody
   g.topological_sort();
   g.validate();
+  if (backend_->checks_u8s8_saturation()) {  // Note [u8s8 saturation]
+    if (auto warning = saturation_warning(check_u8s8_saturation(g)); !warning.empty()) sdk::log_warn(warning);
+  }
   return g;
 }
 

@@ -315,5 +315,31 @@ TEST_F(Cli, PruneErrorsLeaveNoFile) {
                  {"--finetune needs --train"});
 }
 
+// A model whose opset cannot be lifted (a Dropout-9 mask changes type at opset 10 and is read)
+// is refused with one message naming the node and op, exit status 1, and no output file.
+TEST_F(Cli, ModelThatCannotBeLiftedIsRefusedNamingNodeAndOp) {
+  Graph g;
+  g.opset_imports[""] = 9;
+  g.inputs.push_back(ValueInfo{"x", 1, true, {Dim{-1, "batch"}, Dim{1, ""}, Dim{28, ""}, Dim{28, ""}}, ""});
+  g.outputs.push_back(g.inputs[0]);
+  g.outputs[0].name = "y";
+  Node drop;
+  drop.op_type = "Dropout";
+  drop.name = "drop";
+  drop.inputs = {"x"};
+  drop.outputs = {"kept", "mask"};
+  g.append(std::move(drop));
+  Node mul;
+  mul.op_type = "Mul";
+  mul.name = "mul";
+  mul.inputs = {"kept", "mask"};
+  mul.outputs = {"y"};
+  g.append(std::move(mul));
+  save_onnx(g, ModelMeta{}, work_ / "old_dropout.onnx");
+  auto r = run_cli(quantize(work_ / "old_dropout.onnx", calib_));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  expect_failure(r, {"old_dropout.onnx", "node 'drop' (Dropout)", "cannot be lifted from opset 9 to 13", "mask"});
+}
+
 }  // namespace
 }  // namespace sparsebit

@@ -102,9 +102,11 @@ TEST(Pipeline, StreamingAndLayerwiseCalibrationAgreeAndLayerwiseReleasesEarly) {
   EXPECT_EQ(stats.samples, 96);
   EXPECT_EQ(stats.batches, 6);
   ASSERT_EQ(a.slots().size(), b.slots().size());
+  // Same ranges up to float rounding: a convolution over 16 samples need not sum in the order it
+  // does over 32 (the BLAS kernel is chosen per processor and shape), so no bit equality here.
   for (std::size_t i = 0; i < a.slots().size(); ++i) {
     if (!a.slots()[i].calibrated) continue;
-    EXPECT_TRUE(at::equal(a.slots()[i].quantizer->qparams().scale, b.slots()[i].quantizer->qparams().scale))
+    EXPECT_TRUE(at::allclose(a.slots()[i].quantizer->qparams().scale, b.slots()[i].quantizer->qparams().scale, 1e-5, 0))
         << a.slots()[i].where();
   }
   // Release by out-degree: at most the residual branch plus the current output are cached,

@@ -1,7 +1,8 @@
 // The deployment targets shipped with Sparsebit. Their rules are checked when the config is
 // loaded, so an undeployable scheme fails in seconds, not at engine build time.
 //   virtual      simulation only: any bit width from 2 to 16, any scheme
-//   onnxruntime  W8A8 (QuantizeLinear/DequantizeLinear with int8/uint8), any scheme
+//   onnxruntime  W8A8 (QuantizeLinear/DequantizeLinear with int8/uint8), any scheme; weights may
+//                take ONNX Runtime's reduce range (a 7-bit grid in int8, [w] reduce_range = true)
 //   tensorrt     W8A8; weights symmetric (per channel or per tensor), activations per-tensor
 //                symmetric: TensorRT only accepts a zero point of 0. Placement: of a residual
 //                Add only the skip branch is quantized, so TensorRT can fuse the Add into the
@@ -16,6 +17,7 @@ namespace sparsebit::backends {
 namespace {
 
 std::optional<std::string> need_8_bits(const QSpec& s, const std::string& table) {
+  if (s.reduce_range && s.bits == 7) return std::nullopt;  // 7-bit grid in int8/uint8 storage
   if (s.bits != 8) return table + ".bits = " + std::to_string(s.bits) + ", this backend runs 8-bit only (set bits = 8 or use backend = \"virtual\")";
   return std::nullopt;
 }
@@ -27,6 +29,7 @@ class VirtualBackend final : public Backend {
     if (s.is_weight && s.bits > 8) return table + ".bits = " + std::to_string(s.bits) + ": weights take 2 to 8 bits";
     return std::nullopt;
   }
+  bool checks_u8s8_saturation() const override { return true; }
 };
 
 class OnnxRuntimeBackend final : public Backend {
@@ -35,6 +38,7 @@ class OnnxRuntimeBackend final : public Backend {
   std::optional<std::string> check(const QSpec& s, const std::string& table) const override { return need_8_bits(s, table); }
   // QLinearConv / QGemm add an int32 bias: simulate and export exactly that.
   bool quantize_bias() const override { return true; }
+  bool checks_u8s8_saturation() const override { return true; }
 };
 
 class TensorRTBackend final : public Backend {
@@ -43,6 +47,9 @@ class TensorRTBackend final : public Backend {
     return "TensorRT explicit quantization: W8A8, symmetric weights, per-tensor symmetric activations";
   }
   std::optional<std::string> check(const QSpec& s, const std::string& table) const override {
+    if (s.reduce_range)
+      return table + ".reduce_range: TensorRT's INT8 kernels accumulate in 32 bits on the GPU, a 7-bit grid only costs "
+                     "accuracy there (reduce_range is for ONNX Runtime on x86 processors without VNNI)";
     if (auto e = need_8_bits(s, table)) return e;
     if (!s.symmetric)
       return table + ".qscheme = \"" + s.qscheme() + "\": TensorRT needs a zero point of 0 (use a symmetric scheme)";

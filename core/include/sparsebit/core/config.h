@@ -69,6 +69,7 @@ struct SPARSEBIT_API QuantTableConfig {
   std::string observer = "minmax";
   std::string quantizer = "uniform";
   bool narrow_range = false;
+  bool reduce_range = false;  ///< weights only: a 7-bit grid stored in 8 bits (QSpec::reduce_range)
   bool disable = false;
   Options observer_options;
   Options quantizer_options;

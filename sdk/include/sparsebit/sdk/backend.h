@@ -41,6 +41,10 @@ class Backend {
   virtual std::int64_t min_export_opset() const { return 13; }
   /// Rewrites the exported QDQ graph in place (after Q/DQ insertion, before validation).
   virtual void adjust_export(Graph& graph) const { (void)graph; }
+  /// Whether the exported model is meant for runtimes whose x86 integer kernels add u8 x s8
+  /// products in pairs in 16 bits (ONNX Runtime without VNNI): the exporter then checks the
+  /// exported weights and warns about layers that can saturate (Note [u8s8 saturation]).
+  virtual bool checks_u8s8_saturation() const { return false; }
 };
 
 }  // namespace sparsebit

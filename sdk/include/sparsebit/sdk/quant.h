@@ -41,6 +41,10 @@ struct SPARSEBIT_API QSpec {
   std::int64_t group_axis = 1;
   bool narrow_range = false;
   bool is_weight = false;
+  /// Weights on the grid of `bits` (7) stored in bits + 1 (8): ONNX Runtime's reduce_range,
+  /// which keeps u8 x s8 pair sums within 16 bits on x86 processors without VNNI
+  /// (Note [u8s8 saturation]).
+  bool reduce_range = false;
 
   std::int64_t qmin() const;
   std::int64_t qmax() const;

@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 4;
+inline constexpr std::uint32_t kAbiVersion = 5;  // 5: QSpec::reduce_range, Backend::checks_u8s8_saturation
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 4;
+inline constexpr std::uint32_t kSdkVersionMinor = 5;
 
 }  // namespace sparsebit::sdk
 

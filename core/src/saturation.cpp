@@ -1,0 +1,89 @@
+// The u8 x s8 pair-saturation check of Note [u8s8 saturation].
+#include "sparsebit/core/saturation.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+namespace sparsebit {
+namespace {
+
+constexpr std::int64_t kMaxActivation = 255, kPairLimit = 32767;
+
+/// Weights as rows of the reduction axis in the order the kernels pair them.
+at::Tensor reduction_rows(const Node& n, const at::Tensor& w) {
+  if (n.op_type == "Conv") {
+    if (w.dim() < 3) return {};
+    std::vector<std::int64_t> perm{0};
+    for (std::int64_t d = 2; d < w.dim(); ++d) perm.push_back(d);
+    perm.push_back(1);  // channels last: kernel position major, input channel minor
+    return w.permute(perm).reshape({w.size(0), -1});
+  }
+  if (n.op_type == "Gemm") {
+    if (w.dim() != 2) return {};
+    return n.attr_int("transB", 0) ? w : w.t();
+  }
+  if (w.dim() < 2) return {};  // MatMul: along K of [..., K, N]
+  return w.transpose(-1, -2).reshape({-1, w.size(-2)});
+}
+
+bool eight_bit_activation(const Graph& g, const std::map<std::string, const Node*>& producer, const std::string& value) {
+  auto p = producer.find(value);
+  if (p == producer.end() || p->second->op_type != "DequantizeLinear" || !p->second->domain.empty()) return false;
+  const Node& dq = *p->second;
+  if (g.initializers.count(dq.inputs.at(0))) return false;  // a constant, not an activation
+  if (!dq.has_input(2)) return true;                         // uint8 by default
+  auto zp = g.initializers.find(dq.inputs[2]);
+  if (zp == g.initializers.end() || g.narrow_types.count(dq.inputs[2])) return false;
+  const auto t = zp->second.scalar_type();
+  return t == at::kByte || t == at::kChar;
+}
+
+}  // namespace
+
+SaturationCheck check_u8s8_saturation(const Graph& qdq) {
+  std::map<std::string, const Node*> producer;
+  for (const Node* n : qdq.nodes())
+    for (const auto& o : n->outputs) producer[o] = n;
+  SaturationCheck check;
+  for (const Node* n : qdq.nodes()) {
+    if (!n->domain.empty() || (n->op_type != "Conv" && n->op_type != "MatMul" && n->op_type != "Gemm") || !n->has_input(1))
+      continue;
+    auto p = producer.find(n->inputs[1]);
+    if (p == producer.end() || p->second->op_type != "DequantizeLinear") continue;
+    const std::string& weight = p->second->inputs.at(0);
+    auto w = qdq.initializers.find(weight);
+    if (w == qdq.initializers.end() || w->second.scalar_type() != at::kChar || qdq.narrow_types.count(weight)) continue;
+    if (!eight_bit_activation(qdq, producer, n->inputs[0])) continue;
+    at::Tensor rows = reduction_rows(*n, w->second);
+    if (!rows.defined() || rows.numel() == 0) continue;
+    ++check.layers_checked;
+    rows = rows.to(at::kInt).abs();
+    if (rows.size(1) % 2) rows = at::constant_pad_nd(rows, {0, 1});  // an odd K pairs its last weight with 0
+    const at::Tensor sums = rows.reshape({rows.size(0), -1, 2}).sum(-1);
+    SaturationRisk r;
+    r.node = n->name;
+    r.op_type = n->op_type;
+    r.weight = weight;
+    r.pairs = sums.numel();
+    r.worst_pair = sums.max().item<std::int64_t>();
+    r.pairs_over = (sums * kMaxActivation > kPairLimit).sum().item<std::int64_t>();
+    if (r.pairs_over > 0) check.at_risk.push_back(std::move(r));
+  }
+  return check;
+}
+
+std::string saturation_warning(const SaturationCheck& check) {
+  if (check.at_risk.empty()) return {};
+  std::string s = std::to_string(check.at_risk.size()) + " of " + std::to_string(check.layers_checked) +
+                  " Conv/MatMul/Gemm layers can saturate ONNX Runtime's 16-bit u8 x s8 pair sums on x86 processors "
+                  "without VNNI, where their results will differ from the simulation:";
+  for (const auto& r : check.at_risk)
+    s += " node '" + r.node + "' (" + r.op_type + ", " + std::to_string(r.pairs_over) + " of " + std::to_string(r.pairs) +
+         " weight pairs over, worst |w_i| + |w_j| = " + std::to_string(r.worst_pair) + ");";
+  s += " set [w] reduce_range = true to put weights on a 7-bit grid, which cannot saturate, when deploying on such "
+       "processors (those with VNNI are not affected)";
+  return s;
+}
+
+}  // namespace sparsebit
