@@ -11,6 +11,7 @@ packages=(
   dataset-fashion-mnist libonnx-testdata
   python3-torch python3-torchvision python3-onnx python3-numpy
   libopenblas0-pthread  # LibTorch calls BLAS for MatMul/Gemm: without it, the ~10x slower reference libblas3
+  qemu-user  # runs ONNX Runtime on an emulated x86 processor without VNNI (tests/ort/check_without_vnni.sh)
 )
 sudo=""
 [[ $(id -u) -ne 0 ]] && sudo="sudo"

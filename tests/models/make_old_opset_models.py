@@ -14,8 +14,14 @@ NAME/eval, NAME/input_name):
   opset 13 it normalizes over the flattened tail), ReduceSum/Unsqueeze/Squeeze/Split with
   attributes, TopK with a `k` attribute (9), and a Softmax head on axis 1 of 2-D.
 
-Calibration samples are text lines of different widths, one per .npy file; the evaluation batch
-has a width no calibration sample has.
+- onnx_testdata: ONNX's own old-opset models (libonnx-testdata's pytorch-converted and
+  pytorch-operator suites, opset 6: converted to 7 by ONNX's converter, lifted from there by
+  ours) with one float input, one output and a Conv/ConvTranspose/Gemm/MatMul: each goes to
+  onnx_<test name>/, calibrated on its test input with noise; reference.onnx beside it is ONNX's
+  own conversion to opset 13, the float reference ONNX Runtime runs (it refuses some opset-6 ops).
+
+Calibration samples of the models above are text lines of different widths, one per .npy file;
+the evaluation batch has a width no calibration sample has.
 
     /usr/bin/python3 tests/models/make_old_opset_models.py OUT_DIR [NAME ...]
 """
@@ -26,11 +32,12 @@ import numpy as np
 import onnx
 import torch
 import torch.nn as nn
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper, version_converter
 
 TORCH_OPSETS = (9, 10, 11, 12)
 PADDLE_OPSETS = (9, 11)
-ALL = [f"torch_ocr_opset{o}" for o in TORCH_OPSETS] + [f"paddle_style_opset{o}" for o in PADDLE_OPSETS]
+ALL = [f"torch_ocr_opset{o}" for o in TORCH_OPSETS] + [f"paddle_style_opset{o}" for o in PADDLE_OPSETS] + ["onnx_testdata"]
+TESTDATA = "/usr/share/libonnx-testdata/data"
 CALIB_WIDTHS = (12, 16, 20, 24, 12, 16, 20, 24)
 EVAL_WIDTH = 28
 
@@ -149,7 +156,42 @@ def save(folder, arrays):
         np.save(os.path.join(folder, f"{i:03d}.npy"), a)
 
 
+def onnx_testdata(out):
+    for suite in ("pytorch-converted", "pytorch-operator"):
+        for test in sorted(os.listdir(os.path.join(TESTDATA, suite))):
+            model = onnx.load(os.path.join(TESTDATA, suite, test, "model.onnx"))
+            inits = {i.name for i in model.graph.initializer}
+            inputs = [i for i in model.graph.input if i.name not in inits]
+            ops = {n.op_type for n in model.graph.node}
+            if (len(inputs) != 1 or len(model.graph.output) != 1 or inputs[0].type.tensor_type.elem_type != TensorProto.FLOAT
+                    or not ops & {"Conv", "ConvTranspose", "Gemm", "MatMul"}):
+                continue
+            folder = os.path.join(out, "onnx_" + test)
+            os.makedirs(folder, exist_ok=True)
+            onnx.save(model, os.path.join(folder, "model.onnx"))
+            # ONNX Runtime does not run every opset-6 op (Gemm-6): its float reference is ONNX's own
+            # conversion of the model, independent of our lifting.
+            onnx.save(version_converter.convert_version(model, 13), os.path.join(folder, "reference.onnx"))
+            tensor = onnx.TensorProto()
+            with open(os.path.join(TESTDATA, suite, test, "test_data_set_0", "input_0.pb"), "rb") as f:
+                tensor.ParseFromString(f.read())
+            x = numpy_helper.to_array(tensor).astype(np.float32)
+            rng = np.random.default_rng(len(test))
+            save(os.path.join(folder, "calib"),
+                 [x + rng.standard_normal(x.shape).astype(np.float32) * np.float32(0.1) * np.abs(x).max() for _ in range(8)])
+            evaluation = [x]
+            for seed in range(2, 6):
+                noise = np.random.default_rng(seed).standard_normal(x.shape).astype(np.float32)
+                evaluation.append(x * (1 + noise * np.float32(1e-6)))
+            save(os.path.join(folder, "eval"), evaluation)
+            with open(os.path.join(folder, "input_name"), "w") as f:
+                f.write(inputs[0].name)
+            print(f"onnx_{test} (opset {model.opset_import[0].version}): {folder}")
+
+
 def export(name, out):
+    if name == "onnx_testdata":
+        return onnx_testdata(out)
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "model.onnx")

@@ -57,6 +57,27 @@ TEST(Data, NpyRoundTripAndSingleSamplesAndBatches) {
   EXPECT_EQ(sizes, (std::vector<std::int64_t>{4, 2}));
 }
 
+// Text lines of different widths, one per file, for a model with a symbolic width: a batch
+// holds samples of one width only, and every sample is delivered once, in order.
+TEST(Data, SamplesOfDifferentSizesNeverShareABatch) {
+  testing::TempDir dir;
+  const std::vector<std::int64_t> widths = {12, 12, 20, 20, 20, 12, 16};
+  for (std::size_t i = 0; i < widths.size(); ++i)
+    write_npy(at::full({1, 8, widths[i]}, static_cast<float>(i)), dir / ("line" + std::to_string(i) + ".npy"));
+  ValueInfo v{"x", 1, true, {{-1, "batch"}, {1, ""}, {8, ""}, {-1, "width"}}, ""};
+  auto d = open_dataset(dir.path().string(), {v});
+  Batcher b(*d, {v}, 2, 0);
+  std::vector<std::pair<std::int64_t, std::int64_t>> batches;  // (samples, width)
+  std::vector<float> order;
+  while (auto x = b.next()) {
+    const at::Tensor& t = x->inputs[0];
+    batches.emplace_back(t.size(0), t.size(3));
+    for (std::int64_t k = 0; k < t.size(0); ++k) order.push_back(t[k][0][0][0].item<float>());
+  }
+  EXPECT_EQ(batches, (std::vector<std::pair<std::int64_t, std::int64_t>>{{2, 12}, {2, 20}, {1, 20}, {1, 12}, {1, 16}}));
+  EXPECT_EQ(order, (std::vector<float>{0, 1, 2, 3, 4, 5, 6}));
+}
+
 TEST(Data, IdxFileStreamsAndIsScaledToUnitRange) {
   const std::string images = std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz";
   auto d = open_dataset(images, image_input());
