@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <functional>
 #include <list>
+#include <queue>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -120,14 +122,56 @@ at::Tensor Node::attr_tensor(const std::string& key) const {
 // ---------------------------------------------------------------------------------------------
 // Graph
 
+// Note [Graph indexes]
+// Every query a pass or the exporter makes in a loop is amortised O(1): node positions (for
+// insert/erase), the index -> node order, and unique_name(). The names unique_name() must avoid
+// live in four places: initializers, graph inputs and outputs are looked up directly (maps and
+// short lists); node names, inputs and outputs are indexed once and the index grows with every
+// node added through append/insert and every name handed out (names of erased nodes stay taken,
+// which is harmless). A name written straight into a Node's fields that is neither handed out
+// nor produced by a node added through the Graph is not seen; if it ever clashed with a handed
+// out name, two producers would exist and validate() would refuse the graph.
 struct Graph::Impl {
   // A list keeps Node addresses stable across insertions and erasures.
   std::list<Node> nodes;
+  std::unordered_map<const Node*, std::list<Node>::iterator> where;
+  std::uint64_t changes = 0;  ///< structural changes so far
 
+  mutable std::vector<Node*> order;  ///< index -> node, valid while order_at == changes
+  mutable std::uint64_t order_at = ~std::uint64_t{0};
+  mutable std::unordered_set<std::string> used;  ///< node names and values (Note [Graph indexes])
+  mutable std::unordered_map<std::string, std::int64_t> next_suffix;
+  mutable bool used_valid = false;
+
+  void index_names(const Node& n) const {
+    used.insert(n.name);
+    for (auto& v : n.inputs) used.insert(v);
+    for (auto& v : n.outputs) used.insert(v);
+  }
   std::list<Node>::iterator find(const Node* n) {
-    for (auto it = nodes.begin(); it != nodes.end(); ++it)
-      if (&*it == n) return it;
-    throw Error("internal: node is not part of this graph");
+    auto it = where.find(n);
+    if (it == where.end()) throw Error("internal: node is not part of this graph");
+    return it->second;
+  }
+  Node* add(std::list<Node>::iterator it) {
+    where[&*it] = it;
+    ++changes;
+    if (used_valid) index_names(*it);
+    return &*it;
+  }
+  void reindex() {
+    where.clear();
+    for (auto it = nodes.begin(); it != nodes.end(); ++it) where[&*it] = it;
+    ++changes;
+  }
+  const std::vector<Node*>& ordered() const {
+    if (order_at != changes) {
+      order.clear();
+      order.reserve(nodes.size());
+      for (auto& n : const_cast<std::list<Node>&>(nodes)) order.push_back(&n);
+      order_at = changes;
+    }
+    return order;
   }
 };
 
@@ -144,6 +188,7 @@ Graph Graph::clone() const {
   g.narrow_types = narrow_types;
   g.opset_imports = opset_imports;
   g.impl_->nodes = impl_->nodes;
+  g.impl_->reindex();
   return g;
 }
 
@@ -158,25 +203,20 @@ std::int64_t Graph::default_opset() const {
 std::size_t Graph::num_nodes() const { return impl_->nodes.size(); }
 
 Node& Graph::node(std::size_t index) {
-  if (index >= impl_->nodes.size()) throw Error("internal: node index out of range");
-  return *std::next(impl_->nodes.begin(), static_cast<long>(index));
+  const auto& order = impl_->ordered();
+  if (index >= order.size()) throw Error("internal: node index out of range");
+  return *order[index];
 }
 const Node& Graph::node(std::size_t index) const {
-  if (index >= impl_->nodes.size()) throw Error("internal: node index out of range");
-  return *std::next(impl_->nodes.begin(), static_cast<long>(index));
+  const auto& order = impl_->ordered();
+  if (index >= order.size()) throw Error("internal: node index out of range");
+  return *order[index];
 }
 
-std::vector<Node*> Graph::nodes() {
-  std::vector<Node*> out;
-  out.reserve(impl_->nodes.size());
-  for (auto& n : impl_->nodes) out.push_back(&n);
-  return out;
-}
+std::vector<Node*> Graph::nodes() { return impl_->ordered(); }
 std::vector<const Node*> Graph::nodes() const {
-  std::vector<const Node*> out;
-  out.reserve(impl_->nodes.size());
-  for (auto& n : impl_->nodes) out.push_back(&n);
-  return out;
+  const auto& order = impl_->ordered();
+  return std::vector<const Node*>(order.begin(), order.end());
 }
 
 Node* Graph::find_node(const std::string& name) {
@@ -185,17 +225,19 @@ Node* Graph::find_node(const std::string& name) {
   return nullptr;
 }
 
-Node* Graph::append(Node n) {
-  impl_->nodes.push_back(std::move(n));
-  return &impl_->nodes.back();
-}
+Node* Graph::append(Node n) { return impl_->add(impl_->nodes.insert(impl_->nodes.end(), std::move(n))); }
 Node* Graph::insert_before(const Node* position, Node n) {
-  return &*impl_->nodes.insert(impl_->find(position), std::move(n));
+  return impl_->add(impl_->nodes.insert(impl_->find(position), std::move(n)));
 }
 Node* Graph::insert_after(const Node* position, Node n) {
-  return &*impl_->nodes.insert(std::next(impl_->find(position)), std::move(n));
+  return impl_->add(impl_->nodes.insert(std::next(impl_->find(position)), std::move(n)));
 }
-void Graph::erase(const Node* n) { impl_->nodes.erase(impl_->find(n)); }
+void Graph::erase(const Node* n) {
+  auto it = impl_->find(n);
+  impl_->where.erase(n);
+  impl_->nodes.erase(it);
+  ++impl_->changes;
+}
 
 Node* Graph::producer(const std::string& value) {
   if (value.empty()) return nullptr;
@@ -230,92 +272,94 @@ void Graph::replace_all_uses(const std::string& from, const std::string& to) {
 }
 
 std::string Graph::unique_name(const std::string& base) const {
-  std::unordered_set<std::string> used;
-  for (auto& v : inputs) used.insert(v.name);
-  for (auto& v : outputs) used.insert(v.name);
-  for (auto& kv : initializers) used.insert(kv.first);
-  for (auto& n : impl_->nodes) {
-    used.insert(n.name);
-    for (auto& s : n.inputs) used.insert(s);
-    for (auto& s : n.outputs) used.insert(s);
+  Impl& m = *impl_;
+  if (!m.used_valid) {
+    for (auto& n : m.nodes) m.index_names(n);
+    m.used_valid = true;
   }
-  if (!used.count(base)) return base;
-  for (int k = 1;; ++k) {
-    std::string candidate = base + "_" + std::to_string(k);
-    if (!used.count(candidate)) return candidate;
+  auto taken = [&](const std::string& name) {
+    return m.used.count(name) || initializers.count(name) || is_graph_input(name) || is_graph_output(name);
+  };
+  std::string name = base;
+  if (taken(name)) {
+    std::int64_t& k = m.next_suffix[base];
+    do name = base + "_" + std::to_string(++k);
+    while (taken(name));
   }
+  m.used.insert(name);  // handed out: taken, even before the caller writes it anywhere
+  return name;
 }
 
 void Graph::topological_sort() {
-  std::unordered_map<std::string, const Node*> producer_of;
-  for (auto& n : impl_->nodes)
-    for (auto& o : n.outputs)
-      if (!o.empty()) producer_of[o] = &n;
-
-  std::unordered_set<std::string> available;
-  for (auto& v : inputs) available.insert(v.name);
-  for (auto& kv : initializers) available.insert(kv.first);
-
-  // Kahn's algorithm that always picks the earliest ready node, so an already sorted graph
-  // keeps its order exactly.
-  std::list<Node> pending;
-  pending.splice(pending.end(), impl_->nodes);
+  // Kahn's algorithm that always takes the earliest ready node (a min-heap of positions), so an
+  // already sorted graph keeps its order exactly; O(E log N).
+  std::vector<std::list<Node>::iterator> at;
+  for (auto it = impl_->nodes.begin(); it != impl_->nodes.end(); ++it) at.push_back(it);
+  std::unordered_map<std::string, std::size_t> producer_of;
+  for (std::size_t i = 0; i < at.size(); ++i)
+    for (auto& o : at[i]->outputs)
+      if (!o.empty()) producer_of[o] = i;
+  std::vector<std::size_t> waiting(at.size(), 0);
+  std::vector<std::vector<std::size_t>> readers(at.size());
+  for (std::size_t i = 0; i < at.size(); ++i)
+    for (auto& in : at[i]->inputs) {
+      auto p = in.empty() ? producer_of.end() : producer_of.find(in);
+      if (p == producer_of.end()) continue;  // graph inputs, initializers, unknown names
+      ++waiting[i];
+      readers[p->second].push_back(i);
+    }
+  std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
+  for (std::size_t i = 0; i < at.size(); ++i)
+    if (waiting[i] == 0) ready.push(i);
   std::list<Node> sorted;
-  while (!pending.empty()) {
-    bool progressed = false;
-    for (auto it = pending.begin(); it != pending.end();) {
-      bool ready = std::all_of(it->inputs.begin(), it->inputs.end(), [&](const std::string& in) {
-        return in.empty() || available.count(in) || !producer_of.count(in);
-      });
-      if (!ready) {
-        ++it;
-        continue;
-      }
-      for (auto& o : it->outputs) available.insert(o);
-      auto next = std::next(it);
-      sorted.splice(sorted.end(), pending, it);
-      it = next;
-      progressed = true;
-      break;  // restart from the front to stay stable
-    }
-    if (!progressed) {
-      const Node& stuck = pending.front();
-      impl_->nodes.splice(impl_->nodes.end(), sorted);
-      impl_->nodes.splice(impl_->nodes.end(), pending);
-      throw Error("the graph has a cycle through " + stuck.describe() +
-                  "; ONNX graphs must be acyclic");
-    }
+  while (!ready.empty()) {
+    const std::size_t i = ready.top();
+    ready.pop();
+    sorted.splice(sorted.end(), impl_->nodes, at[i]);
+    for (std::size_t r : readers[i])
+      if (--waiting[r] == 0) ready.push(r);
+  }
+  if (!impl_->nodes.empty()) {
+    const std::string stuck = impl_->nodes.front().describe();
+    sorted.splice(sorted.end(), impl_->nodes);
+    impl_->nodes.swap(sorted);
+    ++impl_->changes;
+    throw Error("the graph has a cycle through " + stuck + "; ONNX graphs must be acyclic");
   }
   impl_->nodes.swap(sorted);
+  ++impl_->changes;  // list nodes moved, iterators in `where` still point at them
 }
 
 std::size_t Graph::prune_dead() {
+  // One pass from the back: in topological order every reader of a node's outputs comes after
+  // it, so when a node is reached its outputs' read counts are final.
+  std::unordered_map<std::string, std::size_t> reads;
+  for (auto& o : outputs) ++reads[o.name];
+  for (auto& n : impl_->nodes)
+    for (auto& in : n.inputs)
+      if (!in.empty()) ++reads[in];
   std::size_t removed = 0;
-  bool changed = true;
-  while (changed) {
-    changed = false;
-    std::unordered_set<std::string> read;
-    for (auto& o : outputs) read.insert(o.name);
-    for (auto& n : impl_->nodes)
-      for (auto& in : n.inputs) read.insert(in);
-    for (auto it = impl_->nodes.begin(); it != impl_->nodes.end();) {
-      bool used = std::any_of(it->outputs.begin(), it->outputs.end(),
-                              [&](const std::string& o) { return !o.empty() && read.count(o); });
-      if (!used) {
-        it = impl_->nodes.erase(it);
-        ++removed;
-        changed = true;
-      } else {
-        ++it;
-      }
-    }
-    for (auto it = initializers.begin(); it != initializers.end();) {
-      if (!read.count(it->first))
-        it = initializers.erase(it);
-      else
-        ++it;
-    }
+  for (auto it = impl_->nodes.end(); it != impl_->nodes.begin();) {
+    --it;
+    const bool used = std::any_of(it->outputs.begin(), it->outputs.end(), [&](const std::string& o) {
+      auto r = o.empty() ? reads.end() : reads.find(o);
+      return r != reads.end() && r->second > 0;
+    });
+    if (used) continue;
+    for (auto& in : it->inputs)
+      if (!in.empty()) --reads[in];
+    impl_->where.erase(&*it);
+    it = impl_->nodes.erase(it);
+    ++removed;
   }
+  for (auto it = initializers.begin(); it != initializers.end();) {
+    auto r = reads.find(it->first);
+    if (r == reads.end() || r->second == 0)
+      it = initializers.erase(it);
+    else
+      ++it;
+  }
+  if (removed) ++impl_->changes;
   return removed;
 }
 
