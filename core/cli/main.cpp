@@ -7,9 +7,15 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <sys/stat.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -55,8 +61,56 @@ void setup_logging(const GlobalOptions& g) {
   logger->set_pattern("%^%l%$: %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(g.quiet ? spdlog::level::warn : g.verbose > 0 ? spdlog::level::debug : spdlog::level::info);
-  const int threads = g.threads > 0 ? g.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = g.threads > 0 ? g.threads : cores;
+  if (threads > cores) {  // more threads than cores only costs time (and creating a million takes minutes)
+    spdlog::warn("--threads {}: this machine has {} cores; using {}", threads, cores, cores);
+    threads = cores;
+  }
   at::set_num_threads(threads);
+}
+
+// Argument checks with short messages; CLI11 prefixes the option's name.
+const CLI::Validator kPositiveInt(
+    [](std::string& v) -> std::string {
+      char* end = nullptr;
+      errno = 0;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end || errno || x < 1) return "must be a whole number of at least 1, got '" + sb::printable(v, 40) + "'";
+      return {};
+    },
+    "N>=1");
+const CLI::Validator kNonNegativeInt(
+    [](std::string& v) -> std::string {
+      char* end = nullptr;
+      errno = 0;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end || errno || x < 0) return "must be a whole number of at least 0, got '" + sb::printable(v, 40) + "'";
+      return {};
+    },
+    "N>=0");
+const CLI::Validator kPositiveFinite(
+    [](std::string& v) -> std::string {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !std::isfinite(x) || !(x > 0))
+        return "must be a finite number above 0, got '" + sb::printable(v, 40) + "'";
+      return {};
+    },
+    "X>0");
+
+/// The final guard on every message: one line, no control characters, bounded length (the parts
+/// quoted from untrusted input are bounded where they are quoted).
+std::string one_line(const std::string& message) { return sb::printable(message, 4000); }
+
+/// One line for a command-line error, exit status 1 (help and --version exit 0 as CLI11 says).
+int argument_error(CLI::App& app, const CLI::ParseError& e) {
+  if (e.get_exit_code() == 0) return app.exit(e);
+  std::string what = e.what();
+  for (const char* noise : {"\nRun with --help for more information.", "\n"})
+    for (std::size_t at; (at = what.find(noise)) != std::string::npos;) what.replace(at, std::strlen(noise), " ");
+  std::fprintf(stderr, "error: %s (see sparsebit --help)\n", sb::printable(what, 500).c_str());
+  return 1;
 }
 
 std::string dims_text(const sb::ValueInfo& v) {
@@ -78,6 +132,42 @@ json value_info_json(const sb::ValueInfo& v) {
 sb::PluginSearch plugin_search(const std::string& config_path) {
   if (config_path.empty()) return {};
   return sb::Config::from_file(config_path).plugins;
+}
+
+/// A path given on the command line and the flag that gave it.
+struct PathArg {
+  std::string flag, path;
+  bool required = false;  ///< an empty path is an error (otherwise: not given)
+};
+
+/// Refuses, before any work, outputs that are the same file as an input or as another output:
+/// by identity (device and inode) where the file exists, by absolute path with symbolic links
+/// resolved where it does not yet. An empty required output is refused too.
+void check_paths(const std::vector<PathArg>& inputs, const std::vector<PathArg>& outputs) {
+  namespace fs = std::filesystem;
+  auto identity = [](const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) return "inode " + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+    std::error_code ec;
+    const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    return "path " + (ec ? path : p.string());
+  };
+  std::map<std::string, std::string> seen;  // identity -> flag
+  for (const auto& in : inputs)
+    if (!in.path.empty()) seen.emplace(identity(in.path), in.flag);
+  std::set<std::string> input_ids;
+  for (const auto& [id, flag] : seen) input_ids.insert(id);
+  for (const auto& out : outputs) {
+    if (out.path.empty() && !out.required) continue;
+    if (out.path.empty()) throw sb::Error(out.flag + ": the output path is empty");
+    const std::string id = identity(out.path);
+    auto [it, fresh] = seen.emplace(id, out.flag);
+    if (!fresh) {
+      throw sb::Error(out.flag + " " + sb::printable(out.path) + " is the same file as " + it->second +
+                      (input_ids.count(id) ? ", an input: writing it would destroy it" : ", another output") +
+                      "; choose another path");
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -159,6 +249,10 @@ void write_drawings(const std::string& model_path, const std::string& config_pat
 
 int cmd_inspect(const std::string& model_path, const std::string& config_path, bool as_json, const std::string& dot,
                 const std::string& mermaid) {
+  std::vector<PathArg> drawings;
+  if (!dot.empty()) drawings.push_back({"--dot", dot});
+  if (!mermaid.empty()) drawings.push_back({"--mermaid", mermaid});
+  check_paths({{"the model", model_path}, {"-c", config_path}}, drawings);  // drawings never touch the model
   write_drawings(model_path, config_path, dot, mermaid);
   sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{0});
   sb::Registry registry;
@@ -244,6 +338,7 @@ std::map<std::string, int> op_histogram(const sb::Graph& g) {
 
 int cmd_simplify(const std::string& model_path, const std::string& config_path, const std::string& output) {
   const sb::Config config = config_path.empty() ? sb::Config() : sb::Config::from_file(config_path);
+  check_paths({{"the model", model_path}, {"-c", config_path}}, {{"-o", output, true}});
   sb::AtomicFile out(output);
   sb::Registry registry;
   registry.load(config.plugins);
@@ -277,6 +372,8 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   sb::Config config = sb::Config::from_file(a.config);
   if (a.calib_count >= 0) config.calibration.count = static_cast<int>(a.calib_count);
   if (!a.device.empty()) config.calibration.device = a.device;
+  check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}},
+              {{"-o (.json)", a.output + ".json", true}, {"-o (.html)", a.output + ".html"}});
   sb::AtomicFile json_out(a.output + ".json"), html_out(a.output + ".html");
   sb::Registry registry;
   registry.load(config.plugins);
@@ -416,6 +513,10 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
       throw sb::Error("--mode must be streaming, layerwise or asym");
     config.calibration.mode = a.mode;
   }
+  check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--eval-data", a.eval_data},
+               {"--eval-labels", a.eval_labels}},
+              {{"-o", a.output, true}, {"-o's external data", a.output + ".data"}, {"--report", a.report},
+               {"--eval-outputs", a.eval_outputs}, {"--eval-fp32-outputs", a.eval_fp32_outputs}});
   // Claim the outputs first: an unwritable path fails before any work, and nothing is left
   // behind if a later step fails.
   sb::AtomicFile out(a.output);
@@ -517,6 +618,8 @@ int cmd_qat(QatArgs a, const GlobalOptions& g) {
   }
   if (!a.device.empty()) config.calibration.device = a.device;
   const std::string checkpoint = a.checkpoint.empty() ? a.output + ".ckpt" : a.checkpoint;
+  check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
+              {{"-o", a.output, true}, {"-o's external data", a.output + ".data"}, {"--checkpoint", checkpoint}, {"--report", a.report}});
   if (a.restart) std::filesystem::remove(checkpoint);
   sb::AtomicFile out(a.output);
   std::unique_ptr<sb::AtomicFile> report;
@@ -590,6 +693,8 @@ int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
   if (a.finetune > 0 && a.train.empty()) throw sb::Error("--finetune needs --train with training data");
   if (a.finetune > 0) config.qat.epochs = a.finetune;
   if (!a.device.empty()) config.calibration.device = a.device;
+  check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
+              {{"-o", a.output, true}, {"-o's external data", a.output + ".data"}, {"--report", a.report}, {"--masked", a.masked}});
   sb::AtomicFile out(a.output);
   std::unique_ptr<sb::AtomicFile> report, masked;
   if (!a.report.empty()) report = std::make_unique<sb::AtomicFile>(a.report);
@@ -683,10 +788,11 @@ int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
 int main(int argc, char** argv) {
   CLI::App app{"Sparsebit: quantize ONNX models to low-bit QDQ ONNX for ONNX Runtime and TensorRT"};
   app.require_subcommand(1);
+  app.fallthrough();  // -v, -q and --threads work before or after the subcommand
   GlobalOptions g;
   app.add_flag("-v,--verbose", g.verbose, "More log output");
   app.add_flag("-q,--quiet", g.quiet, "Only warnings and errors");
-  app.add_option("--threads", g.threads, "Intra-op threads for LibTorch (default: all cores)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", g.threads, "Intra-op threads for LibTorch (default and most: all cores)")->check(kPositiveInt);
 
   QuantizeArgs qa;
   auto* quantize = app.add_subcommand("quantize", "Calibrate a model and export it as QDQ ONNX");
@@ -695,8 +801,8 @@ int main(int argc, char** argv) {
   quantize->add_option("--calib", qa.calib, "Calibration data: .npy folder, ONNX test-data folder, or IDX file")->required();
   quantize->add_option("-o,--output", qa.output, "Output QDQ ONNX model")->required();
   quantize->add_option("--report", qa.report, "Write a JSON report of every quantized tensor");
-  quantize->add_option("--batch-size", qa.batch_size, "Calibration batch size (overrides [calibration] batch_size)")->check(CLI::PositiveNumber);
-  quantize->add_option("--calib-count", qa.calib_count, "Calibration samples to use, 0 = all (overrides [calibration] count)")->check(CLI::NonNegativeNumber);
+  quantize->add_option("--batch-size", qa.batch_size, "Calibration batch size (overrides [calibration] batch_size)")->check(kPositiveInt);
+  quantize->add_option("--calib-count", qa.calib_count, "Calibration samples to use, 0 = all (overrides [calibration] count)")->check(kNonNegativeInt);
   quantize->add_option("--device", qa.device, "cpu or cuda[:N] (overrides [calibration] device)");
   quantize->add_option("--mode", qa.mode, "calibration: streaming (default), layerwise, or asym (layerwise on the quantized model's own activations)");
   quantize->add_option("--eval-data", qa.eval_data, "Also evaluate FP32 vs simulated quantized on this data");
@@ -734,9 +840,9 @@ int main(int argc, char** argv) {
   prof->add_option("-c,--config", pa.config, "TOML config (see configs/)")->required();
   prof->add_option("--calib", pa.calib, "Calibration data (also profiled on): .npy folder, ONNX test-data folder, IDX file")->required();
   prof->add_option("-o,--output", pa.output, "Report path without extension: writes OUTPUT.json and OUTPUT.html (default: profile)");
-  prof->add_option("--samples", pa.samples, "Samples to profile on (default 64)")->check(CLI::PositiveNumber);
+  prof->add_option("--samples", pa.samples, "Samples to profile on (default 64)")->check(kPositiveInt);
   prof->add_option("--mode", pa.mode, "both | accumulated (every layer quantized) | single (one layer at a time)");
-  prof->add_option("--calib-count", pa.calib_count, "Calibration samples, 0 = all (overrides [calibration] count)")->check(CLI::NonNegativeNumber);
+  prof->add_option("--calib-count", pa.calib_count, "Calibration samples, 0 = all (overrides [calibration] count)")->check(kNonNegativeInt);
   prof->add_option("--device", pa.device, "cpu or cuda[:N] (overrides [calibration] device)");
 
   QatArgs qt;
@@ -746,8 +852,8 @@ int main(int argc, char** argv) {
   qat->add_option("--calib", qt.calib, "Calibration data for the initial quantizer parameters")->required();
   qat->add_option("--train", qt.train, "Training data (unlabeled; same layouts as --calib)")->required();
   qat->add_option("-o,--output", qt.output, "Output QDQ ONNX model")->required();
-  qat->add_option("--epochs", qt.epochs, "Epochs (overrides [qat] epochs)")->check(CLI::PositiveNumber);
-  qat->add_option("--lr", qt.lr, "Adam learning rate (overrides [qat] lr)")->check(CLI::PositiveNumber);
+  qat->add_option("--epochs", qt.epochs, "Epochs (overrides [qat] epochs)")->check(kPositiveInt);
+  qat->add_option("--lr", qt.lr, "Adam learning rate (overrides [qat] lr)")->check(kPositiveFinite);
   qat->add_option("--loss", qt.loss, "mse or kl (overrides [qat] loss)");
   qat->add_option("--device", qt.device, "cpu or cuda[:N] (overrides [calibration] device)");
   qat->add_option("--checkpoint", qt.checkpoint, "Checkpoint written after every epoch and resumed from (default OUTPUT.ckpt)");
@@ -764,13 +870,20 @@ int main(int argc, char** argv) {
   prune->add_option("--report", pr.report, "Write a JSON report: parameters, file size, FLOPs before/after, every layer");
   prune->add_option("--masked", pr.masked, "Also write the masked model (original shapes, pruned weights zero)");
   prune->add_option("--finetune", pr.finetune, "Fine-tune this many epochs by distillation from the unpruned model")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInt);
   prune->add_option("--train", pr.train, "Training data for --finetune (unlabeled; same layouts as --calib)");
   prune->add_option("--device", pr.device, "cpu or cuda[:N] for fine-tuning (overrides [calibration] device)");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return argument_error(app, e);
+  }
   try {
     setup_logging(g);
+    std::string command = "sparsebit";
+    for (int i = 1; i < argc && command.size() < 300; ++i) command += std::string(" ") + argv[i];
+    sb::install_interrupt_cleanup(command);  // Note [Interrupted runs]
     if (*quantize) return cmd_quantize(qa, g);
     if (*plugins) return cmd_plugins(plugins_config, plugins_json);
     if (*inspect) return cmd_inspect(inspect_model, inspect_config, inspect_json, inspect_dot, inspect_mermaid);
@@ -779,16 +892,16 @@ int main(int argc, char** argv) {
     if (*qat) return cmd_qat(qt, g);
     if (*prune) return cmd_prune(pr, g);
   } catch (const sb::Error& e) {
-    spdlog::error("{}", e.what());
+    spdlog::error("{}", one_line(e.what()));
     return 1;
   } catch (const c10::Error& e) {
-    spdlog::error("{}", e.what_without_backtrace());
+    spdlog::error("{}", one_line(e.what_without_backtrace()));
     return 1;
   } catch (const std::bad_alloc&) {
     spdlog::error("out of memory; try a smaller --batch-size");
     return 1;
   } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
+    spdlog::error("{}", one_line(e.what()));
     return 1;
   }
   return 0;

@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -79,7 +80,7 @@ struct Reader {
       std::string hint = nearest(key, allowed);
       std::string valid;
       for (auto& a : allowed) valid += (valid.empty() ? "" : ", ") + a;
-      throw Error(where(table) + ": unknown key '" + key + "'" +
+      throw Error(where(table) + ": unknown key '" + printable(key) + "'" +
                   (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (valid keys: " + valid + ")");
     }
   }
@@ -101,6 +102,9 @@ struct Reader {
     std::optional<T> v;
     if (kind_ok) v = n->value<T>();
     if (!v) throw Error(key_path(table, key) + " must be " + what);
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!std::isfinite(*v)) throw Error(key_path(table, key) + " must be a finite number, not " + std::to_string(*v));
+    }
     return *v;
   }
 
@@ -124,7 +128,11 @@ struct Reader {
       std::string key(k.str());
       if (v.is_boolean()) o.set(key, *v.value<bool>());
       else if (v.is_integer()) o.set(key, *v.value<std::int64_t>());
-      else if (v.is_floating_point()) o.set(key, *v.value<double>());
+      else if (v.is_floating_point()) {
+        const double d = *v.value<double>();
+        if (!std::isfinite(d)) throw Error(key_path(table, key) + " must be a finite number, not " + std::to_string(d));
+        o.set(key, d);
+      }
       else if (v.is_string()) o.set(key, *v.value<std::string>());
       else throw Error(key_path(table, key) + " must be a boolean, number or string");
     }
@@ -143,7 +151,7 @@ struct Reader {
                                                      "per-channel-affine", "per-group-symmetric", "per-group-affine"};
     if (std::find(schemes.begin(), schemes.end(), out.qscheme) == schemes.end()) {
       std::string hint = nearest(out.qscheme, schemes);
-      throw Error(key_path(name, "qscheme") + ": unknown scheme '" + out.qscheme + "'" +
+      throw Error(key_path(name, "qscheme") + ": unknown scheme '" + printable(out.qscheme) + "'" +
                   (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
                   " (per-{tensor,channel,group}-{symmetric,affine})");
     }

@@ -72,7 +72,7 @@ const char* Attribute::kind_name() const {
 // Node
 
 std::string Node::describe() const {
-  return "node '" + name + "' (" + (domain.empty() ? "" : domain + ":") + op_type + ")";
+  return "node '" + printable(name) + "' (" + (domain.empty() ? "" : printable(domain) + ":") + printable(op_type) + ")";
 }
 
 namespace {

@@ -100,7 +100,7 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
   }
   const auto* backend = registry.backend(config_.backend);
   if (!backend) {
-    throw Error(config_.source + ": backend '" + config_.backend + "' is not provided by any loaded plugin (installed: " +
+    throw Error(config_.source + ": backend '" + printable(config_.backend) + "' is not provided by any loaded plugin (installed: " +
                 join(registry.names("backend")) + ")");
   }
   backend_ = backend->factory();
@@ -211,8 +211,8 @@ void QuantModel::probe_options(const QuantTableConfig& cfg, bool is_weight) {
   const auto* obs = registry_->observer(cfg.observer);
   const auto* qz = registry_->quantizer(cfg.quantizer);
   const char* table = is_weight ? "w" : "a";
-  if (!obs) throw Error(config_.source + ": [" + table + "] observer '" + cfg.observer + "' is not provided by any loaded plugin (available: " + join(registry_->names("observer")) + ")");
-  if (!qz) throw Error(config_.source + ": [" + table + "] quantizer '" + cfg.quantizer + "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")");
+  if (!obs) throw Error(config_.source + ": [" + table + "] observer '" + printable(cfg.observer) + "' is not provided by any loaded plugin (available: " + join(registry_->names("observer")) + ")");
+  if (!qz) throw Error(config_.source + ": [" + table + "] quantizer '" + printable(cfg.quantizer) + "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")");
   obs->factory(ObserverContext{spec, cfg.observer_options, "config check"});
   qz->factory(QuantizerContext{spec, cfg.quantizer_options, "config check"});
 }

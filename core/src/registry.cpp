@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
+#include <cctype>
+#include <optional>
+#include <fstream>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -122,6 +125,40 @@ std::string Registry::default_plugin_folder() {
   return (lib_dir / "sparsebit" / "plugins").string();
 }
 
+// Note [Selection before loading]
+// Loading a shared object runs its ELF constructors before any gate can look at it, so plugin
+// folders are trusted input and enable/disable must act before the file is opened. The name
+// matched is the one in the sidecar sparsebit_add_plugin() writes beside the library
+// (NAME.plugin, holding the SPARSEBIT_PLUGIN name), else the file name without ".so"; a loaded
+// plugin whose descriptor disagrees with its sidecar is refused.
+std::optional<std::string> Registry::sidecar_name(const std::string& library) {
+  fs::path sidecar(library);
+  sidecar.replace_extension(".plugin");
+  std::ifstream in(sidecar);
+  std::string name;
+  if (!in || !std::getline(in, name)) return std::nullopt;
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  if (name.empty()) return std::nullopt;
+  return name;
+}
+
+bool Registry::selected(const fs::path& library, const PluginSearch& filter) {
+  if (filter.enable.empty() && filter.disable.empty()) return true;
+  const auto from_sidecar = sidecar_name(library.string());
+  const std::string name = from_sidecar ? *from_sidecar : library.stem().string();
+  if ((filter.enable.empty() || matches_any(name, filter.enable)) && !matches_any(name, filter.disable)) return true;
+  plugins_.emplace_back();
+  PluginRecord& rec = plugins_.back();
+  rec.file = library.string();
+  rec.name = from_sidecar ? name : "";
+  rec.status = PluginRecord::Status::kDisabled;
+  rec.reason = "excluded by [plugins] enable/disable before loading (" +
+               (from_sidecar ? "name '" + printable(name) + "' from its sidecar" : "file name '" + printable(name) + "'") +
+               "); the file was not opened";
+  sdk::log_debug("plugin " + library.string() + " not loaded: " + rec.reason);
+  return false;
+}
+
 void Registry::load(const PluginSearch& search) {
   std::vector<std::string> folders = search.paths;
   if (search.use_environment) {
@@ -147,6 +184,7 @@ void Registry::load(const PluginSearch& search) {
     for (const auto& f : files) {
       std::string canonical = fs::weakly_canonical(f, ec).string();
       if (!seen_files.insert(canonical).second) continue;  // same file reached twice
+      if (!selected(f, search)) continue;
       load_file(f.string(), search);
     }
   }
@@ -197,6 +235,10 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
   rec.cuda = d->cuda;
   rec.cxx11_abi = d->cxx11_abi;
   if (rec.name.empty()) return refuse("name", "the descriptor has an empty plugin name");
+  if (auto sidecar = sidecar_name(path); sidecar && *sidecar != rec.name) {
+    return refuse("name", "plugin '" + rec.name + "' disagrees with its sidecar file, which names '" + printable(*sidecar) +
+                              "' (Note [Selection before loading]); rebuild it with sparsebit_add_plugin");
+  }
   const std::string host_sdk = std::to_string(sdk::kSdkVersionMajor) + "." + std::to_string(sdk::kSdkVersionMinor);
   if (d->sdk_major != sdk::kSdkVersionMajor || d->sdk_minor > sdk::kSdkVersionMinor) {
     return refuse("sdk_version", "plugin '" + rec.name + "' was built against SDK " + rec.sdk_version +
@@ -222,7 +264,11 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
       return refuse("duplicate", "plugin name '" + rec.name + "' is already provided by " + other.file);
     }
   }
-  if ((!filter.enable.empty() && !matches_any(rec.name, filter.enable)) || matches_any(rec.name, filter.disable)) {
+  // By its name, or by the file name that selected a plugin without a sidecar.
+  auto passes = [&](const std::string& name) {
+    return (filter.enable.empty() || matches_any(name, filter.enable)) && !matches_any(name, filter.disable);
+  };
+  if (!passes(rec.name) && (sidecar_name(path) || !passes(fs::path(path).stem().string()))) {
     rec.status = PluginRecord::Status::kDisabled;
     rec.reason = "excluded by [plugins] enable/disable";
     sdk::log_debug("plugin '" + rec.name + "' (" + path + ") disabled by config");

@@ -132,6 +132,60 @@ TEST(PluginHostFilters, DisableGlobsAndDiscoveryOrder) {
   EXPECT_EQ(r.searched_folders().back(), Registry::default_plugin_folder());
 }
 
+// Note [Selection before loading]: a library enable/disable excludes is never opened, so its
+// constructors never run; selection uses the sidecar's name, else the file name.
+TEST(PluginHostFilters, ExcludedLibrariesAreNeverOpened) {
+  testing::TempDir dir;
+  const std::string marker = (dir.path() / "opened").string();
+  setenv("SPARSEBIT_TEST_OPENED_MARKER", marker.c_str(), 1);
+  int copies = 0;
+  // A fresh copy per case (a library already open in this process would not run its
+  // constructors again), with `sidecar` beside it unless empty.
+  auto opened_with = [&](const std::string& sidecar, std::vector<std::string> enable, std::vector<std::string> disable) {
+    const std::filesystem::path folder = dir.path() / ("copy" + std::to_string(++copies));
+    std::filesystem::create_directories(folder);
+    std::filesystem::copy_file(std::string(SPARSEBIT_FIXTURE_PLUGINS) + "/fixture_constructor_marker.so",
+                               folder / "fixture_constructor_marker.so");
+    if (!sidecar.empty()) testing::write_text((folder / "fixture_constructor_marker.plugin").string(), sidecar + "\n");
+    std::filesystem::remove(marker);
+    Registry r;
+    PluginSearch s;
+    s.paths = {folder.string()};
+    s.use_environment = false;
+    s.use_default_folder = false;
+    s.enable = std::move(enable);
+    s.disable = std::move(disable);
+    r.load(s);
+    const PluginRecord* p = find(r, "constructor_marker");
+    EXPECT_TRUE(p);
+    return std::make_pair(std::filesystem::exists(marker), p ? *p : PluginRecord{});
+  };
+  // No sidecar: the file name decides.
+  auto [opened, rec] = opened_with("", {}, {"*"});
+  EXPECT_FALSE(opened);
+  EXPECT_EQ(rec.status, PluginRecord::Status::kDisabled);
+  EXPECT_NE(rec.reason.find("not opened"), std::string::npos) << rec.reason;
+  std::tie(opened, rec) = opened_with("", {"sparsebit.*"}, {});
+  EXPECT_FALSE(opened);
+  std::tie(opened, rec) = opened_with("", {"fixture_constructor_*"}, {});
+  EXPECT_TRUE(opened);
+  EXPECT_EQ(rec.status, PluginRecord::Status::kLoaded) << rec.reason;
+  // With a sidecar, its plugin name decides; a sidecar that disagrees with the descriptor is refused.
+  std::tie(opened, rec) = opened_with("fixture.constructor_marker", {}, {"fixture.*"});
+  EXPECT_FALSE(opened);
+  EXPECT_NE(rec.reason.find("from its sidecar"), std::string::npos) << rec.reason;
+  std::tie(opened, rec) = opened_with("fixture.constructor_marker", {"fixture.constructor_marker"}, {});
+  EXPECT_TRUE(opened);
+  EXPECT_EQ(rec.status, PluginRecord::Status::kLoaded) << rec.reason;
+  std::tie(opened, rec) = opened_with("acme.other", {"acme.*"}, {});
+  EXPECT_EQ(rec.status, PluginRecord::Status::kRefused);
+  EXPECT_NE(rec.reason.find("sidecar"), std::string::npos) << rec.reason;
+  unsetenv("SPARSEBIT_TEST_OPENED_MARKER");
+  // The shipped plugins carry sidecars naming what their descriptors say.
+  EXPECT_EQ(Registry::sidecar_name(Registry::default_plugin_folder() + "/sparsebit_observer_minmax.so").value_or(""),
+            "sparsebit.observers.minmax");
+}
+
 TEST(PluginHostFilters, EnvironmentPathIsSearchedBeforeTheDefaultFolder) {
   setenv("SPARSEBIT_PLUGIN_PATH", SPARSEBIT_FIXTURE_PLUGINS, 1);
   Registry r;

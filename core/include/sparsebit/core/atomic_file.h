@@ -2,6 +2,14 @@
 // Writes a file atomically: content goes to a temporary file in the target's folder, which is
 // renamed over the target on commit() and removed if the writer is destroyed uncommitted, so a
 // failed run never leaves a half-written output.
+//
+// Note [Interrupted runs]
+// The temporary file is created at the first write(), not when the writer is made, so during the
+// long steps of a run (calibration, training) no temporary exists. Every live temporary is also
+// listed where a signal handler can reach it: install_interrupt_cleanup() makes SIGINT, SIGTERM
+// and SIGHUP remove them, say what was interrupted in one line and exit 128 + the signal (130,
+// 143, 129); a SIGABRT (a plugin's abort()) removes them before the default action. The final
+// file gets the mode of the file it replaces, or 0666 less the umask for a new one.
 
 #include <string>
 
@@ -11,7 +19,8 @@ namespace sparsebit {
 
 class SPARSEBIT_API AtomicFile {
  public:
-  /// Creates the temporary file now, so an unwritable destination fails before any work.
+  /// Checks the destination now (not a folder, its folder exists and is writable), so a bad
+  /// path fails before any work; nothing is created yet.
   explicit AtomicFile(std::string path);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
@@ -21,9 +30,18 @@ class SPARSEBIT_API AtomicFile {
   void commit();
 
  private:
+  void open_temporary();
   std::string path_, tmp_;
   int fd_ = -1;
+  int slot_ = -1;  ///< entry in the list of live temporaries
   bool committed_ = false;
 };
+
+/// Installs the handlers of Note [Interrupted runs]; `what` ("quantize model.onnx") goes into
+/// the message. Call once, early, from a program's main thread.
+SPARSEBIT_API void install_interrupt_cleanup(const std::string& what);
+
+/// Removes every live temporary file of AtomicFile; async-signal-safe.
+SPARSEBIT_API void remove_temporary_files() noexcept;
 
 }  // namespace sparsebit

@@ -13,8 +13,10 @@
 /// an earlier plugin. A refused plugin is recorded with the reason and the others still load.
 /// Libraries are never unloaded (objects they made may live until exit).
 
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,10 +79,14 @@ class SPARSEBIT_API Registry {
 
   /// The folder beside the core library where installed plugins live.
   static std::string default_plugin_folder();
+  /// The plugin name in the sidecar beside `library` (Note [Selection before loading]).
+  static std::optional<std::string> sidecar_name(const std::string& library);
 
   struct Tables;  // implementation detail, public for the staging registrar
 
  private:
+  /// Whether enable/disable let `library` be opened; records it as disabled otherwise.
+  bool selected(const std::filesystem::path& library, const PluginSearch& filter);
   std::unique_ptr<Tables> tables_;
   std::vector<PluginRecord> plugins_;
   std::vector<std::string> searched_;
