@@ -23,6 +23,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -98,6 +99,13 @@ const CLI::Validator kPositiveFinite(
       return {};
     },
     "X>0");
+
+const CLI::Validator kDevice(
+    [](std::string& v) -> std::string {
+      if (std::regex_match(v, std::regex("cpu|cuda(:[0-9]{1,3})?"))) return {};
+      return "must be cpu, cuda or cuda:N, got '" + sb::printable(v, 40) + "'";
+    },
+    "DEVICE");
 
 /// The final guard on every message: one line, no control characters, bounded length (the parts
 /// quoted from untrusted input are bounded where they are quoted).
@@ -215,6 +223,17 @@ int cmd_plugins(const std::string& config_path, bool as_json) {
   }
   if (registry.plugins().empty()) std::cout << "no plugins found\n";
   return 0;
+}
+
+/// Refuses a model that already has Q/DQ nodes: quantizing it again would put a second set of
+/// quantizers around the first, which no backend deploys as meant.
+void refuse_quantized(const sb::Model& model, const std::string& path) {
+  int qdq = 0;
+  for (const auto* n : model.graph.nodes())
+    qdq += n->domain.empty() && (n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear");
+  if (qdq > 0)
+    throw sb::Error(path + " is already quantized (" + std::to_string(qdq) +
+                    " QuantizeLinear/DequantizeLinear nodes); quantize its float original instead");
 }
 
 /// Draws the float model, or with a config the converted one with its quantizers.
@@ -377,7 +396,9 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   sb::AtomicFile json_out(a.output + ".json"), html_out(a.output + ".html");
   sb::Registry registry;
   registry.load(config.plugins);
-  sb::QuantModel qm(sb::load_and_lift(a.model, registry, a.calib), config, registry);
+  sb::Model model = sb::load_and_lift(a.model, registry, a.calib);
+  refuse_quantized(model, a.model);
+  sb::QuantModel qm(std::move(model), config, registry);
   {
     auto data = sb::open_dataset(a.calib, qm.graph().inputs);
     sb::cli::Progress bar("calibrating", !g.quiet);
@@ -420,7 +441,14 @@ json evaluate(sb::QuantModel& qm, const QuantizeArgs& a, bool progress_on) {
   c10::InferenceMode guard;
   auto data = sb::open_dataset(a.eval_data, qm.graph().inputs);
   at::Tensor labels;
-  if (!a.eval_labels.empty()) labels = sb::read_idx(a.eval_labels).to(at::kLong).reshape({-1});
+  if (!a.eval_labels.empty()) {
+    labels = sb::read_idx(a.eval_labels);
+    if (labels.dim() != 1 && !(labels.dim() == 2 && labels.size(1) == 1))
+      throw sb::Error(a.eval_labels + ": is not a label file: it holds an array of shape " + c10::str(labels.sizes()) +
+                      "; labels are one integer per sample (an IDX file of rank 1)");
+    labels = labels.to(at::kLong).reshape({-1});
+  }
+  bool labels_checked = false;
   sb::Batcher batcher(*data, qm.graph().inputs, std::max(qm.config().calibration.batch_size, 256), 0);
   const at::Device device(qm.config().calibration.device);
   std::int64_t n = 0, fp_correct = 0, q_correct = 0, agree = 0;
@@ -444,6 +472,15 @@ json evaluate(sb::QuantModel& qm, const QuantizeArgs& a, bool progress_on) {
       if (n + rows > labels.numel())
         throw sb::Error(a.eval_labels + ": has " + std::to_string(labels.numel()) + " labels, fewer than the evaluation samples");
       at::Tensor y = labels.narrow(0, n, rows);
+      if (!labels_checked) {  // the model's output fixes the classes
+        labels_checked = true;
+        const std::int64_t classes = fp.reshape({rows, -1}).size(1);
+        const std::int64_t low = labels.min().item<std::int64_t>(), high = labels.max().item<std::int64_t>();
+        if (low < 0 || high >= classes)
+          spdlog::warn("{}: labels run from {} to {}, outside the model's {} classes (0 to {}); the accuracy below "
+                       "means nothing unless the labels belong to this model and data",
+                       a.eval_labels, low, high, classes, classes - 1);
+      }
       fp_correct += (fp_top == y).sum().item<std::int64_t>();
       q_correct += (q_top == y).sum().item<std::int64_t>();
     }
@@ -527,6 +564,7 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
   registry.load(config.plugins);
   const auto import_start = std::chrono::steady_clock::now();
   sb::Model model = sb::load_and_lift(a.model, registry, a.calib);
+  refuse_quantized(model, a.model);
   const double import_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - import_start).count();
   json pruning;
@@ -628,6 +666,7 @@ int cmd_qat(QatArgs a, const GlobalOptions& g) {
   sb::Registry registry;
   registry.load(config.plugins);
   sb::Model float_model = sb::load_and_lift(a.model, registry, a.calib);
+  refuse_quantized(float_model, a.model);
   sb::Executor teacher(float_model.graph, registry);
   teacher.to(config.calibration.device);
   sb::QuantModel qm(sb::load_and_lift(a.model, registry, a.calib), config, registry);  // its own tensors: QAT trains them
@@ -803,7 +842,7 @@ int main(int argc, char** argv) {
   quantize->add_option("--report", qa.report, "Write a JSON report of every quantized tensor");
   quantize->add_option("--batch-size", qa.batch_size, "Calibration batch size (overrides [calibration] batch_size)")->check(kPositiveInt);
   quantize->add_option("--calib-count", qa.calib_count, "Calibration samples to use, 0 = all (overrides [calibration] count)")->check(kNonNegativeInt);
-  quantize->add_option("--device", qa.device, "cpu or cuda[:N] (overrides [calibration] device)");
+  quantize->add_option("--device", qa.device, "cpu or cuda[:N] (overrides [calibration] device)")->check(kDevice);
   quantize->add_option("--mode", qa.mode, "calibration: streaming (default), layerwise, or asym (layerwise on the quantized model's own activations)");
   quantize->add_option("--eval-data", qa.eval_data, "Also evaluate FP32 vs simulated quantized on this data");
   quantize->add_option("--eval-labels", qa.eval_labels, "IDX labels for --eval-data (prints accuracies)");
@@ -843,7 +882,7 @@ int main(int argc, char** argv) {
   prof->add_option("--samples", pa.samples, "Samples to profile on (default 64)")->check(kPositiveInt);
   prof->add_option("--mode", pa.mode, "both | accumulated (every layer quantized) | single (one layer at a time)");
   prof->add_option("--calib-count", pa.calib_count, "Calibration samples, 0 = all (overrides [calibration] count)")->check(kNonNegativeInt);
-  prof->add_option("--device", pa.device, "cpu or cuda[:N] (overrides [calibration] device)");
+  prof->add_option("--device", pa.device, "cpu or cuda[:N] (overrides [calibration] device)")->check(kDevice);
 
   QatArgs qt;
   auto* qat = app.add_subcommand("qat", "Quantization-aware training by distillation from the float model (no labels needed)");
@@ -855,7 +894,7 @@ int main(int argc, char** argv) {
   qat->add_option("--epochs", qt.epochs, "Epochs (overrides [qat] epochs)")->check(kPositiveInt);
   qat->add_option("--lr", qt.lr, "Adam learning rate (overrides [qat] lr)")->check(kPositiveFinite);
   qat->add_option("--loss", qt.loss, "mse or kl (overrides [qat] loss)");
-  qat->add_option("--device", qt.device, "cpu or cuda[:N] (overrides [calibration] device)");
+  qat->add_option("--device", qt.device, "cpu or cuda[:N] (overrides [calibration] device)")->check(kDevice);
   qat->add_option("--checkpoint", qt.checkpoint, "Checkpoint written after every epoch and resumed from (default OUTPUT.ckpt)");
   qat->add_flag("--restart", qt.restart, "Ignore an existing checkpoint and start from calibration");
   qat->add_option("--report", qt.report, "Write a JSON report (quantizers and per-epoch loss)");
@@ -872,7 +911,7 @@ int main(int argc, char** argv) {
   prune->add_option("--finetune", pr.finetune, "Fine-tune this many epochs by distillation from the unpruned model")
       ->check(kPositiveInt);
   prune->add_option("--train", pr.train, "Training data for --finetune (unlabeled; same layouts as --calib)");
-  prune->add_option("--device", pr.device, "cpu or cuda[:N] for fine-tuning (overrides [calibration] device)");
+  prune->add_option("--device", pr.device, "cpu or cuda[:N] for fine-tuning (overrides [calibration] device)")->check(kDevice);
 
   try {
     app.parse(argc, argv);

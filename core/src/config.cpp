@@ -1,9 +1,12 @@
 #include "sparsebit/core/config.h"
 
+#include "glob.h"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -108,6 +111,17 @@ struct Reader {
     return *v;
   }
 
+  /// A list of node- or plugin-name globs: strings(), each checked to be a valid pattern.
+  std::vector<std::string> globs(const toml::table& t, const std::string& table, const std::string& key) const {
+    auto out = strings(t, table, key);
+    for (const auto& g : out) check_glob(g, table, key);
+    return out;
+  }
+  void check_glob(const std::string& g, const std::string& table, const std::string& key) const {
+    if (auto why = glob_error(g); !why.empty())
+      throw Error(key_path(table, key) + ": '" + printable(g, 80) + "' is not a valid glob: " + why);
+  }
+
   std::vector<std::string> strings(const toml::table& t, const std::string& table, const std::string& key) const {
     std::vector<std::string> out;
     const toml::node* n = t.get(key);
@@ -200,8 +214,11 @@ struct Reader {
     SparseSpecific s;
     s.name = name;
     s.nodes = nodes;
-    if (const toml::node* n = t.get("nodes"); n && n->is_string()) s.nodes = {*n->value<std::string>()};
-    else if (n) s.nodes = strings(t, table, "nodes");
+    if (const toml::node* n = t.get("nodes"); n && n->is_string()) {
+      s.nodes = {*n->value<std::string>()};
+      check_glob(s.nodes[0], table, "nodes");
+    }
+    else if (n) s.nodes = globs(t, table, "nodes");
     if (s.nodes.empty()) throw Error(key_path(table, "nodes") + " is required: a glob (or list of globs) over node names");
     if (!t.get("ratio")) throw Error(key_path(table, "ratio") + " is required (0 keeps the nodes dense)");
     s.ratio = ratio(t, table, 0);
@@ -221,7 +238,7 @@ struct Reader {
     s.round_to = get<std::int64_t>(t, "sparse", "round_to", s.round_to, "an integer");
     if (s.round_to < 1 || s.round_to > 4096) throw Error(key_path("sparse", "round_to") + " must be between 1 and 4096");
     s.bias_compensation = get<bool>(t, "sparse", "bias_compensation", s.bias_compensation, "true or false");
-    s.skip = strings(t, "sparse", "skip");
+    s.skip = globs(t, "sparse", "skip");
     if (const toml::node* n = t.get("sparser_options")) {
       if (!n->is_table()) throw Error(key_path("sparse", "sparser_options") + " must be a table");
       s.sparser_options = options(*n->as_table(), "sparse.sparser_options");
@@ -257,7 +274,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   r.check_keys(root, "", {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse",
                          "plugins"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
-  c.skip = r.strings(root, "", "skip");
+  c.skip = r.globs(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
     const toml::node* n = root.get(key);
     if (!n) return nullptr;
@@ -279,8 +296,11 @@ Config Config::from_string(const std::string& text, const std::string& source_na
       r.check_keys(*t, name, {"nodes", "w", "a", "sparse"});
       SpecificEntry e;
       e.name = "[[specific]] #" + std::to_string(i + 1);
-      if (const toml::node* nodes = t->get("nodes"); nodes && nodes->is_string()) e.nodes = {*nodes->value<std::string>()};
-      else e.nodes = r.strings(*t, name, "nodes");
+      if (const toml::node* nodes = t->get("nodes"); nodes && nodes->is_string()) {
+        e.nodes = {*nodes->value<std::string>()};
+        r.check_glob(e.nodes[0], name, "nodes");
+      }
+      else e.nodes = r.globs(*t, name, "nodes");
       if (e.nodes.empty()) throw Error(r.key_path(name, "nodes") + " is required: a glob (or list of globs) over node names");
       e.w = c.w;
       e.a = c.a;
@@ -348,6 +368,9 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     if (count < 0) throw Error(r.key_path("calibration", "count") + " must be 0 (all) or more");
     c.calibration.count = static_cast<int>(count);
     c.calibration.device = r.get<std::string>(*t, "calibration", "device", c.calibration.device, "a string");
+    if (!std::regex_match(c.calibration.device, std::regex("cpu|cuda(:[0-9]{1,3})?")))
+      throw Error(r.key_path("calibration", "device") + " must be cpu, cuda or cuda:N, got '" +
+                  printable(c.calibration.device, 40) + "'");
     c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
     if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
       throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");
@@ -379,15 +402,17 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     fs::path base = fs::path(source_name).parent_path();
     for (auto& p : c.plugins.paths)
       if (fs::path(p).is_relative()) p = (base / p).lexically_normal().string();
-    c.plugins.enable = r.strings(*t, "plugins", "enable");
-    c.plugins.disable = r.strings(*t, "plugins", "disable");
+    c.plugins.enable = r.globs(*t, "plugins", "enable");
+    c.plugins.disable = r.globs(*t, "plugins", "disable");
   }
   return c;
 }
 
 Config Config::from_file(const std::string& path) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) throw Error(path + ": config file not found");
+  if (fs::is_directory(path, ec)) throw Error(path + ": is a folder; give the config's TOML file (e.g. configs/w8a8_tensorrt.toml)");
+  if (!fs::exists(path, ec)) throw Error(path + ": config file not found");
+  if (!fs::is_regular_file(path, ec)) throw Error(path + ": is a device, pipe or socket, not a TOML file");
   std::ifstream in(path);
   if (!in) throw Error(path + ": config file cannot be read");
   std::stringstream ss;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/executor.h"
@@ -30,6 +31,10 @@ at::Tensor read_npy(const std::string& path) {
   in.read(magic, 8);
   if (in.gcount() != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0) throw Error(path + ": not a .npy file (bad magic)");
   std::uint32_t header_len = 0;
+  if (magic[6] < 1 || magic[6] > 3 || magic[7] != 0) {
+    throw Error(path + ": .npy format version " + std::to_string(int(static_cast<unsigned char>(magic[6]))) + "." +
+                std::to_string(int(static_cast<unsigned char>(magic[7]))) + " is not one of 1.0, 2.0, 3.0");
+  }
   if (magic[6] == 1) {
     unsigned char b[2];
     in.read(reinterpret_cast<char*>(b), 2);
@@ -52,12 +57,25 @@ at::Tensor read_npy(const std::string& path) {
     throw Error(path + ": Fortran-ordered arrays are not supported; save with numpy.ascontiguousarray");
   if (!std::regex_search(header, m, std::regex("'shape'\\s*:\\s*\\(([^)]*)\\)")))
     throw Error(path + ": .npy header has no shape");
+  // The shape is a Python tuple of non-negative integers: "()", "(5,)", "(4, 1, 28, 28)".
   std::vector<std::int64_t> shape;
-  std::string dims = m[1];
-  std::regex num("\\d+");
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator(); ++it) {
-    if (it->str().size() > 15) throw Error(path + ": .npy shape has an absurd dimension " + it->str());
-    shape.push_back(std::stoll(it->str()));
+  const std::string dims = m[1];
+  std::stringstream items(dims);
+  std::vector<std::string> parts;
+  for (std::string item; std::getline(items, item, ',');) parts.push_back(item);
+  if (!dims.empty() && dims.back() == ',') parts.emplace_back();
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    std::string d = parts[i];
+    d.erase(0, d.find_first_not_of(" \t"));
+    d.erase(d.find_last_not_of(" \t") + 1);
+    const bool last = i + 1 == parts.size();
+    if (d.empty() && last && i > 0) break;  // the trailing comma of "(5,)"
+    if (d.empty() && parts.size() == 1) break;  // "()"
+    if (d.empty() || d.size() > 15 || d.find_first_not_of("0123456789") != std::string::npos) {
+      throw Error(path + ": .npy shape (" + printable(dims, 80) + ") has '" + printable(d, 40) +
+                  "', not a non-negative integer dimension; the file is corrupt");
+    }
+    shape.push_back(std::stoll(d));
   }
 
   static const std::map<std::string, at::ScalarType> types = {
@@ -255,10 +273,25 @@ class IdxDataset final : public Dataset {
     unsigned char head[4];
     if (gzread(file_, head, 4) != 4) throw Error(path_ + ": truncated IDX header");
     if (head[2] != 0x08) throw Error(path_ + ": IDX data for calibration must be unsigned bytes (images)");
+    if (head[0] != 0 || head[1] != 0 || head[3] < 1)
+      throw Error(path_ + ": not an IDX file (bad magic number or no dimensions)");
     for (int i = 0; i < head[3]; ++i) {
       unsigned char b[4];
       if (gzread(file_, b, 4) != 4) throw Error(path_ + ": truncated IDX header");
       shape_.push_back((std::int64_t(b[0]) << 24) | (b[1] << 16) | (b[2] << 8) | b[3]);
+    }
+    // The declared sizes are checked before anything is allocated for them: one record of up to
+    // 1024 samples must fit in memory, and a plain file must hold every declared byte.
+    std::vector<std::int64_t> record = shape_;
+    record[0] = std::min<std::int64_t>(record[0], 1024);
+    limits::checked_numel(record, 1, path_ + ": the IDX header");
+    const std::int64_t total = limits::checked_numel(shape_, 1, path_ + ": the IDX header");
+    std::error_code ec;
+    const auto size = fs::file_size(path_, ec);
+    const auto header = 4 + 4 * static_cast<std::uint64_t>(shape_.size());
+    if (gzdirect(file_) && !ec && size - header < static_cast<std::uint64_t>(total)) {
+      throw Error(path_ + ": the IDX header declares " + std::to_string(total) + " bytes of data, the file holds " +
+                  std::to_string(size - header) + "; it is truncated or corrupt");
     }
   }
   ~IdxDataset() override {
@@ -291,6 +324,8 @@ class IdxDataset final : public Dataset {
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error("calibration data " + path + ": no such file or folder");
+  if (!fs::is_regular_file(path, ec) && !fs::is_directory(path, ec))
+    throw Error("calibration data " + path + ": is a device, pipe or socket, not a file or folder of samples");
   if (inputs.empty()) throw Error("the model has no inputs to feed calibration data to");
   if (fs::is_regular_file(path, ec)) {
     if (fs::path(path).extension() == ".npy") {
@@ -337,6 +372,10 @@ namespace {
 at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source, bool batched) {
   const std::string what = source + " (for model input '" + in.name + "')";
   if (!t.defined()) throw Error(what + ": no tensor");
+  if (t.dim() == 0) {
+    throw Error(what + ": holds a 0-d array (one scalar); a sample needs the model input's dimensions, at least a "
+                       "batch dimension (numpy.reshape(x, (1,)))");
+  }
   if (in.elem_type != 0 && onnx_type_of(t.scalar_type()) != in.elem_type) {
     throw Error(what + ": data is " + dtype_name(t) + ", the model input is " + onnx_type_name(in.elem_type) +
                 "; convert the data (e.g. numpy .astype) before calibrating");

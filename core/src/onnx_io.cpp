@@ -384,6 +384,40 @@ void value_info_to_proto(const ValueInfo& v, onnx::ValueInfoProto* p) {
   }
 }
 
+constexpr std::int64_t kMaxOpset = 21;     // the newest default-domain opset the executor implements
+constexpr std::int64_t kMaxIrVersion = 11;  // ONNX 1.18's IR
+
+/// A Conv/ConvTranspose's attributes against its weight, when the weight is an initializer:
+/// what ONNX Runtime would refuse at session creation is refused here, before any work.
+void check_conv(const Node& n, const Graph& g, const std::string& name) {
+  if (!n.has_input(1)) return;
+  auto w = g.initializers.find(n.inputs[1]);
+  if (w == g.initializers.end()) return;
+  const at::Tensor& weight = w->second;
+  auto bad = [&](const std::string& why) {
+    throw Error(name + ": " + n.describe() + ": " + why + " (weight '" + printable(n.inputs[1]) + "' has shape " +
+                c10::str(weight.sizes()) + "); fix or re-export the model");
+  };
+  if (weight.dim() < 3) bad("the weight needs at least 3 dimensions");
+  const auto spatial = static_cast<std::size_t>(weight.dim() - 2);
+  const std::vector<std::int64_t> kernel(weight.sizes().begin() + 2, weight.sizes().end());
+  if (n.has_attr("kernel_shape") && n.attr_ints("kernel_shape") != kernel)
+    bad("kernel_shape " + c10::str(c10::IntArrayRef(n.attr_ints("kernel_shape"))) + " disagrees with the weight's spatial dims");
+  for (const char* key : {"strides", "dilations"}) {
+    const auto v = n.attr_ints(key);
+    if (n.has_attr(key) && v.size() != spatial) bad(std::string(key) + " has " + std::to_string(v.size()) + " values for " +
+                                                    std::to_string(spatial) + " spatial dims");
+    for (auto x : v)
+      if (x < 1) bad(std::string(key) + " must be at least 1");
+  }
+  if (n.has_attr("pads") && n.attr_ints("pads").size() != 2 * spatial)
+    bad("pads has " + std::to_string(n.attr_ints("pads").size()) + " values for " + std::to_string(spatial) + " spatial dims");
+  const std::int64_t group = n.attr_int("group", 1);
+  if (group < 1) bad("group must be at least 1");
+  if (n.op_type == "Conv" && weight.size(0) % group != 0)
+    bad("group " + std::to_string(group) + " does not divide the " + std::to_string(weight.size(0)) + " output channels");
+}
+
 std::int64_t default_opset_of(const onnx::ModelProto& m) {
   for (const auto& o : m.opset_import())
     if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
@@ -507,6 +541,16 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   if (model.meta.source_opset == 0) {
     throw Error(name + ": the model imports no opset of the default ONNX domain; is it an ONNX model?");
   }
+  // Newer versions may change what ops mean: refuse them rather than run them with old meanings.
+  if (model.meta.source_opset > kMaxOpset) {
+    throw Error(name + ": default-domain opset " + std::to_string(model.meta.source_opset) +
+                " is newer than Sparsebit runs (up to " + std::to_string(kMaxOpset) + "); re-export at opset " +
+                std::to_string(kMaxOpset) + " or older");
+  }
+  if (proto.ir_version() > kMaxIrVersion) {
+    throw Error(name + ": ONNX IR version " + std::to_string(proto.ir_version()) + " is newer than Sparsebit reads (up to " +
+                std::to_string(kMaxIrVersion) + "); re-export with an older ONNX");
+  }
   if (model.meta.source_opset < kMinLiftableOpset) {
     // Before 7, broadcasting followed other rules that our executor does not run.
     sdk::log_info(name + ": converting from opset " + std::to_string(model.meta.source_opset) + " to " +
@@ -528,7 +572,14 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   for (const auto& in : gp.input()) {
     if (!g.initializers.count(in.name())) g.inputs.push_back(value_info_from_proto(in));
   }
-  for (const auto& out : gp.output()) g.outputs.push_back(value_info_from_proto(out));
+  for (const auto& out : gp.output()) {
+    const auto& type = out.type();  // sequence and optional types are reported where they are used
+    if (type.value_case() == onnx::TypeProto::VALUE_NOT_SET || (type.has_tensor_type() && type.tensor_type().elem_type() == 0)) {
+      throw Error(name + ": graph output '" + printable(out.name()) +
+                  "' declares no tensor element type; the model is malformed (re-export it, or fix its outputs' types)");
+    }
+    g.outputs.push_back(value_info_from_proto(out));
+  }
 
   std::map<std::string, std::int32_t> known_types;  // element types the file states
   for (const auto& init : gp.initializer()) known_types[init.name()] = init.data_type();
@@ -565,6 +616,8 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   } catch (const Error& e) {
     throw Error(name + ": " + e.what());
   }
+  for (const Node* n : g.nodes())
+    if (n->domain.empty() && (n->op_type == "Conv" || n->op_type == "ConvTranspose")) check_conv(*n, g, name);
 
   if (options.min_opset > g.default_opset()) {
     try {

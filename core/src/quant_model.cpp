@@ -136,6 +136,18 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
   }
 
   const auto nodes = model_->graph.nodes();
+  // A glob that matches nothing is almost always a typo or a model other than the one meant.
+  auto warn_unmatched = [&](const std::vector<std::string>& globs, const std::string& key) {
+    for (const auto& glob : globs) {
+      if (std::any_of(nodes.begin(), nodes.end(), [&](const Node* n) { return matches_any(n->name, {glob}); })) continue;
+      sdk::log_warn(config_.source + ": " + key + " glob '" + printable(glob, 80) + "' matches no node of " +
+                    printable(model_->meta.source_path) + " (" + std::to_string(nodes.size()) + " nodes" +
+                    (nodes.empty() ? std::string() : ", e.g. '" + printable(nodes.front()->name, 80) + "'") +
+                    "); `sparsebit inspect --json` lists them");
+    }
+  };
+  warn_unmatched(config_.skip, "skip");
+  for (const auto& e : config_.specific) warn_unmatched(e.nodes, e.name + " nodes");
   slot_of_.assign(nodes.size(), {});
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i];

@@ -6,6 +6,7 @@
 #include <boost/dll/shared_library.hpp>
 #include <cctype>
 #include <optional>
+#include <cstring>
 #include <fstream>
 #include <cstdlib>
 #include <filesystem>
@@ -202,6 +203,13 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
     return rec;
   };
 
+  {
+    char magic[4] = {};
+    std::ifstream head(path, std::ios::binary);
+    head.read(magic, 4);
+    if (head.gcount() != 4 || std::memcmp(magic, "\x7f" "ELF", 4) != 0)
+      return refuse("load", "is not a shared library (no ELF header); remove it from the plugin folder");
+  }
   boost::dll::fs::error_code ec;
   boost::dll::shared_library lib;
   lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);

@@ -1,0 +1,325 @@
+// Adversarial use of the command line and of the input readers: every case reproduces a way a
+// user's files were lost, a run hung, or a message misled, and checks the fixed behaviour.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <sstream>
+
+#include "sparsebit/core/atomic_file.h"
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/sdk/error.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_cli;
+
+const std::string kImages = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+
+class Hardening : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = (work_.path() / "m.onnx").string();
+    fs::copy_file(testing::fixture_model(), model_);
+    config_ = (work_.path() / "c.toml").string();
+    fs::copy_file(testing::source_path("configs/w8a8_tensorrt.toml"), config_);
+  }
+  std::string quantize(const std::string& extra) {
+    return "quantize " + model_ + " -c " + config_ + " --calib " + kImages + " --calib-count 64 " + extra;
+  }
+  // Exit status 1 and one error line holding every needle (besides the run's info/warning lines).
+  void expect_one_line_error(const testing::CommandResult& r, const std::vector<std::string>& needles) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    std::stringstream lines(r.output);
+    std::string error;
+    int errors = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("error", 0) == 0) {
+        ++errors;
+        error = line;
+      } else {
+        EXPECT_TRUE(line.rfind("info: ", 0) == 0 || line.rfind("warning: ", 0) == 0) << "stray line: " << line;
+      }
+    }
+    EXPECT_EQ(errors, 1) << r.output;
+    for (const auto& n : needles) EXPECT_NE(error.find(n), std::string::npos) << "missing '" << n << "' in " << r.output;
+  }
+  testing::TempDir work_;
+  std::string model_, config_;
+};
+
+TEST_F(Hardening, OutputsThatAreInputsOrEachOtherAreRefusedBeforeAnyWork) {
+  const std::string model_bytes = testing::read_text(model_), config_bytes = testing::read_text(config_);
+  const fs::path idx = work_.path() / "calib.idx.gz";
+  fs::copy_file(kImages, idx);
+  fs::create_symlink(model_, work_.path() / "alias.onnx");
+  const std::string q = (work_.path() / "q.onnx").string();
+  for (const auto& args : std::vector<std::string>{
+           "inspect " + model_ + " --dot " + model_,
+           "inspect " + model_ + " --mermaid " + (work_.path() / "alias.onnx").string(),
+           quantize("-o " + q + " --report " + model_),
+           quantize("-o " + q + " --report " + q),
+           quantize("-o " + config_),
+           "quantize " + model_ + " -c " + config_ + " --calib " + idx.string() + " -o " + idx.string(),
+           "prune " + model_ + " -c " + testing::source_path("configs/prune_channels_50.toml") + " -o " + q + " --masked " + q,
+           "simplify " + model_ + " -o " + (work_.path() / "." / "m.onnx").string()}) {
+    auto r = run_cli(args);
+    expect_one_line_error(r, {"is the same file as"});
+  }
+  EXPECT_EQ(testing::read_text(model_), model_bytes);
+  EXPECT_EQ(testing::read_text(config_), config_bytes);
+  EXPECT_EQ(testing::read_text(idx.string()), testing::read_text(kImages));
+  EXPECT_FALSE(fs::exists(q));
+  expect_one_line_error(run_cli(quantize("-o \"\"")), {"-o", "empty"});
+}
+
+// Note [Interrupted runs]: a signal removes live temporaries and exits 128 + the signal.
+TEST_F(Hardening, SignalsRemoveTemporariesAndExitWithTheSignalNumber) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    const fs::path dir = work_.path() / ("sig" + std::to_string(sig));
+    fs::create_directories(dir);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      install_interrupt_cleanup("a test");
+      AtomicFile a((dir / "a.onnx").string()), b((dir / "b.json").string());
+      a.write("partial");
+      b.write("partial");
+      ::raise(sig);
+      ::_exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
+    EXPECT_EQ(testing::count_files(dir), 0) << "temporaries left after signal " << sig;
+  }
+  // The real command, interrupted while calibrating: no file at all, one line, exit 130.
+  const fs::path out = work_.path() / "out";
+  fs::create_directories(out);
+  const std::string cmd = "SPARSEBIT_PLUGIN_PATH= " + std::string(SPARSEBIT_CLI) + " -q quantize " + model_ + " -c " + config_ +
+                          " --calib " + kImages + " --calib-count 0 -o " + (out / "q.onnx").string() + " --report " +
+                          (out / "r.json").string();
+  auto r = testing::run_command("(" + cmd + " & pid=$!; sleep 2; kill -INT $pid; wait $pid)");
+  EXPECT_EQ(r.exit_code, 130) << r.output;
+  EXPECT_NE(r.output.find("interrupted by SIGINT"), std::string::npos) << r.output;
+  EXPECT_EQ(testing::count_files(out), 0);
+}
+
+TEST_F(Hardening, OutputsHonourTheUmaskAndKeepTheModeOfAReplacedFile) {
+  const mode_t old = umask(027);
+  const std::string path = (work_.path() / "new.bin").string();
+  {
+    AtomicFile f(path);
+    f.write("x");
+    f.commit();
+  }
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+  chmod(path.c_str(), 0600);
+  {
+    AtomicFile f(path);
+    f.write("y");
+    f.commit();
+  }
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  umask(old);
+  // Nothing is created before the first write: a writer that is never used leaves no trace.
+  { AtomicFile unused((work_.path() / "unused.onnx").string()); }
+  EXPECT_FALSE(fs::exists(work_.path() / "unused.onnx"));
+}
+
+TEST_F(Hardening, ArgumentErrorsAreOneLineNamingTheFlagAndExitOne) {
+  const std::string q = " -o " + (work_.path() / "q.onnx").string();
+  const std::string profile = "profile " + model_ + " -c " + config_ + " --calib " + kImages;
+  const std::string qat = "qat " + model_ + " -c " + config_ + " --calib " + kImages + " --train " + kImages + q;
+  for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"--threads 0 plugins", "--threads"},
+           {quantize(q + " --batch-size 0"), "--batch-size"},
+           {quantize(q + " --calib-count -5"), "--calib-count"},
+           {profile + " --samples 0", "--samples"},
+           {qat + " --lr 0", "--lr"},
+           {qat + " --lr nan", "--lr"},
+           {qat + " --lr inf", "--lr"},
+           {quantize(q + " --device meta"), "--device"},
+           {"quantize " + model_, "required"},
+           {"frobnicate", "subcommand"}}) {
+    expect_one_line_error(run_cli(args), {flag});
+  }
+  // Global flags after the subcommand, and a thread count above the cores is cut to them.
+  auto r = run_cli("inspect " + model_ + " -q --threads 1000000");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--threads 1000000: this machine has"), std::string::npos) << r.output;
+  // NaN in a config is refused too.
+  testing::write_text(config_, testing::read_text(config_) + "\n[qat]\nlr = nan\n");
+  expect_one_line_error(run_cli(quantize(q)), {"lr", "finite"});
+}
+
+TEST_F(Hardening, UntrustedStringsAreBoundedAndEscapedInMessages) {
+  testing::write_text(config_, "backend = \"" + std::string(50000, 'b') + "\"\n");
+  auto r = run_cli(quantize("-o " + (work_.path() / "q.onnx").string()));
+  expect_one_line_error(r, {"... (50000 characters)"});
+  EXPECT_LT(r.output.size(), 1000u);
+  testing::write_text(config_, "backend = \"evil\\u001b[31m\\nforged line\"\n");
+  r = run_cli(quantize("-o " + (work_.path() / "q.onnx").string()));
+  expect_one_line_error(r, {"evil\\x1b[31m\\nforged line"});
+  EXPECT_EQ(r.output.find('\x1b'), std::string::npos);
+  EXPECT_EQ(printable("a\nb\x1b" "c\t", 200), "a\\nb\\x1bc\\t");
+  EXPECT_EQ(printable(std::string(300, 'x'), 10), std::string(10, 'x') + "... (300 characters)");
+}
+
+void write_npy_header(const fs::path& path, const std::string& dict, char version = 1, std::size_t data_bytes = 0) {
+  std::string header = dict;
+  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+  header += '\n';
+  std::string bytes("\x93NUMPY", 6);
+  bytes += version;
+  bytes += '\0';
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>(header.size() >> 8);
+  if (version > 1) bytes += std::string(2, '\0');
+  bytes += header + std::string(data_bytes, '\0');
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+TEST_F(Hardening, NpyHeadersAreParsedStrictly) {
+  const fs::path p = work_.path() / "x.npy";
+  for (const auto& [dict, version, needle] : std::vector<std::tuple<std::string, char, std::string>>{
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (-4, -1, 28, 28), }", 1, "'-4'"},
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (4.0, 1, 28, 28), }", 1, "'4.0'"},
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (4,, 28), }", 1, "not a non-negative integer"},
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (4, 1, 28, 28), }", 9, "version 9"}}) {
+    write_npy_header(p, dict, version, 4 * 4 * 28 * 28);
+    const std::string why = testing::error_of([&] { read_npy(p.string()); });
+    EXPECT_NE(why.find("x.npy"), std::string::npos) << why;
+    EXPECT_NE(why.find(needle), std::string::npos) << why;
+  }
+  write_npy_header(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 1, 28, 28), }", 3, 4 * 2 * 28 * 28);
+  EXPECT_EQ(read_npy(p.string()).sizes(), (std::vector<std::int64_t>{2, 1, 28, 28}));
+  // A 0-d array for calibration: the file is named and the fix given.
+  const fs::path dir = work_.path() / "scalar";
+  fs::create_directories(dir);
+  write_npy(at::scalar_tensor(1.0f), (dir / "s.npy").string());
+  auto r = run_cli("quantize " + model_ + " -c " + config_ + " --calib " + dir.string() + " -o " +
+                   (work_.path() / "q.onnx").string());
+  expect_one_line_error(r, {"s.npy", "0-d array"});
+}
+
+TEST_F(Hardening, IdxSizesAreCheckedAgainstTheFileBeforeAllocating) {
+  auto idx = [&](const std::string& name, std::vector<std::uint32_t> dims, std::size_t data) {
+    std::string bytes = {0, 0, 0x08, static_cast<char>(dims.size())};
+    for (auto d : dims)
+      for (int s = 24; s >= 0; s -= 8) bytes += static_cast<char>((d >> s) & 0xff);
+    bytes += std::string(data, '\0');
+    const fs::path p = work_.path() / name;
+    std::ofstream(p, std::ios::binary) << bytes;
+    return p.string();
+  };
+  const std::string q = " -o " + (work_.path() / "q.onnx").string();
+  auto calib = [&](const std::string& path) {
+    return "quantize " + model_ + " -c " + config_ + " --calib " + path + q;
+  };
+  expect_one_line_error(run_cli(calib(idx("short.idx", {60000, 28, 28}, 100))), {"short.idx", "declares"});
+  expect_one_line_error(run_cli(calib(idx("huge.idx", {0xffffffffu, 0xffffffffu, 0xffffffffu}, 16))), {"huge.idx"});
+  const auto r = run_cli(calib(idx("huge2.idx", {0xffffffffu, 0xffffffffu, 0xffffffffu}, 16)));
+  EXPECT_EQ(r.output.find("c10"), std::string::npos) << r.output;
+}
+
+onnx::ModelProto fixture_proto() {
+  onnx::ModelProto m;
+  std::ifstream in(testing::fixture_model(), std::ios::binary);
+  EXPECT_TRUE(m.ParseFromIstream(&in));
+  return m;
+}
+
+TEST_F(Hardening, ModelsNewerThanTheExecutorOrInconsistentAreRefusedAtLoad) {
+  auto refused = [&](onnx::ModelProto m) {
+    const std::string path = (work_.path() / "bad.onnx").string();
+    std::ofstream(path, std::ios::binary) << m.SerializeAsString();
+    return testing::error_of([&] { load_onnx(path); });
+  };
+  onnx::ModelProto m = fixture_proto();
+  m.mutable_opset_import(0)->set_version(99);
+  EXPECT_NE(refused(m).find("opset 99 is newer"), std::string::npos) << refused(m);
+  m = fixture_proto();
+  m.set_ir_version(99);
+  EXPECT_NE(refused(m).find("IR version 99"), std::string::npos) << refused(m);
+  m = fixture_proto();
+  for (auto& n : *m.mutable_graph()->mutable_node()) {
+    if (n.op_type() != "Conv") continue;
+    onnx::AttributeProto* a = nullptr;
+    for (auto& existing : *n.mutable_attribute())
+      if (existing.name() == "kernel_shape") a = &existing;
+    if (!a) a = n.add_attribute();
+    a->set_name("kernel_shape");
+    a->set_type(onnx::AttributeProto::INTS);
+    a->clear_ints();
+    a->add_ints(7);
+    a->add_ints(7);
+    break;
+  }
+  std::string why = refused(m);
+  EXPECT_NE(why.find("kernel_shape [7, 7] disagrees"), std::string::npos) << why;
+  EXPECT_NE(why.find("(Conv)"), std::string::npos) << why;
+  m = fixture_proto();
+  m.mutable_graph()->mutable_output(0)->clear_type();
+  why = refused(m);
+  EXPECT_NE(why.find("graph output '"), std::string::npos) << why;
+}
+
+TEST_F(Hardening, MessagesSayWhatIsWrongWhereItIs) {
+  const std::string q = " -o " + (work_.path() / "q.onnx").string();
+  expect_one_line_error(run_cli("quantize " + model_ + " -c " + config_ + " --calib /dev/zero" + q), {"/dev/zero", "device, pipe"});
+  expect_one_line_error(run_cli("quantize " + model_ + " -c . --calib " + kImages + q), {"is a folder"});
+  // A text file named .so in a plugin folder.
+  const fs::path plugins = work_.path() / "plugins";
+  fs::create_directories(plugins);
+  testing::write_text((plugins / "notes.so").string(), "not a library\n");
+  auto r = testing::run_command("SPARSEBIT_PLUGIN_PATH=" + plugins.string() + " " + SPARSEBIT_CLI + " plugins");
+  EXPECT_NE(r.output.find("no ELF header"), std::string::npos) << r.output;
+}
+
+TEST_F(Hardening, GlobsThatMatchNothingWarnAndInvalidGlobsFail) {
+  const std::string base = testing::read_text(config_);
+  testing::write_text(config_, "skip = [\"/nope/*\"]\n" + base);
+  auto r = run_cli(quantize("-o " + (work_.path() / "q.onnx").string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("skip glob '/nope/*' matches no node"), std::string::npos) << r.output;
+  testing::write_text(config_, "skip = [\"[\"]\n" + base);
+  expect_one_line_error(run_cli(quantize("-o " + (work_.path() / "q2.onnx").string())), {"skip", "not a valid glob", "never closed"});
+  testing::write_text(config_, base + "\n[[specific]]\nnodes = \"/fc9/*\"\nw = { observer = \"minmax\" }\n");
+  r = run_cli(quantize("-o " + (work_.path() / "q3.onnx").string()));
+  EXPECT_NE(r.output.find("[[specific]] #1 nodes glob '/fc9/*' matches no node"), std::string::npos) << r.output;
+}
+
+TEST_F(Hardening, LabelsThatAreNotLabelsAndQdqModelsAreRefused) {
+  const std::string q = " -o " + (work_.path() / "q.onnx").string();
+  const std::string eval = " --eval-data " + std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz";
+  expect_one_line_error(run_cli(quantize(q + eval + " --eval-labels " + kImages)), {"not a label file", "[60000, 28, 28]"});
+  // Labels of another task: class 250 for a 10-class model.
+  std::string bytes = {0, 0, 0x08, 1, 0, 0, 0x27, 0x10};
+  for (int i = 0; i < 10000; ++i) bytes += static_cast<char>(i % 2 ? 250 : 3);
+  const std::string labels = (work_.path() / "labels.idx").string();
+  std::ofstream(labels, std::ios::binary) << bytes;
+  auto r = run_cli(quantize(q + eval + " --eval-labels " + labels));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("outside the model's 10 classes"), std::string::npos) << r.output;
+  // The QDQ model just written cannot be quantized again.
+  expect_one_line_error(run_cli("quantize " + (work_.path() / "q.onnx").string() + " -c " + config_ + " --calib " + kImages +
+                                " -o " + (work_.path() / "qq.onnx").string()),
+                        {"already quantized", "QuantizeLinear/DequantizeLinear"});
+}
+
+}  // namespace
+}  // namespace sparsebit
