@@ -47,11 +47,14 @@ if [[ ! -d "$corpus" ]]; then
 import sys, numpy as np
 for i, (dt, shape) in enumerate([("<f4", (2, 3)), ("<i8", (4,)), ("|u1", (1, 2, 2)), ("<f8", ()), ("|b1", (3,))]):
     np.save(f"{sys.argv[1]}/seed{i}.npy", np.arange(int(np.prod(shape))).reshape(shape).astype(dt))
+for version in ((2, 0), (3, 0)):  # the longer header-length field
+    np.lib.format.write_array(open(f"{sys.argv[1]}/v{version[0]}.npy", "wb"), np.ones((2, 5), np.float32), version=version)
 PY
       ;;
     idx)
       cp /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz "$corpus/labels.gz"
-      zcat /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz | head -c 200 > "$corpus/labels_plain" ;;
+      zcat /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz | head -c 200 > "$corpus/labels_plain"
+      zcat /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz | head -c 4000 > "$corpus/images_plain" ;;
     tensor_pb)
       for d in "$testdata"/test_{abs,cast_FLOAT_to_FLOAT16,gather_0,reshape_reordered_all_dims,and2d,argmax_default_axis_example}; do
         [[ -f "$d/test_data_set_0/input_0.pb" ]] && cp "$d/test_data_set_0/input_0.pb" "$corpus/$(basename "$d").pb"

@@ -65,6 +65,18 @@ struct Builder {
   void constant(const std::string& name, at::Tensor t) { g.initializers[name] = std::move(t); }
 };
 
+/// A node for graphs built by hand in tests.
+inline Node make_node(const std::string& name, const std::string& op, std::vector<std::string> in,
+                      std::vector<std::string> out, std::map<std::string, Attribute> attributes = {}) {
+  Node n;
+  n.name = name;
+  n.op_type = op;
+  n.inputs = std::move(in);
+  n.outputs = std::move(out);
+  n.attributes = std::move(attributes);
+  return n;
+}
+
 inline std::string fixture_model() { return std::string(SPARSEBIT_SOURCE_DIR) + "/examples/fashion_mnist/fashion_mnist_cnn.onnx"; }
 inline std::string source_path(const std::string& rel) { return std::string(SPARSEBIT_SOURCE_DIR) + "/" + rel; }
 

@@ -72,24 +72,21 @@ void setup_logging(const GlobalOptions& g) {
 }
 
 // Argument checks with short messages; CLI11 prefixes the option's name.
-const CLI::Validator kPositiveInt(
-    [](std::string& v) -> std::string {
-      char* end = nullptr;
-      errno = 0;
-      const long long x = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end || errno || x < 1) return "must be a whole number of at least 1, got '" + sb::printable(v, 40) + "'";
-      return {};
-    },
-    "N>=1");
-const CLI::Validator kNonNegativeInt(
-    [](std::string& v) -> std::string {
-      char* end = nullptr;
-      errno = 0;
-      const long long x = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end || errno || x < 0) return "must be a whole number of at least 0, got '" + sb::printable(v, 40) + "'";
-      return {};
-    },
-    "N>=0");
+/// A whole number of at least `low`.
+CLI::Validator whole_number_from(long long low) {
+  return CLI::Validator(
+      [low](std::string& v) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long x = std::strtoll(v.c_str(), &end, 10);
+        if (v.empty() || *end || errno || x < low)
+          return "must be a whole number of at least " + std::to_string(low) + ", got '" + sb::printable(v, 40) + "'";
+        return {};
+      },
+      "N>=" + std::to_string(low));
+}
+const CLI::Validator kPositiveInt = whole_number_from(1);
+const CLI::Validator kNonNegativeInt = whole_number_from(0);
 const CLI::Validator kPositiveFinite(
     [](std::string& v) -> std::string {
       char* end = nullptr;

@@ -272,11 +272,15 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
       return refuse("duplicate", "plugin name '" + rec.name + "' is already provided by " + other.file);
     }
   }
-  // By its name, or by the file name that selected a plugin without a sidecar.
-  auto passes = [&](const std::string& name) {
-    return (filter.enable.empty() || matches_any(name, filter.enable)) && !matches_any(name, filter.disable);
-  };
-  if (!passes(rec.name) && (sidecar_name(path) || !passes(fs::path(path).stem().string()))) {
+  // By its name; a plugin without a sidecar also by the file name that selected it.
+  std::vector<std::string> names = {rec.name};
+  if (!sidecar_name(path)) names.push_back(fs::path(path).stem().string());
+  const bool enabled = filter.enable.empty() || std::any_of(names.begin(), names.end(), [&](const std::string& n) {
+                         return matches_any(n, filter.enable);
+                       });
+  const bool disabled =
+      std::any_of(names.begin(), names.end(), [&](const std::string& n) { return matches_any(n, filter.disable); });
+  if (!enabled || disabled) {
     rec.status = PluginRecord::Status::kDisabled;
     rec.reason = "excluded by [plugins] enable/disable";
     sdk::log_debug("plugin '" + rec.name + "' (" + path + ") disabled by config");

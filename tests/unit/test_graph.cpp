@@ -11,22 +11,15 @@
 namespace sparsebit {
 namespace {
 
-Node make(const std::string& name, const std::string& op, std::vector<std::string> in, std::vector<std::string> out) {
-  Node n;
-  n.name = name;
-  n.op_type = op;
-  n.inputs = std::move(in);
-  n.outputs = std::move(out);
-  return n;
-}
+using testing::make_node;
 
 Graph chain() {
   Graph g;
   g.inputs.push_back({"x", 1, false, {}, ""});
   g.outputs.push_back({"z", 1, false, {}, ""});
   g.opset_imports[""] = 13;
-  g.append(make("a", "Relu", {"x"}, {"y"}));
-  g.append(make("b", "Sigmoid", {"y"}, {"z"}));
+  g.append(make_node("a", "Relu", {"x"}, {"y"}));
+  g.append(make_node("b", "Sigmoid", {"y"}, {"z"}));
   return g;
 }
 
@@ -37,7 +30,7 @@ TEST(Graph, ProducersConsumersAndReplaceAllUses) {
   auto c = g.consumers("y");
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].first->name, "b");
-  Node* id = g.insert_after(g.find_node("a"), make("id", "Identity", {"y"}, {"y2"}));
+  Node* id = g.insert_after(g.find_node("a"), make_node("id", "Identity", {"y"}, {"y2"}));
   g.replace_all_uses("y", "y2");
   id->inputs[0] = "y";  // the identity itself keeps reading y
   EXPECT_EQ(g.find_node("b")->inputs[0], "y2");
@@ -49,8 +42,8 @@ TEST(Graph, TopologicalSortIsStableAndDetectsCycles) {
   Graph g;
   g.inputs.push_back({"x", 1, false, {}, ""});
   g.outputs.push_back({"z", 1, false, {}, ""});
-  g.append(make("b", "Sigmoid", {"y"}, {"z"}));
-  g.append(make("a", "Relu", {"x"}, {"y"}));
+  g.append(make_node("b", "Sigmoid", {"y"}, {"z"}));
+  g.append(make_node("a", "Relu", {"x"}, {"y"}));
   g.topological_sort();
   EXPECT_EQ(g.node(0).name, "a");
   EXPECT_EQ(g.node(1).name, "b");
@@ -58,15 +51,15 @@ TEST(Graph, TopologicalSortIsStableAndDetectsCycles) {
   Graph cyc;
   cyc.inputs.push_back({"x", 1, false, {}, ""});
   cyc.outputs.push_back({"q", 1, false, {}, ""});
-  cyc.append(make("p", "Add", {"x", "q"}, {"p_out"}));
-  cyc.append(make("q", "Relu", {"p_out"}, {"q"}));
+  cyc.append(make_node("p", "Add", {"x", "q"}, {"p_out"}));
+  cyc.append(make_node("q", "Relu", {"p_out"}, {"q"}));
   EXPECT_THROW(cyc.topological_sort(), Error);
 }
 
 TEST(Graph, PruneDeadRemovesUnreadNodesAndInitializers) {
   Graph g = chain();
-  g.append(make("dead", "Relu", {"x"}, {"unused"}));
-  g.append(make("dead2", "Relu", {"unused"}, {"unused2"}));
+  g.append(make_node("dead", "Relu", {"x"}, {"unused"}));
+  g.append(make_node("dead2", "Relu", {"unused"}, {"unused2"}));
   g.initializers["w"] = at::ones({2});
   EXPECT_EQ(g.prune_dead(), 2u);
   EXPECT_EQ(g.num_nodes(), 2u);

@@ -21,13 +21,7 @@ struct Case {
 
 Node make(const std::string& op, std::vector<std::string> in, std::vector<std::string> out,
           std::map<std::string, Attribute> attrs = {}) {
-  Node n;
-  n.op_type = op;
-  n.name = op + "_node";
-  n.inputs = std::move(in);
-  n.outputs = std::move(out);
-  n.attributes = std::move(attrs);
-  return n;
+  return testing::make_node(op + "_node", op, std::move(in), std::move(out), std::move(attrs));
 }
 
 /// A graph of `nodes` over graph input "x" (undeclared shape unless `declare`) at `opset`.

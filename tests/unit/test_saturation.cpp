@@ -13,15 +13,6 @@
 namespace sparsebit {
 namespace {
 
-Node node(const std::string& op, const std::string& name, std::vector<std::string> in, std::vector<std::string> out) {
-  Node n;
-  n.op_type = op;
-  n.name = name;
-  n.inputs = std::move(in);
-  n.outputs = std::move(out);
-  return n;
-}
-
 /// x -> Q/DQ (uint8 or float) -> OP(x, DQ(w int8)) -> y
 Graph layer(const std::string& op, const at::Tensor& w, std::map<std::string, Attribute> attrs = {},
             bool quantized_input = true) {
@@ -35,14 +26,12 @@ Graph layer(const std::string& op, const at::Tensor& w, std::map<std::string, At
   g.initializers["w_s"] = at::scalar_tensor(0.01f);
   std::string x = "x";
   if (quantized_input) {
-    g.append(node("QuantizeLinear", "q", {"x", "s", "zp"}, {"xq"}));
-    g.append(node("DequantizeLinear", "dq", {"xq", "s", "zp"}, {"xd"}));
+    g.append(testing::make_node("q", "QuantizeLinear", {"x", "s", "zp"}, {"xq"}));
+    g.append(testing::make_node("dq", "DequantizeLinear", {"xq", "s", "zp"}, {"xd"}));
     x = "xd";
   }
-  g.append(node("DequantizeLinear", "wdq", {"w_q", "w_s"}, {"w"}));
-  Node n = node(op, "layer", {x, "w"}, {"y"});
-  n.attributes = std::move(attrs);
-  g.append(std::move(n));
+  g.append(testing::make_node("wdq", "DequantizeLinear", {"w_q", "w_s"}, {"w"}));
+  g.append(testing::make_node("layer", op, {x, "w"}, {"y"}, std::move(attrs)));
   return g;
 }
 
