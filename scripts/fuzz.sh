@@ -53,8 +53,15 @@ PY
       ;;
     idx)
       cp /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz "$corpus/labels.gz"
-      zcat /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz | head -c 200 > "$corpus/labels_plain"
-      zcat /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz | head -c 4000 > "$corpus/images_plain" ;;
+      # The first bytes of each file, read without a pipe: `zcat | head` ends zcat with SIGPIPE,
+      # which pipefail turns into a failure.
+      /usr/bin/python3 - "$corpus" <<'PY'
+import gzip, sys
+for name, file, size in (("labels_plain", "t10k-labels-idx1-ubyte.gz", 200), ("images_plain", "t10k-images-idx3-ubyte.gz", 4000)):
+    with gzip.open(f"/usr/share/datasets/fashion-mnist/{file}") as f:
+        open(f"{sys.argv[1]}/{name}", "wb").write(f.read(size))
+PY
+      ;;
     tensor_pb)
       for d in "$testdata"/test_{abs,cast_FLOAT_to_FLOAT16,gather_0,reshape_reordered_all_dims,and2d,argmax_default_axis_example}; do
         [[ -f "$d/test_data_set_0/input_0.pb" ]] && cp "$d/test_data_set_0/input_0.pb" "$corpus/$(basename "$d").pb"

@@ -125,9 +125,22 @@ void write_npy(const at::Tensor& t_in, const std::string& path) {
 // ---------------------------------------------------------------------------------------------
 // IDX (MNIST format)
 
+namespace {
+
+// A gzip (or plain: zlib reads those transparently) file closed on every way out, throws included.
+struct GzClose {
+  void operator()(gzFile f) const { gzclose(f); }
+};
+using GzFile = std::unique_ptr<gzFile_s, GzClose>;
+
+GzFile open_gz(const std::string& path) { return GzFile(gzopen(path.c_str(), "rb")); }
+
+}  // namespace
+
 at::Tensor read_idx(const std::string& path, std::int64_t max_items) {
-  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files transparently too
-  if (!f) throw Error(path + ": cannot be opened");
+  GzFile file = open_gz(path);
+  if (!file) throw Error(path + ": cannot be opened");
+  gzFile f = file.get();
   auto read = [&](void* dst, std::size_t n) {
     std::size_t got = 0;
     while (got < n) {
@@ -139,36 +152,21 @@ at::Tensor read_idx(const std::string& path, std::int64_t max_items) {
     return got;
   };
   unsigned char head[4];
-  if (read(head, 4) != 4 || head[0] != 0 || head[1] != 0) {
-    gzclose(f);
-    throw Error(path + ": not an IDX file (bad magic number)");
-  }
+  if (read(head, 4) != 4 || head[0] != 0 || head[1] != 0) throw Error(path + ": not an IDX file (bad magic number)");
   static const std::map<int, at::ScalarType> types = {{0x08, at::kByte}, {0x09, at::kChar}, {0x0B, at::kShort},
                                                       {0x0C, at::kInt},  {0x0D, at::kFloat}, {0x0E, at::kDouble}};
   auto t = types.find(head[2]);
   const int ndim = head[3];
-  if (t == types.end() || ndim < 1) {
-    gzclose(f);
-    throw Error(path + ": unsupported IDX element type or rank");
-  }
+  if (t == types.end() || ndim < 1) throw Error(path + ": unsupported IDX element type or rank");
   std::vector<std::int64_t> shape;
   for (int i = 0; i < ndim; ++i) {
     unsigned char b[4];
-    if (read(b, 4) != 4) {
-      gzclose(f);
-      throw Error(path + ": truncated IDX header");
-    }
+    if (read(b, 4) != 4) throw Error(path + ": truncated IDX header");
     shape.push_back((std::int64_t(b[0]) << 24) | (b[1] << 16) | (b[2] << 8) | b[3]);
   }
   if (max_items > 0) shape[0] = std::min(shape[0], max_items);
   const std::size_t elem = c10::elementSize(t->second);
-  std::int64_t numel = 0;
-  try {
-    numel = limits::checked_numel(shape, elem, path);
-  } catch (const Error&) {
-    gzclose(f);
-    throw;
-  }
+  const std::int64_t numel = limits::checked_numel(shape, elem, path);
   // Gzip hides the payload size: read what is there in chunks (so a lying header costs no more
   // memory than the data), then check it is all there.
   const std::size_t bytes = static_cast<std::size_t>(numel) * elem;
@@ -180,7 +178,7 @@ at::Tensor read_idx(const std::string& path, std::int64_t max_items) {
     data.append(chunk.data(), got);
     if (got < want) break;
   }
-  gzclose(f);
+  file.reset();
   if (data.size() != bytes) throw Error(path + ": truncated IDX data (expected " + std::to_string(bytes) + " bytes)");
   at::Tensor out = at::empty(shape, at::TensorOptions().dtype(t->second));
   if (bytes > 0) std::memcpy(out.data_ptr(), data.data(), bytes);
@@ -199,11 +197,10 @@ at::Tensor read_idx(const std::string& path, std::int64_t max_items) {
 namespace {
 
 bool is_idx(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
+  GzFile f = open_gz(path);
   if (!f) return false;
   unsigned char head[4];
-  int n = gzread(f, head, 4);
-  gzclose(f);
+  const int n = gzread(f.get(), head, 4);
   return n == 4 && head[0] == 0 && head[1] == 0 && head[2] >= 0x08 && head[2] <= 0x0E && head[3] >= 1 && head[3] <= 8;
 }
 
@@ -268,16 +265,16 @@ class TestLayoutDataset final : public Dataset {
 class IdxDataset final : public Dataset {
  public:
   explicit IdxDataset(std::string path) : path_(std::move(path)) {
-    file_ = gzopen(path_.c_str(), "rb");
+    file_ = open_gz(path_);
     if (!file_) throw Error(path_ + ": cannot be opened");
     unsigned char head[4];
-    if (gzread(file_, head, 4) != 4) throw Error(path_ + ": truncated IDX header");
+    if (gzread(file_.get(), head, 4) != 4) throw Error(path_ + ": truncated IDX header");
     if (head[2] != 0x08) throw Error(path_ + ": IDX data for calibration must be unsigned bytes (images)");
     if (head[0] != 0 || head[1] != 0 || head[3] < 1)
       throw Error(path_ + ": not an IDX file (bad magic number or no dimensions)");
     for (int i = 0; i < head[3]; ++i) {
       unsigned char b[4];
-      if (gzread(file_, b, 4) != 4) throw Error(path_ + ": truncated IDX header");
+      if (gzread(file_.get(), b, 4) != 4) throw Error(path_ + ": truncated IDX header");
       shape_.push_back((std::int64_t(b[0]) << 24) | (b[1] << 16) | (b[2] << 8) | b[3]);
     }
     // The declared sizes are checked before anything is allocated for them: one record of up to
@@ -289,13 +286,10 @@ class IdxDataset final : public Dataset {
     std::error_code ec;
     const auto size = fs::file_size(path_, ec);
     const auto header = 4 + 4 * static_cast<std::uint64_t>(shape_.size());
-    if (gzdirect(file_) && !ec && size - header < static_cast<std::uint64_t>(total)) {
+    if (gzdirect(file_.get()) && !ec && size - header < static_cast<std::uint64_t>(total)) {
       throw Error(path_ + ": the IDX header declares " + std::to_string(total) + " bytes of data, the file holds " +
                   std::to_string(size - header) + "; it is truncated or corrupt");
     }
-  }
-  ~IdxDataset() override {
-    if (file_) gzclose(file_);
   }
   std::string describe() const override { return "IDX file " + path_; }
   std::optional<std::int64_t> num_samples() const override { return shape_.empty() ? 0 : shape_[0]; }
@@ -306,7 +300,7 @@ class IdxDataset final : public Dataset {
     shape[0] = std::min<std::int64_t>(left, 1024);
     at::Tensor raw = at::empty(shape, at::TensorOptions().dtype(at::kByte));
     const auto want = static_cast<unsigned>(raw.nbytes());
-    if (gzread(file_, raw.data_ptr(), want) != static_cast<int>(want))
+    if (gzread(file_.get(), raw.data_ptr(), want) != static_cast<int>(want))
       throw Error(path_ + ": truncated IDX data after " + std::to_string(read_) + " samples");
     read_ += shape[0];
     return Batch{{raw.to(at::kFloat).div_(255.0f)}, path_, true};
@@ -314,7 +308,7 @@ class IdxDataset final : public Dataset {
 
  private:
   std::string path_;
-  gzFile file_ = nullptr;
+  GzFile file_;
   std::vector<std::int64_t> shape_;
   std::int64_t read_ = 0;
 };
