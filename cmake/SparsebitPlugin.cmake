@@ -1,23 +1,32 @@
-# sparsebit_add_plugin(NAME SOURCES src... [LIBRARIES lib...])
+# sparsebit_add_plugin(NAME SOURCES src... [LIBRARIES lib...] [VERSION x.y.z])
 #
 # Builds a Sparsebit plugin: a shared object named sparsebit_<NAME>.so with hidden visibility,
-# linked against the core library and the shared LibTorch only, placed where the host finds it
+# linked against the SDK library (libsparsebit_sdk) and the shared LibTorch only, placed where the host finds it
 # (the build's plugin folder, installed to <libdir>/sparsebit/plugins). The same function serves
 # in-tree plugins and out-of-tree ones built with find_package(Sparsebit). After linking it checks
-# that the module exports the entry point (SPARSEBIT_PLUGIN).
+# that the module exports the entry point (SPARSEBIT_PLUGIN). The sources see the plugin's version
+# as SPARSEBIT_PLUGIN_VERSION: VERSION, else the enclosing project's version, else 0.0.0.
 set(_SPARSEBIT_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
 function(sparsebit_add_plugin name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES" ${ARGN})
+  cmake_parse_arguments(ARG "" "VERSION" "SOURCES;LIBRARIES" ${ARGN})
   if(NOT ARG_SOURCES)
     message(FATAL_ERROR "sparsebit_add_plugin(${name}): SOURCES is required")
   endif()
   add_library(${name} MODULE ${ARG_SOURCES})
-  if(TARGET sparsebit_core)
-    target_link_libraries(${name} PRIVATE sparsebit_core)
+  # The SDK alone: a call into the core (QuantModel, prune(), the registry) fails to link.
+  if(TARGET sparsebit_sdk)
+    target_link_libraries(${name} PRIVATE sparsebit_sdk)
   else()
-    target_link_libraries(${name} PRIVATE Sparsebit::core)
+    target_link_libraries(${name} PRIVATE Sparsebit::sdk)
   endif()
   target_link_libraries(${name} PRIVATE torch ${ARG_LIBRARIES})
+  if(NOT ARG_VERSION)
+    set(ARG_VERSION "${PROJECT_VERSION}")
+  endif()
+  if(NOT ARG_VERSION)
+    set(ARG_VERSION "0.0.0")  # neither given: sources that name their version keep working
+  endif()
+  target_compile_definitions(${name} PRIVATE SPARSEBIT_PLUGIN_VERSION="${ARG_VERSION}")
   if(TARGET sparsebit_pch)
     target_precompile_headers(${name} REUSE_FROM sparsebit_pch)
   endif()
@@ -34,7 +43,7 @@ function(sparsebit_add_plugin name)
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON
     LIBRARY_OUTPUT_DIRECTORY ${SPARSEBIT_PLUGIN_OUTPUT_DIR}
-    # plugins/ -> sparsebit/ -> lib/, where libsparsebit_core.so lives
+    # plugins/ -> sparsebit/ -> lib/, where libsparsebit_sdk.so lives
     INSTALL_RPATH "$ORIGIN/../..")
   # Unresolved symbols are an error at link time, not a refusal at load time.
   target_link_options(${name} PRIVATE "LINKER:--no-undefined")

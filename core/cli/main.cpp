@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <sys/stat.h>
@@ -44,6 +43,7 @@
 #include "sparsebit/core/registry.h"
 #include "sparsebit/core/saturation.h"
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/version.h"
 
 namespace sb = sparsebit;
@@ -58,10 +58,8 @@ struct GlobalOptions {
 };
 
 void setup_logging(const GlobalOptions& g) {
-  auto logger = spdlog::stderr_color_mt("sparsebit");
-  logger->set_pattern("%^%l%$: %v");
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(g.quiet ? spdlog::level::warn : g.verbose > 0 ? spdlog::level::debug : spdlog::level::info);
+  using sparsebit::sdk::LogLevel;
+  sparsebit::sdk::log_to_stderr(g.quiet ? LogLevel::kWarn : g.verbose > 0 ? LogLevel::kDebug : LogLevel::kInfo);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int threads = g.threads > 0 ? g.threads : cores;
   if (threads > cores) {  // more threads than cores only costs time (and creating a million takes minutes)

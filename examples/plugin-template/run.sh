@@ -11,9 +11,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="${2:-$(mktemp -d)}"
 mkdir -p "$work"
-cp -r "$here"/CMakeLists.txt "$here"/src "$here"/model "$here"/example.toml "$work"/
+cp -r "$here"/CMakeLists.txt "$here"/src "$here"/tests "$here"/model "$here"/example.toml "$work"/
 cmake -S "$work" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/build" >/dev/null
+ctest --test-dir "$work/build" --output-on-failure
 
 "$prefix/bin/sparsebit" plugins -c "$work/example.toml" | grep -A1 "example.template"
 "$prefix/bin/sparsebit" quantize "$work/model/layer_scale_mlp.onnx" -c "$work/example.toml" \

@@ -10,7 +10,7 @@ prefix="$work/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
 
 fail() { echo "FAIL: $*"; exit 1; }
-for f in bin/sparsebit include/sparsebit/sdk/plugin.h include/sparsebit/sdk/op.h include/sparsebit/core/quant_model.h \
+for f in bin/sparsebit lib/libsparsebit_sdk.so include/sparsebit/sdk/plugin.h include/sparsebit/sdk/op.h include/sparsebit/core/quant_model.h \
          lib/cmake/Sparsebit/SparsebitConfig.cmake lib/cmake/Sparsebit/SparsebitPlugin.cmake; do
   [[ -e "$prefix/$f" ]] || fail "missing $f"
 done
@@ -56,6 +56,31 @@ cmake -S "$work/broken" -B "$work/broken/build" -DCMAKE_PREFIX_PATH="$prefix" >/
 if build_log="$(cmake --build "$work/broken/build" 2>&1)"; then fail "a plugin without SPARSEBIT_PLUGIN built"; fi
 grep -q "SPARSEBIT_PLUGIN(" <<<"$build_log" || fail "no entry-point message: $build_log"
 [[ ! -e "$work/broken/build/plugins/sparsebit_broken.so" ]] || fail "the broken plugin was left behind"
+
+# A plugin links the SDK library alone: one that calls into the core (here load_onnx, whose
+# header is installed for applications) fails to link instead of loading with a hidden dependency.
+mkdir -p "$work/reach"
+cat >"$work/reach/reach.cpp" <<'CPP'
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/sdk/plugin.h"
+namespace {
+void register_all(sparsebit::Registrar&) { sparsebit::load_onnx("model.onnx"); }
+}  // namespace
+SPARSEBIT_PLUGIN("fixture.reach_into_core", "1.0", register_all)
+CPP
+cat >"$work/reach/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.22)
+project(reach_plugin CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(Sparsebit REQUIRED)
+sparsebit_add_plugin(reach SOURCES reach.cpp)
+CMAKE
+cmake -S "$work/reach" -B "$work/reach/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+if reach_log="$(cmake --build "$work/reach/build" 2>&1)"; then fail "a plugin calling into the core linked"; fi
+grep -q "undefined reference to .*sparsebit::load_onnx" <<<"$reach_log" || fail "no undefined-reference message: $reach_log"
+needed="$(readelf -d "$prefix"/lib/sparsebit/plugins/*.so)"
+grep -q "libsparsebit_sdk" <<<"$needed" || fail "the shipped plugins do not link the SDK library"
+if grep -q "libsparsebit_core" <<<"$needed"; then fail "a shipped plugin links the core"; fi
 
 # The plugin template, built out of tree, loaded through [plugins] paths, exported and run in ORT.
 "$src/examples/plugin-template/run.sh" "$prefix" "$work/template" || fail "the plugin template run failed"

@@ -54,6 +54,16 @@ TEST_F(PluginHost, WrongAbiIsRefusedNamingBothValues) {
   EXPECT_NE(p->reason.find("host has " + std::to_string(sdk::kAbiVersion)), std::string::npos) << p->reason;
 }
 
+// The case the ABI lock exists for: a plugin built one SDK bump ago.
+TEST_F(PluginHost, PluginBuiltAgainstThePreviousAbiIsRefusedNamingBothNumbers) {
+  const PluginRecord* p = find(registry_, "fixture_previous_abi");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, PluginRecord::Status::kRefused);
+  EXPECT_EQ(p->gate, "abi_version");
+  EXPECT_NE(p->reason.find("ABI version " + std::to_string(sdk::kAbiVersion - 1)), std::string::npos) << p->reason;
+  EXPECT_NE(p->reason.find("host has " + std::to_string(sdk::kAbiVersion)), std::string::npos) << p->reason;
+}
+
 TEST_F(PluginHost, WrongFingerprintIsRefusedBeforeItsCodeRuns) {
   const PluginRecord* p = find(registry_, "fixture_wrong_torch");
   ASSERT_TRUE(p);

@@ -11,4 +11,4 @@ void register_all(sparsebit::Registrar& r) {
 }
 }  // namespace
 
-SPARSEBIT_PLUGIN("example.template", "1.0.0", register_all)
+SPARSEBIT_PLUGIN("example.template", SPARSEBIT_PLUGIN_VERSION, register_all)

@@ -90,4 +90,4 @@ void register_all(Registrar& r) {
 }  // namespace
 }  // namespace sparsebit::backends
 
-SPARSEBIT_PLUGIN("sparsebit.backends.standard", "0.1.0", sparsebit::backends::register_all)
+SPARSEBIT_PLUGIN("sparsebit.backends.standard", SPARSEBIT_PLUGIN_VERSION, sparsebit::backends::register_all)

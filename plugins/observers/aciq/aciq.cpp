@@ -97,4 +97,4 @@ void register_all(Registrar& r) { r.add_observer<AciqObserver>("aciq"); }
 }  // namespace
 }  // namespace sparsebit::observers
 
-SPARSEBIT_PLUGIN("sparsebit.observers.aciq", "0.1.0", sparsebit::observers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.observers.aciq", SPARSEBIT_PLUGIN_VERSION, sparsebit::observers::register_all)

@@ -109,4 +109,4 @@ void register_all(Registrar& r) { r.add_observer<KlHistogramObserver>("kl_histog
 }  // namespace
 }  // namespace sparsebit::observers
 
-SPARSEBIT_PLUGIN("sparsebit.observers.kl_histogram", "0.1.0", sparsebit::observers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.observers.kl_histogram", SPARSEBIT_PLUGIN_VERSION, sparsebit::observers::register_all)

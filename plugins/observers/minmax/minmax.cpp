@@ -57,4 +57,4 @@ void register_all(Registrar& r) { r.add_observer<MinMaxObserver>("minmax"); }
 }  // namespace
 }  // namespace sparsebit::observers
 
-SPARSEBIT_PLUGIN("sparsebit.observers.minmax", "0.1.0", sparsebit::observers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.observers.minmax", SPARSEBIT_PLUGIN_VERSION, sparsebit::observers::register_all)

@@ -56,4 +56,4 @@ void register_all(Registrar& r) { r.add_observer<MovingAverageObserver>("moving_
 }  // namespace
 }  // namespace sparsebit::observers
 
-SPARSEBIT_PLUGIN("sparsebit.observers.moving_average", "0.1.0", sparsebit::observers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.observers.moving_average", SPARSEBIT_PLUGIN_VERSION, sparsebit::observers::register_all)

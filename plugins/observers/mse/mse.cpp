@@ -83,4 +83,4 @@ void register_all(Registrar& r) { r.add_observer<MseObserver>("mse"); }
 }  // namespace
 }  // namespace sparsebit::observers
 
-SPARSEBIT_PLUGIN("sparsebit.observers.mse", "0.1.0", sparsebit::observers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.observers.mse", SPARSEBIT_PLUGIN_VERSION, sparsebit::observers::register_all)

@@ -82,4 +82,4 @@ void register_all(Registrar& r) { r.add_observer<PercentileObserver>("percentile
 }  // namespace
 }  // namespace sparsebit::observers
 
-SPARSEBIT_PLUGIN("sparsebit.observers.percentile", "0.1.0", sparsebit::observers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.observers.percentile", SPARSEBIT_PLUGIN_VERSION, sparsebit::observers::register_all)

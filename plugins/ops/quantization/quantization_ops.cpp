@@ -96,4 +96,4 @@ void register_all(Registrar& r) {
 }  // namespace
 }  // namespace sparsebit::ops
 
-SPARSEBIT_PLUGIN("sparsebit.ops.quantization", "0.1.0", sparsebit::ops::register_all)
+SPARSEBIT_PLUGIN("sparsebit.ops.quantization", SPARSEBIT_PLUGIN_VERSION, sparsebit::ops::register_all)

@@ -284,4 +284,4 @@ void register_all(Registrar& r) {
 }  // namespace
 }  // namespace sparsebit::ops
 
-SPARSEBIT_PLUGIN("sparsebit.ops.resize", "0.1.0", sparsebit::ops::register_all)
+SPARSEBIT_PLUGIN("sparsebit.ops.resize", SPARSEBIT_PLUGIN_VERSION, sparsebit::ops::register_all)

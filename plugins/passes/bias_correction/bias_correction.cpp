@@ -58,4 +58,4 @@ void register_all(Registrar& r) { r.add_pass<BiasCorrection>("bias_correction");
 }  // namespace
 }  // namespace sparsebit::passes
 
-SPARSEBIT_PLUGIN("sparsebit.passes.bias_correction", "0.1.0", sparsebit::passes::register_all)
+SPARSEBIT_PLUGIN("sparsebit.passes.bias_correction", SPARSEBIT_PLUGIN_VERSION, sparsebit::passes::register_all)

@@ -61,4 +61,4 @@ void register_all(Registrar& r) { r.add_pass<DisableUnnecessaryQuant>("disable_u
 }  // namespace
 }  // namespace sparsebit::passes
 
-SPARSEBIT_PLUGIN("sparsebit.passes.disable_unnecessary_quant", "0.1.0", sparsebit::passes::register_all)
+SPARSEBIT_PLUGIN("sparsebit.passes.disable_unnecessary_quant", SPARSEBIT_PLUGIN_VERSION, sparsebit::passes::register_all)

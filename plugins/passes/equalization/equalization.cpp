@@ -92,4 +92,4 @@ void register_all(Registrar& r) { r.add_pass<CrossLayerEqualization>("cross_laye
 }  // namespace
 }  // namespace sparsebit::passes
 
-SPARSEBIT_PLUGIN("sparsebit.passes.equalization", "0.1.0", sparsebit::passes::register_all)
+SPARSEBIT_PLUGIN("sparsebit.passes.equalization", SPARSEBIT_PLUGIN_VERSION, sparsebit::passes::register_all)

@@ -381,4 +381,4 @@ void register_all(Registrar& r) {
 }  // namespace
 }  // namespace sparsebit::passes
 
-SPARSEBIT_PLUGIN("sparsebit.passes.simplify", "0.1.0", sparsebit::passes::register_all)
+SPARSEBIT_PLUGIN("sparsebit.passes.simplify", SPARSEBIT_PLUGIN_VERSION, sparsebit::passes::register_all)

@@ -62,4 +62,4 @@ void register_all(Registrar& r) { r.add_pass<MergeTransposes>("merge_transposes"
 }  // namespace
 }  // namespace sparsebit::passes
 
-SPARSEBIT_PLUGIN("sparsebit.passes.merge_transposes", "0.1.0", sparsebit::passes::register_all)
+SPARSEBIT_PLUGIN("sparsebit.passes.merge_transposes", SPARSEBIT_PLUGIN_VERSION, sparsebit::passes::register_all)

@@ -132,4 +132,4 @@ void register_all(Registrar& r) { r.add_quantizer<AdaRoundQuantizer>("adaround")
 }  // namespace
 }  // namespace sparsebit::quantizers
 
-SPARSEBIT_PLUGIN("sparsebit.quantizers.adaround", "0.1.0", sparsebit::quantizers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.quantizers.adaround", SPARSEBIT_PLUGIN_VERSION, sparsebit::quantizers::register_all)

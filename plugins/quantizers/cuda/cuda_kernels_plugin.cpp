@@ -153,4 +153,4 @@ void register_all(Registrar& r) { r.add_kernels<CudaQuantKernels>(c10::DeviceTyp
 }  // namespace
 }  // namespace sparsebit::quantizers
 
-SPARSEBIT_PLUGIN("sparsebit.quantizers.cuda", "0.1.0", sparsebit::quantizers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.quantizers.cuda", SPARSEBIT_PLUGIN_VERSION, sparsebit::quantizers::register_all)

@@ -41,4 +41,4 @@ void register_all(Registrar& r) { r.add_quantizer<DorefaQuantizer>("dorefa"); }
 }  // namespace
 }  // namespace sparsebit::quantizers
 
-SPARSEBIT_PLUGIN("sparsebit.quantizers.dorefa", "0.1.0", sparsebit::quantizers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.quantizers.dorefa", SPARSEBIT_PLUGIN_VERSION, sparsebit::quantizers::register_all)

@@ -66,4 +66,4 @@ void register_all(Registrar& r) { r.add_quantizer<LsqQuantizer>("lsq"); }
 }  // namespace
 }  // namespace sparsebit::quantizers
 
-SPARSEBIT_PLUGIN("sparsebit.quantizers.lsq", "0.1.0", sparsebit::quantizers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.quantizers.lsq", SPARSEBIT_PLUGIN_VERSION, sparsebit::quantizers::register_all)

@@ -76,4 +76,4 @@ void register_all(Registrar& r) { r.add_quantizer<LsqPlusQuantizer>("lsq_plus");
 }  // namespace
 }  // namespace sparsebit::quantizers
 
-SPARSEBIT_PLUGIN("sparsebit.quantizers.lsq_plus", "0.1.0", sparsebit::quantizers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.quantizers.lsq_plus", SPARSEBIT_PLUGIN_VERSION, sparsebit::quantizers::register_all)

@@ -58,4 +58,4 @@ void register_all(Registrar& r) { r.add_quantizer<PactQuantizer>("pact"); }
 }  // namespace
 }  // namespace sparsebit::quantizers
 
-SPARSEBIT_PLUGIN("sparsebit.quantizers.pact", "0.1.0", sparsebit::quantizers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.quantizers.pact", SPARSEBIT_PLUGIN_VERSION, sparsebit::quantizers::register_all)

@@ -38,4 +38,4 @@ void register_all(Registrar& r) { r.add_quantizer<UniformQuantizer>("uniform"); 
 }  // namespace
 }  // namespace sparsebit::quantizers
 
-SPARSEBIT_PLUGIN("sparsebit.quantizers.uniform", "0.1.0", sparsebit::quantizers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.quantizers.uniform", SPARSEBIT_PLUGIN_VERSION, sparsebit::quantizers::register_all)

@@ -23,4 +23,4 @@ void register_all(Registrar& r) { r.add_sparser<L1Structured>("l1_structured"); 
 }  // namespace
 }  // namespace sparsebit::sparsers
 
-SPARSEBIT_PLUGIN("sparsebit.sparsers.l1_structured", "0.1.0", sparsebit::sparsers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.sparsers.l1_structured", SPARSEBIT_PLUGIN_VERSION, sparsebit::sparsers::register_all)

@@ -20,4 +20,4 @@ void register_all(Registrar& r) { r.add_sparser<L1Unstructured>("l1_unstructured
 }  // namespace
 }  // namespace sparsebit::sparsers
 
-SPARSEBIT_PLUGIN("sparsebit.sparsers.l1_unstructured", "0.1.0", sparsebit::sparsers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.sparsers.l1_unstructured", SPARSEBIT_PLUGIN_VERSION, sparsebit::sparsers::register_all)

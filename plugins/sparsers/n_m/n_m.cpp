@@ -22,4 +22,4 @@ void register_all(Registrar& r) { r.add_sparser<NM>("n_m"); }
 }  // namespace
 }  // namespace sparsebit::sparsers
 
-SPARSEBIT_PLUGIN("sparsebit.sparsers.n_m", "0.1.0", sparsebit::sparsers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.sparsers.n_m", SPARSEBIT_PLUGIN_VERSION, sparsebit::sparsers::register_all)

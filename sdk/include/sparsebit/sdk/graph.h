@@ -127,8 +127,10 @@ class SPARSEBIT_API Graph {
   // -- values ------------------------------------------------------------------------------
   /// The node producing `value`, or nullptr for graph inputs, initializers and unknown names.
   Node* producer(const std::string& value);
+  const Node* producer(const std::string& value) const;
   /// Every (node, input index) that reads `value`.
   std::vector<std::pair<Node*, std::size_t>> consumers(const std::string& value);
+  std::vector<std::pair<const Node*, std::size_t>> consumers(const std::string& value) const;
   bool is_graph_output(const std::string& value) const;
   bool is_graph_input(const std::string& value) const;
   /// Point every reader of `from` (node inputs and graph outputs) at `to`.

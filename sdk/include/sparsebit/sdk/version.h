@@ -3,11 +3,11 @@
 /// Versions and the build fingerprint that gate plugin loading (docs in plugin.h).
 ///
 /// Note [ABI version vs SDK version]
-/// kAbiVersion changes whenever a class layout, a virtual table or the descriptor layout of the
-/// SDK changes in a way that breaks plugins built before; the host refuses any other value.
-/// The SDK minor version grows when something is added compatibly (a new optional virtual at
-/// the end is NOT compatible and bumps the ABI); a host accepts plugins built against its own
-/// major version and any minor version up to its own.
+/// kAbiVersion names one exact state of the public SDK headers; the host refuses any other value.
+/// sdk/abi.lock holds it with a hash of these headers, and the sdk.abi_lock test fails until both
+/// are bumped together after any change other than comments (docs/PLUGINS.md, Stability). The
+/// SDK minor version grows with each bump; a host accepts its own major version and any minor
+/// version up to its own.
 
 #include <cstdint>
 
@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 5;  // 5: QSpec::reduce_range, Backend::checks_u8s8_saturation
+inline constexpr std::uint32_t kAbiVersion = 6;  // 6: libsparsebit_sdk, sdk::log_to_stderr, const graph queries
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 5;
+inline constexpr std::uint32_t kSdkVersionMinor = 6;
 
 }  // namespace sparsebit::sdk
 

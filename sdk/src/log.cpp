@@ -1,5 +1,6 @@
 #include "sparsebit/sdk/log.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 namespace sparsebit::sdk {
@@ -20,6 +21,14 @@ void set_log_level(LogLevel level) {
     case LogLevel::kWarn: spdlog::set_level(spdlog::level::warn); break;
     case LogLevel::kError: spdlog::set_level(spdlog::level::err); break;
   }
+}
+
+void log_to_stderr(LogLevel level) {
+  auto logger = spdlog::get("sparsebit");
+  if (!logger) logger = spdlog::stderr_color_mt("sparsebit");
+  logger->set_pattern("%^%l%$: %v");
+  spdlog::set_default_logger(logger);
+  set_log_level(level);
 }
 
 }  // namespace sparsebit::sdk

@@ -256,6 +256,14 @@ std::vector<std::pair<Node*, std::size_t>> Graph::consumers(const std::string& v
   return out;
 }
 
+// The const queries share the scans above; nothing is modified through the cast.
+const Node* Graph::producer(const std::string& value) const { return const_cast<Graph*>(this)->producer(value); }
+
+std::vector<std::pair<const Node*, std::size_t>> Graph::consumers(const std::string& value) const {
+  const auto found = const_cast<Graph*>(this)->consumers(value);
+  return {found.begin(), found.end()};
+}
+
 bool Graph::is_graph_output(const std::string& value) const {
   return std::any_of(outputs.begin(), outputs.end(), [&](const ValueInfo& v) { return v.name == value; });
 }
