@@ -7,11 +7,11 @@
 
 namespace example {
 
-class LayerScale final : public sparsebit::QModule {
+class LayerScale final : public sparsebit::NodeQModule {
  public:
-  explicit LayerScale(const sparsebit::OpContext& ctx) : node_(ctx.node) {
+  explicit LayerScale(const sparsebit::OpContext& ctx) : sparsebit::NodeQModule(ctx) {
     if (ctx.node.inputs.size() != 2)
-      throw sparsebit::Error(node_.describe() + ": LayerScale takes two inputs (x, gamma)");
+      throw sparsebit::Error(describe() + ": LayerScale takes two inputs (x, gamma)");
   }
 
   std::vector<sparsebit::InputSpec> input_specs() const override {
@@ -23,14 +23,13 @@ class LayerScale final : public sparsebit::QModule {
     const at::Tensor& x = in.at(0);
     const at::Tensor& gamma = in.at(1);
     if (gamma.dim() != 1 || x.dim() < 1 || x.size(-1) != gamma.size(0)) {
-      throw sparsebit::Error(node_.describe() + ": gamma of shape " + c10::str(gamma.sizes()) +
+      throw sparsebit::Error(describe() + ": gamma of shape " + c10::str(gamma.sizes()) +
                              " does not scale the last axis of an input of shape " + c10::str(x.sizes()));
     }
     return {x * gamma};  // ATen ops: runs on any device, autograd flows through
   }
 
  private:
-  sparsebit::Node node_;
 };
 
 void register_layer_scale(sparsebit::Registrar& r) { r.add_op<LayerScale>("LayerScale", "com.example"); }

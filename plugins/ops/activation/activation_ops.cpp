@@ -42,10 +42,10 @@ class QHardSigmoid final : public QModule {
   double alpha_, beta_;
 };
 
-class QClip final : public QModule {
+class QClip final : public NodeQModule {
  public:
   // Opset < 11 carries min/max as attributes; later opsets as optional inputs.
-  explicit QClip(const OpContext& c) : node_(c.node), opset_(c.opset) {
+  explicit QClip(const OpContext& c) : NodeQModule(c), opset_(c.opset) {
     if (opset_ < 11) {
       if (c.node.has_attr("min")) min_attr_ = c.node.attr_float("min", 0);
       if (c.node.has_attr("max")) max_attr_ = c.node.attr_float("max", 0);
@@ -70,22 +70,21 @@ class QClip final : public QModule {
 
  private:
   at::Scalar scalar(const at::Tensor& t, const char* which) const {
-    if (t.numel() != 1) throw Error(node_.describe() + ": Clip's " + which + " must be a scalar");
+    if (t.numel() != 1) throw Error(describe() + ": Clip's " + which + " must be a scalar");
     return t.reshape({}).item();
   }
-  Node node_;
   std::int64_t opset_;
   std::optional<double> min_attr_, max_attr_;
 };
 
-class QSoftmax final : public QModule {
+class QSoftmax final : public NodeQModule {
  public:
   explicit QSoftmax(const OpContext& c)
-      : node_(c.node), opset_(c.opset), axis_(c.node.attr_int("axis", c.opset >= 13 ? -1 : 1)) {}
+      : NodeQModule(c), opset_(c.opset), axis_(c.node.attr_int("axis", c.opset >= 13 ? -1 : 1)) {}
   std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    std::int64_t axis = normalize_axis(axis_, x.dim(), node());
     if (opset_ >= 13) return {at::softmax(x, axis)};
     // Before opset 13 the input is coerced to 2-D at `axis` and normalized over the flattened tail.
     std::int64_t outer = 1;
@@ -94,7 +93,6 @@ class QSoftmax final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t opset_;
   std::int64_t axis_;
 };
@@ -135,14 +133,14 @@ class QPRelu final : public QModule {
   }
 };
 
-class QLogSoftmax final : public QModule {
+class QLogSoftmax final : public NodeQModule {
  public:
   explicit QLogSoftmax(const OpContext& c)
-      : node_(c.node), opset_(c.opset), axis_(c.node.attr_int("axis", c.opset >= 13 ? -1 : 1)) {}
+      : NodeQModule(c), opset_(c.opset), axis_(c.node.attr_int("axis", c.opset >= 13 ? -1 : 1)) {}
   std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    std::int64_t axis = normalize_axis(axis_, x.dim(), node());
     if (opset_ >= 13) return {at::log_softmax(x, axis)};
     std::int64_t outer = 1;
     for (std::int64_t d = 0; d < axis; ++d) outer *= x.size(d);
@@ -150,7 +148,6 @@ class QLogSoftmax final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t opset_;
   std::int64_t axis_;
 };

@@ -96,13 +96,13 @@ class QIsInf final : public QModule {
 };
 
 /// Min, Max, Sum, Mean: any number of inputs, broadcast together.
-class QVariadic final : public QModule {
+class QVariadic final : public NodeQModule {
  public:
   enum class Kind { kMin, kMax, kSum, kMean };
-  QVariadic(const OpContext& c, Kind k) : node_(c.node), kind_(k) {}
+  QVariadic(const OpContext& c, Kind k) : NodeQModule(c), kind_(k) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   Tensors forward(const Tensors& in) override {
-    if (in.empty() || !in[0].defined()) throw Error(node_.describe() + ": needs at least one input");
+    if (in.empty() || !in[0].defined()) throw Error(describe() + ": needs at least one input");
     at::Tensor acc = in[0];
     for (std::size_t i = 1; i < in.size(); ++i) {
       if (!in[i].defined()) continue;
@@ -118,7 +118,6 @@ class QVariadic final : public QModule {
   }
 
  private:
-  Node node_;
   Kind kind_;
 };
 
@@ -132,11 +131,11 @@ class QWhere final : public QModule {
 /// The Reduce* family. Axes come from the attribute (before opset 18; ReduceSum before 13) or
 /// from the optional second input; an empty list reduces everything unless
 /// noop_with_empty_axes is set.
-class QReduce final : public QModule {
+class QReduce final : public NodeQModule {
  public:
   enum class Kind { kMean, kSum, kMax, kMin, kProd, kL1, kL2, kLogSum, kLogSumExp, kSumSquare };
   QReduce(const OpContext& c, Kind k)
-      : node_(c.node),
+      : NodeQModule(c),
         kind_(k),
         keepdims_(c.node.attr_int("keepdims", 1) != 0),
         noop_(c.node.attr_int("noop_with_empty_axes", 0) != 0),
@@ -145,16 +144,16 @@ class QReduce final : public QModule {
   Tensors forward(const Tensors& in) override {
     const at::Tensor& x = in.at(0);
     std::vector<std::int64_t> axes = attr_axes_;
-    if (in.size() > 1 && in[1].defined()) axes = int_list(in[1], node_, "axes");
+    if (in.size() > 1 && in[1].defined()) axes = int_list(in[1], node(), "axes");
     if (axes.empty()) {
       if (noop_) return {x.clone()};
       axes.resize(static_cast<std::size_t>(x.dim()));
       std::iota(axes.begin(), axes.end(), 0);
     }
-    for (auto& a : axes) a = normalize_axis(a, x.dim(), node_);
+    for (auto& a : axes) a = normalize_axis(a, x.dim(), node());
     std::sort(axes.begin(), axes.end());
     if (std::adjacent_find(axes.begin(), axes.end()) != axes.end())
-      throw Error(node_.describe() + ": axes repeat an axis");
+      throw Error(describe() + ": axes repeat an axis");
     at::Tensor y = reduce(x, axes);
     if (y.scalar_type() != x.scalar_type()) y = y.to(x.scalar_type());
     return {y};
@@ -181,16 +180,15 @@ class QReduce final : public QModule {
     }
     return x;
   }
-  Node node_;
   Kind kind_;
   bool keepdims_, noop_;
   std::vector<std::int64_t> attr_axes_;
 };
 
-class QArgExtreme final : public QModule {
+class QArgExtreme final : public NodeQModule {
  public:
   QArgExtreme(const OpContext& c, bool max)
-      : node_(c.node),
+      : NodeQModule(c),
         max_(max),
         axis_(c.node.attr_int("axis", 0)),
         keepdims_(c.node.attr_int("keepdims", 1) != 0),
@@ -198,7 +196,7 @@ class QArgExtreme final : public QModule {
   std::vector<InputSpec> input_specs() const override { return {}; }
   Tensors forward(const Tensors& in) override {
     const at::Tensor& x = in.at(0);
-    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
     // Ties resolve to the first index; select_last_index searches the reversed axis.
     at::Tensor src = last_ ? x.flip(axis) : x;
     at::Tensor idx = max_ ? at::argmax(src, axis, keepdims_) : at::argmin(src, axis, keepdims_);
@@ -207,53 +205,51 @@ class QArgExtreme final : public QModule {
   }
 
  private:
-  Node node_;
   bool max_;
   std::int64_t axis_;
   bool keepdims_, last_;
 };
 
-class QTopK final : public QModule {
+class QTopK final : public NodeQModule {
  public:
   explicit QTopK(const OpContext& c)
-      : node_(c.node),
+      : NodeQModule(c),
         axis_(c.node.attr_int("axis", -1)),
         largest_(c.node.attr_int("largest", 1) != 0),
         k_attr_(c.node.attr_int("k", -1)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   Tensors forward(const Tensors& in) override {
     const at::Tensor& x = in.at(0);
-    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
     std::int64_t k = k_attr_;
     if (in.size() > 1 && in[1].defined()) {
-      auto ks = int_list(in[1], node_, "K");
-      if (ks.size() != 1) throw Error(node_.describe() + ": K must hold one value");
+      auto ks = int_list(in[1], node(), "K");
+      if (ks.size() != 1) throw Error(describe() + ": K must hold one value");
       k = ks[0];
     }
     if (k < 0 || k > x.size(axis))
-      throw Error(node_.describe() + ": K=" + std::to_string(k) + " is outside [0, " + std::to_string(x.size(axis)) + "]");
+      throw Error(describe() + ": K=" + std::to_string(k) + " is outside [0, " + std::to_string(x.size(axis)) + "]");
     // A stable sort keeps equal values in index order, as the spec requires.
     auto [values, indices] = at::sort(x, /*stable=*/true, axis, /*descending=*/largest_);
     return {values.narrow(axis, 0, k), indices.narrow(axis, 0, k)};
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
   bool largest_;
   std::int64_t k_attr_;
 };
 
-class QCumSum final : public QModule {
+class QCumSum final : public NodeQModule {
  public:
   explicit QCumSum(const OpContext& c)
-      : node_(c.node), exclusive_(c.node.attr_int("exclusive", 0) != 0), reverse_(c.node.attr_int("reverse", 0) != 0) {}
+      : NodeQModule(c), exclusive_(c.node.attr_int("exclusive", 0) != 0), reverse_(c.node.attr_int("reverse", 0) != 0) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   Tensors forward(const Tensors& in) override {
     const at::Tensor& x = in.at(0);
-    auto axes = int_list(in.at(1), node_, "axis");
-    if (axes.size() != 1) throw Error(node_.describe() + ": axis must hold one value");
-    const std::int64_t axis = normalize_axis(axes[0], x.dim(), node_);
+    auto axes = int_list(in.at(1), node(), "axis");
+    if (axes.size() != 1) throw Error(describe() + ": axis must hold one value");
+    const std::int64_t axis = normalize_axis(axes[0], x.dim(), node());
     at::Tensor src = reverse_ ? x.flip(axis) : x;
     at::Tensor y = at::cumsum(src, axis, x.scalar_type());
     if (exclusive_ && x.size(axis) > 0) {
@@ -263,21 +259,19 @@ class QCumSum final : public QModule {
   }
 
  private:
-  Node node_;
   bool exclusive_, reverse_;
 };
 
-class QEinsum final : public QModule {
+class QEinsum final : public NodeQModule {
  public:
-  explicit QEinsum(const OpContext& c) : node_(c.node), equation_(c.node.attr_string("equation", "")) {
+  explicit QEinsum(const OpContext& c) : NodeQModule(c), equation_(c.node.attr_string("equation", "")) {
     equation_.erase(std::remove(equation_.begin(), equation_.end(), ' '), equation_.end());
-    if (equation_.empty()) throw Error(node_.describe() + ": Einsum needs an equation");
+    if (equation_.empty()) throw Error(describe() + ": Einsum needs an equation");
   }
   std::vector<InputSpec> input_specs() const override { return {}; }
   Tensors forward(const Tensors& in) override { return {at::einsum(equation_, in)}; }
 
  private:
-  Node node_;
   std::string equation_;
 };
 

@@ -16,10 +16,10 @@
 namespace sparsebit::ops {
 namespace {
 
-class QConv final : public QModule {
+class QConv final : public NodeQModule {
  public:
-  explicit QConv(const OpContext& c) : node_(c.node), win_(c.node), group_(c.node.attr_int("group", 1)) {
-    if (group_ < 1) throw Error(node_.describe() + ": group must be >= 1");
+  explicit QConv(const OpContext& c) : NodeQModule(c), win_(c.node), group_(c.node.attr_int("group", 1)) {
+    if (group_ < 1) throw Error(describe() + ": group must be >= 1");
   }
   std::vector<InputSpec> input_specs() const override {
     return {{InputRole::kActivation, 0}, {InputRole::kWeight, 0}, {InputRole::kBias, 0}};
@@ -29,7 +29,7 @@ class QConv final : public QModule {
     const at::Tensor& w = in.at(1);
     at::Tensor b = in.size() > 2 ? in[2] : at::Tensor();
     if (x.dim() < 3 || w.dim() != x.dim())
-      throw Error(node_.describe() + ": input of rank " + std::to_string(x.dim()) + " and weight of rank " +
+      throw Error(describe() + ": input of rank " + std::to_string(x.dim()) + " and weight of rank " +
                   std::to_string(w.dim()) + " do not fit (expected N,C,spatial... and M,C/group,k...)");
     std::vector<std::int64_t> k(w.sizes().begin() + 2, w.sizes().end());
     Window win = win_;
@@ -43,7 +43,6 @@ class QConv final : public QModule {
   }
 
  private:
-  Node node_;
   Window win_;
   std::int64_t group_;
 };
@@ -52,15 +51,15 @@ class QConv final : public QModule {
 // original toolkit quantized axis 0, a bug). Pads (explicit, from output_shape or auto_pad) and
 // output_padding are applied by cropping / zero-extending the full transposed convolution,
 // which handles asymmetric cases that ATen's symmetric padding cannot.
-class QConvTranspose final : public QModule {
+class QConvTranspose final : public NodeQModule {
  public:
   explicit QConvTranspose(const OpContext& c)
-      : node_(c.node),
+      : NodeQModule(c),
         win_(c.node),
         group_(c.node.attr_int("group", 1)),
         output_padding_(c.node.attr_ints("output_padding")),
         output_shape_(c.node.attr_ints("output_shape")) {
-    if (group_ < 1) throw Error(node_.describe() + ": group must be >= 1");
+    if (group_ < 1) throw Error(describe() + ": group must be >= 1");
   }
   std::vector<InputSpec> input_specs() const override {
     return {{InputRole::kActivation, 0}, {InputRole::kWeight, 1}, {InputRole::kBias, 0}};
@@ -69,7 +68,7 @@ class QConvTranspose final : public QModule {
     const at::Tensor& x = in.at(0);
     const at::Tensor& w = in.at(1);
     if (x.dim() < 3 || w.dim() != x.dim())
-      throw Error(node_.describe() + ": input of rank " + std::to_string(x.dim()) + " and weight of rank " +
+      throw Error(describe() + ": input of rank " + std::to_string(x.dim()) + " and weight of rank " +
                   std::to_string(w.dim()) + " do not fit (expected N,C,spatial... and C,M/group,k...)");
     const std::size_t r = static_cast<std::size_t>(x.dim() - 2);
     std::vector<std::int64_t> k(w.sizes().begin() + 2, w.sizes().end());
@@ -101,7 +100,7 @@ class QConvTranspose final : public QModule {
     std::vector<std::int64_t> pad_spec;
     for (std::size_t i = r; i-- > 0;) {
       const std::int64_t length = full.size(static_cast<std::int64_t>(i + 2)) - pads[i] - pads[i + r] + opad[i];
-      if (length < 0) throw Error(node_.describe() + ": pads and output_padding give a negative output size");
+      if (length < 0) throw Error(describe() + ": pads and output_padding give a negative output size");
       pad_spec.push_back(-pads[i]);
       pad_spec.push_back(opad[i] - pads[i + r]);
     }
@@ -115,16 +114,15 @@ class QConvTranspose final : public QModule {
   }
 
  private:
-  Node node_;
   Window win_;
   std::int64_t group_;
   std::vector<std::int64_t> output_padding_, output_shape_;
 };
 
-class QGemm final : public QModule {
+class QGemm final : public NodeQModule {
  public:
   explicit QGemm(const OpContext& c)
-      : node_(c.node),
+      : NodeQModule(c),
         alpha_(c.node.attr_float("alpha", 1.0)),
         beta_(c.node.attr_float("beta", 1.0)),
         trans_a_(c.node.attr_int("transA", 0) != 0),
@@ -138,7 +136,7 @@ class QGemm final : public QModule {
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     at::Tensor a = trans_a_ ? in.at(0).t() : in.at(0);
     at::Tensor b = trans_b_ ? in.at(1).t() : in.at(1);
-    if (a.dim() != 2 || b.dim() != 2) throw Error(node_.describe() + ": Gemm takes 2-D A and B");
+    if (a.dim() != 2 || b.dim() != 2) throw Error(describe() + ": Gemm takes 2-D A and B");
     at::Tensor y = at::matmul(a, b);
     if (alpha_ != 1.0) y = y * alpha_;
     if (in.size() > 2 && in[2].defined()) y = beta_ == 1.0 ? y + in[2] : y + in[2] * beta_;
@@ -146,7 +144,6 @@ class QGemm final : public QModule {
   }
 
  private:
-  Node node_;
   double alpha_, beta_;
   bool trans_a_, trans_b_;
 };
@@ -162,10 +159,10 @@ class QMatMul final : public QModule {
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::matmul(in.at(0), in.at(1))}; }
 };
 
-class QBatchNorm final : public QModule {
+class QBatchNorm final : public NodeQModule {
  public:
   explicit QBatchNorm(const OpContext& c)
-      : node_(c.node),
+      : NodeQModule(c),
         eps_(c.node.attr_float("epsilon", 1e-5)),
         momentum_(c.node.attr_float("momentum", 0.9)),
         training_(c.node.attr_int("training_mode", 0) != 0) {}
@@ -197,24 +194,23 @@ class QBatchNorm final : public QModule {
   }
 
  private:
-  Node node_;
   double eps_, momentum_;
   bool training_;  // the node's own training_mode: ONNX training semantics, running stats as outputs
   bool qat_training_ = false;
 };
 
-class QMaxPool final : public QModule {
+class QMaxPool final : public NodeQModule {
  public:
   explicit QMaxPool(const OpContext& c)
-      : node_(c.node), win_(c.node), storage_order_(c.node.attr_int("storage_order", 0)) {
-    if (win_.kernel.empty()) throw Error(node_.describe() + ": kernel_shape is required");
+      : NodeQModule(c), win_(c.node), storage_order_(c.node.attr_int("storage_order", 0)) {
+    if (win_.kernel.empty()) throw Error(describe() + ": kernel_shape is required");
   }
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     const std::size_t r = win_.kernel.size();
     if (x.dim() != static_cast<std::int64_t>(r) + 2)
-      throw Error(node_.describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " + std::to_string(r) + " dims");
+      throw Error(describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " + std::to_string(r) + " dims");
     Window win = win_;
     auto pads = win.resolve(spatial_sizes(x), win.kernel);
     at::Tensor input = x;
@@ -235,10 +231,10 @@ class QMaxPool final : public QModule {
     if (r == 1) res = at::max_pool1d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
     else if (r == 2) res = at::max_pool2d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
     else if (r == 3) res = at::max_pool3d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
-    else throw Error(node_.describe() + ": MaxPool supports 1-3 spatial dims");
+    else throw Error(describe() + ": MaxPool supports 1-3 spatial dims");
     at::Tensor y = std::get<0>(res).to(dtype);
-    if (node_.outputs.size() < 2 || node_.outputs[1].empty()) return {y};
-    if (prepadded) throw Error(node_.describe() + ": the Indices output with asymmetric or large pads is not supported");
+    if (node().outputs.size() < 2 || node().outputs[1].empty()) return {y};
+    if (prepadded) throw Error(describe() + ": the Indices output with asymmetric or large pads is not supported");
     return {y, onnx_indices(std::get<1>(res), x)};
   }
 
@@ -262,26 +258,25 @@ class QMaxPool final : public QModule {
     return idx + base;
   }
 
-  Node node_;
   Window win_;
   std::int64_t storage_order_;
 };
 
-class QAveragePool final : public QModule {
+class QAveragePool final : public NodeQModule {
  public:
   explicit QAveragePool(const OpContext& c)
-      : node_(c.node), win_(c.node), count_include_pad_(c.node.attr_int("count_include_pad", 0) != 0) {
-    if (win_.kernel.empty()) throw Error(node_.describe() + ": kernel_shape is required");
+      : NodeQModule(c), win_(c.node), count_include_pad_(c.node.attr_int("count_include_pad", 0) != 0) {
+    if (win_.kernel.empty()) throw Error(describe() + ": kernel_shape is required");
   }
   std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     const std::size_t r = win_.kernel.size();
     if (x.dim() != static_cast<std::int64_t>(r) + 2 || r > 3)
-      throw Error(node_.describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " + std::to_string(r) + " dims");
+      throw Error(describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " + std::to_string(r) + " dims");
     Window win = win_;
     for (auto d : win.dilations)
-      if (d != 1) throw Error(node_.describe() + ": dilated AveragePool is not supported");
+      if (d != 1) throw Error(describe() + ": dilated AveragePool is not supported");
     auto pads = win.resolve(spatial_sizes(x), win.kernel);
     // Pad explicitly, then average only over real (count_include_pad=0) or real+padded
     // (count_include_pad=1) positions; positions past the padded input (ceil_mode) never count.
@@ -313,7 +308,6 @@ class QAveragePool final : public QModule {
     return at::avg_pool3d(x, win.kernel, win.strides, zero, win.ceil_mode, true, 1);
   }
 
-  Node node_;
   Window win_;
   bool count_include_pad_;
 };
@@ -357,15 +351,15 @@ at::Tensor per_channel(const at::Tensor& v, std::int64_t rank) {
   return v.reshape(shape);
 }
 
-class QInstanceNorm final : public QModule {
+class QInstanceNorm final : public NodeQModule {
  public:
-  explicit QInstanceNorm(const OpContext& c) : node_(c.node), eps_(c.node.attr_float("epsilon", 1e-5)) {}
+  explicit QInstanceNorm(const OpContext& c) : NodeQModule(c), eps_(c.node.attr_float("epsilon", 1e-5)) {}
   std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    if (x.dim() < 3) throw Error(node_.describe() + ": input must be (N, C, spatial...)");
+    if (x.dim() < 3) throw Error(describe() + ": input must be (N, C, spatial...)");
     if (in.at(1).numel() != x.size(1) || in.at(2).numel() != x.size(1))
-      throw Error(node_.describe() + ": scale and B must have one value per channel (" + std::to_string(x.size(1)) + ")");
+      throw Error(describe() + ": scale and B must have one value per channel (" + std::to_string(x.size(1)) + ")");
     std::vector<std::int64_t> dims;
     for (std::int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
     at::Tensor y = normalize(x, dims, eps_).first;
@@ -373,19 +367,18 @@ class QInstanceNorm final : public QModule {
   }
 
  private:
-  Node node_;
   double eps_;
 };
 
-class QLayerNorm final : public QModule {
+class QLayerNorm final : public NodeQModule {
  public:
   explicit QLayerNorm(const OpContext& c)
-      : node_(c.node), axis_(c.node.attr_int("axis", -1)), eps_(c.node.attr_float("epsilon", 1e-5)),
+      : NodeQModule(c), axis_(c.node.attr_int("axis", -1)), eps_(c.node.attr_float("epsilon", 1e-5)),
         stash_float_(c.node.attr_int("stash_type", 1) == 1) {}
   std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
     std::vector<std::int64_t> dims;
     for (std::int64_t d = axis; d < x.dim(); ++d) dims.push_back(d);
     // stash_type 1: statistics in float32 even for half inputs.
@@ -399,36 +392,34 @@ class QLayerNorm final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
   double eps_;
   bool stash_float_;
 };
 
-class QGroupNorm final : public QModule {
+class QGroupNorm final : public NodeQModule {
  public:
   explicit QGroupNorm(const OpContext& c)
-      : node_(c.node), groups_(c.node.attr_int("num_groups", 0)), eps_(c.node.attr_float("epsilon", 1e-5)) {
-    if (groups_ < 1) throw Error(node_.describe() + ": num_groups must be a positive integer");
+      : NodeQModule(c), groups_(c.node.attr_int("num_groups", 0)), eps_(c.node.attr_float("epsilon", 1e-5)) {
+    if (groups_ < 1) throw Error(describe() + ": num_groups must be a positive integer");
   }
   std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    if (x.dim() < 2) throw Error(node_.describe() + ": input must be (N, C, ...)");
+    if (x.dim() < 2) throw Error(describe() + ": input must be (N, C, ...)");
     const std::int64_t c = x.size(1);
-    if (c % groups_) throw Error(node_.describe() + ": " + std::to_string(c) + " channels do not divide into " + std::to_string(groups_) + " groups");
+    if (c % groups_) throw Error(describe() + ": " + std::to_string(c) + " channels do not divide into " + std::to_string(groups_) + " groups");
     at::Tensor y = normalize(x.reshape({x.size(0), groups_, -1}), {2}, eps_).first.reshape(x.sizes());
     // Opset 18 gives scale and bias per group, opset 21 per channel.
     auto expand = [&](const at::Tensor& v, const char* what) {
       if (v.numel() == c) return per_channel(v, x.dim());
       if (v.numel() == groups_) return per_channel(v.repeat_interleave(c / groups_), x.dim());
-      throw Error(node_.describe() + ": " + what + " must have one value per channel or per group");
+      throw Error(describe() + ": " + what + " must have one value per channel or per group");
     };
     return {y * expand(in.at(1), "scale") + expand(in.at(2), "bias")};
   }
 
  private:
-  Node node_;
   std::int64_t groups_;
   double eps_;
 };

@@ -9,11 +9,11 @@
 namespace sparsebit::ops {
 namespace {
 
-// Scale and zero point shaped to broadcast against x along `axis` (per-axis) or as scalars.
+// Scale and zero point shaped to broadcast against x along `axis` (per-axis), in blocks of
+// `block` along it (block > 0), or as scalars.
 std::pair<at::Tensor, at::Tensor> params(const Node& n, const at::Tensor& x, const at::Tensor& scale,
-                                         const at::Tensor& zp_in, std::int64_t axis_attr) {
+                                         const at::Tensor& zp_in, std::int64_t axis_attr, std::int64_t block) {
   at::Tensor zp = zp_in.defined() ? zp_in : at::zeros_like(scale, scale.options().dtype(at::kByte));
-  const std::int64_t block = n.attr_int("block_size", 0);
   if (block > 0) {  // opset 21 blocked quantization: one parameter per block along `axis`
     const std::int64_t axis = normalize_axis(axis_attr, x.dim(), n);
     if (scale.dim() != x.dim() || scale.size(axis) != (x.size(axis) + block - 1) / block)
@@ -43,10 +43,11 @@ std::pair<double, double> int_range(at::ScalarType t, const Node& n) {
   }
 }
 
-class QQuantizeLinear final : public QModule {
+class QQuantizeLinear final : public NodeQModule {
  public:
   // An int4/uint4 zero point (held widened, Graph::narrow_types) narrows the output range.
-  explicit QQuantizeLinear(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 1)) {
+  explicit QQuantizeLinear(const OpContext& c)
+      : NodeQModule(c), axis_(c.node.attr_int("axis", 1)), block_(c.node.attr_int("block_size", 0)) {
     if (c.node.has_input(2)) {
       auto it = c.graph.narrow_types.find(c.node.inputs[2]);
       if (it != c.graph.narrow_types.end()) narrow_ = it->second;
@@ -56,9 +57,9 @@ class QQuantizeLinear final : public QModule {
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     at::Tensor zp_in = in.size() > 2 ? in[2] : at::Tensor();
-    auto [s, zp] = params(node_, x, in.at(1), zp_in, axis_);
+    auto [s, zp] = params(node(), x, in.at(1), zp_in, axis_, block_);
     const at::ScalarType qt = zp.scalar_type();
-    auto [lo, hi] = int_range(qt, node_);
+    auto [lo, hi] = int_range(qt, node());
     if (narrow_ == 22) std::tie(lo, hi) = std::make_pair(-8.0, 7.0);   // int4
     if (narrow_ == 21) std::tie(lo, hi) = std::make_pair(0.0, 15.0);   // uint4
     if (narrow_ == 4) std::tie(lo, hi) = std::make_pair(0.0, 65535.0);  // uint16 (held as int32)
@@ -67,25 +68,26 @@ class QQuantizeLinear final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
+  std::int64_t block_;
   std::int32_t narrow_ = 0;
 };
 
-class QDequantizeLinear final : public QModule {
+class QDequantizeLinear final : public NodeQModule {
  public:
-  explicit QDequantizeLinear(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 1)) {}
+  explicit QDequantizeLinear(const OpContext& c)
+      : NodeQModule(c), axis_(c.node.attr_int("axis", 1)), block_(c.node.attr_int("block_size", 0)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& q = in.at(0);
     at::Tensor zp_in = in.size() > 2 ? in[2] : at::Tensor();
-    auto [s, zp] = params(node_, q, in.at(1), zp_in, axis_);
+    auto [s, zp] = params(node(), q, in.at(1), zp_in, axis_, block_);
     return {(q.to(at::kFloat) - zp.to(at::kFloat)) * s.to(at::kFloat)};
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
+  std::int64_t block_;
 };
 
 void register_all(Registrar& r) {

@@ -129,10 +129,10 @@ at::Tensor resize_axis(const at::Tensor& x, std::int64_t axis, std::int64_t out,
   return y.scalar_type() == x.scalar_type() ? y : y.round().to(x.scalar_type());
 }
 
-class QResize final : public QModule {
+class QResize final : public NodeQModule {
  public:
   explicit QResize(const OpContext& c)
-      : node_(c.node),
+      : NodeQModule(c),
         opset_(c.opset),
         axes_(c.node.attr_ints("axes")),
         policy_(c.node.attr_string("keep_aspect_ratio_policy", "stretch")) {
@@ -147,7 +147,7 @@ class QResize final : public QModule {
         if (v == a) return;
       std::string list;
       for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-      throw Error(node_.describe() + ": " + key + " '" + v + "' is not one of " + list);
+      throw Error(describe() + ": " + key + " '" + v + "' is not one of " + list);
     };
     one_of("mode", m_.mode, {"nearest", "linear", "cubic"});
     one_of("coordinate_transformation_mode", m_.coords,
@@ -156,7 +156,7 @@ class QResize final : public QModule {
     one_of("nearest_mode", m_.nearest, {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"});
     one_of("keep_aspect_ratio_policy", policy_, {"stretch", "not_larger", "not_smaller"});
     if (c.node.attr_int("antialias", 0) != 0)
-      throw Error(node_.describe() + ": antialias=1 is not supported; export with antialias off");
+      throw Error(describe() + ": antialias=1 is not supported; export with antialias off");
   }
   std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
@@ -168,17 +168,17 @@ class QResize final : public QModule {
     std::vector<std::int64_t> axes = axes_;
     if (axes.empty())
       for (std::int64_t d = 0; d < rank; ++d) axes.push_back(d);
-    for (auto& a : axes) a = normalize_axis(a, rank, node_);
+    for (auto& a : axes) a = normalize_axis(a, rank, node());
     const std::size_t k = axes.size();
 
     std::vector<double> scales(k, 1.0);
     std::vector<std::int64_t> out(k);
     if (present(sizes_at)) {
-      if (present(scales_at)) throw Error(node_.describe() + ": give either scales or sizes, not both");
-      auto sizes = int_list(in[sizes_at], node_, "sizes");
-      if (sizes.size() != k) throw Error(node_.describe() + ": sizes has " + std::to_string(sizes.size()) + " values for " + std::to_string(k) + " axes");
+      if (present(scales_at)) throw Error(describe() + ": give either scales or sizes, not both");
+      auto sizes = int_list(in[sizes_at], node(), "sizes");
+      if (sizes.size() != k) throw Error(describe() + ": sizes has " + std::to_string(sizes.size()) + " values for " + std::to_string(k) + " axes");
       for (std::size_t i = 0; i < k; ++i) {
-        if (sizes[i] < 0) throw Error(node_.describe() + ": sizes must be non-negative");
+        if (sizes[i] < 0) throw Error(describe() + ": sizes must be non-negative");
         scales[i] = static_cast<double>(sizes[i]) / static_cast<double>(x.size(axes[i]));
         out[i] = sizes[i];
       }
@@ -193,21 +193,21 @@ class QResize final : public QModule {
     } else if (present(scales_at)) {
       at::Tensor s = in[scales_at].to(at::kCPU, at::kDouble).contiguous().reshape({-1});
       if (static_cast<std::size_t>(s.numel()) != k)
-        throw Error(node_.describe() + ": scales has " + std::to_string(s.numel()) + " values for " + std::to_string(k) + " axes");
+        throw Error(describe() + ": scales has " + std::to_string(s.numel()) + " values for " + std::to_string(k) + " axes");
       for (std::size_t i = 0; i < k; ++i) {
         scales[i] = s.data_ptr<double>()[i];
-        if (!(scales[i] > 0) || !std::isfinite(scales[i])) throw Error(node_.describe() + ": scales must be positive");
+        if (!(scales[i] > 0) || !std::isfinite(scales[i])) throw Error(describe() + ": scales must be positive");
       }
     } else {
-      throw Error(node_.describe() + ": needs scales or sizes");
+      throw Error(describe() + ": needs scales or sizes");
     }
     std::vector<double> roi;
     if (m_.coords == "tf_crop_and_resize") {
-      if (!present(1)) throw Error(node_.describe() + ": tf_crop_and_resize needs roi");
+      if (!present(1)) throw Error(describe() + ": tf_crop_and_resize needs roi");
       at::Tensor r = in[1].to(at::kCPU, at::kDouble).contiguous().reshape({-1});
       roi.assign(r.data_ptr<double>(), r.data_ptr<double>() + r.numel());
       if (roi.size() != 2 * k && roi.size() != 2 * static_cast<std::size_t>(rank))
-        throw Error(node_.describe() + ": roi must hold start and end for every resized axis");
+        throw Error(describe() + ": roi must hold start and end for every resized axis");
     }
     if (!present(sizes_at)) {
       for (std::size_t i = 0; i < k; ++i) {
@@ -216,7 +216,7 @@ class QResize final : public QModule {
           const std::size_t j = roi.size() == 2 * k ? i : static_cast<std::size_t>(axes[i]);
           len *= roi[j + roi.size() / 2] - roi[j];
         }
-        if (!(len < 1e12)) throw Error(node_.describe() + ": output size overflows");
+        if (!(len < 1e12)) throw Error(describe() + ": output size overflows");
         out[i] = static_cast<std::int64_t>(std::floor(len));
       }
     }
@@ -233,7 +233,6 @@ class QResize final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t opset_;
   std::vector<std::int64_t> axes_;
   std::string policy_;
@@ -241,12 +240,12 @@ class QResize final : public QModule {
 };
 
 /// Upsample (opsets 7-9): asymmetric coordinates; nearest repeats samples (floor).
-class QUpsample final : public QModule {
+class QUpsample final : public NodeQModule {
  public:
-  explicit QUpsample(const OpContext& c) : node_(c.node), scales_attr_(c.node.attr_floats("scales")) {
+  explicit QUpsample(const OpContext& c) : NodeQModule(c), scales_attr_(c.node.attr_floats("scales")) {
     m_.mode = c.node.attr_string("mode", "nearest");
     if (m_.mode == "bilinear") m_.mode = "linear";
-    if (m_.mode != "nearest" && m_.mode != "linear") throw Error(node_.describe() + ": mode must be nearest or linear");
+    if (m_.mode != "nearest" && m_.mode != "linear") throw Error(describe() + ": mode must be nearest or linear");
     m_.coords = "asymmetric";
     m_.nearest = "floor";
   }
@@ -259,11 +258,11 @@ class QUpsample final : public QModule {
       scales.assign(s.data_ptr<double>(), s.data_ptr<double>() + s.numel());
     }
     if (static_cast<std::int64_t>(scales.size()) != x.dim())
-      throw Error(node_.describe() + ": scales must hold one value per input dimension");
+      throw Error(describe() + ": scales must hold one value per input dimension");
     at::Tensor y = x;
     for (std::int64_t d = x.dim(); d-- > 0;) {
       const double s = scales[static_cast<std::size_t>(d)];
-      if (!(s > 0) || !std::isfinite(s)) throw Error(node_.describe() + ": scales must be positive");
+      if (!(s > 0) || !std::isfinite(s)) throw Error(describe() + ": scales must be positive");
       const auto out = static_cast<std::int64_t>(std::floor(static_cast<double>(x.size(d)) * s));
       y = resize_axis(y, d, out, s, m_, {0.0, 1.0});
     }
@@ -271,7 +270,6 @@ class QUpsample final : public QModule {
   }
 
  private:
-  Node node_;
   std::vector<double> scales_attr_;
   ResizeMode m_;
 };

@@ -17,33 +17,32 @@ class QIdentity final : public QModule {
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {in.at(0)}; }
 };
 
-class QDropout final : public QModule {
+class QDropout final : public NodeQModule {
  public:
-  explicit QDropout(const OpContext& c) : node_(c.node) {}
+  explicit QDropout(const OpContext& c) : NodeQModule(c) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     const bool training = in.size() > 2 && in[2].defined() && in[2].reshape({}).item<bool>();
     const double ratio = in.size() > 1 && in[1].defined() ? in[1].reshape({}).item<double>() : 0.5;
     if (training && ratio > 0) {
-      throw Error(node_.describe() + ": Dropout in training mode (random masks) is not supported; export the "
+      throw Error(describe() + ": Dropout in training mode (random masks) is not supported; export the "
                                      "model in eval mode");
     }
     return {x, at::ones(x.sizes(), x.options().dtype(at::kBool))};
   }
 
  private:
-  Node node_;
 };
 
-class QFlatten final : public QModule {
+class QFlatten final : public NodeQModule {
  public:
-  explicit QFlatten(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 1)) {}
+  explicit QFlatten(const OpContext& c) : NodeQModule(c), axis_(c.node.attr_int("axis", 1)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     std::int64_t axis = axis_ < 0 ? axis_ + x.dim() : axis_;
-    if (axis < 0 || axis > x.dim()) throw Error(node_.describe() + ": axis out of range");
+    if (axis < 0 || axis > x.dim()) throw Error(describe() + ": axis out of range");
     std::int64_t outer = 1;
     for (std::int64_t d = 0; d < axis; ++d) outer *= x.size(d);
     std::int64_t inner = 1;
@@ -52,13 +51,12 @@ class QFlatten final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
 };
 
-class QReshape final : public QModule {
+class QReshape final : public NodeQModule {
  public:
-  explicit QReshape(const OpContext& c) : node_(c.node), allowzero_(c.node.attr_int("allowzero", 0) != 0) {}
+  explicit QReshape(const OpContext& c) : NodeQModule(c), allowzero_(c.node.attr_int("allowzero", 0) != 0) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
@@ -66,7 +64,7 @@ class QReshape final : public QModule {
     std::vector<std::int64_t> shape(s.data_ptr<std::int64_t>(), s.data_ptr<std::int64_t>() + s.numel());
     for (std::size_t i = 0; i < shape.size(); ++i) {
       if (shape[i] == 0 && !allowzero_) {
-        if (static_cast<std::int64_t>(i) >= x.dim()) throw Error(node_.describe() + ": shape has 0 at a position the input lacks");
+        if (static_cast<std::int64_t>(i) >= x.dim()) throw Error(describe() + ": shape has 0 at a position the input lacks");
         shape[i] = x.size(static_cast<std::int64_t>(i));
       }
     }
@@ -74,38 +72,36 @@ class QReshape final : public QModule {
   }
 
  private:
-  Node node_;
   bool allowzero_;
 };
 
-class QConcat final : public QModule {
+class QConcat final : public NodeQModule {
  public:
-  explicit QConcat(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 0)) {
-    if (!c.node.has_attr("axis")) throw Error(node_.describe() + ": Concat needs an axis attribute");
+  explicit QConcat(const OpContext& c) : NodeQModule(c), axis_(c.node.attr_int("axis", 0)) {
+    if (!c.node.has_attr("axis")) throw Error(describe() + ": Concat needs an axis attribute");
   }
   // Every input is quantized (a quantizing identity on each), so that the concatenation of
   // 8-bit tensors stays 8-bit; shape arithmetic on integers is left alone by the host.
   std::vector<InputSpec> input_specs() const override {
-    return std::vector<InputSpec>(node_.inputs.size(), {InputRole::kActivation, 0});
+    return std::vector<InputSpec>(node().inputs.size(), {InputRole::kActivation, 0});
   }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     std::vector<at::Tensor> parts;
     for (const auto& t : in)
       if (t.defined()) parts.push_back(t);
-    if (parts.empty()) throw Error(node_.describe() + ": no inputs");
-    return {at::cat(parts, normalize_axis(axis_, parts[0].dim(), node_))};
+    if (parts.empty()) throw Error(describe() + ": no inputs");
+    return {at::cat(parts, normalize_axis(axis_, parts[0].dim(), node()))};
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
 };
 
-class QPad final : public QModule {
+class QPad final : public NodeQModule {
  public:
-  explicit QPad(const OpContext& c) : node_(c.node), opset_(c.opset), mode_(c.node.attr_string("mode", "constant")) {
+  explicit QPad(const OpContext& c) : NodeQModule(c), opset_(c.opset), mode_(c.node.attr_string("mode", "constant")) {
     if (mode_ != "constant" && mode_ != "reflect" && mode_ != "edge" && mode_ != "wrap")
-      throw Error(node_.describe() + ": unknown mode '" + mode_ + "'");
+      throw Error(describe() + ": unknown mode '" + mode_ + "'");
     if (opset_ < 11) {
       pads_attr_ = c.node.attr_ints("pads");
       value_attr_ = c.node.attr_float("value", 0.0);
@@ -129,12 +125,12 @@ class QPad final : public QModule {
     std::vector<std::int64_t> axes;
     if (in.size() > 3 && in[3].defined()) {
       at::Tensor a = in[3].to(at::kCPU, at::kLong).contiguous();
-      for (std::int64_t i = 0; i < a.numel(); ++i) axes.push_back(normalize_axis(a.data_ptr<std::int64_t>()[i], r, node_));
+      for (std::int64_t i = 0; i < a.numel(); ++i) axes.push_back(normalize_axis(a.data_ptr<std::int64_t>()[i], r, node()));
     } else {
       for (std::int64_t i = 0; i < r; ++i) axes.push_back(i);
     }
     if (pads.size() != 2 * axes.size())
-      throw Error(node_.describe() + ": pads has " + std::to_string(pads.size()) + " values, expected " + std::to_string(2 * axes.size()));
+      throw Error(describe() + ": pads has " + std::to_string(pads.size()) + " values, expected " + std::to_string(2 * axes.size()));
     std::vector<std::int64_t> begin(static_cast<std::size_t>(r), 0), end(static_cast<std::size_t>(r), 0);
     for (std::size_t i = 0; i < axes.size(); ++i) {
       begin[static_cast<std::size_t>(axes[i])] = pads[i];
@@ -153,7 +149,7 @@ class QPad final : public QModule {
     for (std::int64_t d = 0; d < r; ++d) {
       const std::int64_t b = begin[static_cast<std::size_t>(d)], e = end[static_cast<std::size_t>(d)], n = y.size(d);
       if (b == 0 && e == 0) continue;
-      if (n == 0) throw Error(node_.describe() + ": cannot pad an empty axis in mode " + mode_);
+      if (n == 0) throw Error(describe() + ": cannot pad an empty axis in mode " + mode_);
       at::Tensor pos = at::arange(-b, n + e, at::TensorOptions().dtype(at::kLong));
       at::Tensor src;
       if (mode_ == "edge") {
@@ -173,69 +169,67 @@ class QPad final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t opset_;
   std::string mode_;
   std::vector<std::int64_t> pads_attr_;
   double value_attr_ = 0.0;
 };
 
-class QSplit final : public QModule {
+class QSplit final : public NodeQModule {
  public:
   explicit QSplit(const OpContext& c)
-      : node_(c.node), axis_(c.node.attr_int("axis", 0)), split_attr_(c.node.attr_ints("split")),
+      : NodeQModule(c), axis_(c.node.attr_int("axis", 0)), split_attr_(c.node.attr_ints("split")),
         num_outputs_(c.node.attr_int("num_outputs", 0)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
     const std::int64_t n = x.size(axis);
     std::vector<std::int64_t> sizes = split_attr_;
-    if (in.size() > 1 && in[1].defined()) sizes = int_list(in[1], node_, "split");
+    if (in.size() > 1 && in[1].defined()) sizes = int_list(in[1], node(), "split");
     if (sizes.empty()) {
       // Equal parts; the last one smaller when the axis does not divide (opset 18).
-      const std::int64_t parts = num_outputs_ > 0 ? num_outputs_ : static_cast<std::int64_t>(node_.outputs.size());
+      const std::int64_t parts = num_outputs_ > 0 ? num_outputs_ : static_cast<std::int64_t>(node().outputs.size());
       const std::int64_t chunk = (n + parts - 1) / parts;
       for (std::int64_t i = 0; i < parts; ++i) sizes.push_back(std::max<std::int64_t>(0, std::min(chunk, n - i * chunk)));
     }
     std::int64_t total = 0;
     for (auto v : sizes) {
-      if (v < 0) throw Error(node_.describe() + ": split sizes must be non-negative");
+      if (v < 0) throw Error(describe() + ": split sizes must be non-negative");
       total += v;
     }
     if (total != n)
-      throw Error(node_.describe() + ": split sizes add up to " + std::to_string(total) + ", axis has " + std::to_string(n));
+      throw Error(describe() + ": split sizes add up to " + std::to_string(total) + ", axis has " + std::to_string(n));
     return at::split_with_sizes(x, sizes, axis);
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
   std::vector<std::int64_t> split_attr_;
   std::int64_t num_outputs_;
 };
 
-class QSlice final : public QModule {
+class QSlice final : public NodeQModule {
  public:
   explicit QSlice(const OpContext& c)
-      : node_(c.node), starts_(c.node.attr_ints("starts")), ends_(c.node.attr_ints("ends")), axes_(c.node.attr_ints("axes")) {}
+      : NodeQModule(c), starts_(c.node.attr_ints("starts")), ends_(c.node.attr_ints("ends")), axes_(c.node.attr_ints("axes")) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     at::Tensor y = in.at(0);
     std::vector<std::int64_t> starts = starts_, ends = ends_, axes = axes_, steps;
-    if (in.size() > 1 && in[1].defined()) starts = int_list(in[1], node_, "starts");
-    if (in.size() > 2 && in[2].defined()) ends = int_list(in[2], node_, "ends");
-    if (in.size() > 3 && in[3].defined()) axes = int_list(in[3], node_, "axes");
-    if (in.size() > 4 && in[4].defined()) steps = int_list(in[4], node_, "steps");
-    if (starts.size() != ends.size()) throw Error(node_.describe() + ": starts and ends differ in length");
+    if (in.size() > 1 && in[1].defined()) starts = int_list(in[1], node(), "starts");
+    if (in.size() > 2 && in[2].defined()) ends = int_list(in[2], node(), "ends");
+    if (in.size() > 3 && in[3].defined()) axes = int_list(in[3], node(), "axes");
+    if (in.size() > 4 && in[4].defined()) steps = int_list(in[4], node(), "steps");
+    if (starts.size() != ends.size()) throw Error(describe() + ": starts and ends differ in length");
     if (axes.empty())
       for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
     if (steps.empty()) steps.assign(starts.size(), 1);
     if (axes.size() != starts.size() || steps.size() != starts.size())
-      throw Error(node_.describe() + ": starts, ends, axes and steps must have one value per sliced axis");
+      throw Error(describe() + ": starts, ends, axes and steps must have one value per sliced axis");
     for (std::size_t i = 0; i < starts.size(); ++i) {
-      const std::int64_t axis = normalize_axis(axes[i], y.dim(), node_), dim = y.size(axis), step = steps[i];
-      if (step == 0) throw Error(node_.describe() + ": a step of 0 is not allowed");
+      const std::int64_t axis = normalize_axis(axes[i], y.dim(), node()), dim = y.size(axis), step = steps[i];
+      if (step == 0) throw Error(describe() + ": a step of 0 is not allowed");
       // The spec's clamping: negative values count from the end, then clamp to the valid range
       // (which depends on the step's sign).
       auto resolve = [&](std::int64_t v, std::int64_t lo, std::int64_t hi) {
@@ -260,7 +254,6 @@ class QSlice final : public QModule {
   }
 
  private:
-  Node node_;
   std::vector<std::int64_t> starts_, ends_, axes_;
 };
 
@@ -276,14 +269,14 @@ at::Tensor checked_indices(const at::Tensor& idx, std::int64_t n, const Node& no
   return at::where(i < 0, i + n, i);
 }
 
-class QGather final : public QModule {
+class QGather final : public NodeQModule {
  public:
-  explicit QGather(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 0)) {}
+  explicit QGather(const OpContext& c) : NodeQModule(c), axis_(c.node.attr_int("axis", 0)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
-    at::Tensor idx = checked_indices(in.at(1), x.size(axis), node_).to(x.device());
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
+    at::Tensor idx = checked_indices(in.at(1), x.size(axis), node()).to(x.device());
     std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().begin() + axis);
     shape.insert(shape.end(), idx.sizes().begin(), idx.sizes().end());
     shape.insert(shape.end(), x.sizes().begin() + axis + 1, x.sizes().end());
@@ -291,34 +284,32 @@ class QGather final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
 };
 
-class QGatherElements final : public QModule {
+class QGatherElements final : public NodeQModule {
  public:
-  explicit QGatherElements(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", 0)) {}
+  explicit QGatherElements(const OpContext& c) : NodeQModule(c), axis_(c.node.attr_int("axis", 0)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
-    return {at::gather(x, axis, checked_indices(in.at(1), x.size(axis), node_).to(x.device()))};
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
+    return {at::gather(x, axis, checked_indices(in.at(1), x.size(axis), node()).to(x.device()))};
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
 };
 
-class QGatherND final : public QModule {
+class QGatherND final : public NodeQModule {
  public:
-  explicit QGatherND(const OpContext& c) : node_(c.node), batch_dims_(c.node.attr_int("batch_dims", 0)) {}
+  explicit QGatherND(const OpContext& c) : NodeQModule(c), batch_dims_(c.node.attr_int("batch_dims", 0)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     at::Tensor idx = in.at(1).to(at::kLong);
     const std::int64_t b = batch_dims_, k = idx.size(-1);
-    if (b < 0 || k < 1 || b + k > x.dim()) throw Error(node_.describe() + ": indices' last dimension does not fit the data");
+    if (b < 0 || k < 1 || b + k > x.dim()) throw Error(describe() + ": indices' last dimension does not fit the data");
     // Flatten the batch dims and the k indexed dims into one row index per lookup.
     std::int64_t batch = 1;
     for (std::int64_t d = 0; d < b; ++d) batch *= x.size(d);
@@ -329,7 +320,7 @@ class QGatherND final : public QModule {
     at::Tensor lin = at::zeros(idx.sizes().slice(0, idx.dim() - 1), idx.options());
     for (std::int64_t j = 0; j < k; ++j) {
       const std::int64_t n = x.size(b + j);
-      lin = lin * n + checked_indices(idx.select(-1, j), n, node_);
+      lin = lin * n + checked_indices(idx.select(-1, j), n, node());
     }
     at::Tensor rows = lin.reshape({batch, -1}).to(x.device());
     std::vector<at::Tensor> per_batch;
@@ -340,7 +331,6 @@ class QGatherND final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t batch_dims_;
 };
 
@@ -353,24 +343,24 @@ std::string reduction_of(const Node& n) {
 }
 const char* aten_reduce(const std::string& r) { return r == "add" ? "sum" : r == "mul" ? "prod" : r == "max" ? "amax" : "amin"; }
 
-class QScatterND final : public QModule {
+class QScatterND final : public NodeQModule {
  public:
-  explicit QScatterND(const OpContext& c) : node_(c.node), reduction_(reduction_of(c.node)) {}
+  explicit QScatterND(const OpContext& c) : NodeQModule(c), reduction_(reduction_of(c.node)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     at::Tensor idx = in.at(1).to(at::kLong);
     const at::Tensor& upd = in.at(2);
     const std::int64_t k = idx.size(-1);
-    if (k < 1 || k > x.dim()) throw Error(node_.describe() + ": indices' last dimension exceeds the data's rank");
+    if (k < 1 || k > x.dim()) throw Error(describe() + ": indices' last dimension exceeds the data's rank");
     std::vector<std::int64_t> rest(x.sizes().begin() + k, x.sizes().end());
     std::vector<std::int64_t> flat{-1};
     flat.insert(flat.end(), rest.begin(), rest.end());
     at::Tensor lin = at::zeros(idx.sizes().slice(0, idx.dim() - 1), idx.options());
-    for (std::int64_t j = 0; j < k; ++j) lin = lin * x.size(j) + checked_indices(idx.select(-1, j), x.size(j), node_);
+    for (std::int64_t j = 0; j < k; ++j) lin = lin * x.size(j) + checked_indices(idx.select(-1, j), x.size(j), node());
     lin = lin.reshape({-1}).to(x.device());
     at::Tensor u = upd.reshape(flat);
-    if (u.size(0) != lin.size(0)) throw Error(node_.describe() + ": updates do not match the indices' shape");
+    if (u.size(0) != lin.size(0)) throw Error(describe() + ": updates do not match the indices' shape");
     at::Tensor data = x.reshape(flat);
     if (reduction_ == "none") return {data.index_copy(0, lin, u).reshape(x.sizes())};
     if (reduction_ == "add") return {data.index_add(0, lin, u).reshape(x.sizes())};
@@ -378,32 +368,30 @@ class QScatterND final : public QModule {
   }
 
  private:
-  Node node_;
   std::string reduction_;
 };
 
-class QScatterElements final : public QModule {
+class QScatterElements final : public NodeQModule {
  public:
   explicit QScatterElements(const OpContext& c)
-      : node_(c.node), axis_(c.node.attr_int("axis", 0)), reduction_(reduction_of(c.node)) {}
+      : NodeQModule(c), axis_(c.node.attr_int("axis", 0)), reduction_(reduction_of(c.node)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    const std::int64_t axis = normalize_axis(axis_, x.dim(), node_);
-    at::Tensor idx = checked_indices(in.at(1), x.size(axis), node_).to(x.device());
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
+    at::Tensor idx = checked_indices(in.at(1), x.size(axis), node()).to(x.device());
     if (reduction_ == "none") return {at::scatter(x, axis, idx, in.at(2))};
     return {at::scatter_reduce(x, axis, idx, in.at(2), aten_reduce(reduction_), /*include_self=*/true)};
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
   std::string reduction_;
 };
 
-class QTranspose final : public QModule {
+class QTranspose final : public NodeQModule {
  public:
-  explicit QTranspose(const OpContext& c) : node_(c.node), perm_(c.node.attr_ints("perm")) {}
+  explicit QTranspose(const OpContext& c) : NodeQModule(c), perm_(c.node.attr_ints("perm")) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
@@ -411,29 +399,28 @@ class QTranspose final : public QModule {
     if (perm.empty())
       for (std::int64_t d = x.dim(); d-- > 0;) perm.push_back(d);
     if (static_cast<std::int64_t>(perm.size()) != x.dim())
-      throw Error(node_.describe() + ": perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.dim()));
+      throw Error(describe() + ": perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.dim()));
     return {x.permute(perm)};
   }
 
  private:
-  Node node_;
   std::vector<std::int64_t> perm_;
 };
 
-class QSqueeze final : public QModule {
+class QSqueeze final : public NodeQModule {
  public:
-  explicit QSqueeze(const OpContext& c) : node_(c.node), axes_(c.node.attr_ints("axes")) {}
+  explicit QSqueeze(const OpContext& c) : NodeQModule(c), axes_(c.node.attr_ints("axes")) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     std::vector<std::int64_t> axes = axes_;
-    if (in.size() > 1 && in[1].defined()) axes = int_list(in[1], node_, "axes");
+    if (in.size() > 1 && in[1].defined()) axes = int_list(in[1], node(), "axes");
     std::vector<std::int64_t> shape;
     std::vector<bool> drop(static_cast<std::size_t>(x.dim()), axes.empty());
     for (auto a : axes) {
-      const std::int64_t d = normalize_axis(a, x.dim(), node_);
+      const std::int64_t d = normalize_axis(a, x.dim(), node());
       if (x.size(d) != 1)
-        throw Error(node_.describe() + ": cannot squeeze axis " + std::to_string(a) + " of size " + std::to_string(x.size(d)));
+        throw Error(describe() + ": cannot squeeze axis " + std::to_string(a) + " of size " + std::to_string(x.size(d)));
       drop[static_cast<std::size_t>(d)] = true;
     }
     for (std::int64_t d = 0; d < x.dim(); ++d)
@@ -442,23 +429,22 @@ class QSqueeze final : public QModule {
   }
 
  private:
-  Node node_;
   std::vector<std::int64_t> axes_;
 };
 
-class QUnsqueeze final : public QModule {
+class QUnsqueeze final : public NodeQModule {
  public:
-  explicit QUnsqueeze(const OpContext& c) : node_(c.node), axes_(c.node.attr_ints("axes")) {}
+  explicit QUnsqueeze(const OpContext& c) : NodeQModule(c), axes_(c.node.attr_ints("axes")) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     std::vector<std::int64_t> axes = axes_;
-    if (in.size() > 1 && in[1].defined()) axes = int_list(in[1], node_, "axes");
+    if (in.size() > 1 && in[1].defined()) axes = int_list(in[1], node(), "axes");
     const std::int64_t rank = x.dim() + static_cast<std::int64_t>(axes.size());
     std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
     for (auto a : axes) {
-      const std::int64_t d = normalize_axis(a, rank, node_);
-      if (inserted[static_cast<std::size_t>(d)]) throw Error(node_.describe() + ": axes repeat an axis");
+      const std::int64_t d = normalize_axis(a, rank, node());
+      if (inserted[static_cast<std::size_t>(d)]) throw Error(describe() + ": axes repeat an axis");
       inserted[static_cast<std::size_t>(d)] = true;
     }
     std::vector<std::int64_t> shape;
@@ -468,41 +454,38 @@ class QUnsqueeze final : public QModule {
   }
 
  private:
-  Node node_;
   std::vector<std::int64_t> axes_;
 };
 
-class QExpand final : public QModule {
+class QExpand final : public NodeQModule {
  public:
-  explicit QExpand(const OpContext& c) : node_(c.node) {}
+  explicit QExpand(const OpContext& c) : NodeQModule(c) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     // Bidirectional broadcast: a 1 in `shape` keeps the input's size.
-    const auto target = at::infer_size(x.sizes(), int_list(in.at(1), node_, "shape"));
+    const auto target = at::infer_size(x.sizes(), int_list(in.at(1), node(), "shape"));
     return {x.expand(target).contiguous()};
   }
 
  private:
-  Node node_;
 };
 
-class QTile final : public QModule {
+class QTile final : public NodeQModule {
  public:
-  explicit QTile(const OpContext& c) : node_(c.node) {}
+  explicit QTile(const OpContext& c) : NodeQModule(c) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    auto repeats = int_list(in.at(1), node_, "repeats");
+    auto repeats = int_list(in.at(1), node(), "repeats");
     if (static_cast<std::int64_t>(repeats.size()) != x.dim())
-      throw Error(node_.describe() + ": repeats has " + std::to_string(repeats.size()) + " values for rank " + std::to_string(x.dim()));
+      throw Error(describe() + ": repeats has " + std::to_string(repeats.size()) + " values for rank " + std::to_string(x.dim()));
     for (auto v : repeats)
-      if (v < 0) throw Error(node_.describe() + ": repeats must be non-negative");
+      if (v < 0) throw Error(describe() + ": repeats must be non-negative");
     return {x.repeat(repeats)};
   }
 
  private:
-  Node node_;
 };
 
 class QShape final : public QModule {
@@ -550,42 +533,40 @@ class QCastLike final : public QModule {
   }
 };
 
-class QConstantOfShape final : public QModule {
+class QConstantOfShape final : public NodeQModule {
  public:
-  explicit QConstantOfShape(const OpContext& c) : node_(c.node) {
+  explicit QConstantOfShape(const OpContext& c) : NodeQModule(c) {
     value_ = c.node.has_attr("value") ? c.node.attr_tensor("value") : at::zeros({1}, at::kFloat);
-    if (value_.numel() != 1) throw Error(node_.describe() + ": value must hold exactly one element");
+    if (value_.numel() != 1) throw Error(describe() + ": value must hold exactly one element");
   }
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
-    auto shape = int_list(in.at(0), node_, "shape");
+    auto shape = int_list(in.at(0), node(), "shape");
     for (auto v : shape)
-      if (v < 0) throw Error(node_.describe() + ": shape must be non-negative");
+      if (v < 0) throw Error(describe() + ": shape must be non-negative");
     return {at::full(shape, value_.reshape({}).item(), value_.options().device(in[0].device()))};
   }
 
  private:
-  Node node_;
   at::Tensor value_;
 };
 
-class QRange final : public QModule {
+class QRange final : public NodeQModule {
  public:
-  explicit QRange(const OpContext& c) : node_(c.node) {}
+  explicit QRange(const OpContext& c) : NodeQModule(c) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& start = in.at(0);
     const double s = start.item<double>(), l = in.at(1).item<double>(), d = in.at(2).item<double>();
-    if (d == 0) throw Error(node_.describe() + ": delta must not be 0");
+    if (d == 0) throw Error(describe() + ": delta must not be 0");
     const double n = std::max(std::ceil((l - s) / d), 0.0);
-    if (!(n < 1e10)) throw Error(node_.describe() + ": range would hold " + std::to_string(n) + " elements");
+    if (!(n < 1e10)) throw Error(describe() + ": range would hold " + std::to_string(n) + " elements");
     // start + i * delta in the inputs' type, as the spec defines it.
     at::Tensor i = at::arange(static_cast<std::int64_t>(n), start.options());
     return {(start.reshape({}) + i * in[2].reshape({})).to(start.scalar_type())};
   }
 
  private:
-  Node node_;
 };
 
 class QNonZero final : public QModule {
@@ -599,17 +580,17 @@ class QNonZero final : public QModule {
   }
 };
 
-class QOneHot final : public QModule {
+class QOneHot final : public NodeQModule {
  public:
-  explicit QOneHot(const OpContext& c) : node_(c.node), axis_(c.node.attr_int("axis", -1)) {}
+  explicit QOneHot(const OpContext& c) : NodeQModule(c), axis_(c.node.attr_int("axis", -1)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     at::Tensor idx = in.at(0);
     const auto depth = static_cast<std::int64_t>(in.at(1).reshape({-1})[0].item<double>());
     const at::Tensor& values = in.at(2);
-    if (depth < 1) throw Error(node_.describe() + ": depth must be positive");
-    if (values.numel() != 2) throw Error(node_.describe() + ": values must be [off_value, on_value]");
-    const std::int64_t axis = normalize_axis(axis_, idx.dim() + 1, node_);
+    if (depth < 1) throw Error(describe() + ": depth must be positive");
+    if (values.numel() != 2) throw Error(describe() + ": values must be [off_value, on_value]");
+    const std::int64_t axis = normalize_axis(axis_, idx.dim() + 1, node());
     at::Tensor i = idx.is_floating_point() ? idx.trunc().to(at::kLong) : idx.to(at::kLong);
     i = at::where(i < 0, i + depth, i);  // out-of-range indices match nothing: all off
     at::Tensor hot = i.unsqueeze(-1) == at::arange(depth, i.options());
@@ -618,22 +599,20 @@ class QOneHot final : public QModule {
   }
 
  private:
-  Node node_;
   std::int64_t axis_;
 };
 
-class QTrilu final : public QModule {
+class QTrilu final : public NodeQModule {
  public:
-  explicit QTrilu(const OpContext& c) : node_(c.node), upper_(c.node.attr_int("upper", 1) != 0) {}
+  explicit QTrilu(const OpContext& c) : NodeQModule(c), upper_(c.node.attr_int("upper", 1) != 0) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     std::int64_t k = 0;
-    if (in.size() > 1 && in[1].defined()) k = int_list(in[1], node_, "k").at(0);
+    if (in.size() > 1 && in[1].defined()) k = int_list(in[1], node(), "k").at(0);
     return {upper_ ? at::triu(in.at(0), k) : at::tril(in.at(0), k)};
   }
 
  private:
-  Node node_;
   bool upper_;
 };
 
@@ -656,30 +635,29 @@ class QConstant final : public QModule {
 };
 
 /// DepthToSpace (DCR or CRD order) and SpaceToDepth on NCHW tensors.
-class QDepthSpace final : public QModule {
+class QDepthSpace final : public NodeQModule {
  public:
   QDepthSpace(const OpContext& c, bool to_space)
-      : node_(c.node), to_space_(to_space), b_(c.node.attr_int("blocksize", 0)), mode_(c.node.attr_string("mode", "DCR")) {
-    if (b_ < 1) throw Error(node_.describe() + ": blocksize must be a positive integer");
-    if (mode_ != "DCR" && mode_ != "CRD") throw Error(node_.describe() + ": mode must be DCR or CRD");
+      : NodeQModule(c), to_space_(to_space), b_(c.node.attr_int("blocksize", 0)), mode_(c.node.attr_string("mode", "DCR")) {
+    if (b_ < 1) throw Error(describe() + ": blocksize must be a positive integer");
+    if (mode_ != "DCR" && mode_ != "CRD") throw Error(describe() + ": mode must be DCR or CRD");
   }
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    if (x.dim() != 4) throw Error(node_.describe() + ": input must be 4-D (N, C, H, W)");
+    if (x.dim() != 4) throw Error(describe() + ": input must be 4-D (N, C, H, W)");
     const std::int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), b = b_;
     if (to_space_) {
-      if (c % (b * b)) throw Error(node_.describe() + ": channels must divide by blocksize^2");
+      if (c % (b * b)) throw Error(describe() + ": channels must divide by blocksize^2");
       if (mode_ == "DCR")
         return {x.reshape({n, b, b, c / (b * b), h, w}).permute({0, 3, 4, 1, 5, 2}).reshape({n, c / (b * b), h * b, w * b})};
       return {x.reshape({n, c / (b * b), b, b, h, w}).permute({0, 1, 4, 2, 5, 3}).reshape({n, c / (b * b), h * b, w * b})};
     }
-    if (h % b || w % b) throw Error(node_.describe() + ": height and width must divide by blocksize");
+    if (h % b || w % b) throw Error(describe() + ": height and width must divide by blocksize");
     return {x.reshape({n, c, h / b, b, w / b, b}).permute({0, 3, 5, 1, 2, 4}).reshape({n, c * b * b, h / b, w / b})};
   }
 
  private:
-  Node node_;
   bool to_space_;
   std::int64_t b_;
   std::string mode_;

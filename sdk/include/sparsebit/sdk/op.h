@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "sparsebit/sdk/graph.h"
@@ -53,6 +54,28 @@ class QModule {
   /// QuantModel::train() / eval(): ops that behave differently while training (BatchNormalization
   /// normalizes with batch statistics and updates its running ones in place) switch here.
   virtual void set_training(bool training) { (void)training; }
+};
+
+/// A QModule that keeps its node's identity for messages and output counts: the name, op type,
+/// domain, inputs and outputs, not the attributes (the constructor has read those). Derive from
+/// it instead of keeping a copy of the whole Node: `throw Error(describe() + ": ...")`.
+class NodeQModule : public QModule {
+ public:
+  explicit NodeQModule(const OpContext& c) {
+    node_.name = c.node.name;
+    node_.op_type = c.node.op_type;
+    node_.domain = c.node.domain;
+    node_.inputs = c.node.inputs;
+    node_.outputs = c.node.outputs;
+  }
+
+ protected:
+  const Node& node() const { return node_; }
+  /// "node 'conv1' (Conv)", for errors.
+  std::string describe() const { return node_.describe(); }
+
+ private:
+  Node node_;
 };
 
 }  // namespace sparsebit
