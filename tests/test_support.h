@@ -3,6 +3,7 @@
 // running the CLI.
 
 #include <gtest/gtest.h>
+#include <ftw.h>
 
 #include <array>
 #include <cstdio>
@@ -81,6 +82,14 @@ inline std::string fixture_model() { return std::string(SPARSEBIT_SOURCE_DIR) + 
 inline std::string source_path(const std::string& rel) { return std::string(SPARSEBIT_SOURCE_DIR) + "/" + rel; }
 
 /// A fresh folder under the system temp dir, removed at scope exit.
+/// Removes a folder and everything in it, quietly. POSIX nftw rather than
+/// std::filesystem::remove_all: PyTorch's libtorch.so exports its own copy of remove_all, which
+/// crashes on nested folders in the GPU builds linked against it.
+inline void remove_tree(const fs::path& path) {
+  ::nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+         FTW_DEPTH | FTW_PHYS);
+}
+
 class TempDir {
  public:
   TempDir() {
@@ -88,10 +97,7 @@ class TempDir {
     path_ = fs::temp_directory_path() / ("sparsebit_test_" + std::to_string(rd()) + std::to_string(rd()));
     fs::create_directories(path_);
   }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
+  ~TempDir() { remove_tree(path_); }
   std::string operator/(const std::string& name) const { return (path_ / name).string(); }
   const fs::path& path() const { return path_; }
 

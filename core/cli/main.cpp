@@ -33,6 +33,7 @@
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/graph_dump.h"
 #include "sparsebit/core/passes.h"
+#include "sparsebit/core/pipeline.h"
 #include "sparsebit/core/profiler.h"
 #include "sparsebit/core/prune.h"
 #include "sparsebit/core/qat.h"
@@ -220,17 +221,6 @@ int cmd_plugins(const std::string& config_path, bool as_json) {
   return 0;
 }
 
-/// Refuses a model that already has Q/DQ nodes: quantizing it again would put a second set of
-/// quantizers around the first, which no backend deploys as meant.
-void refuse_quantized(const sb::Model& model, const std::string& path) {
-  int qdq = 0;
-  for (const auto* n : model.graph.nodes())
-    qdq += n->domain.empty() && (n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear");
-  if (qdq > 0)
-    throw sb::Error(path + " is already quantized (" + std::to_string(qdq) +
-                    " QuantizeLinear/DequantizeLinear nodes); quantize its float original instead");
-}
-
 /// Draws the float model, or with a config the converted one with its quantizers.
 void write_drawings(const std::string& model_path, const std::string& config_path, const std::string& dot,
                     const std::string& mermaid) {
@@ -391,9 +381,7 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   sb::AtomicFile json_out(a.output + ".json"), html_out(a.output + ".html");
   sb::Registry registry;
   registry.load(config.plugins);
-  sb::Model model = sb::load_and_lift(a.model, registry, a.calib);
-  refuse_quantized(model, a.model);
-  sb::QuantModel qm(std::move(model), config, registry);
+  sb::QuantModel qm(sb::load_float_model(a.model, registry, a.calib), config, registry);
   {
     auto data = sb::open_dataset(a.calib, qm.graph().inputs);
     sb::cli::Progress bar("calibrating", !g.quiet);
@@ -431,112 +419,27 @@ struct QuantizeArgs {
   int batch_size = 0, calib_count = -1;
 };
 
-// Accuracy and agreement of the float and the simulated quantized model on labelled data.
-json evaluate(sb::QuantModel& qm, const QuantizeArgs& a, bool progress_on) {
-  c10::InferenceMode guard;
-  auto data = sb::open_dataset(a.eval_data, qm.graph().inputs);
-  at::Tensor labels;
-  if (!a.eval_labels.empty()) {
-    labels = sb::read_idx(a.eval_labels);
-    if (labels.dim() != 1 && !(labels.dim() == 2 && labels.size(1) == 1))
-      throw sb::Error(a.eval_labels + ": is not a label file: it holds an array of shape " + c10::str(labels.sizes()) +
-                      "; labels are one integer per sample (an IDX file of rank 1)");
-    labels = labels.to(at::kLong).reshape({-1});
-  }
-  bool labels_checked = false;
-  sb::Batcher batcher(*data, qm.graph().inputs, std::max(qm.config().calibration.batch_size, 256), 0);
-  const at::Device device(qm.config().calibration.device);
-  std::int64_t n = 0, fp_correct = 0, q_correct = 0, agree = 0;
-  double max_diff = 0;
-  std::vector<at::Tensor> sim_outputs, fp_outputs;
-  sb::cli::Progress bar("evaluating", progress_on);
-  while (auto b = batcher.next()) {
-    std::vector<at::Tensor> in;
-    for (auto& t : b->inputs) in.push_back(t.to(device));
-    qm.set_quant(false, false);
-    at::Tensor fp = qm.forward(in)[0].to(at::kCPU);
-    qm.set_quant(true, true);
-    at::Tensor q = qm.forward(in)[0].to(at::kCPU);
-    const std::int64_t rows = fp.size(0);
-    if (!a.eval_outputs.empty()) sim_outputs.push_back(q);
-    if (!a.eval_fp32_outputs.empty()) fp_outputs.push_back(fp);
-    max_diff = std::max(max_diff, (fp - q).abs().max().item<double>());
-    at::Tensor fp_top = fp.reshape({rows, -1}).argmax(1), q_top = q.reshape({rows, -1}).argmax(1);
-    agree += (fp_top == q_top).sum().item<std::int64_t>();
-    if (labels.defined()) {
-      if (n + rows > labels.numel())
-        throw sb::Error(a.eval_labels + ": has " + std::to_string(labels.numel()) + " labels, fewer than the evaluation samples");
-      at::Tensor y = labels.narrow(0, n, rows);
-      if (!labels_checked) {  // the model's output fixes the classes
-        labels_checked = true;
-        const std::int64_t classes = fp.reshape({rows, -1}).size(1);
-        const std::int64_t low = labels.min().item<std::int64_t>(), high = labels.max().item<std::int64_t>();
-        if (low < 0 || high >= classes)
-          spdlog::warn("{}: labels run from {} to {}, outside the model's {} classes (0 to {}); the accuracy below "
-                       "means nothing unless the labels belong to this model and data",
-                       a.eval_labels, low, high, classes, classes - 1);
+/// The CLI's view of the pipeline's progress: one bar per step, closed when the step ends.
+struct ProgressBars {
+  bool enabled;
+  std::unique_ptr<sb::cli::Progress> bar;
+  std::string step;
+  sb::StepProgressFn fn() {
+    return [this](const std::string& name, std::int64_t done, std::int64_t total, const std::string& note) {
+      if (name != step) {
+        bar.reset();
+        step = name;
+        if (!name.empty()) bar = std::make_unique<sb::cli::Progress>(name, enabled);
       }
-      fp_correct += (fp_top == y).sum().item<std::int64_t>();
-      q_correct += (q_top == y).sum().item<std::int64_t>();
-    }
-    n += rows;
-    bar.update(n, labels.defined() ? labels.numel() : -1);
+      if (bar) bar->update(done, total, note);
+    };
   }
-  bar.finish();
-  qm.set_quant(false, false);
-  if (n == 0) throw sb::Error("evaluation data " + a.eval_data + " yielded no samples");
-  if (!a.eval_outputs.empty()) sb::write_npy(at::cat(sim_outputs, 0), a.eval_outputs);
-  if (!a.eval_fp32_outputs.empty()) sb::write_npy(at::cat(fp_outputs, 0), a.eval_fp32_outputs);
-  json j = {{"samples", n}, {"top1_agreement", double(agree) / n}, {"max_abs_output_diff", max_diff}};
-  if (labels.defined()) {
-    j["fp32_accuracy"] = double(fp_correct) / n;
-    j["int8_simulated_accuracy"] = double(q_correct) / n;
-  }
-  return j;
-}
+};
 
-std::string human(double v) {
-  char buf[32];
-  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f G", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1f k", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", v);
-  return buf;
-}
-
-/// Prunes as [sparse] says and logs the before/after table.
-sb::PruneResult prune_and_log(const sb::Model& model, const sb::Config& config, const sb::Registry& registry,
-                              const std::string& calib) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<sb::Dataset> data;  // for bias compensation
-  if (!calib.empty()) data = sb::open_dataset(calib, model.graph.inputs);
-  sb::PruneResult r = sb::prune(model, config, registry, sb::sample_inputs(model.graph, calib), data.get());
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::string what = r.pattern == sb::SparsityPattern::kChannel ? std::to_string(r.channels_removed) + " channels removed in " +
-                                                                      std::to_string(r.groups_pruned) + " of " +
-                                                                      std::to_string(r.groups) + " channel groups"
-                     : r.pattern == sb::SparsityPattern::kNM ? std::to_string(r.n) + ":" + std::to_string(r.m) + " sparsity"
-                                                             : "unstructured sparsity";
-  spdlog::info("pruned with '{}' in {:.2f} s: {}{}", r.sparser, seconds, what,
-               r.bias_compensated ? ", " + std::to_string(r.bias_compensated) + " biases compensated" : std::string());
-  spdlog::info("  {:<20} {:>12} {:>12} {:>8}", "", "before", "after", "ratio");
-  auto row = [](const char* name, double before, double after) {
-    spdlog::info("  {:<20} {:>12} {:>12} {:>7.3f}", name, human(before), human(after), before > 0 ? after / before : 0.0);
-  };
-  row("parameters", double(r.before.parameters), double(r.after.parameters));
-  row("non-zero parameters", double(r.before.nonzero_parameters), double(r.after.nonzero_parameters));
-  row("file bytes", double(r.before.file_bytes), double(r.after.file_bytes));
-  row("FLOPs (dense)", 2.0 * double(r.before.macs), 2.0 * double(r.after.macs));
-  row("FLOPs (non-zero)", 2.0 * double(r.before.sparse_macs), 2.0 * double(r.after.sparse_macs));
-  for (const auto& n : r.notes) spdlog::debug("  {}", n);
-  if (r.pattern == sb::SparsityPattern::kChannel && config.sparse->round_to == 1 && r.channels_removed > 0)
-    spdlog::info("channel counts that are not multiples of 8 can run slower than the unpruned model in ONNX Runtime "
-                 "and TensorRT (docs/PRUNING.md); [sparse] round_to = 8 keeps them aligned");
-  return r;
-}
-
-int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
-  sb::Config config = sb::Config::from_file(a.config);
+int cmd_quantize(const QuantizeArgs& a, const GlobalOptions& g) {
+  sb::QuantizeJob job;
+  job.config = sb::Config::from_file(a.config);
+  sb::Config& config = job.config;
   if (a.batch_size > 0) config.calibration.batch_size = a.batch_size;
   if (a.calib_count >= 0) config.calibration.count = a.calib_count;
   if (!a.device.empty()) config.calibration.device = a.device;
@@ -549,68 +452,24 @@ int cmd_quantize(QuantizeArgs a, const GlobalOptions& g) {
                {"--eval-labels", a.eval_labels}},
               {{"-o", a.output, true}, {"-o's external data", a.output + ".data"}, {"--report", a.report},
                {"--eval-outputs", a.eval_outputs}, {"--eval-fp32-outputs", a.eval_fp32_outputs}});
-  // Claim the outputs first: an unwritable path fails before any work, and nothing is left
-  // behind if a later step fails.
-  sb::AtomicFile out(a.output);
-  std::unique_ptr<sb::AtomicFile> report;
-  if (!a.report.empty()) report = std::make_unique<sb::AtomicFile>(a.report);
-
-  sb::Registry registry;
-  registry.load(config.plugins);
-  const auto import_start = std::chrono::steady_clock::now();
-  sb::Model model = sb::load_and_lift(a.model, registry, a.calib);
-  refuse_quantized(model, a.model);
-  const double import_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - import_start).count();
-  json pruning;
-  if (config.sparse) {  // prune, then quantize the pruned model
-    sb::PruneResult pr = prune_and_log(model, config, registry, a.calib);
-    pruning = json::parse(sb::prune_report_json(pr));
-    model = std::move(pr.pruned);
-  }
-  if (sb::bn_tuning_enabled(config)) model = sb::tune_batchnorm(model, config, registry, a.calib);
-  sb::QuantModel qm(std::move(model), config, registry);
-  auto data = sb::open_dataset(a.calib, qm.graph().inputs);
-  spdlog::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data->describe(),
-               config.calibration.count > 0 ? std::to_string(config.calibration.count) : std::string("all"),
-               config.calibration.batch_size, config.calibration.mode, config.calibration.device, at::get_num_threads());
-  sb::CalibrationStats stats;
-  {
-    sb::cli::Progress bar("calibrating", !g.quiet);
-    stats = qm.calibrate(*data, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
-  }
-  spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples, stats.seconds);
-
-  json rep = json::parse(qm.report_json(&stats));
-  rep["import_ms"] = import_ms;
-  if (!pruning.is_null()) rep["pruning"] = pruning;
-  if (!a.eval_data.empty()) {
-    json ev = evaluate(qm, a, !g.quiet);
-    rep["evaluation"] = ev;
+  job.model = a.model;
+  job.calib = a.calib;
+  job.output = a.output;
+  job.report = a.report;
+  job.external_data = a.external_data;
+  if (!a.eval_data.empty()) job.evaluation = sb::EvaluationRequest{a.eval_data, a.eval_labels, a.eval_outputs, a.eval_fp32_outputs};
+  ProgressBars bars{!g.quiet};
+  const sb::QuantizeOutcome r = sb::run_quantize(job, bars.fn());
+  if (r.evaluation) {
+    const sb::EvaluationResult& ev = *r.evaluation;
     std::printf("\n%-28s %10s\n", "evaluation", "value");
-    std::printf("%-28s %10lld\n", "samples", static_cast<long long>(ev["samples"].get<std::int64_t>()));
-    if (ev.contains("fp32_accuracy")) {
-      std::printf("%-28s %9.2f%%\n", "FP32 accuracy", 100 * ev["fp32_accuracy"].get<double>());
-      std::printf("%-28s %9.2f%%\n", "simulated quantized accuracy", 100 * ev["int8_simulated_accuracy"].get<double>());
+    std::printf("%-28s %10lld\n", "samples", static_cast<long long>(ev.samples));
+    if (ev.fp32_accuracy) {
+      std::printf("%-28s %9.2f%%\n", "FP32 accuracy", 100 * *ev.fp32_accuracy);
+      std::printf("%-28s %9.2f%%\n", "simulated quantized accuracy", 100 * *ev.simulated_accuracy);
     }
-    std::printf("%-28s %9.2f%%\n", "top-1 agreement", 100 * ev["top1_agreement"].get<double>());
+    std::printf("%-28s %9.2f%%\n", "top-1 agreement", 100 * ev.top1_agreement);
   }
-
-  std::string external;
-  out.write(qm.serialize(&external, std::filesystem::path(a.output).filename().string() + ".data", a.external_data));
-  if (!external.empty()) {
-    // The side file lands before the model that refers to it.
-    sb::AtomicFile data(a.output + ".data");
-    data.write(external);
-    data.commit();
-    spdlog::info("large initializers written to {}.data (ONNX external data)", a.output);
-  }
-  if (report) {
-    report->write(rep.dump(2) + "\n");
-    report->commit();
-  }
-  out.commit();
-  spdlog::info("wrote {}", a.output);
   return 0;
 }
 
@@ -621,28 +480,10 @@ struct QatArgs {
   bool restart = false;
 };
 
-// What a checkpoint must agree on to be resumed (Note [QAT checkpoints]): every input of the
-// run except the epoch count.
-std::string qat_fingerprint(const QatArgs& a, const sb::Config& c) {
-  auto file_id = [](const std::string& path) {  // size and a hash of the first MiB
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(path, ec);
-    std::string head(1 << 20, '\0');
-    std::ifstream in(path, std::ios::binary);
-    in.read(head.data(), static_cast<std::streamsize>(head.size()));
-    head.resize(static_cast<std::size_t>(std::max<std::streamsize>(in.gcount(), 0)));
-    return path + "#" + std::to_string(ec ? 0 : size) + "#" + std::to_string(std::hash<std::string>{}(head));
-  };
-  std::ostringstream s;
-  s << file_id(a.model) << "|" << file_id(a.config) << "|" << std::filesystem::absolute(a.calib).string() << "|"
-    << std::filesystem::absolute(a.train).string() << "|" << c.qat.lr << "|" << c.qat.weight_decay << "|" << c.qat.batch_size
-    << "|" << c.qat.count << "|" << c.qat.loss << "|" << c.qat.temperature << "|" << c.qat.seed << "|"
-    << c.calibration.batch_size << "|" << c.calibration.count << "|" << c.calibration.mode;
-  return s.str();
-}
-
-int cmd_qat(QatArgs a, const GlobalOptions& g) {
-  sb::Config config = sb::Config::from_file(a.config);
+int cmd_qat(const QatArgs& a, const GlobalOptions& g) {
+  sb::QatJob job;
+  job.config = sb::Config::from_file(a.config);
+  sb::Config& config = job.config;
   if (a.epochs > 0) config.qat.epochs = a.epochs;
   if (a.lr > 0) config.qat.lr = a.lr;
   if (!a.loss.empty()) {
@@ -653,63 +494,15 @@ int cmd_qat(QatArgs a, const GlobalOptions& g) {
   const std::string checkpoint = a.checkpoint.empty() ? a.output + ".ckpt" : a.checkpoint;
   check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
               {{"-o", a.output, true}, {"-o's external data", a.output + ".data"}, {"--checkpoint", checkpoint}, {"--report", a.report}});
-  if (a.restart) std::filesystem::remove(checkpoint);
-  sb::AtomicFile out(a.output);
-  std::unique_ptr<sb::AtomicFile> report;
-  if (!a.report.empty()) report = std::make_unique<sb::AtomicFile>(a.report);
-
-  sb::Registry registry;
-  registry.load(config.plugins);
-  sb::Model float_model = sb::load_and_lift(a.model, registry, a.calib);
-  refuse_quantized(float_model, a.model);
-  sb::Executor teacher(float_model.graph, registry);
-  teacher.to(config.calibration.device);
-  sb::QuantModel qm(sb::load_and_lift(a.model, registry, a.calib), config, registry);  // its own tensors: QAT trains them
-  const auto& inputs = qm.graph().inputs;
-  sb::CalibrationStats stats;
-  {
-    auto calib = sb::open_dataset(a.calib, inputs);
-    sb::cli::Progress bar("calibrating", !g.quiet);
-    stats = qm.init_qat(*calib, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
-  }
-  spdlog::info("training {} epoch(s) on {} (batch {}, Adam lr {}, {} distillation loss, device {}, {} threads)", config.qat.epochs,
-               a.train, config.qat.batch_size, config.qat.lr, config.qat.loss, config.calibration.device, at::get_num_threads());
-  sb::QatOptions options{config.qat, checkpoint, qat_fingerprint(a, config)};
-  std::unique_ptr<sb::cli::Progress> bar;
-  int bar_epoch = 0;
-  const sb::QatResult result = sb::distill(
-      qm, teacher, [&] { return sb::open_dataset(a.train, inputs); }, options,
-      [&](int epoch, std::int64_t done, std::int64_t total, double loss) {
-        if (epoch != bar_epoch) {
-          bar = std::make_unique<sb::cli::Progress>("epoch " + std::to_string(epoch) + "/" + std::to_string(config.qat.epochs),
-                                                    !g.quiet);
-          bar_epoch = epoch;
-        }
-        char note[64];
-        std::snprintf(note, sizeof note, " loss %.4g", loss);
-        bar->update(done, total, note);
-      });
-  bar.reset();
-
-  json rep = json::parse(qm.report_json(&stats));
-  rep["qat"] = {{"resumed_after_epoch", result.resumed_after}, {"checkpoint", checkpoint}, {"loss", config.qat.loss},
-                {"lr", config.qat.lr}, {"epochs", json::array()}};
-  for (const auto& e : result.epochs)
-    rep["qat"]["epochs"].push_back({{"epoch", e.epoch}, {"loss", e.loss}, {"samples", e.samples}, {"seconds", e.seconds}});
-  std::string external;
-  out.write(qm.serialize(&external, std::filesystem::path(a.output).filename().string() + ".data"));
-  if (!external.empty()) {
-    sb::AtomicFile data(a.output + ".data");
-    data.write(external);
-    data.commit();
-  }
-  if (report) {
-    report->write(rep.dump(2) + "\n");
-    report->commit();
-  }
-  out.commit();
-  spdlog::info("wrote {} (checkpoint {} kept: rerun with more --epochs to continue, --restart to start over)", a.output,
-               checkpoint);
+  job.model = a.model;
+  job.calib = a.calib;
+  job.train = a.train;
+  job.output = a.output;
+  job.report = a.report;
+  job.checkpoint = checkpoint;
+  job.restart = a.restart;
+  ProgressBars bars{!g.quiet};
+  sb::run_qat(job, bars.fn());
   return 0;
 }
 
@@ -719,101 +512,20 @@ struct PruneArgs {
 };
 
 int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
-  sb::Config config = sb::Config::from_file(a.config);
-  if (!config.sparse) throw sb::Error(a.config + ": no [sparse] table; add one, e.g. [sparse] sparser = \"l1_structured\", ratio = 0.5");
-  const bool quantize = config.quantization_given;
-  if (quantize && a.calib.empty())
-    throw sb::Error(a.config + " also quantizes ([w]/[a]): pass --calib with calibration data");
-  if (a.finetune > 0 && a.train.empty()) throw sb::Error("--finetune needs --train with training data");
-  if (a.finetune > 0) config.qat.epochs = a.finetune;
-  if (!a.device.empty()) config.calibration.device = a.device;
+  sb::PruneJob job;
+  job.config = sb::Config::from_file(a.config);
+  if (!a.device.empty()) job.config.calibration.device = a.device;
   check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
               {{"-o", a.output, true}, {"-o's external data", a.output + ".data"}, {"--report", a.report}, {"--masked", a.masked}});
-  sb::AtomicFile out(a.output);
-  std::unique_ptr<sb::AtomicFile> report, masked;
-  if (!a.report.empty()) report = std::make_unique<sb::AtomicFile>(a.report);
-  if (!a.masked.empty()) masked = std::make_unique<sb::AtomicFile>(a.masked);
-
-  sb::Registry registry;
-  registry.load(config.plugins);
-  sb::Model model = sb::load_and_lift(a.model, registry, a.calib);
-  sb::PruneResult r = prune_and_log(model, config, registry, a.calib);
-  json rep = json::parse(sb::prune_report_json(r));
-  rep["model"] = a.model;
-  rep["config"] = a.config;
-  if (masked) masked->write(sb::serialize_onnx(r.masked.graph, r.masked.meta));
-
-  const std::vector<sb::ValueInfo> inputs = r.pruned.graph.inputs;  // a copy: the model moves below
-  auto progress_for = [&](std::unique_ptr<sb::cli::Progress>& bar, int& bar_epoch, int epochs) {
-    return [&, epochs](int epoch, std::int64_t done, std::int64_t total, double loss) {
-      if (epoch != bar_epoch) {
-        bar = std::make_unique<sb::cli::Progress>("fine-tuning " + std::to_string(epoch) + "/" + std::to_string(epochs), !g.quiet);
-        bar_epoch = epoch;
-      }
-      char note[64];
-      std::snprintf(note, sizeof note, " loss %.4g", loss);
-      bar->update(done, total, note);
-    };
-  };
-  std::string bytes, external;
-  const std::string location = std::filesystem::path(a.output).filename().string() + ".data";
-  if (quantize) {
-    sb::QuantModel qm(std::move(r.pruned), config, registry);
-    auto calib = sb::open_dataset(a.calib, inputs);
-    sb::CalibrationStats stats;
-    if (a.finetune > 0) {
-      {
-        sb::cli::Progress bar("calibrating", !g.quiet);
-        stats = qm.init_qat(*calib, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
-      }
-      // Zeros left by element / N:M pruning stay zero while training.
-      std::vector<std::pair<at::Tensor, at::Tensor>> keep;
-      for (const auto& [name, t] : qm.named_parameters())
-        if (name.rfind("weight ", 0) == 0 && t.dim() >= 2 && (t == 0).any().item<bool>()) keep.emplace_back(t, (t != 0).to(t.scalar_type()));
-      sb::Executor teacher(model.graph, registry);
-      teacher.to(config.calibration.device);
-      sb::QatOptions options{config.qat, "", ""};
-      options.after_step = [&] {
-        c10::NoGradGuard no_grad;
-        for (auto& [t, mask] : keep) t.mul_(mask);
-      };
-      std::unique_ptr<sb::cli::Progress> bar;
-      int bar_epoch = 0;
-      auto result = sb::distill(qm, teacher, [&] { return sb::open_dataset(a.train, inputs); }, options,
-                                progress_for(bar, bar_epoch, config.qat.epochs));
-      bar.reset();
-      rep["finetune"] = {{"epochs", json::array()}, {"quantization_aware", true}};
-      for (const auto& e : result.epochs) rep["finetune"]["epochs"].push_back({{"epoch", e.epoch}, {"loss", e.loss}});
-    } else {
-      sb::cli::Progress bar("calibrating", !g.quiet);
-      stats = qm.calibrate(*calib, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
-    }
-    rep["quantization"] = json::parse(qm.report_json(&stats));
-    bytes = qm.serialize(&external, location);
-  } else {
-    if (a.finetune > 0) {
-      std::unique_ptr<sb::cli::Progress> bar;
-      int bar_epoch = 0;
-      const auto losses = sb::finetune(r.pruned, model, registry, [&] { return sb::open_dataset(a.train, inputs); }, config.qat,
-                                       config.calibration.device, progress_for(bar, bar_epoch, config.qat.epochs));
-      bar.reset();
-      rep["finetune"] = {{"epoch_loss", losses}, {"quantization_aware", false}};
-    }
-    bytes = sb::serialize_onnx(r.pruned.graph, r.pruned.meta, {}, &external, location);
-  }
-  if (!external.empty()) {
-    sb::AtomicFile data(a.output + ".data");
-    data.write(external);
-    data.commit();
-  }
-  out.write(bytes);
-  if (masked) masked->commit();
-  if (report) {
-    report->write(rep.dump(2) + "\n");
-    report->commit();
-  }
-  out.commit();
-  spdlog::info("wrote {}{}", a.output, quantize ? " (pruned, then quantized)" : "");
+  job.model = a.model;
+  job.calib = a.calib;
+  job.train = a.train;
+  job.finetune_epochs = a.finetune;
+  job.output = a.output;
+  job.report = a.report;
+  job.masked = a.masked;
+  ProgressBars bars{!g.quiet};
+  sb::run_prune(job, bars.fn());
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/pipeline.h"
 #include "test_support.h"
 
 namespace sparsebit {
@@ -45,6 +46,68 @@ class Cli : public ::testing::Test {
   testing::TempDir work_;
   std::string calib_, out_, config_;
 };
+
+// Library users call the same pipeline the CLI does (Note [Pipeline order]): the same job gives
+// the same model bytes and the same report, and a refused job writes nothing.
+TEST_F(Cli, LibraryPipelineGivesWhatTheCliGives) {
+  auto r = run_cli(quantize(testing::fixture_model(), calib_, "--report " + out_ + "/r.json --batch-size 4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  QuantizeJob job;
+  job.model = testing::fixture_model();
+  job.calib = calib_;
+  job.config = Config::from_file(config_);
+  job.config.calibration.batch_size = 4;
+  job.output = out_ + "/lib.onnx";
+  job.report = out_ + "/lib.json";
+  std::vector<std::string> steps;
+  const QuantizeOutcome outcome = run_quantize(job, [&](const std::string& step, std::int64_t, std::int64_t, const std::string&) {
+    if (steps.empty() || steps.back() != step) steps.push_back(step);
+  });
+  EXPECT_EQ(steps, (std::vector<std::string>{"calibrating", ""}));
+  EXPECT_EQ(outcome.calibration.samples, 17);
+  // The same graph and the same parameters; scales may differ in the last bit, since the test
+  // process and the CLI may run ATen's kernels with other thread counts.
+  const Model cli_model = load_onnx(out_ + "/q.onnx"), lib_model = load_onnx(out_ + "/lib.onnx");
+  ASSERT_EQ(cli_model.graph.num_nodes(), lib_model.graph.num_nodes());
+  for (std::size_t i = 0; i < cli_model.graph.num_nodes(); ++i)
+    EXPECT_EQ(cli_model.graph.node(i).op_type, lib_model.graph.node(i).op_type) << i;
+  ASSERT_EQ(cli_model.graph.initializers.size(), lib_model.graph.initializers.size());
+  for (const auto& [name, t] : cli_model.graph.initializers) {
+    ASSERT_TRUE(lib_model.graph.initializers.count(name)) << name;
+    const at::Tensor& u = lib_model.graph.initializers.at(name);
+    if (t.is_floating_point()) EXPECT_TRUE(at::allclose(t, u, 1e-6, 0)) << name;
+    else EXPECT_LE((t.to(at::kLong) - u.to(at::kLong)).abs().max().item<std::int64_t>(), 1) << name;
+  }
+  auto cli_report = nlohmann::json::parse(testing::read_text(out_ + "/r.json"));
+  auto lib_report = nlohmann::json::parse(testing::read_text(out_ + "/lib.json"));
+  EXPECT_EQ(nlohmann::json::parse(report_json(outcome)), lib_report);
+  for (auto* report : {&cli_report, &lib_report}) {  // what is measured, not computed
+    report->erase("import_ms");
+    (*report)["calibration"].erase("seconds");
+  }
+  ASSERT_EQ(cli_report["quantized_inputs"].size(), lib_report["quantized_inputs"].size());
+  for (std::size_t i = 0; i < cli_report["quantized_inputs"].size(); ++i) {
+    auto& c = cli_report["quantized_inputs"][i];
+    auto& l = lib_report["quantized_inputs"][i];
+    if (c.contains("scale")) {
+      const auto cs = c["scale"].get<std::vector<double>>(), ls = l["scale"].get<std::vector<double>>();
+      ASSERT_EQ(cs.size(), ls.size());
+      for (std::size_t k = 0; k < cs.size(); ++k) EXPECT_NEAR(cs[k], ls[k], 1e-6 * cs[k]) << c["node"];
+      c.erase("scale");
+      l.erase("scale");
+    }
+  }
+  EXPECT_EQ(cli_report, lib_report);
+
+  PruneJob prune_job;  // no [sparse] table: refused before any file is claimed
+  prune_job.model = testing::fixture_model();
+  prune_job.config = Config::from_file(config_);
+  prune_job.output = out_ + "/pruned.onnx";
+  const std::string message = testing::error_of([&] { run_prune(prune_job); });
+  EXPECT_NE(message.find("no [sparse] table"), std::string::npos) << message;
+  EXPECT_NE(message.find("w8a8_tensorrt.toml"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(out_ + "/pruned.onnx"));
+}
 
 TEST_F(Cli, QuantizeWritesModelAndReport) {
   auto r = run_cli(quantize(testing::fixture_model(), calib_, "--report " + out_ + "/r.json --batch-size 4"));
@@ -240,12 +303,12 @@ TEST_F(Cli, QatTrainsResumesFromItsCheckpointAndExports) {
   for (const Node* n : m.graph.nodes()) dq += n->op_type == "DequantizeLinear";
   EXPECT_GE(dq, 14u);
   // Another learning rate is another run: its checkpoint is refused, and nothing is written.
-  fs::remove_all(out_);
+  testing::remove_tree(out_);
   fs::create_directories(out_);
   expect_failure(run_cli(cmd + " --epochs 2 --lr 1e-3"), {"qat.ckpt", "another run", "--restart"});
   r = run_cli(cmd + " --epochs 1 --lr 1e-3 --restart");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  fs::remove_all(out_);
+  testing::remove_tree(out_);
   fs::create_directories(out_);
   expect_failure(run_cli(cmd + " --loss hinge"), {"--loss", "mse or kl"});
 }

@@ -1,0 +1,134 @@
+#pragma once
+/// \file
+/// The pipeline: the one place that orders the steps of a job, used by the CLI (one call per
+/// command) and by applications alike.
+///
+/// Note [Pipeline order]
+///   claim the output files -> load the plugins -> load and lift the model (opset 13) ->
+///   [prune] -> [BatchNorm re-estimation] -> build the QuantModel (passes, placement) ->
+///   calibrate (or QAT: calibrate, then distil) -> [evaluate] -> export -> write the files.
+/// Outputs are claimed first, so an unwritable path fails before any work, and committed last:
+/// the external-data side file, then the report, then the model, so a model never refers to a
+/// side file that is not there. A failed step leaves no file behind.
+///
+///     sparsebit::QuantizeJob job;
+///     job.model = "model.onnx";
+///     job.calib = "calib/";
+///     job.config = sparsebit::Config::from_file("w8a8.toml");
+///     job.output = "model_int8.onnx";
+///     sparsebit::QuantizeOutcome r = sparsebit::run_quantize(job);
+///     std::string report = sparsebit::report_json(r);
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sparsebit/core/config.h"
+#include "sparsebit/core/prune.h"
+#include "sparsebit/core/qat.h"
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/sdk/export.h"
+
+namespace sparsebit {
+
+/// Progress of a long step: its name ("calibrating", "evaluating", "epoch 2/5", "fine-tuning
+/// 1/3"), samples done, the total (-1 when unknown) and a short note (" loss 0.0123"). An empty
+/// name ends the step (the CLI closes its progress line before the next message).
+using StepProgressFn =
+    std::function<void(const std::string& step, std::int64_t done, std::int64_t total, const std::string& note)>;
+
+/// Float vs simulated-quantized agreement on evaluation data (with labels: both accuracies).
+struct EvaluationRequest {
+  std::string data;          ///< samples, in any calibration-data format
+  std::string labels;        ///< IDX labels, one per sample ("": none)
+  std::string outputs;       ///< .npy of the simulated outputs ("": not written)
+  std::string fp32_outputs;  ///< .npy of the float outputs ("": not written)
+};
+
+struct EvaluationResult {
+  std::int64_t samples = 0;
+  double top1_agreement = 0;
+  double max_abs_output_diff = 0;
+  std::optional<double> fp32_accuracy;
+  std::optional<double> simulated_accuracy;
+};
+
+struct QuantizeJob {
+  std::string model;   ///< float ONNX model
+  std::string calib;   ///< calibration data
+  Config config;
+  std::string output;  ///< the QDQ model; large initializers go to output + ".data" when needed
+  std::string report;  ///< JSON report ("": not written)
+  bool external_data = false;  ///< every initializer in output + ".data"
+  std::optional<EvaluationRequest> evaluation;
+};
+
+struct QuantizeOutcome {
+  double import_ms = 0;
+  CalibrationStats calibration;
+  std::size_t quantized_inputs = 0;
+  std::string pruning_json;       ///< the pruning report when [sparse] pruned first ("": none)
+  std::string quantization_json;  ///< QuantModel's report: every quantized input and its parameters
+  std::optional<EvaluationResult> evaluation;
+  bool external_data_written = false;
+};
+
+struct QatJob {
+  std::string model, calib, train;
+  Config config;          ///< [qat] holds epochs, lr, loss...
+  std::string output;
+  std::string report;     ///< "": not written
+  std::string checkpoint; ///< "": output + ".ckpt"
+  bool restart = false;   ///< discard the checkpoint and start over
+};
+
+struct QatOutcome {
+  CalibrationStats calibration;
+  QatResult training;
+  std::string checkpoint;
+  std::string quantization_json;
+};
+
+struct PruneJob {
+  std::string model;
+  std::string calib;   ///< bias compensation, and calibration when the config also quantizes
+  std::string train;   ///< fine-tuning data (needed when finetune_epochs > 0)
+  Config config;       ///< needs [sparse]; [w]/[a] quantize the pruned model too
+  int finetune_epochs = 0;
+  std::string output;
+  std::string report;  ///< "": not written
+  std::string masked;  ///< the unpruned model with the pruned weights zeroed ("": not written)
+};
+
+struct PruneOutcome {
+  std::string pruning_json;
+  bool quantized = false;
+  std::optional<CalibrationStats> calibration;
+  std::string quantization_json;
+  std::vector<double> finetune_losses;  ///< mean loss per fine-tuning epoch
+  bool finetune_quantization_aware = false;
+};
+
+/// Loads and lifts a float model for quantization: refuses models that already hold Q/DQ nodes.
+SPARSEBIT_API Model load_float_model(const std::string& path, const Registry& registry, const std::string& calib);
+
+/// Prunes as [sparse] says, logging the before/after table.
+SPARSEBIT_API PruneResult prune_step(const Model& model, const Config& config, const Registry& registry,
+                                     const std::string& calib);
+
+/// Runs a float and the simulated quantized model over evaluation data.
+SPARSEBIT_API EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request,
+                                        const StepProgressFn& progress = {});
+
+SPARSEBIT_API QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progress = {});
+SPARSEBIT_API QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress = {});
+SPARSEBIT_API PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress = {});
+
+/// The JSON reports the jobs write (and return, for callers that want them as text).
+SPARSEBIT_API std::string report_json(const QuantizeOutcome& outcome);
+SPARSEBIT_API std::string report_json(const QatOutcome& outcome, const QatJob& job);
+SPARSEBIT_API std::string report_json(const PruneOutcome& outcome, const PruneJob& job);
+
+}  // namespace sparsebit

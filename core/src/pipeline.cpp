@@ -1,0 +1,425 @@
+#include "sparsebit/core/pipeline.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "sparsebit/core/atomic_file.h"
+#include "sparsebit/core/bn_tuning.h"
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/executor.h"
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/opset_lift.h"
+#include "sparsebit/core/prune.h"
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/error.h"
+
+namespace sparsebit {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Adapts a StepProgressFn to the (done, total) callbacks of calibration and evaluation.
+ProgressFn stage(const StepProgressFn& progress, const std::string& name) {
+  if (!progress) return {};
+  return [progress, name](std::int64_t done, std::int64_t total) { progress(name, done, total, ""); };
+}
+
+void end_step(const StepProgressFn& progress) {
+  if (progress) progress("", 0, 0, "");
+}
+
+/// Adapts it to the (epoch, done, total, loss) callbacks of training; `what` names the epochs.
+QatProgressFn epochs(const StepProgressFn& progress, const std::string& what, int total_epochs) {
+  if (!progress) return {};
+  return [progress, what, total_epochs](int epoch, std::int64_t done, std::int64_t total, double loss) {
+    char note[64];
+    std::snprintf(note, sizeof note, " loss %.4g", loss);
+    progress(what + std::to_string(epoch) + "/" + std::to_string(total_epochs), done, total, note);
+  };
+}
+
+/// The files of one job, claimed before any work and committed in the order of
+/// Note [Pipeline order]. The side file's name is known only after export (it holds whatever
+/// the exporter moved out of the model), so it is created at commit time.
+class JobFiles {
+ public:
+  JobFiles(const std::string& model, const std::string& report, const std::string& masked = "")
+      : model_path_(model), model_(model) {
+    if (!report.empty()) report_ = std::make_unique<AtomicFile>(report);
+    if (!masked.empty()) masked_ = std::make_unique<AtomicFile>(masked);
+  }
+  /// Where the exporter points external tensors: the side file's name, relative to the model.
+  std::string external_location() const { return fs::path(model_path_).filename().string() + ".data"; }
+  void set_model(const std::string& bytes) { model_.write(bytes); }
+  void set_masked(const std::string& bytes) {
+    if (masked_) masked_->write(bytes);
+  }
+  bool wants_masked() const { return masked_ != nullptr; }
+  /// Writes the side file (if any external tensors), the masked model, the report, then the model.
+  bool commit(const std::string& external, const std::string& report) {
+    const bool side = !external.empty();
+    if (side) {
+      AtomicFile data(model_path_ + ".data");
+      data.write(external);
+      data.commit();
+      spdlog::info("large initializers written to {}.data (ONNX external data)", model_path_);
+    }
+    if (masked_) masked_->commit();
+    if (report_) {
+      report_->write(report + "\n");
+      report_->commit();
+    }
+    model_.commit();
+    return side;
+  }
+
+ private:
+  std::string model_path_;
+  AtomicFile model_;
+  std::unique_ptr<AtomicFile> report_, masked_;
+};
+
+std::string human(double v) {
+  char buf[32];
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f G", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1f k", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+/// Builds the QuantModel and calibrates it, logging what it does.
+CalibrationStats calibrate(QuantModel& qm, const std::string& calib, const Config& config, const StepProgressFn& progress) {
+  auto data = open_dataset(calib, qm.graph().inputs);
+  spdlog::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data->describe(),
+               config.calibration.count > 0 ? std::to_string(config.calibration.count) : std::string("all"),
+               config.calibration.batch_size, config.calibration.mode, config.calibration.device, at::get_num_threads());
+  CalibrationStats stats = qm.calibrate(*data, stage(progress, "calibrating"));
+  end_step(progress);
+  spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples, stats.seconds);
+  return stats;
+}
+
+// What a QAT checkpoint must agree on to be resumed (Note [QAT checkpoints]): every input of
+// the run except the epoch count.
+std::string qat_fingerprint(const QatJob& job) {
+  auto file_id = [](const std::string& path) {  // size and a hash of the first MiB
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    std::string head(1 << 20, '\0');
+    std::ifstream in(path, std::ios::binary);
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<std::size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+    return path + "#" + std::to_string(ec ? 0 : size) + "#" + std::to_string(std::hash<std::string>{}(head));
+  };
+  const Config& c = job.config;
+  std::ostringstream s;
+  s << file_id(job.model) << "|" << file_id(c.source) << "|" << fs::absolute(job.calib).string() << "|"
+    << fs::absolute(job.train).string() << "|" << c.qat.lr << "|" << c.qat.weight_decay << "|" << c.qat.batch_size
+    << "|" << c.qat.count << "|" << c.qat.loss << "|" << c.qat.temperature << "|" << c.qat.seed << "|"
+    << c.calibration.batch_size << "|" << c.calibration.count << "|" << c.calibration.mode;
+  return s.str();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Steps
+
+Model load_float_model(const std::string& path, const Registry& registry, const std::string& calib) {
+  Model model = load_and_lift(path, registry, calib);
+  // Quantizing a QDQ model again would put a second set of quantizers around the first, which
+  // no backend deploys as meant.
+  int qdq = 0;
+  for (const auto* n : model.graph.nodes())
+    qdq += n->domain.empty() && (n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear");
+  if (qdq > 0)
+    throw Error(path + " is already quantized (" + std::to_string(qdq) +
+                " QuantizeLinear/DequantizeLinear nodes); quantize its float original instead");
+  return model;
+}
+
+PruneResult prune_step(const Model& model, const Config& config, const Registry& registry, const std::string& calib) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Dataset> data;  // for bias compensation
+  if (!calib.empty()) data = open_dataset(calib, model.graph.inputs);
+  PruneResult r = prune(model, config, registry, sample_inputs(model.graph, calib), data.get());
+  const double seconds = ms_since(t0) / 1000;
+  std::string what = r.pattern == SparsityPattern::kChannel ? std::to_string(r.channels_removed) + " channels removed in " +
+                                                                  std::to_string(r.groups_pruned) + " of " +
+                                                                  std::to_string(r.groups) + " channel groups"
+                     : r.pattern == SparsityPattern::kNM ? std::to_string(r.n) + ":" + std::to_string(r.m) + " sparsity"
+                                                         : "unstructured sparsity";
+  spdlog::info("pruned with '{}' in {:.2f} s: {}{}", r.sparser, seconds, what,
+               r.bias_compensated ? ", " + std::to_string(r.bias_compensated) + " biases compensated" : std::string());
+  spdlog::info("  {:<20} {:>12} {:>12} {:>8}", "", "before", "after", "ratio");
+  auto row = [](const char* name, double before, double after) {
+    spdlog::info("  {:<20} {:>12} {:>12} {:>7.3f}", name, human(before), human(after), before > 0 ? after / before : 0.0);
+  };
+  row("parameters", double(r.before.parameters), double(r.after.parameters));
+  row("non-zero parameters", double(r.before.nonzero_parameters), double(r.after.nonzero_parameters));
+  row("file bytes", double(r.before.file_bytes), double(r.after.file_bytes));
+  row("FLOPs (dense)", 2.0 * double(r.before.macs), 2.0 * double(r.after.macs));
+  row("FLOPs (non-zero)", 2.0 * double(r.before.sparse_macs), 2.0 * double(r.after.sparse_macs));
+  for (const auto& n : r.notes) spdlog::debug("  {}", n);
+  if (r.pattern == SparsityPattern::kChannel && config.sparse->round_to == 1 && r.channels_removed > 0)
+    spdlog::info("channel counts that are not multiples of 8 can run slower than the unpruned model in ONNX Runtime "
+                 "and TensorRT (docs/PRUNING.md); [sparse] round_to = 8 keeps them aligned");
+  return r;
+}
+
+EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, const StepProgressFn& progress) {
+  c10::InferenceMode guard;
+  auto data = open_dataset(request.data, qm.graph().inputs);
+  at::Tensor labels;
+  if (!request.labels.empty()) {
+    labels = read_idx(request.labels);
+    if (labels.dim() != 1 && !(labels.dim() == 2 && labels.size(1) == 1))
+      throw Error(request.labels + ": is not a label file: it holds an array of shape " + c10::str(labels.sizes()) +
+                  "; labels are one integer per sample (an IDX file of rank 1)");
+    labels = labels.to(at::kLong).reshape({-1});
+  }
+  bool labels_checked = false;
+  Batcher batcher(*data, qm.graph().inputs, std::max(qm.config().calibration.batch_size, 256), 0);
+  const at::Device device(qm.config().calibration.device);
+  std::int64_t n = 0, fp_correct = 0, q_correct = 0, agree = 0;
+  double max_diff = 0;
+  std::vector<at::Tensor> sim_outputs, fp_outputs;
+  while (auto b = batcher.next()) {
+    std::vector<at::Tensor> in;
+    for (auto& t : b->inputs) in.push_back(t.to(device));
+    qm.set_quant(false, false);
+    at::Tensor fp = qm.forward(in)[0].to(at::kCPU);
+    qm.set_quant(true, true);
+    at::Tensor q = qm.forward(in)[0].to(at::kCPU);
+    const std::int64_t rows = fp.size(0);
+    if (!request.outputs.empty()) sim_outputs.push_back(q);
+    if (!request.fp32_outputs.empty()) fp_outputs.push_back(fp);
+    max_diff = std::max(max_diff, (fp - q).abs().max().item<double>());
+    at::Tensor fp_top = fp.reshape({rows, -1}).argmax(1), q_top = q.reshape({rows, -1}).argmax(1);
+    agree += (fp_top == q_top).sum().item<std::int64_t>();
+    if (labels.defined()) {
+      if (n + rows > labels.numel())
+        throw Error(request.labels + ": has " + std::to_string(labels.numel()) + " labels, fewer than the evaluation samples");
+      at::Tensor y = labels.narrow(0, n, rows);
+      if (!labels_checked) {  // the model's output fixes the classes
+        labels_checked = true;
+        const std::int64_t classes = fp.reshape({rows, -1}).size(1);
+        const std::int64_t low = labels.min().item<std::int64_t>(), high = labels.max().item<std::int64_t>();
+        if (low < 0 || high >= classes)
+          spdlog::warn("{}: labels run from {} to {}, outside the model's {} classes (0 to {}); the accuracy below "
+                       "means nothing unless the labels belong to this model and data",
+                       request.labels, low, high, classes, classes - 1);
+      }
+      fp_correct += (fp_top == y).sum().item<std::int64_t>();
+      q_correct += (q_top == y).sum().item<std::int64_t>();
+    }
+    n += rows;
+    if (progress) progress("evaluating", n, labels.defined() ? labels.numel() : -1, "");
+  }
+  end_step(progress);
+  qm.set_quant(false, false);
+  if (n == 0) throw Error("evaluation data " + request.data + " yielded no samples");
+  if (!request.outputs.empty()) write_npy(at::cat(sim_outputs, 0), request.outputs);
+  if (!request.fp32_outputs.empty()) write_npy(at::cat(fp_outputs, 0), request.fp32_outputs);
+  EvaluationResult r;
+  r.samples = n;
+  r.top1_agreement = double(agree) / n;
+  r.max_abs_output_diff = max_diff;
+  if (labels.defined()) {
+    r.fp32_accuracy = double(fp_correct) / n;
+    r.simulated_accuracy = double(q_correct) / n;
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Jobs
+
+QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progress) {
+  const Config& config = job.config;
+  JobFiles files(job.output, job.report);
+  Registry registry;
+  registry.load(config.plugins);
+  QuantizeOutcome r;
+  const auto import_start = std::chrono::steady_clock::now();
+  Model model = load_float_model(job.model, registry, job.calib);
+  r.import_ms = ms_since(import_start);
+  if (config.sparse) {  // prune, then quantize the pruned model
+    PruneResult pr = prune_step(model, config, registry, job.calib);
+    r.pruning_json = prune_report_json(pr);
+    model = std::move(pr.pruned);
+  }
+  if (bn_tuning_enabled(config)) model = tune_batchnorm(model, config, registry, job.calib);
+  QuantModel qm(std::move(model), config, registry);
+  r.calibration = calibrate(qm, job.calib, config, progress);
+  r.quantized_inputs = qm.slots().size();
+  r.quantization_json = qm.report_json(&r.calibration);
+  if (job.evaluation) r.evaluation = evaluate(qm, *job.evaluation, progress);
+
+  std::string external;
+  files.set_model(qm.serialize(&external, files.external_location(), job.external_data));
+  r.external_data_written = files.commit(external, job.report.empty() ? "" : report_json(r));
+  spdlog::info("wrote {}", job.output);
+  return r;
+}
+
+QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
+  const Config& config = job.config;
+  QatOutcome r;
+  r.checkpoint = job.checkpoint.empty() ? job.output + ".ckpt" : job.checkpoint;
+  if (job.restart) fs::remove(r.checkpoint);
+  JobFiles files(job.output, job.report);
+  Registry registry;
+  registry.load(config.plugins);
+  Model float_model = load_float_model(job.model, registry, job.calib);
+  Executor teacher(float_model.graph, registry);
+  teacher.to(config.calibration.device);
+  QuantModel qm(load_and_lift(job.model, registry, job.calib), config, registry);  // its own tensors: QAT trains them
+  const auto& inputs = qm.graph().inputs;
+  {
+    auto calib = open_dataset(job.calib, inputs);
+    r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));
+    end_step(progress);
+  }
+  spdlog::info("training {} epoch(s) on {} (batch {}, Adam lr {}, {} distillation loss, device {}, {} threads)",
+               config.qat.epochs, job.train, config.qat.batch_size, config.qat.lr, config.qat.loss,
+               config.calibration.device, at::get_num_threads());
+  QatOptions options{config.qat, r.checkpoint, qat_fingerprint(job)};
+  r.training = distill(qm, teacher, [&] { return open_dataset(job.train, inputs); }, options,
+                       epochs(progress, "epoch ", config.qat.epochs));
+  end_step(progress);
+  r.quantization_json = qm.report_json(&r.calibration);
+
+  std::string external;
+  files.set_model(qm.serialize(&external, files.external_location()));
+  files.commit(external, job.report.empty() ? "" : report_json(r, job));
+  spdlog::info("wrote {} (checkpoint {} kept: rerun with more --epochs to continue, --restart to start over)", job.output,
+               r.checkpoint);
+  return r;
+}
+
+PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
+  Config config = job.config;
+  if (!config.sparse)
+    throw Error(config.source + ": no [sparse] table; add one, e.g. [sparse] sparser = \"l1_structured\", ratio = 0.5");
+  PruneOutcome r;
+  r.quantized = config.quantization_given;
+  if (r.quantized && job.calib.empty())
+    throw Error(config.source + " also quantizes ([w]/[a]): pass --calib with calibration data");
+  if (job.finetune_epochs > 0 && job.train.empty()) throw Error("--finetune needs --train with training data");
+  if (job.finetune_epochs > 0) config.qat.epochs = job.finetune_epochs;
+  JobFiles files(job.output, job.report, job.masked);
+  Registry registry;
+  registry.load(config.plugins);
+  Model model = load_and_lift(job.model, registry, job.calib);
+  PruneResult pruned = prune_step(model, config, registry, job.calib);
+  r.pruning_json = prune_report_json(pruned);
+  if (files.wants_masked()) files.set_masked(serialize_onnx(pruned.masked.graph, pruned.masked.meta));
+
+  const std::vector<ValueInfo> inputs = pruned.pruned.graph.inputs;  // a copy: the model moves below
+  auto open_train = [&] { return open_dataset(job.train, inputs); };
+  std::string bytes, external;
+  if (r.quantized) {
+    QuantModel qm(std::move(pruned.pruned), config, registry);
+    if (job.finetune_epochs > 0) {
+      auto calib = open_dataset(job.calib, inputs);
+      r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));
+      end_step(progress);
+      // Zeros left by element / N:M pruning stay zero while training.
+      std::vector<std::pair<at::Tensor, at::Tensor>> keep;
+      for (const auto& [name, t] : qm.named_parameters())
+        if (name.rfind("weight ", 0) == 0 && t.dim() >= 2 && (t == 0).any().item<bool>())
+          keep.emplace_back(t, (t != 0).to(t.scalar_type()));
+      Executor teacher(model.graph, registry);
+      teacher.to(config.calibration.device);
+      QatOptions options{config.qat, "", ""};
+      options.after_step = [&] {
+        c10::NoGradGuard no_grad;
+        for (auto& [t, mask] : keep) t.mul_(mask);
+      };
+      const QatResult trained = distill(qm, teacher, open_train, options, epochs(progress, "fine-tuning ", config.qat.epochs));
+      end_step(progress);
+      for (const auto& e : trained.epochs) r.finetune_losses.push_back(e.loss);
+      r.finetune_quantization_aware = true;
+    } else {
+      r.calibration = calibrate(qm, job.calib, config, progress);
+    }
+    r.quantization_json = qm.report_json(&*r.calibration);
+    bytes = qm.serialize(&external, files.external_location());
+  } else {
+    if (job.finetune_epochs > 0) {
+      r.finetune_losses = finetune(pruned.pruned, model, registry, open_train, config.qat, config.calibration.device,
+                                   epochs(progress, "fine-tuning ", config.qat.epochs));
+      end_step(progress);
+    }
+    bytes = serialize_onnx(pruned.pruned.graph, pruned.pruned.meta, {}, &external, files.external_location());
+  }
+  files.set_model(bytes);
+  files.commit(external, job.report.empty() ? "" : report_json(r, job));
+  spdlog::info("wrote {}{}", job.output, r.quantized ? " (pruned, then quantized)" : "");
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reports
+
+std::string report_json(const QuantizeOutcome& r) {
+  json rep = json::parse(r.quantization_json);
+  rep["import_ms"] = r.import_ms;
+  if (!r.pruning_json.empty()) rep["pruning"] = json::parse(r.pruning_json);
+  if (r.evaluation) {
+    const EvaluationResult& e = *r.evaluation;
+    json ev = {{"samples", e.samples}, {"top1_agreement", e.top1_agreement}, {"max_abs_output_diff", e.max_abs_output_diff}};
+    if (e.fp32_accuracy) ev["fp32_accuracy"] = *e.fp32_accuracy;
+    if (e.simulated_accuracy) ev["int8_simulated_accuracy"] = *e.simulated_accuracy;
+    rep["evaluation"] = ev;
+  }
+  return rep.dump(2);
+}
+
+std::string report_json(const QatOutcome& r, const QatJob& job) {
+  json rep = json::parse(r.quantization_json);
+  rep["qat"] = {{"resumed_after_epoch", r.training.resumed_after}, {"checkpoint", r.checkpoint},
+                {"loss", job.config.qat.loss}, {"lr", job.config.qat.lr}, {"epochs", json::array()}};
+  for (const auto& e : r.training.epochs)
+    rep["qat"]["epochs"].push_back({{"epoch", e.epoch}, {"loss", e.loss}, {"samples", e.samples}, {"seconds", e.seconds}});
+  return rep.dump(2);
+}
+
+std::string report_json(const PruneOutcome& r, const PruneJob& job) {
+  json rep = json::parse(r.pruning_json);
+  rep["model"] = job.model;
+  rep["config"] = job.config.source;
+  if (job.finetune_epochs > 0) {
+    if (r.finetune_quantization_aware) {
+      rep["finetune"] = {{"epochs", json::array()}, {"quantization_aware", true}};
+      for (std::size_t i = 0; i < r.finetune_losses.size(); ++i)
+        rep["finetune"]["epochs"].push_back({{"epoch", static_cast<int>(i) + 1}, {"loss", r.finetune_losses[i]}});
+    } else {
+      rep["finetune"] = {{"epoch_loss", r.finetune_losses}, {"quantization_aware", false}};
+    }
+  }
+  if (r.quantized) rep["quantization"] = json::parse(r.quantization_json);
+  return rep.dump(2);
+}
+
+}  // namespace sparsebit
