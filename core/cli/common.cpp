@@ -1,0 +1,128 @@
+#include "common.h"
+
+#include <ATen/Parallel.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "sparsebit/core/config.h"
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit::cli {
+
+void setup_logging(const GlobalOptions& g) {
+  using sparsebit::sdk::LogLevel;
+  sparsebit::sdk::log_to_stderr(g.quiet ? LogLevel::kWarn : g.verbose > 0 ? LogLevel::kDebug : LogLevel::kInfo);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = g.threads > 0 ? g.threads : cores;
+  if (threads > cores) {  // more threads than cores only costs time (and creating a million takes minutes)
+    spdlog::warn("--threads {}: this machine has {} cores; using {}", threads, cores, cores);
+    threads = cores;
+  }
+  at::set_num_threads(threads);
+}
+
+CLI::Validator whole_number_from(long long low) {
+  return CLI::Validator(
+      [low](std::string& v) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long x = std::strtoll(v.c_str(), &end, 10);
+        if (v.empty() || *end || errno || x < low)
+          return "must be a whole number of at least " + std::to_string(low) + ", got '" + sb::printable(v, 40) + "'";
+        return {};
+      },
+      "N>=" + std::to_string(low));
+}
+const CLI::Validator kPositiveInt = whole_number_from(1);
+const CLI::Validator kNonNegativeInt = whole_number_from(0);
+const CLI::Validator kPositiveFinite(
+    [](std::string& v) -> std::string {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !std::isfinite(x) || !(x > 0))
+        return "must be a finite number above 0, got '" + sb::printable(v, 40) + "'";
+      return {};
+    },
+    "X>0");
+
+const CLI::Validator kDevice(
+    [](std::string& v) -> std::string {
+      if (std::regex_match(v, std::regex("cpu|cuda(:[0-9]{1,3})?"))) return {};
+      return "must be cpu, cuda or cuda:N, got '" + sb::printable(v, 40) + "'";
+    },
+    "DEVICE");
+
+std::string one_line(const std::string& message) { return sb::printable(message, 4000); }
+
+
+int argument_error(CLI::App& app, const CLI::ParseError& e) {
+  if (e.get_exit_code() == 0) return app.exit(e);
+  std::string what = e.what();
+  for (const char* noise : {"\nRun with --help for more information.", "\n"})
+    for (std::size_t at; (at = what.find(noise)) != std::string::npos;) what.replace(at, std::strlen(noise), " ");
+  std::fprintf(stderr, "error: %s (see sparsebit --help)\n", sb::printable(what, 500).c_str());
+  return 1;
+}
+
+std::string dims_text(const sb::ValueInfo& v) {
+  if (!v.has_shape) return "?";
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.shape.size(); ++i) {
+    const auto& d = v.shape[i];
+    s += (i ? ", " : "") + (d.value >= 0 ? std::to_string(d.value) : d.param.empty() ? std::string("?") : d.param);
+  }
+  return s + "]";
+}
+
+json value_info_json(const sb::ValueInfo& v) {
+  json dims = json::array();
+  for (const auto& d : v.shape) dims.push_back(d.value >= 0 ? json(d.value) : d.param.empty() ? json(nullptr) : json(d.param));
+  return {{"name", v.name}, {"type", sb::onnx_type_name(v.elem_type)}, {"shape", v.has_shape ? dims : json(nullptr)}};
+}
+
+sb::PluginSearch plugin_search(const std::string& config_path) {
+  if (config_path.empty()) return {};
+  return sb::Config::from_file(config_path).plugins;
+}
+
+void check_paths(const std::vector<PathArg>& inputs, const std::vector<PathArg>& outputs) {
+  namespace fs = std::filesystem;
+  auto identity = [](const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) return "inode " + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+    std::error_code ec;
+    const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    return "path " + (ec ? path : p.string());
+  };
+  std::map<std::string, std::string> seen;  // identity -> flag
+  for (const auto& in : inputs)
+    if (!in.path.empty()) seen.emplace(identity(in.path), in.flag);
+  std::set<std::string> input_ids;
+  for (const auto& [id, flag] : seen) input_ids.insert(id);
+  for (const auto& out : outputs) {
+    if (out.path.empty() && !out.required) continue;
+    if (out.path.empty()) throw sb::Error(out.flag + ": the output path is empty");
+    const std::string id = identity(out.path);
+    auto [it, fresh] = seen.emplace(id, out.flag);
+    if (!fresh) {
+      throw sb::Error(out.flag + " " + sb::printable(out.path) + " is the same file as " + it->second +
+                      (input_ids.count(id) ? ", an input: writing it would destroy it" : ", another output") +
+                      "; choose another path");
+    }
+  }
+}
+
+}  // namespace sparsebit::cli

@@ -1,0 +1,92 @@
+#pragma once
+// What the commands of the `sparsebit` CLI share: the global options, argument and path checks,
+// progress bars, and the Command each cmd_*.cpp file adds to the application.
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "progress.h"
+#include "sparsebit/core/pipeline.h"
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/graph.h"
+
+namespace sb = sparsebit;
+
+namespace sparsebit::cli {
+
+using nlohmann::json;
+
+struct GlobalOptions {
+  int verbose = 0;
+  bool quiet = false;
+  int threads = 0;
+};
+
+/// A subcommand and what runs when it was given (its arguments live in the closure).
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+Command add_quantize(CLI::App& app, const GlobalOptions& g);
+Command add_plugins(CLI::App& app);
+Command add_inspect(CLI::App& app);
+Command add_simplify(CLI::App& app);
+Command add_profile(CLI::App& app, const GlobalOptions& g);
+Command add_qat(CLI::App& app, const GlobalOptions& g);
+Command add_prune(CLI::App& app, const GlobalOptions& g);
+
+/// Log level and thread count from the global options.
+void setup_logging(const GlobalOptions& g);
+
+// Argument checks with short messages; CLI11 prefixes the option's name.
+/// A whole number of at least `low`.
+CLI::Validator whole_number_from(long long low);
+extern const CLI::Validator kPositiveInt;
+extern const CLI::Validator kNonNegativeInt;
+extern const CLI::Validator kPositiveFinite;
+extern const CLI::Validator kDevice;
+
+/// The final guard on every message: one line, no control characters, bounded length (the parts
+/// quoted from untrusted input are bounded where they are quoted).
+std::string one_line(const std::string& message);
+/// One line for a command-line error, exit status 1 (help and --version exit 0 as CLI11 says).
+int argument_error(CLI::App& app, const CLI::ParseError& e);
+
+std::string dims_text(const ValueInfo& v);
+json value_info_json(const ValueInfo& v);
+/// The plugin search of a config's [plugins] table (defaults without a config).
+PluginSearch plugin_search(const std::string& config_path);
+
+/// A path given on the command line and the flag that gave it.
+struct PathArg {
+  std::string flag, path;
+  bool required = false;  ///< an empty path is an error (otherwise: not given)
+};
+/// Refuses, before any work, outputs that are the same file as an input or as another output:
+/// by identity (device and inode) where the file exists, by absolute path with symbolic links
+/// resolved where it does not yet. An empty required output is refused too.
+void check_paths(const std::vector<PathArg>& inputs, const std::vector<PathArg>& outputs);
+
+/// The CLI's view of the pipeline's progress: one bar per step, closed when the step ends.
+struct ProgressBars {
+  bool enabled;
+  std::unique_ptr<Progress> bar;
+  std::string step;
+  StepProgressFn fn() {
+    return [this](const std::string& name, std::int64_t done, std::int64_t total, const std::string& note) {
+      if (name != step) {
+        bar.reset();
+        step = name;
+        if (!name.empty()) bar = std::make_unique<Progress>(name, enabled);
+      }
+      if (bar) bar->update(done, total, note);
+    };
+  }
+};
+
+}  // namespace sparsebit::cli
