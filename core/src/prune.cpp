@@ -20,6 +20,7 @@
 #include "sparsebit/core/qat.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "distill_epoch.h"
 #include "glob.h"
 
 namespace sparsebit {
@@ -1201,39 +1202,20 @@ std::vector<double> finetune(Model& student, const Model& teacher, const Registr
   for (const auto& name : names) params.push_back(ex.constants().at(name));
   torch::optim::Adam adam(params, torch::optim::AdamOptions(settings.lr).weight_decay(settings.weight_decay));
   std::vector<double> losses;
-  const auto& gin = g.inputs;
-  for (int epoch = 1; epoch <= settings.epochs; ++epoch) {
-    auto data = open_train();
-    Batcher batcher(*data, gin, settings.batch_size, settings.count);
-    const std::int64_t total = settings.count > 0 ? settings.count : data->num_samples().value_or(-1);
-    double sum = 0;
-    std::int64_t batches = 0, done = 0;
-    while (auto b = batcher.next()) {
-      std::map<std::string, at::Tensor> feeds, teacher_feeds;
-      for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = b->inputs[i].to(at::Device(device));
-      for (const auto& v : teacher.graph.inputs) teacher_feeds[v.name] = feeds.at(v.name);
-      std::vector<at::Tensor> target;
-      {
-        c10::NoGradGuard no_grad;
-        target = teacher_ex.run(teacher_feeds);
-      }
-      at::Tensor loss = distillation_loss(ex.run(feeds), target, settings.loss, settings.temperature);
-      const double value = loss.item<double>();
-      if (!std::isfinite(value))
-        throw Error("fine-tuning: the loss became " + std::to_string(value) + "; lower [qat] lr (now " + std::to_string(settings.lr) + ")");
-      adam.zero_grad();
-      loss.backward();
-      adam.step();
-      {
+  std::map<std::string, at::Tensor> feeds;
+  const detail::DistillStep step{
+      [&](const std::vector<at::Tensor>& in) {
+        for (std::size_t i = 0; i < in.size(); ++i) feeds[g.inputs[i].name] = in[i];
+        return ex.run(feeds);
+      },
+      teacher_ex, g.inputs, at::Device(device), settings, adam,
+      [&] {  // zeros left by pruning stay zero
         c10::NoGradGuard no_grad;
         for (const auto& [name, mask] : masks) ex.constants().at(name).mul_(mask);
-      }
-      sum += value;
-      ++batches;
-      done += b->inputs[0].size(0);
-      if (progress) progress(epoch, done, total, sum / double(batches));
-    }
-    losses.push_back(batches ? sum / double(batches) : 0);
+      },
+      "fine-tuning"};
+  for (int epoch = 1; epoch <= settings.epochs; ++epoch) {
+    losses.push_back(detail::distill_epoch(step, epoch, open_train, progress).loss);
     sdk::log_info("fine-tuning epoch " + std::to_string(epoch) + "/" + std::to_string(settings.epochs) + ": loss " +
                   std::to_string(losses.back()));
   }

@@ -9,9 +9,11 @@
 #include <torch/serialize/output-archive.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
+#include "distill_epoch.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
@@ -152,39 +154,10 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
     sdk::log_info("resuming from " + options.checkpoint + " after epoch " + std::to_string(result.resumed_after) + " of " +
                   std::to_string(s.epochs));
   }
+  const detail::DistillStep step{[&](const std::vector<at::Tensor>& in) { return student.forward(in); },
+                                 teacher, gin, device, s, adam, options.after_step, "QAT"};
   for (int epoch = result.resumed_after + 1; epoch <= s.epochs; ++epoch) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto data = open_train();
-    Batcher batcher(*data, gin, s.batch_size, s.count);
-    const std::int64_t total = s.count > 0 ? s.count : data->num_samples().value_or(-1);
-    QatEpoch e;
-    e.epoch = epoch;
-    double loss_sum = 0;
-    std::int64_t batches = 0;
-    while (auto b = batcher.next()) {
-      auto [student_in, teacher_in] = feeds_of(*b);
-      std::vector<at::Tensor> target;
-      {
-        c10::NoGradGuard no_grad;
-        target = teacher.run(teacher_in);
-      }
-      at::Tensor loss = distillation_loss(student.forward(student_in), target, s.loss, s.temperature);
-      const double value = loss.item<double>();
-      if (!std::isfinite(value)) {
-        throw Error("QAT: the loss became " + std::to_string(value) + " in epoch " + std::to_string(epoch) +
-                    "; lower [qat] lr (now " + std::to_string(s.lr) + ")");
-      }
-      adam.zero_grad();
-      loss.backward();
-      adam.step();
-      if (options.after_step) options.after_step();
-      loss_sum += value;
-      ++batches;
-      e.samples += b->inputs[0].size(0);
-      if (progress) progress(epoch, e.samples, total, loss_sum / double(batches));
-    }
-    e.loss = batches ? loss_sum / double(batches) : 0;
-    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const QatEpoch e = detail::distill_epoch(step, epoch, open_train, progress);
     result.epochs.push_back(e);
     sdk::log_info("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs) + ": loss " + std::to_string(e.loss) +
                   " over " + std::to_string(e.samples) + " samples, " + std::to_string(e.seconds) + " s");
@@ -192,5 +165,52 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
   }
   return result;
 }
+
+namespace detail {
+
+QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<std::unique_ptr<Dataset>()>& open_train,
+                       const QatProgressFn& progress) {
+  const QatConfig& s = step.settings;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto data = open_train();
+  Batcher batcher(*data, step.inputs, s.batch_size, s.count);
+  const std::int64_t total = s.count > 0 ? s.count : data->num_samples().value_or(-1);
+  QatEpoch e;
+  e.epoch = epoch;
+  double loss_sum = 0;
+  std::int64_t batches = 0;
+  while (auto b = batcher.next()) {
+    std::vector<at::Tensor> student_in;
+    std::map<std::string, at::Tensor> teacher_in;
+    for (std::size_t i = 0; i < step.inputs.size(); ++i) {
+      student_in.push_back(b->inputs[i].to(step.device));
+      teacher_in[step.inputs[i].name] = student_in.back();
+    }
+    std::vector<at::Tensor> target;
+    {
+      c10::NoGradGuard no_grad;
+      target = step.teacher.run(teacher_in);
+    }
+    at::Tensor loss = distillation_loss(step.student(student_in), target, s.loss, s.temperature);
+    const double value = loss.item<double>();
+    if (!std::isfinite(value)) {
+      throw Error(step.what + ": the loss became " + std::to_string(value) + " in epoch " + std::to_string(epoch) +
+                  "; lower [qat] lr (now " + std::to_string(s.lr) + ")");
+    }
+    step.optimizer.zero_grad();
+    loss.backward();
+    step.optimizer.step();
+    if (step.after_step) step.after_step();
+    loss_sum += value;
+    ++batches;
+    e.samples += b->inputs[0].size(0);
+    if (progress) progress(epoch, e.samples, total, loss_sum / double(batches));
+  }
+  e.loss = batches ? loss_sum / double(batches) : 0;
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return e;
+}
+
+}  // namespace detail
 
 }  // namespace sparsebit

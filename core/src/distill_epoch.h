@@ -1,0 +1,38 @@
+#pragma once
+// One epoch of distillation, shared by QAT (qat.cpp: a QuantModel learns its weights and
+// quantizer parameters) and by fine-tuning after pruning (prune.cpp: a float model learns its
+// weights): the same batching, teacher targets, loss, optimizer step and divergence check.
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/adam.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sparsebit/core/config.h"
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/executor.h"
+#include "sparsebit/core/qat.h"
+
+namespace sparsebit::detail {
+
+struct DistillStep {
+  /// The student's outputs for inputs already on the training device.
+  std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> student;
+  Executor& teacher;
+  const std::vector<ValueInfo>& inputs;  ///< the model inputs the data feeds (student's and teacher's)
+  at::Device device;
+  const QatConfig& settings;
+  torch::optim::Adam& optimizer;
+  std::function<void()> after_step;  ///< e.g. re-applying pruning masks ("": nothing)
+  std::string what;                  ///< "QAT" or "fine-tuning", for the divergence message
+};
+
+/// Trains one pass over the data `open_train` yields; returns the epoch's mean loss and samples
+/// (seconds measured). Throws Error when the loss stops being finite.
+QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<std::unique_ptr<Dataset>()>& open_train,
+                       const QatProgressFn& progress);
+
+}  // namespace sparsebit::detail
