@@ -1,0 +1,77 @@
+#pragma once
+// What the pruning files share (sparsebit/core/prune.h is the public side):
+//   prune.cpp          prune() and fine-tuning, and the helpers below
+//   prune_channels.cpp channel analysis and channel removal (Note [Channel removal])
+//   prune_masks.cpp    element and N:M masks, bias compensation (Note [Bias compensation])
+//   prune_stats.cpp    sample inputs, model statistics, the JSON report
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "sparsebit/core/config.h"
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/prune.h"
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/sparser.h"
+
+namespace sparsebit::prune_detail {
+
+using Shape = std::vector<std::int64_t>;
+using Shapes = std::map<std::string, Shape>;
+
+/// Product of s[from:], 1 when empty.
+inline std::int64_t product(const Shape& s, std::size_t from = 0) {
+  return from >= s.size() ? 1 : std::accumulate(s.begin() + static_cast<std::ptrdiff_t>(from), s.end(), std::int64_t{1},
+                                                std::multiplies<std::int64_t>());
+}
+
+/// Runs `graph` on `sample` and records the shape of every tensor a node reads and of the outputs.
+Shapes run_shapes(const Graph& graph, const Registry& registry, const std::vector<at::Tensor>& sample,
+                  std::vector<at::Tensor>* outputs = nullptr);
+
+std::string pattern_name(SparsityPattern p);
+
+/// Ratio for a node: the first matching [[sparse.specific]], else [sparse] ratio.
+double ratio_for(const SparseConfig& s, const std::string& node);
+
+at::Tensor checked_scores(Sparser& sparser, const std::string& name, const at::Tensor& w, std::int64_t channel_axis,
+                          const Node& n, SparsityPattern pattern);
+
+void add_layer(PruneResult& r, const Node& n, const std::string& weight, const at::Tensor& before, const at::Tensor& after);
+
+/// Writes `value` for input `input` of node `node`: in place when nobody else reads the
+/// initializer, else under a new name.
+void set_input_constant(Graph& g, std::size_t node, std::size_t input, at::Tensor value,
+                        const std::map<std::string, int>& readers);
+
+std::map<std::string, int> initializer_readers(const Graph& g);
+
+// Bias compensation (prune_masks.cpp)
+
+/// Per-position mean of input 0 of every node in `axis_of` (along that axis) over `data`.
+std::map<std::size_t, at::Tensor> input_means(const Graph& g, const Registry& registry, Dataset& data, const Config& config,
+                                              const std::map<std::size_t, std::int64_t>& axis_of);
+
+/// How much node `n`'s output moves on average when its weight changes from `w` to `w_new`,
+/// given the mean `mu` of its input per input channel (or feature): what its bias must gain to
+/// keep that mean. Undefined where it cannot be expressed as a bias (MatMul, transposed A).
+at::Tensor bias_shift(const Node& n, const at::Tensor& w, const at::Tensor& w_new, const at::Tensor& mu);
+
+/// Adds `delta` (one value per output channel) to node `node`'s bias, creating it if absent.
+void add_to_bias(Graph& g, std::size_t node, const at::Tensor& delta, const std::map<std::string, int>& readers);
+
+// The two ways to prune
+
+void prune_channels(const Model& model, const Config& config, Sparser& sparser, const Registry& registry,
+                    const std::vector<at::Tensor>& sample, Dataset* data, PruneResult& r);
+
+void prune_elements(const Model& model, const Config& config, Sparser& sparser, const Registry& registry, Dataset* data,
+                    PruneResult& r);
+
+}  // namespace sparsebit::prune_detail
