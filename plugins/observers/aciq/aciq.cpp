@@ -16,7 +16,7 @@
 #include <cmath>
 #include <map>
 
-#include "../common/histogram.h"
+#include "histogram.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::observers {

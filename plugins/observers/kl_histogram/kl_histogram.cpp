@@ -15,7 +15,7 @@
 #include <limits>
 #include <vector>
 
-#include "../common/histogram.h"
+#include "histogram.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::observers {

@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-#include "../common/histogram.h"
+#include "histogram.h"
 #include "sparsebit/sdk/kernels.h"
 #include "sparsebit/sdk/plugin.h"
 

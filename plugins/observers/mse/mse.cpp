@@ -9,7 +9,7 @@
 
 #include <limits>
 
-#include "../common/histogram.h"
+#include "histogram.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::observers {

@@ -13,7 +13,7 @@
 
 #include <cmath>
 
-#include "../common/histogram.h"
+#include "histogram.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::observers {

@@ -8,7 +8,7 @@
 #include <functional>
 #include <optional>
 
-#include "../common.h"
+#include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::ops {

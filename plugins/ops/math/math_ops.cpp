@@ -11,7 +11,7 @@
 #include <numeric>
 #include <optional>
 
-#include "../common.h"
+#include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::ops {

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <optional>
 
-#include "../common.h"
+#include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::ops {

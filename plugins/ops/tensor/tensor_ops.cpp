@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-#include "../common.h"
+#include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::ops {

@@ -6,7 +6,7 @@
 
 #include <ATen/ATen.h>
 
-#include "../common/ste.h"
+#include "ste.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::quantizers {

@@ -11,7 +11,7 @@
 
 #include <cmath>
 
-#include "../common/ste.h"
+#include "ste.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::quantizers {

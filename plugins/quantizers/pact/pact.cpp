@@ -8,7 +8,7 @@
 
 #include <ATen/ATen.h>
 
-#include "../common/ste.h"
+#include "ste.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::quantizers {
