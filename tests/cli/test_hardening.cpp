@@ -101,13 +101,19 @@ TEST_F(Hardening, SignalsRemoveTemporariesAndExitWithTheSignalNumber) {
     EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
     EXPECT_EQ(testing::count_files(dir), 0) << "temporaries left after signal " << sig;
   }
-  // The real command, interrupted while calibrating: no file at all, one line, exit 130.
+  // The real command, interrupted while calibrating: no file at all, one line, exit 130. The
+  // signal goes out once the command says it is calibrating, not after a fixed delay: a shell
+  // starts background commands with SIGINT ignored, so a signal that arrives before the command
+  // has installed its handler (a slow start under a sanitizer on a loaded machine) is lost.
   const fs::path out = work_.path() / "out";
   fs::create_directories(out);
-  const std::string cmd = "SPARSEBIT_PLUGIN_PATH= " + std::string(SPARSEBIT_CLI) + " -q quantize " + model_ + " -c " + config_ +
+  const std::string log = (work_.path() / "log").string();
+  const std::string cmd = "SPARSEBIT_PLUGIN_PATH= " + std::string(SPARSEBIT_CLI) + " quantize " + model_ + " -c " + config_ +
                           " --calib " + kImages + " --calib-count 0 -o " + (out / "q.onnx").string() + " --report " +
-                          (out / "r.json").string();
-  auto r = testing::run_command("(" + cmd + " & pid=$!; sleep 2; kill -INT $pid; wait $pid)");
+                          (out / "r.json").string() + " 2>" + log;
+  auto r = testing::run_command("(" + cmd + " & pid=$!; for i in $(seq 1200); do grep -q 'calibrating on' " + log +
+                                " && break; sleep 0.1; done; kill -INT $pid; wait $pid; status=$?; cat " + log +
+                                "; exit $status)");
   EXPECT_EQ(r.exit_code, 130) << r.output;
   EXPECT_NE(r.output.find("interrupted by SIGINT"), std::string::npos) << r.output;
   EXPECT_EQ(testing::count_files(out), 0);
