@@ -1,5 +1,5 @@
 # The ABI lock: sdk/abi.lock records kAbiVersion and a SHA-256 of the public SDK headers with
-# comments and whitespace removed (the ABI surface: every class layout, virtual and signature a
+# comments and all whitespace removed (the ABI surface: every class layout, virtual and signature a
 # plugin compiles against). Any other change to those headers must come with a bump.
 #
 #   cmake -DSOURCE_DIR=<repo> -P cmake/AbiLock.cmake              checks (the sdk.abi_lock test)
@@ -17,7 +17,7 @@ foreach(_h IN LISTS _headers)
   file(READ "${_headers_dir}/${_h}" _text)
   string(REGEX REPLACE "/\\*([^*]|\\*+[^*/])*\\*+/" " " _text "${_text}")  # block comments
   string(REGEX REPLACE "//[^\n]*" " " _text "${_text}")                   # line comments
-  string(REGEX REPLACE "[ \t\r\n]+" " " _text "${_text}")
+  string(REGEX REPLACE "[ \t\r\n]+" "" _text "${_text}")  # all of it: formatting is no change
   string(APPEND _surface "== ${_h}\n${_text}\n")
 endforeach()
 string(SHA256 _hash "${_surface}")

@@ -25,13 +25,18 @@ using Values = std::map<std::string, at::Tensor>;
 class LayerwiseRunner {
  public:
   LayerwiseRunner(QuantModel& qm, Dataset& data, const ProgressFn& progress)
-      : qm_(qm), data_(data), progress_(progress), asym_(qm.config_.calibration.mode == "asym"),
-        nodes_(qm.model_->graph.nodes()) {}
+      : qm_(qm),
+        slots_(qm.quant_slots()),
+        ex_(qm.executor()),
+        data_(data),
+        progress_(progress),
+        asym_(qm.config().calibration.mode == "asym"),
+        nodes_(qm.graph().nodes()) {}
 
   CalibrationStats run();
 
   // For LayerState.
-  const Graph& graph() const { return qm_.model_->graph; }
+  const Graph& graph() const { return qm_.graph(); }
   const Node& node(std::size_t i) const { return *nodes_[i]; }
   std::size_t batches() const { return fp_.size(); }
   const Values& source(std::size_t b) const { return asym_ ? q_[b] : fp_[b]; }
@@ -49,10 +54,12 @@ class LayerwiseRunner {
   void account(CalibrationStats& stats) const;
 
   QuantModel& qm_;
+  QuantSlots& slots_;
+  Executor& ex_;
   Dataset& data_;
   const ProgressFn& progress_;
   const bool asym_;
-  const std::vector<Node*> nodes_;
+  const std::vector<const Node*> nodes_;
   std::vector<Values> fp_, q_;       // per batch: float stream, quantized stream (asym only)
   std::vector<std::int64_t> rows_;   // samples in each batch
   std::map<std::string, int> counts_;
@@ -106,7 +113,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 std::vector<at::Tensor> LayerwiseRunner::raw_inputs(std::size_t i, const Values& values) const {
   const Node& n = *nodes_[i];
-  const auto& constants = qm_.executor_->constants();
+  const auto& constants = ex_.constants();
   std::vector<at::Tensor> inputs(n.inputs.size());
   for (std::size_t k = 0; k < n.inputs.size(); ++k) {
     if (n.inputs[k].empty()) continue;
@@ -126,13 +133,13 @@ at::Tensor LayerwiseRunner::float_output(std::size_t i, std::size_t b, std::size
 std::vector<at::Tensor> LayerwiseRunner::quantized_outputs(std::size_t i, const Values& values) {
   auto inputs = raw_inputs(i, values);
   for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].defined()) inputs[k] = qm_.apply_slot(i, k, inputs[k], /*force=*/true);
-  return qm_.executor_->run_node(i, inputs);
+    if (inputs[k].defined()) inputs[k] = slots_.apply(i, k, inputs[k], /*force=*/true);
+  return ex_.run_node(i, inputs);
 }
 
 int LayerwiseRunner::bias_input(std::size_t i) const {
   const Node& n = *nodes_[i];
-  const auto specs = qm_.executor_->modules()[i].module->input_specs();
+  const auto specs = ex_.modules()[i].module->input_specs();
   for (std::size_t k = 0; k < specs.size() && k < n.inputs.size(); ++k) {
     if (specs[k].role != InputRole::kBias || !n.has_input(k)) continue;
     auto init = graph().initializers.find(n.inputs[k]);
@@ -144,38 +151,16 @@ int LayerwiseRunner::bias_input(std::size_t i) const {
 
 void LayerwiseRunner::set_bias(std::size_t i, const at::Tensor& value) {
   const int k = bias_input(i);
-  Node& n = qm_.model_->graph.node(i);
-  if (k < 0) throw Error(n.describe() + ": set_bias on a node without a constant bias");
-  const std::string name = n.inputs[static_cast<std::size_t>(k)];
-  Graph& g = qm_.model_->graph;
-  const at::Tensor& old = g.initializers.at(name);
-  if (value.sizes() != old.sizes()) {
-    throw Error(n.describe() + ": set_bias with shape " + c10::str(value.sizes()) + ", the bias has " + c10::str(old.sizes()));
-  }
-  const at::Tensor cpu = value.detach().to(at::kCPU, old.scalar_type()).contiguous();
-  std::size_t readers = 0;
-  for (const Node* other : nodes_)
-    readers += static_cast<std::size_t>(std::count(other->inputs.begin(), other->inputs.end(), name));
-  if (readers == 1) {
-    g.initializers[name] = cpu;
-    qm_.executor_->set_constant(name, value.detach().to(qm_.executor_->constants().at(name).device(), old.scalar_type()));
-    return;
-  }
-  // Shared with other nodes: this node gets its own corrected copy.
-  const std::string own = g.unique_name(name + "_" + n.name + "_corrected");
-  g.initializers[own] = cpu;
-  qm_.executor_->add_constant(own, value.detach().to(qm_.executor_->constants().at(name).device(), old.scalar_type()));
-  n.inputs[static_cast<std::size_t>(k)] = own;
-  const int slot = qm_.slot_of_[i][static_cast<std::size_t>(k)];
-  if (slot >= 0) qm_.slots_[static_cast<std::size_t>(slot)].tensor = own;
+  if (k < 0) throw Error(nodes_[i]->describe() + ": set_bias on a node without a constant bias");
+  qm_.set_constant_input(i, static_cast<std::size_t>(k), value);
 }
 
 void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats& stats) {
   const Node& n = *nodes_[i];
   const auto t0 = std::chrono::steady_clock::now();
   const ReconstructionSettings settings = *w.quantizer->reconstruction();
-  const at::Tensor weight = qm_.executor_->constants().at(w.tensor);
-  const auto& constants = qm_.executor_->constants();
+  const at::Tensor weight = ex_.constants().at(w.tensor);
+  const auto& constants = ex_.constants();
 
   // Samples are drawn row by row where every cached input and the target count samples along
   // dim 0; otherwise a step takes one whole cached batch.
@@ -195,13 +180,13 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       if (!inputs[k].defined() || k == w.input_index) continue;
       if (rows.defined() && !constants.count(n.inputs[k])) inputs[k] = inputs[k].index_select(0, rows);
-      inputs[k] = qm_.apply_slot(i, k, inputs[k], /*force=*/true);
+      inputs[k] = slots_.apply(i, k, inputs[k], /*force=*/true);
     }
     return inputs;
   };
   auto output_with = [&](std::vector<at::Tensor> inputs) {
     inputs[w.input_index] = plugin_call(w, false, "forward", [&] { return w.quantizer->forward(weight); });
-    return qm_.executor_->run_node(i, inputs).at(0);
+    return ex_.run_node(i, inputs).at(0);
   };
   auto mse = [&] {
     c10::NoGradGuard no_grad;
@@ -259,7 +244,7 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
 }
 
 void LayerwiseRunner::run_layer_passes(std::size_t i, CalibrationStats& stats) {
-  for (auto& lp : qm_.layer_passes_) {
+  for (auto& lp : qm_.layer_passes()) {
     LayerStateImpl state(*this, i);
     PassContext ctx{lp.options};
     bool changed = false;
@@ -316,9 +301,9 @@ CalibrationStats LayerwiseRunner::run() {
   c10::NoGradGuard no_grad;
   const auto start = std::chrono::steady_clock::now();
   CalibrationStats stats;
-  stats.mode = qm_.config_.calibration.mode;
-  const auto& gin = qm_.model_->graph.inputs;
-  const auto& cal = qm_.config_.calibration;
+  stats.mode = qm_.config().calibration.mode;
+  const auto& gin = qm_.graph().inputs;
+  const auto& cal = qm_.config().calibration;
   const at::Device device(cal.device);
   const std::int64_t total = cal.count > 0 ? cal.count : data_.num_samples().value_or(-1);
   Batcher batcher(data_, gin, cal.batch_size, cal.count);
@@ -332,8 +317,8 @@ CalibrationStats LayerwiseRunner::run() {
     ++stats.batches;
   }
   if (stats.samples == 0) throw Error("the calibration data " + data_.describe() + " yielded no samples");
-  counts_ = qm_.executor_->use_counts();
-  for (const auto& o : qm_.model_->graph.outputs) outputs_.insert(o.name);
+  counts_ = ex_.use_counts();
+  for (const auto& o : qm_.graph().outputs) outputs_.insert(o.name);
   account(stats);
 
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
@@ -343,27 +328,15 @@ CalibrationStats LayerwiseRunner::run() {
         if (!n.outputs[k].empty()) values[n.outputs[k]] = std::move(out[k]);
     };
     for (std::size_t b = 0; b < fp_.size(); ++b) {
-      auto out = qm_.executor_->run_node(i, raw_inputs(i, fp_[b]));
+      auto out = ex_.run_node(i, raw_inputs(i, fp_[b]));
       store(fp_[b], out);
     }
     for (std::size_t b = 0; b < fp_.size(); ++b) {
       const auto inputs = raw_inputs(i, source(b));
       for (std::size_t k = 0; k < inputs.size(); ++k)
-        if (inputs[k].defined()) qm_.observe_input(i, k, inputs[k]);
+        if (inputs[k].defined()) slots_.observe(i, k, inputs[k]);
     }
-    QuantSlot* reconstructed = nullptr;
-    for (std::size_t k = 0; k < qm_.slot_of_[i].size(); ++k) {
-      const int idx = qm_.slot_of_[i][k];
-      if (idx < 0) continue;
-      QuantSlot& s = qm_.slots_[static_cast<std::size_t>(idx)];
-      if (!s.active() || s.role == InputRole::kBias) continue;
-      qm_.finish_slot(s);
-      if (s.role == InputRole::kWeight && s.quantizer->reconstruction()) reconstructed = &s;
-    }
-    for (int idx : qm_.slot_of_[i])
-      if (idx >= 0 && qm_.slots_[static_cast<std::size_t>(idx)].role == InputRole::kBias)
-        qm_.finish_bias(qm_.slots_[static_cast<std::size_t>(idx)]);
-    if (reconstructed) reconstruct(i, *reconstructed, stats);
+    if (QuantSlot* reconstructed = slots_.finish_node(i)) reconstruct(i, *reconstructed, stats);
     run_layer_passes(i, stats);
 
     if (asym_) {
@@ -373,8 +346,8 @@ CalibrationStats LayerwiseRunner::run() {
         bool same = true;
         for (std::size_t k = 0; k < raw.size() && same; ++k) {
           if (!raw[k].defined()) continue;
-          if (!qm_.executor_->constants().count(n.inputs[k]) && !raw[k].is_same(fp_[b].at(n.inputs[k]))) same = false;
-          else if (!qm_.apply_slot(i, k, raw[k], /*force=*/true).is_same(raw[k])) same = false;
+          if (!ex_.constants().count(n.inputs[k]) && !raw[k].is_same(fp_[b].at(n.inputs[k]))) same = false;
+          else if (!slots_.apply(i, k, raw[k], /*force=*/true).is_same(raw[k])) same = false;
         }
         if (same) {
           for (const auto& o : n.outputs)
@@ -390,10 +363,10 @@ CalibrationStats LayerwiseRunner::run() {
     if (progress_)
       progress_(static_cast<std::int64_t>(i + 1) * stats.samples / static_cast<std::int64_t>(nodes_.size()), total);
   }
-  for (auto& lp : qm_.layer_passes_) {
+  for (auto& lp : qm_.layer_passes()) {
     auto unused = lp.options.unused();
     if (!unused.empty()) {
-      throw Error(qm_.config_.source + ": [passes." + lp.name + "] key " + unused.front() + " is not read by this pass");
+      throw Error(qm_.config().source + ": [passes." + lp.name + "] key " + unused.front() + " is not read by this pass");
     }
   }
   stats.seconds = seconds_since(start);

@@ -1,4 +1,4 @@
-// QuantModel's QDQ export: the float graph with QuantizeLinear/DequantizeLinear where the slots
+// The QDQ exporter: the float graph with QuantizeLinear/DequantizeLinear where the slots
 // quantize, BatchNormalization folded where the weights allow, lifted to the backend's opset.
 
 #include <ATen/ATen.h>
@@ -6,15 +6,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qdq_export.h"
+
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/saturation.h"
+#include "sparsebit/sdk/batchnorm.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
 namespace sparsebit {
 
-
+namespace {
 // Note [Narrow export]
 // Opset-13 QuantizeLinear stores 8-bit integers. A b-bit (b < 8) activation is exported as
 // QuantizeLinear -> Clip(qmin, qmax) -> DequantizeLinear with the b-bit scale and zero point:
@@ -22,8 +25,8 @@ namespace sparsebit {
 // exactly clamp(round(x / s) + zp, qmin, qmax), per tensor or per channel alike. Weights are
 // stored already quantized. metadata_props["sparsebit.bits"] maps each such quantized tensor to
 // its bit width (JSON), and `sparsebit inspect` reads it back.
-std::string QuantModel::clip_to_grid(Graph& g, const Node* consumer, const QuantSlot& s, const std::string& quantized,
-                                     at::ScalarType qtype) const {
+std::string clip_to_grid(Graph& g, const Node* consumer, const QuantSlot& s, const std::string& quantized,
+                         at::ScalarType qtype) {
   const std::string lo = g.unique_name(s.tensor + "_qmin"), hi = g.unique_name(s.tensor + "_qmax");
   g.initializers[lo] = at::scalar_tensor(s.spec.qmin(), at::kInt).to(qtype);
   g.initializers[hi] = at::scalar_tensor(s.spec.qmax(), at::kInt).to(qtype);
@@ -37,19 +40,14 @@ std::string QuantModel::clip_to_grid(Graph& g, const Node* consumer, const Quant
   return out;
 }
 
-std::map<std::string, std::string> QuantModel::export_metadata() const {
+}  // namespace
+
+std::map<std::string, std::string> qdq_metadata(const QuantSlots& slots) {
   nlohmann::json bits = nlohmann::json::object();
-  for (const auto& s : slots_)
+  for (const auto& s : slots.all())
     if (s.active() && s.calibrated && s.role != InputRole::kBias && s.spec.bits < 8) bits[s.tensor] = s.spec.bits;
   if (bits.empty()) return {};
   return {{"sparsebit.bits", bits.dump()}};
-}
-
-std::string QuantModel::serialize(std::string* external, const std::string& external_location, bool force_external) const {
-  ExportOptions options;
-  options.metadata_props = export_metadata();
-  options.external_data = force_external;
-  return serialize_onnx(export_graph(), model_->meta, options, external, external_location);
 }
 
 // Note [4-bit export]
@@ -81,9 +79,8 @@ bool fold_batchnorm(Graph& g, Node* bn) {
     auto it = g.initializers.find(name);
     return it == g.initializers.end() ? nullptr : &it->second;
   };
-  if (bn->inputs.size() < 5 || bn->outputs.size() != 1 || bn->attr_int("training_mode", 0)) return false;
-  for (std::size_t k = 1; k < 5; ++k)
-    if (!init(bn->inputs[k])) return false;
+  const auto affine = batchnorm_affine(g, *bn);  // Note [BatchNormalization as an affine map]
+  if (!affine) return false;
   Node* conv = g.producer(bn->inputs[0]);
   if (!conv || conv->op_type != "Conv" || !conv->has_input(1) || g.consumers(bn->inputs[0]).size() != 1 ||
       g.is_graph_output(bn->inputs[0]))
@@ -94,10 +91,8 @@ bool fold_batchnorm(Graph& g, Node* bn) {
   const at::Tensor scale = *init(wdq->inputs[1]);
   const std::int64_t channels = init(wdq->inputs[0])->size(0);
   if (scale.dim() != 1 || scale.size(0) != channels || g.consumers(wdq->inputs[1]).size() != 1) return false;
-  const at::Tensor gamma = init(bn->inputs[1])->to(at::kDouble), beta = init(bn->inputs[2])->to(at::kDouble);
-  const at::Tensor mean = init(bn->inputs[3])->to(at::kDouble), var = init(bn->inputs[4])->to(at::kDouble);
-  if (gamma.numel() != channels) return false;
-  const at::Tensor k = gamma / at::sqrt(var + bn->attr_float("epsilon", 1e-5));
+  const at::Tensor& k = affine->scale;
+  if (k.numel() != channels) return false;
   if (!(k > 0).all().item<bool>()) return false;
 
   // The bias: float, int32 behind DequantizeLinear, or none.
@@ -115,7 +110,7 @@ bool fold_batchnorm(Graph& g, Node* bn) {
       return false;
     }
   }
-  const at::Tensor folded_bias = (bias - mean) * k + beta;
+  const at::Tensor folded_bias = affine->fold_bias(bias);
   g.initializers[wdq->inputs[1]] = (scale.to(at::kDouble) * k).to(scale.scalar_type());
   if (bdq) {
     const at::Tensor bscale = init(bdq->inputs[1])->to(at::kDouble) * k;
@@ -127,8 +122,7 @@ bool fold_batchnorm(Graph& g, Node* bn) {
     if (conv->inputs.size() < 3) conv->inputs.resize(3);
     conv->inputs[2] = name;
   }
-  conv->outputs[0] = bn->outputs[0];
-  g.erase(bn);
+  absorb_batchnorm(g, *conv, *bn);
   return true;
 }
 
@@ -138,16 +132,16 @@ void fold_batchnorms(Graph& g) {
 }
 }  // namespace
 
-Graph QuantModel::export_graph() const {
-  Graph g = model_->graph.clone();
-  for (const auto& name : trainable_)  // Note [QAT]: the trained values
-    g.initializers[name] = executor_->constants().at(name).detach().to(at::kCPU).clone();
-  for (const auto& [name, t] : named_states())  // running statistics
+Graph export_qdq(const QdqExportInput& in) {
+  Graph g = in.graph.clone();
+  for (const auto& name : in.trained)  // Note [QAT]: the trained values
+    g.initializers[name] = in.executor.constants().at(name).detach().to(at::kCPU).clone();
+  for (const auto& [name, t] : in.states)  // running statistics
     g.initializers[name.substr(6)] = t.detach().to(at::kCPU).clone();
-  std::int64_t opset = std::max<std::int64_t>({g.default_opset(), backend_->min_export_opset(), 13});
+  std::int64_t opset = std::max<std::int64_t>({g.default_opset(), in.backend.min_export_opset(), 13});
   std::string why = "the backend";
-  for (const auto& s : slots_) {
-    if (!usable(s) || opset >= 21) continue;
+  for (const auto& s : in.slots.all()) {
+    if (!in.slots.usable(s) || opset >= 21) continue;
     if (s.role == InputRole::kWeight && (s.spec.bits == 4 || s.spec.group_size > 0)) why = "4-bit or per-group Q/DQ";
     else if (s.role == InputRole::kActivation && s.spec.bits == 16) why = "16-bit Q/DQ";
     else continue;
@@ -155,18 +149,18 @@ Graph QuantModel::export_graph() const {
   }
   if (opset > g.default_opset()) {
     try {
-      lift_opset(g, opset, static_value_facts(g, model_->meta.value_info));
+      lift_opset(g, opset, static_value_facts(g, in.meta.value_info));
     } catch (const Error& e) {
       throw Error(why + " export needs opset " + std::to_string(opset) + ": " + e.what() +
                   "; export at 8 bits (or keep the node in float with `skip`)");
     }
   }
   const auto consumers = g.nodes();  // indices match slots' node_index (the 13+ rules add no node)
-  if (consumers.size() != model_->graph.num_nodes()) throw Error("internal: lifting for export changed the node count");
+  if (consumers.size() != in.graph.num_nodes()) throw Error("internal: lifting for export changed the node count");
   std::map<std::string, std::string> made;  // dedupe key -> dequantized tensor name
 
-  for (const auto& s : slots_) {
-    if (!usable(s)) continue;
+  for (const auto& s : in.slots.all()) {
+    if (!in.slots.usable(s)) continue;
     if (!s.calibrated) throw Error(s.where() + ": not calibrated; calibrate before exporting");
     if (s.spec.bits > 8 && s.spec.bits != 16 && s.role != InputRole::kBias) {
       throw Error(s.where() + ": " + std::to_string(s.spec.bits) +
@@ -181,7 +175,7 @@ Graph QuantModel::export_graph() const {
       // The simulated weights, baked as floats: exactly what forward() computes.
       c10::InferenceMode guard;
       const std::string baked = g.unique_name(s.tensor + "_" + s.quantizer_name);
-      g.initializers[baked] = s.quantizer->forward(executor_->constants().at(s.tensor)).detach().to(at::kCPU);
+      g.initializers[baked] = s.quantizer->forward(in.executor.constants().at(s.tensor)).detach().to(at::kCPU);
       consumers[s.node_index]->inputs[s.input_index] = baked;
       continue;
     }
@@ -226,7 +220,7 @@ Graph QuantModel::export_graph() const {
       // integers are those of what its quantizer computes (exactly on the grid of p), so
       // quantizers that choose their own rounding (AdaRound) export what they simulated.
       quantized = g.unique_name(base + "_quantized");
-      at::Tensor value = executor_->constants().at(s.tensor);
+      at::Tensor value = in.executor.constants().at(s.tensor);
       if (!is_bias) {
         c10::InferenceMode guard;
         value = s.quantizer->forward(value);
@@ -257,23 +251,17 @@ Graph QuantModel::export_graph() const {
   }
   fold_batchnorms(g);
   try {
-    backend_->adjust_export(g);
+    in.backend.adjust_export(g);
   } catch (const Error& e) {
-    throw Error("backend '" + config_.backend + "' (plugin '" + backend_plugin_ + "') export adjustment: " + e.what());
+    throw Error("backend '" + in.backend_name + "' (plugin '" + in.backend_plugin + "') export adjustment: " + e.what());
   }
   g.prune_dead();  // float weights now read by nobody
   g.topological_sort();
   g.validate();
-  if (backend_->checks_u8s8_saturation()) {  // Note [u8s8 saturation]
+  if (in.backend.checks_u8s8_saturation()) {  // Note [u8s8 saturation]
     if (auto warning = saturation_warning(check_u8s8_saturation(g)); !warning.empty()) sdk::log_warn(warning);
   }
   return g;
-}
-
-void QuantModel::export_onnx(const std::string& path) const {
-  ExportOptions options;
-  options.metadata_props = export_metadata();
-  save_onnx(export_graph(), model_->meta, path, options);
 }
 
 }  // namespace sparsebit

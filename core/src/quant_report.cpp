@@ -23,7 +23,7 @@ std::string QuantModel::report_json(const CalibrationStats* stats) const {
   j["config"] = config_.source;
   j["nodes"] = model_->graph.num_nodes();
   json slots = json::array();
-  for (const auto& s : slots_) {
+  for (const auto& s : this->slots()) {
     json e;
     e["node"] = s.node_name;
     e["op_type"] = s.op_type;

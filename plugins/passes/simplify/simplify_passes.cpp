@@ -17,6 +17,7 @@
 #include <cmath>
 #include <optional>
 
+#include "sparsebit/sdk/batchnorm.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/pattern.h"
 #include "sparsebit/sdk/plugin.h"
@@ -129,21 +130,15 @@ class FuseBatchNorm final : public Pass {
         return false;
       return true;
     });
-    p.node("bn", {"BatchNormalization"}, {"op"}, Inputs::kOrdered, [](const Node& n, const Graph& graph) {
-      for (std::size_t i = 1; i < 5; ++i)
-        if (!n.has_input(i) || !graph.initializers.count(n.inputs[i])) return false;
-      for (std::size_t i = 1; i < n.outputs.size(); ++i)
-        if (!n.outputs[i].empty()) return false;  // training-mode statistics outputs
-      return n.attr_int("training_mode", 0) == 0;
-    });
+    p.node("bn", {"BatchNormalization"}, {"op"}, Inputs::kOrdered,
+           [](const Node& n, const Graph& graph) { return batchnorm_affine(graph, n).has_value(); });
     return rewrite(g, p, [](Graph& graph, const Match& m) { return fold(graph, *m.at("op"), *m.at("bn")); }) > 0;
   }
 
  private:
   static bool fold(Graph& g, Node& op, const Node& bn) {
-    auto f = [&](std::size_t i) { return g.initializers.at(bn.inputs[i]).to(at::kDouble); };
-    const at::Tensor s = f(1) / at::sqrt(f(4) + bn.attr_float("epsilon", 1e-5));
-    const at::Tensor shift = f(2) - f(3) * s;
+    const BatchNormAffine affine = *batchnorm_affine(g, bn);  // Note [BatchNormalization as an affine map]
+    const at::Tensor& s = affine.scale;
     at::Tensor w = g.initializers.at(op.inputs[1]).to(at::kDouble);
     const std::int64_t channels = s.numel();
     at::Tensor w2;
@@ -175,7 +170,7 @@ class FuseBatchNorm final : public Pass {
       if (b.numel() == 1) b = b.expand({channels});
       if (b.numel() != channels) return false;
     }
-    const at::Tensor b2 = b * s + shift;
+    const at::Tensor b2 = affine.fold_bias(b);
     const auto dtype = g.initializers.at(op.inputs[1]).scalar_type();
     const std::string wn = g.unique_name(op.inputs[1] + "_bn"), bname = g.unique_name(bn.inputs[2] + "_folded");
     g.initializers[wn] = w2.to(dtype).contiguous();
@@ -187,9 +182,7 @@ class FuseBatchNorm final : public Pass {
       op.attributes.erase("alpha");
       op.attributes.erase("beta");
     }
-    // The op now writes the BN's output directly; its old output had no other reader.
-    op.outputs[0] = bn.outputs[0];
-    g.erase(&bn);
+    absorb_batchnorm(g, op, bn);  // its old output had no other reader
     return true;
   }
 };

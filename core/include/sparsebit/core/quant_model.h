@@ -39,12 +39,6 @@
 /// BatchNormalization is folded into its conv by fuse_bn before conversion by default, so the
 /// trained weights carry it; with `fuse_bn = false` it stays, its scale and bias train, train()
 /// makes it use batch statistics and update its running ones, and export folds it.
-///
-/// Note [Quantization slots]
-/// A slot is one quantized input of one node: (node, input index, tensor name) with its QSpec,
-/// observer and quantizer. The QModule's input_specs() decide which inputs get slots; the
-/// config decides the scheme; the backend's rules are checked when the model is built. Export
-/// puts a Q/DQ pair on exactly the slot's edge, matched by tensor name.
 
 #include <map>
 #include <optional>
@@ -57,35 +51,10 @@
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/quant_slots.h"
 #include "sparsebit/core/registry.h"
 
 namespace sparsebit {
-
-struct SPARSEBIT_API QuantSlot {
-  std::size_t node_index = 0;
-  std::size_t input_index = 0;
-  std::string node_name;
-  std::string op_type;
-  std::string tensor;
-  InputRole role = InputRole::kActivation;
-  QSpec spec;
-  std::string observer_name, quantizer_name;
-  std::string observer_plugin, quantizer_plugin;  ///< where they come from, for messages
-  std::unique_ptr<Observer> observer;
-  std::unique_ptr<Quantizer> quantizer;
-  bool calibrated = false;
-  bool fake_fused = false;  ///< bypassed by a fuse pass: neither simulated nor exported
-  bool enabled = true;      ///< switched off by the user (QuantModel::set_enabled)
-  bool active() const { return enabled && !fake_fused; }
-  ObserverFactory make_observer;  ///< to rebuild the objects when the scheme changes
-  QuantizerFactory make_quantizer;
-  Options observer_options, quantizer_options;
-  /// kBias slots: the node's activation and weight slots whose scales multiply to the bias
-  /// scale; the bias has no observer or quantizer plugin, its parameters follow from theirs.
-  int bias_activation = -1, bias_weight = -1;
-  QParams bias_params;
-  std::string where() const;
-};
 
 /// One layer's reconstruction (Note [Layer reconstruction]): the mean squared error of its
 /// output against the float layer's, over the cached calibration data, with the weight rounded
@@ -111,8 +80,6 @@ struct CalibrationStats {
 /// Called after each calibration batch (samples done so far, total if known or -1).
 using ProgressFn = std::function<void(std::int64_t done, std::int64_t total)>;
 
-class SlotState;
-class LayerwiseRunner;
 struct LayerPass;
 
 class SPARSEBIT_API QuantModel {
@@ -176,44 +143,27 @@ class SPARSEBIT_API QuantModel {
   const Graph& graph() const { return model_->graph; }
   const ModelMeta& meta() const { return model_->meta; }
   const Config& config() const { return config_; }
-  const std::vector<QuantSlot>& slots() const { return slots_; }
+  const std::vector<QuantSlot>& slots() const { return slots_->all(); }
   Executor& executor() { return *executor_; }
 
- private:
-  friend class SlotState;
-  friend class LayerwiseRunner;
-  bool usable(const QuantSlot& s) const;
-  std::vector<QuantSlot*> matching(const std::string& node_glob, std::optional<InputRole> role);
-  int add_slot(std::size_t node, std::size_t input, InputRole role, std::int64_t weight_axis);
-  const QuantTableConfig& table_for(const Node& n, bool is_weight) const;
-  void probe_options(const QuantTableConfig& cfg, bool is_weight);
-  std::string clip_to_grid(Graph& g, const Node* consumer, const QuantSlot& s, const std::string& quantized,
-                           at::ScalarType qtype) const;
-  std::map<std::string, std::string> export_metadata() const;
-  void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
-  /// The tensor node `node` sees at `input`: fake-quantized where quantization is on (`force`:
-  /// as if weights and activations were both on).
-  at::Tensor apply_slot(std::size_t node, std::size_t input, const at::Tensor& x, bool force = false);
-  /// Feeds an activation slot's observer (calibration); returns x.
-  at::Tensor observe_input(std::size_t node, std::size_t input, const at::Tensor& x);
-  void finish_calibration();
-  /// Observer result -> quantizer, for one weight or activation slot.
-  void finish_slot(QuantSlot& s);
-  /// Bias parameters from the node's activation and weight slots.
-  void finish_bias(QuantSlot& s);
-  void check_qparams(const QuantSlot& s, const QParams& p, const char* call) const;
+  // For the calibration runners (layerwise, asym) and layer passes.
+  QuantSlots& quant_slots() { return *slots_; }
+  const QuantSlots& quant_slots() const { return *slots_; }
+  /// The kLayer passes of the schedule, which the layerwise runner calls at each node.
+  std::vector<LayerPass>& layer_passes() { return layer_passes_; }
+  /// Replaces constant input `input` of node `node` (graph and executor) by `value` of the same
+  /// shape; where other nodes read the same constant, this node gets its own copy (and its
+  /// slot follows the new name).
+  void set_constant_input(std::size_t node, std::size_t input, const at::Tensor& value);
 
+ private:
   std::unique_ptr<Model> model_;  // heap-held: the executor refers to its graph
   Config config_;
-  const Registry* registry_;  // used while the model is built, then released (may be destroyed)
   std::unique_ptr<Backend> backend_;
   std::string backend_plugin_;
   std::unique_ptr<Executor> executor_;
   std::vector<LayerPass> layer_passes_;  // kLayer passes, called by the layerwise runner
-  std::vector<QuantSlot> slots_;
-  std::vector<std::vector<int>> slot_of_;  // [node][input] -> slot index or -1
-  std::set<const QuantTableConfig*> used_tables_;  // while building
-  bool w_on_ = false, a_on_ = false;
+  std::unique_ptr<QuantSlots> slots_;
   bool training_ = false;
   std::vector<std::string> trainable_;  // float constants made trainable by init_qat, in node order
 };

@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 6;  // 6: libsparsebit_sdk, sdk::log_to_stderr, const graph queries, NodeQModule
+inline constexpr std::uint32_t kAbiVersion = 7;  // 7: batchnorm.h (BatchNormalization folding)
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 6;
+inline constexpr std::uint32_t kSdkVersionMinor = 7;
 
 }  // namespace sparsebit::sdk
 
