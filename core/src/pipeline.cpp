@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "reports.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/bn_tuning.h"
 #include "sparsebit/core/data.h"
@@ -265,14 +266,14 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   r.import_ms = ms_since(import_start);
   if (config.sparse) {  // prune, then quantize the pruned model
     PruneResult pr = prune_step(model, config, registry, job.calib);
-    r.pruning_json = prune_report_json(pr);
+    r.pruning = pr;
     model = std::move(pr.pruned);
   }
   if (bn_tuning_enabled(config)) model = tune_batchnorm(model, config, registry, job.calib);
   QuantModel qm(std::move(model), config, registry);
   r.calibration = calibrate(qm, job.calib, config, progress);
   r.quantized_inputs = qm.slots().size();
-  r.quantization_json = qm.report_json(&r.calibration);
+  r.quantization = qm.report(&r.calibration);
   if (job.evaluation) r.evaluation = evaluate(qm, *job.evaluation, progress);
 
   std::string external;
@@ -307,7 +308,7 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   r.training = distill(qm, teacher, [&] { return open_dataset(job.train, inputs); }, options,
                        epochs(progress, "epoch ", config.qat.epochs));
   end_step(progress);
-  r.quantization_json = qm.report_json(&r.calibration);
+  r.quantization = qm.report(&r.calibration);
 
   std::string external;
   files.set_model(qm.serialize(&external, files.external_location()));
@@ -332,7 +333,7 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
   registry.load(config.plugins);
   Model model = load_and_lift(job.model, registry, job.calib);
   PruneResult pruned = prune_step(model, config, registry, job.calib);
-  r.pruning_json = prune_report_json(pruned);
+  r.pruning = pruned;
   if (files.wants_masked()) files.set_masked(serialize_onnx(pruned.masked.graph, pruned.masked.meta));
 
   const std::vector<ValueInfo> inputs = pruned.pruned.graph.inputs;  // a copy: the model moves below
@@ -363,7 +364,7 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
     } else {
       r.calibration = calibrate(qm, job.calib, config, progress);
     }
-    r.quantization_json = qm.report_json(&*r.calibration);
+    r.quantization = qm.report(&*r.calibration);
     bytes = qm.serialize(&external, files.external_location());
   } else {
     if (job.finetune_epochs > 0) {
@@ -383,9 +384,9 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
 // Reports
 
 std::string report_json(const QuantizeOutcome& r) {
-  json rep = json::parse(r.quantization_json);
+  json rep = quantization_report_value(r.quantization);
   rep["import_ms"] = r.import_ms;
-  if (!r.pruning_json.empty()) rep["pruning"] = json::parse(r.pruning_json);
+  if (r.pruning) rep["pruning"] = prune_report_value(*r.pruning);
   if (r.evaluation) {
     const EvaluationResult& e = *r.evaluation;
     json ev = {{"samples", e.samples}, {"top1_agreement", e.top1_agreement}, {"max_abs_output_diff", e.max_abs_output_diff}};
@@ -397,7 +398,7 @@ std::string report_json(const QuantizeOutcome& r) {
 }
 
 std::string report_json(const QatOutcome& r, const QatJob& job) {
-  json rep = json::parse(r.quantization_json);
+  json rep = quantization_report_value(r.quantization);
   rep["qat"] = {{"resumed_after_epoch", r.training.resumed_after}, {"checkpoint", r.checkpoint},
                 {"loss", job.config.qat.loss}, {"lr", job.config.qat.lr}, {"epochs", json::array()}};
   for (const auto& e : r.training.epochs)
@@ -406,7 +407,7 @@ std::string report_json(const QatOutcome& r, const QatJob& job) {
 }
 
 std::string report_json(const PruneOutcome& r, const PruneJob& job) {
-  json rep = json::parse(r.pruning_json);
+  json rep = prune_report_value(r.pruning);
   rep["model"] = job.model;
   rep["config"] = job.config.source;
   if (job.finetune_epochs > 0) {
@@ -418,7 +419,7 @@ std::string report_json(const PruneOutcome& r, const PruneJob& job) {
       rep["finetune"] = {{"epoch_loss", r.finetune_losses}, {"quantization_aware", false}};
     }
   }
-  if (r.quantized) rep["quantization"] = json::parse(r.quantization_json);
+  if (r.quantization) rep["quantization"] = quantization_report_value(*r.quantization);
   return rep.dump(2);
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "prune_internal.h"
+#include "reports.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/error.h"
 
@@ -82,7 +83,7 @@ ModelStats model_stats(const Model& model, const Registry& registry, const std::
   return s;
 }
 
-std::string prune_report_json(const PruneResult& r) {
+nlohmann::json prune_report_value(const PruneSummary& r) {
   using nlohmann::json;
   auto stats = [](const ModelStats& s) {
     return json{{"parameters", s.parameters}, {"nonzero_parameters", s.nonzero_parameters}, {"file_bytes", s.file_bytes},
@@ -115,7 +116,9 @@ std::string prune_report_json(const PruneResult& r) {
   }
   j["layers"] = layers;
   j["notes"] = r.notes;
-  return j.dump(2);
+  return j;
 }
+
+std::string prune_report_json(const PruneSummary& r) { return prune_report_value(r).dump(2); }
 
 }  // namespace sparsebit

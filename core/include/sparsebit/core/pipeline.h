@@ -69,8 +69,8 @@ struct QuantizeOutcome {
   double import_ms = 0;
   CalibrationStats calibration;
   std::size_t quantized_inputs = 0;
-  std::string pruning_json;       ///< the pruning report when [sparse] pruned first ("": none)
-  std::string quantization_json;  ///< QuantModel's report: every quantized input and its parameters
+  std::optional<PruneSummary> pruning;  ///< when [sparse] pruned first
+  QuantizationReport quantization;     ///< every quantized input and its parameters
   std::optional<EvaluationResult> evaluation;
   bool external_data_written = false;
 };
@@ -88,7 +88,7 @@ struct QatOutcome {
   CalibrationStats calibration;
   QatResult training;
   std::string checkpoint;
-  std::string quantization_json;
+  QuantizationReport quantization;
 };
 
 struct PruneJob {
@@ -103,10 +103,10 @@ struct PruneJob {
 };
 
 struct PruneOutcome {
-  std::string pruning_json;
+  PruneSummary pruning;
   bool quantized = false;
   std::optional<CalibrationStats> calibration;
-  std::string quantization_json;
+  std::optional<QuantizationReport> quantization;  ///< when the config also quantizes
   std::vector<double> finetune_losses;  ///< mean loss per fine-tuning epoch
   bool finetune_quantization_aware = false;
 };
@@ -126,7 +126,7 @@ SPARSEBIT_API QuantizeOutcome run_quantize(const QuantizeJob& job, const StepPro
 SPARSEBIT_API QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress = {});
 SPARSEBIT_API PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress = {});
 
-/// The JSON reports the jobs write (and return, for callers that want them as text).
+/// The JSON reports the jobs write, made from the typed outcomes.
 SPARSEBIT_API std::string report_json(const QuantizeOutcome& outcome);
 SPARSEBIT_API std::string report_json(const QatOutcome& outcome, const QatJob& job);
 SPARSEBIT_API std::string report_json(const PruneOutcome& outcome, const PruneJob& job);

@@ -73,11 +73,8 @@ struct LayerSparsity {
   double sparsity = 0;  ///< 1 - nonzero_after / params_before
 };
 
-struct PruneResult {
-  Model pruned;
-  /// Same shapes as the input; for the channel pattern the removed channels are zero in their
-  /// producers' and consumers' weights. Equal to `pruned` for element and N:M patterns.
-  Model masked;
+/// What pruning did (the report, without the models).
+struct PruneSummary {
   std::string sparser;
   SparsityPattern pattern = SparsityPattern::kElement;
   std::int64_t n = 0, m = 0;  ///< N:M
@@ -87,6 +84,13 @@ struct PruneResult {
   std::int64_t bias_compensated = 0;  ///< layers whose bias took the removed weights' mean contribution
   double max_masked_difference = 0;  ///< channel pattern: |shrunk - masked| / max|masked| on the sample
   ModelStats before, after;
+};
+
+struct PruneResult : PruneSummary {
+  Model pruned;
+  /// Same shapes as the input; for the channel pattern the removed channels are zero in their
+  /// producers' and consumers' weights. Equal to `pruned` for element and N:M patterns.
+  Model masked;
 };
 
 /// Inputs for one sample: the first sample of `calib` when given, else drawn from the model's
@@ -104,7 +108,7 @@ SPARSEBIT_API PruneResult prune(const Model& model, const Config& config, const 
 SPARSEBIT_API ModelStats model_stats(const Model& model, const Registry& registry, const std::vector<at::Tensor>& sample);
 
 /// The report as JSON text (before/after totals and every layer).
-SPARSEBIT_API std::string prune_report_json(const PruneResult& r);
+SPARSEBIT_API std::string prune_report_json(const PruneSummary& r);
 
 /// Fine-tunes the float weights, biases and BatchNormalization scales of `student` (running
 /// statistics frozen) to reproduce `teacher` by the distillation loss of `settings` (Adam,

@@ -77,6 +77,32 @@ struct CalibrationStats {
   std::vector<std::string> layer_pass_changes;  ///< "pass: node" for every node a kLayer pass changed
 };
 
+/// One quantized input in the report: where, the scheme, and the parameters once calibrated.
+struct SlotReport {
+  std::string node, op_type, tensor;
+  std::size_t input_index = 0;
+  InputRole role = InputRole::kActivation;
+  std::string scheme;  ///< QSpec::qscheme()
+  int bits = 8;
+  std::optional<std::int64_t> axis;  ///< per-channel axis
+  std::string observer, quantizer;
+  bool calibrated = false, fake_fused = false, enabled = true;
+  std::vector<double> scale, zero_point;  ///< empty until calibrated
+};
+
+/// QuantModel::report(): the model, backend and every quantized input.
+struct QuantizationReport {
+  std::string model;  ///< source path
+  std::int64_t source_opset = 0;
+  std::string backend, config;  ///< backend name, config source
+  std::size_t nodes = 0;
+  std::vector<SlotReport> slots;
+  std::optional<CalibrationStats> calibration;
+};
+
+/// The report as JSON text (the "quantized_inputs" and "calibration" of `sparsebit quantize --report`).
+SPARSEBIT_API std::string quantization_report_json(const QuantizationReport& report);
+
 /// Called after each calibration batch (samples done so far, total if known or -1).
 using ProgressFn = std::function<void(std::int64_t done, std::int64_t total)>;
 
@@ -137,7 +163,9 @@ class SPARSEBIT_API QuantModel {
   std::string serialize(std::string* external = nullptr, const std::string& external_location = "",
                         bool force_external = false) const;
 
-  /// JSON report: model, config, backend and every slot with its parameters.
+  /// The report: model, config, backend and every slot with its parameters (and `stats`).
+  QuantizationReport report(const CalibrationStats* stats = nullptr) const;
+  /// report() as JSON text.
   std::string report_json(const CalibrationStats* stats = nullptr) const;
 
   const Graph& graph() const { return model_->graph; }
