@@ -1,0 +1,20 @@
+#pragma once
+// Value facts (rank, element type) for opset lifting: static propagation and observation on a
+// sample (value_facts.cpp).
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "sparsebit/core/opset_lift.h"
+
+namespace sparsebit::detail {
+
+constexpr std::int32_t kFloat = 1, kBool = 9, kInt64 = 7;  // TensorProto.DataType numbers
+
+/// Runs `graph` on `sample`; records what every value read looked like into *facts if given.
+std::vector<at::Tensor> run_sample(const Graph& graph, const Registry& registry, const std::vector<at::Tensor>& sample,
+                                   ValueFacts* facts);
+
+}  // namespace sparsebit::detail
