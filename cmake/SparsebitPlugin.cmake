@@ -1,4 +1,4 @@
-# sparsebit_add_plugin(NAME SOURCES src... [LIBRARIES lib...] [VERSION x.y.z])
+# sparsebit_add_plugin(NAME SOURCES src... [LIBRARIES lib...] [VERSION x.y.z] [TESTS test.cpp...])
 #
 # Builds a Sparsebit plugin: a shared object named sparsebit_<NAME>.so with hidden visibility,
 # linked against the SDK library (libsparsebit_sdk) and the shared LibTorch only, placed where the host finds it
@@ -6,9 +6,15 @@
 # in-tree plugins and out-of-tree ones built with find_package(Sparsebit). After linking it checks
 # that the module exports the entry point (SPARSEBIT_PLUGIN). The sources see the plugin's version
 # as SPARSEBIT_PLUGIN_VERSION: VERSION, else the enclosing project's version, else 0.0.0.
+#
+# TESTS are the plugin's own tests, kept in its folder. Inside Sparsebit's tree
+# (SPARSEBIT_PLUGIN_TESTS_IN_HOST set) they join Sparsebit's GoogleTest binary, which loads the
+# built plugins through the registry. Out of tree each file becomes a program of its own, linked
+# with the plugin's sources, the SDK and LibTorch (a non-zero exit is a failure), run by ctest as
+# <NAME>.<file name>.
 set(_SPARSEBIT_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
 function(sparsebit_add_plugin name)
-  cmake_parse_arguments(ARG "" "VERSION" "SOURCES;LIBRARIES" ${ARGN})
+  cmake_parse_arguments(ARG "" "VERSION" "SOURCES;LIBRARIES;TESTS" ${ARGN})
   if(NOT ARG_SOURCES)
     message(FATAL_ERROR "sparsebit_add_plugin(${name}): SOURCES is required")
   endif()
@@ -72,4 +78,31 @@ function(sparsebit_add_plugin name)
     install(FILES "${_sidecar}" DESTINATION ${SPARSEBIT_PLUGIN_SUBDIR})
   endif()
   set_property(GLOBAL APPEND PROPERTY SPARSEBIT_PLUGIN_TARGETS ${name})
+  _sparsebit_plugin_tests(${name})
 endfunction()
+
+macro(_sparsebit_plugin_tests name)
+  foreach(_test IN LISTS ARG_TESTS)
+    get_filename_component(_test_abs "${_test}" ABSOLUTE)
+    if(SPARSEBIT_PLUGIN_TESTS_IN_HOST)
+      set_property(GLOBAL APPEND PROPERTY SPARSEBIT_PLUGIN_TEST_SOURCES "${_test_abs}")
+    else()
+      get_filename_component(_test_name "${_test}" NAME_WE)
+      set(_exe ${name}_${_test_name})
+      set(_plugin_sources "")
+      foreach(_src IN LISTS ARG_SOURCES)
+        get_filename_component(_src_abs "${_src}" ABSOLUTE)
+        list(APPEND _plugin_sources "${_src_abs}")
+      endforeach()
+      add_executable(${_exe} "${_test_abs}" ${_plugin_sources})
+      if(TARGET sparsebit_sdk)
+        target_link_libraries(${_exe} PRIVATE sparsebit_sdk)
+      else()
+        target_link_libraries(${_exe} PRIVATE Sparsebit::sdk)
+      endif()
+      target_link_libraries(${_exe} PRIVATE torch ${ARG_LIBRARIES})
+      target_compile_definitions(${_exe} PRIVATE SPARSEBIT_PLUGIN_VERSION="${ARG_VERSION}")
+      add_test(NAME ${name}.${_test_name} COMMAND ${_exe})
+    endif()
+  endforeach()
+endmacro()

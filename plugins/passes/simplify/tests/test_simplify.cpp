@@ -1,0 +1,144 @@
+// The simplify passes on small graphs: exact resulting structure, and the same outputs as the
+// original graph (1e-5 relative) through the executor.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "pass_testing.h"
+
+namespace sparsebit::testing {
+namespace {
+
+TEST(Passes, RemoveIdentityKeepsGraphOutputs) {
+  Builder b({2, 3});
+  b.add("id", "Identity", {"x"}, {"i"});
+  b.add("drop", "Dropout", {"i"}, {"d"});
+  b.add("relu", "Relu", {"d"}, {"r"});
+  b.add("out", "Identity", {"r"}, {"y"});
+  Graph g = apply_and_compare(b.g, "remove_identity", at::randn({2, 3}));
+  EXPECT_EQ(ops(g), (std::vector<std::string>{"Relu", "Identity"}));
+  EXPECT_EQ(g.node(0).inputs[0], "x");
+}
+
+TEST(Passes, FoldConstantsFoldsShapeArithmetic) {
+  Builder b({2, 12});
+  b.constant("w", at::randn({3, 4}));
+  b.constant("zero", at::zeros({1}, at::kLong));
+  b.constant("minus_one", at::full({1}, -1, at::kLong));
+  b.add("shape", "Shape", {"w"}, {"s"});
+  b.add("first", "Gather", {"s", "zero"}, {"d0"});
+  b.add("cat", "Concat", {"minus_one", "d0"}, {"target"}, {{"axis", Attribute::of_int(0)}});
+  b.add("reshape", "Reshape", {"x", "target"}, {"y"});
+  Graph g = apply_and_compare(b.g, "fold_constants", at::randn({2, 12}));
+  EXPECT_EQ(ops(g), (std::vector<std::string>{"Reshape"}));
+  EXPECT_TRUE(at::equal(g.initializers.at(g.node(0).inputs[1]), at::tensor({-1, 3}, at::kLong)));
+  EXPECT_FALSE(g.initializers.count("w")) << "initializers nothing reads any more are dropped";
+}
+
+TEST(Passes, FuseBatchNormIntoConvConvTransposeAndGemm) {
+  auto bn_params = [](Builder& b, std::int64_t c) {
+    b.constant("gamma", at::rand({c}) + 0.5);
+    b.constant("beta", at::randn({c}));
+    b.constant("mean", at::randn({c}));
+    b.constant("var", at::rand({c}) + 0.5);
+  };
+  {
+    Builder b({2, 4, 5, 5});
+    b.constant("w", at::randn({6, 2, 3, 3}));
+    b.constant("bias", at::randn({6}));
+    bn_params(b, 6);
+    b.add("conv", "Conv", {"x", "w", "bias"}, {"c"}, {{"group", Attribute::of_int(2)}});
+    b.add("bn", "BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"y"}, {{"epsilon", Attribute::of_float(1e-3)}});
+    Graph g = apply_and_compare(b.g, "fuse_bn", at::randn({2, 4, 5, 5}));
+    EXPECT_EQ(ops(g), (std::vector<std::string>{"Conv"}));
+    EXPECT_EQ(g.node(0).outputs[0], "y");
+  }
+  {
+    Builder b({1, 4, 3, 3});
+    b.constant("w", at::randn({4, 3, 2, 2}));  // group 2: 6 output channels
+    bn_params(b, 6);
+    b.add("deconv", "ConvTranspose", {"x", "w"}, {"c"}, {{"group", Attribute::of_int(2)}, {"strides", Attribute::of_ints({2, 2})}});
+    b.add("bn", "BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"y"});
+    Graph g = apply_and_compare(b.g, "fuse_bn", at::randn({1, 4, 3, 3}));
+    EXPECT_EQ(ops(g), (std::vector<std::string>{"ConvTranspose"}));
+  }
+  for (bool trans_b : {false, true}) {
+    Builder b({3, 5});
+    b.constant("w", trans_b ? at::randn({4, 5}) : at::randn({5, 4}));
+    b.constant("bias", at::randn({4}));
+    bn_params(b, 4);
+    b.add("fc", "Gemm", {"x", "w", "bias"}, {"f"},
+          {{"transB", Attribute::of_int(trans_b)}, {"alpha", Attribute::of_float(0.5)}, {"beta", Attribute::of_float(2.0)}});
+    b.add("bn", "BatchNormalization", {"f", "gamma", "beta", "mean", "var"}, {"y"});
+    Graph g = apply_and_compare(b.g, "fuse_bn", at::randn({3, 5}));
+    EXPECT_EQ(ops(g), (std::vector<std::string>{"Gemm"}));
+  }
+}
+
+TEST(Passes, FuseMatMulAddNeedsATwoDimensionalInput) {
+  Builder b({2, 3, 4});
+  b.constant("w", at::randn({12, 5}));
+  b.constant("bias", at::randn({5}));
+  b.add("flat", "Flatten", {"x"}, {"f"});
+  b.add("mm", "MatMul", {"f", "w"}, {"m"});
+  b.add("add", "Add", {"bias", "m"}, {"y"});
+  Graph g = apply_and_compare(b.g, "fuse_matmul_add", at::randn({2, 3, 4}));
+  EXPECT_EQ(ops(g), (std::vector<std::string>{"Flatten", "Gemm"}));
+  // A 3-D activation stays MatMul + Add.
+  Builder c({2, 3, 12});
+  c.constant("w", at::randn({12, 5}));
+  c.constant("bias", at::randn({5}));
+  c.add("mm", "MatMul", {"x", "w"}, {"m"});
+  c.add("add", "Add", {"m", "bias"}, {"y"});
+  EXPECT_FALSE(run_simplify_pass("fuse_matmul_add", c.g, shipped_registry()));
+  EXPECT_EQ(ops(c.g), (std::vector<std::string>{"MatMul", "Add"}));
+}
+
+TEST(Passes, FuseHardSwishGeluAndLayerNorm) {
+  {
+    Builder b({2, 8}, 14);
+    b.add("hs", "HardSigmoid", {"x"}, {"h"}, {{"alpha", Attribute::of_float(1.0 / 6)}, {"beta", Attribute::of_float(0.5)}});
+    b.add("mul", "Mul", {"x", "h"}, {"y"});
+    Graph g = apply_and_compare(b.g, "fuse_hardswish", at::randn({2, 8}) * 4);
+    EXPECT_EQ(ops(g), (std::vector<std::string>{"HardSwish"}));
+  }
+  {
+    Builder b({2, 8}, 20);
+    b.constant("sqrt2", at::full({}, std::sqrt(2.0), at::kFloat));
+    b.constant("one", at::full({}, 1.0, at::kFloat));
+    b.constant("half", at::full({}, 0.5, at::kFloat));
+    b.add("div", "Div", {"x", "sqrt2"}, {"d"});
+    b.add("erf", "Erf", {"d"}, {"e"});
+    b.add("add", "Add", {"e", "one"}, {"a"});
+    b.add("mul", "Mul", {"x", "a"}, {"m"});
+    b.add("half_mul", "Mul", {"m", "half"}, {"y"});
+    Graph g = apply_and_compare(b.g, "fuse_gelu", at::randn({2, 8}) * 3);
+    EXPECT_EQ(ops(g), (std::vector<std::string>{"Gelu"}));
+    Graph old = b.g.clone();  // an opset without Gelu keeps the pattern
+    old.opset_imports[""] = 17;
+    EXPECT_FALSE(run_simplify_pass("fuse_gelu", old, shipped_registry()));
+  }
+  {
+    Builder b({2, 3, 8}, 17);
+    b.constant("axes", at::full({1}, -1, at::kLong));
+    b.constant("two", at::full({}, 2.0, at::kFloat));
+    b.constant("eps", at::full({}, 1e-5, at::kFloat));
+    b.constant("gamma", at::rand({8}) + 0.5);
+    b.constant("beta", at::randn({8}));
+    b.add("mean", "ReduceMean", {"x"}, {"mu"}, {{"axes", Attribute::of_ints({-1})}});
+    b.add("sub", "Sub", {"x", "mu"}, {"d"});
+    b.add("pow", "Pow", {"d", "two"}, {"p"});
+    b.add("var", "ReduceMean", {"p"}, {"v"}, {{"axes", Attribute::of_ints({-1})}});
+    b.add("add_eps", "Add", {"v", "eps"}, {"ve"});
+    b.add("sqrt", "Sqrt", {"ve"}, {"s"});
+    b.add("div", "Div", {"d", "s"}, {"n"});
+    b.add("scale", "Mul", {"n", "gamma"}, {"sc"});
+    b.add("shift", "Add", {"sc", "beta"}, {"y"});
+    Graph g = apply_and_compare(b.g, "fuse_layernorm", at::randn({2, 3, 8}) * 2 + 1);
+    EXPECT_EQ(ops(g), (std::vector<std::string>{"LayerNormalization"}));
+    EXPECT_EQ(g.node(0).attr_int("axis", 0), -1);
+  }
+}
+
+}  // namespace
+}  // namespace sparsebit::testing
