@@ -52,11 +52,12 @@ int main(int argc, char** argv) {
     at::Tensor images = sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz").to(at::kFloat).div(255).unsqueeze(1);
     at::Tensor labels = sb::read_idx(kFashionMnist + "/t10k-labels-idx1-ubyte.gz").to(at::kLong);
     const std::vector<Row> rows = {
-        {"W8A8", 8, 8, "minmax"},         {"W8A8", 8, 8, "percentile"}, {"W8A8", 8, 8, "mse"},
+        {"W8A8", 8, 8, "minmax"},         {"W8A8", 8, 8, "percentile"},   {"W8A8", 8, 8, "mse"},
         {"W8A8", 8, 8, "moving_average"}, {"W8A8", 8, 8, "kl_histogram"}, {"W8A8", 8, 8, "aciq"},
         {"W4A8", 4, 8, "minmax"},         {"W4A4", 4, 4, "minmax"},       {"W4A4", 4, 4, "mse"},
     };
-    std::printf("model: %s (%d calibration images, %d intra-op threads)\n\n", model.c_str(), count, at::get_num_threads());
+    std::printf("model: %s (%d calibration images, %d intra-op threads)\n\n", model.c_str(), count,
+                at::get_num_threads());
     std::printf("| scheme | activation observer | top-1 | vs FP32 | calibration s |\n|---|---|---|---|---|\n");
     bool fp32_printed = false;
     for (const auto& r : rows) {

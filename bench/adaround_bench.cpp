@@ -44,7 +44,8 @@ struct Row {
 
 std::string config_text(const Row& r, int count, int iterations) {
   std::string t = "backend = \"virtual\"\n";
-  t += "[w]\nqscheme = \"per-channel-symmetric\"\nbits = " + std::to_string(r.wbits) + "\nquantizer = \"" + r.quantizer + "\"\n";
+  t += "[w]\nqscheme = \"per-channel-symmetric\"\nbits = " + std::to_string(r.wbits) + "\nquantizer = \"" +
+       r.quantizer + "\"\n";
   if (r.quantizer == "adaround") {
     t += "[w.quantizer_options]\niterations = " + std::to_string(iterations) + "\nlearning_rate = 1e-2\n";
   }
@@ -113,10 +114,12 @@ int main(int argc, char** argv) {
   try {
     sb::Registry registry;
     registry.load({});
-    at::Tensor images = sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
+    at::Tensor images =
+        sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
     at::Tensor labels = sb::read_idx(kFashionMnist + "/t10k-labels-idx1-ubyte.gz", eval_count).to(at::kLong);
-    std::printf("model: %s\n%d calibration images, AdaRound %d steps per layer, %lld test images, %d intra-op threads\n\n",
-                model.c_str(), count, iterations, static_cast<long long>(images.size(0)), at::get_num_threads());
+    std::printf(
+        "model: %s\n%d calibration images, AdaRound %d steps per layer, %lld test images, %d intra-op threads\n\n",
+        model.c_str(), count, iterations, static_cast<long long>(images.size(0)), at::get_num_threads());
     std::printf("| scheme | top-1 | vs FP32 | calibration s | peak RSS MiB |\n|---|---|---|---|---|\n");
     double fp32 = 0, rtn_w4a8 = -1, ada_w4a8 = -1;
     for (const auto& r : rows) {

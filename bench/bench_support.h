@@ -35,7 +35,8 @@ inline double accuracy(QuantModel& qm, const at::Tensor& images, const at::Tenso
     c10::InferenceMode guard;
     for (std::int64_t i = 0; i < images.size(0); i += 500) {
       const std::int64_t n = std::min<std::int64_t>(500, images.size(0) - i);
-      correct += (qm.forward({images.narrow(0, i, n)})[0].argmax(1) == labels.narrow(0, i, n)).sum().item<std::int64_t>();
+      correct +=
+          (qm.forward({images.narrow(0, i, n)})[0].argmax(1) == labels.narrow(0, i, n)).sum().item<std::int64_t>();
     }
   }
   qm.train(was_training);

@@ -53,7 +53,9 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s MODEL.onnx CONFIG.toml [--samples N] [--batch B] [--threads T] [--mode M] [--repeat R]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s MODEL.onnx CONFIG.toml [--samples N] [--batch B] [--threads T] [--mode M] [--repeat R]\n",
+                 argv[0]);
     return 2;
   }
   std::string model_path = argv[1], config_path = argv[2], mode = "streaming";
@@ -108,8 +110,9 @@ int main(int argc, char** argv) {
     const double f = median(fp32), c = median(calib);
     std::size_t active = 0;
     for (const auto& s : qm.slots()) active += !s.fake_fused;
-    std::printf("model %s: %d samples, batch %d, %s calibration, %zu quantized tensors, %d intra-op threads (LibTorch)\n",
-                model_path.c_str(), samples, batch, mode.c_str(), active, at::get_num_threads());
+    std::printf(
+        "model %s: %d samples, batch %d, %s calibration, %zu quantized tensors, %d intra-op threads (LibTorch)\n",
+        model_path.c_str(), samples, batch, mode.c_str(), active, at::get_num_threads());
     std::printf("  FP32 forward (LibTorch)  %8.3f s   peak RSS %7.1f MiB\n", f, rss_fp32 / 1024.0);
     std::printf("  calibration              %8.3f s   peak RSS %7.1f MiB\n", c, rss_calib / 1024.0);
     std::printf("  ratio calibration/FP32   %8.3f     (target <= 1.30; median of %d runs)\n", c / f, repeat);

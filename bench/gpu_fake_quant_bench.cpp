@@ -113,9 +113,10 @@ int main(int argc, char** argv) {
   at::manual_seed(0);
   const at::Tensor w = at::randn({4096, 4096}, cuda);
   const at::Tensor act = at::randn({64, 256, 56, 56}, cuda);
-  std::printf("device: %s, %d multiprocessors; memory bandwidth %.0f GB/s specified; device copy %.0f GB/s (weight), "
-              "%.0f GB/s (activation)\n",
-              prop.name, prop.multiProcessorCount, g_peak, copy_gbs(w), copy_gbs(act));
+  std::printf(
+      "device: %s, %d multiprocessors; memory bandwidth %.0f GB/s specified; device copy %.0f GB/s (weight), "
+      "%.0f GB/s (activation)\n",
+      prop.name, prop.multiProcessorCount, g_peak, copy_gbs(w), copy_gbs(act));
   std::printf("%-44s %-36s %12s %13s\n", "operation", "implementation", "median", "throughput");
 
   struct Tensorcase {
@@ -152,33 +153,32 @@ int main(int argc, char** argv) {
 
     const at::Tensor g = at::randn_like(x);
     report(c.name + ": STE backward", "sparsebit cuda kernel", 12 * n, [&] {
-      quant_kernels(c10::DeviceType::CUDA)->fake_quantize_backward(g, QuantArgs{x, p.scale, p.zero_point.to(at::kFloat),
-                                                                                param_layout(x, c.spec), c.spec.qmin(),
-                                                                                c.spec.qmax()});
+      quant_kernels(c10::DeviceType::CUDA)
+          ->fake_quantize_backward(g, QuantArgs{x, p.scale, p.zero_point.to(at::kFloat), param_layout(x, c.spec),
+                                                c.spec.qmin(), c.spec.qmax()});
     });
 
     // LSQ forward + backward, with the scale's gradient reduced per channel.
     const at::Tensor s0 = p.scale.clone().set_requires_grad(true);
     const at::Tensor z0 = p.zero_point.to(at::kFloat);
     const at::Tensor xg = x.detach().clone().set_requires_grad(true);
-    report(c.name + ": LSQ fwd+bwd", "sparsebit cuda kernel", 20 * n, [&] {
-      lsq_fake_quantize(xg, s0, z0, c.spec).backward(g);
-    });
+    report(c.name + ": LSQ fwd+bwd", "sparsebit cuda kernel", 20 * n,
+           [&] { lsq_fake_quantize(xg, s0, z0, c.spec).backward(g); });
     if (c.spec.per_channel) {
       report(c.name + ": LSQ fwd+bwd", "torch _fake_quantize_learnable_per_channel", 20 * n, [&] {
-        at::_fake_quantize_learnable_per_channel_affine(xg, s0, z0, axis, c.spec.qmin(), c.spec.qmax(), 1.0).backward(g);
+        at::_fake_quantize_learnable_per_channel_affine(xg, s0, z0, axis, c.spec.qmin(), c.spec.qmax(), 1.0)
+            .backward(g);
       });
     } else {
       report(c.name + ": LSQ fwd+bwd", "torch _fake_quantize_learnable_per_tensor", 20 * n, [&] {
-        at::_fake_quantize_learnable_per_tensor_affine(xg, s0.reshape({1}), z0.reshape({1}), c.spec.qmin(), c.spec.qmax(),
-                                                       1.0)
+        at::_fake_quantize_learnable_per_tensor_affine(xg, s0.reshape({1}), z0.reshape({1}), c.spec.qmin(),
+                                                       c.spec.qmax(), 1.0)
             .backward(g);
       });
     }
     use_device_kernels(false);
-    report(c.name + ": LSQ fwd+bwd", "sparsebit ATen reference", 20 * n, [&] {
-      lsq_fake_quantize(xg, s0, z0, c.spec).backward(g);
-    });
+    report(c.name + ": LSQ fwd+bwd", "sparsebit ATen reference", 20 * n,
+           [&] { lsq_fake_quantize(xg, s0, z0, c.spec).backward(g); });
     use_device_kernels(true);
 
     report(c.name + ": min/max", "sparsebit cuda kernel", 4 * n, [&] { range_per_param(x, c.spec); });

@@ -26,7 +26,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-sb::Node make(const std::string& op, const std::string& name, std::vector<std::string> in, std::vector<std::string> out) {
+sb::Node make(const std::string& op, const std::string& name, std::vector<std::string> in,
+              std::vector<std::string> out) {
   sb::Node n;
   n.op_type = op;
   n.name = name;
@@ -175,8 +176,9 @@ int main(int argc, char** argv) {
       const double per_node = 1e6 * r.total() / static_cast<double>(r.nodes);
       if (baseline == 0) baseline = per_node;
       auto us = [&](double s) { return 1e6 * s / static_cast<double>(r.nodes); };
-      std::printf("%-10s %8lld %9.1f %9.1f %9.1f %9.1f %9.1f %10.2f %11.2fx\n", shape.c_str(), static_cast<long long>(r.nodes),
-                  us(r.import_s), us(r.build_s), us(r.calibrate_s), us(r.export_s), per_node, r.total(), per_node / baseline);
+      std::printf("%-10s %8lld %9.1f %9.1f %9.1f %9.1f %9.1f %10.2f %11.2fx\n", shape.c_str(),
+                  static_cast<long long>(r.nodes), us(r.import_s), us(r.build_s), us(r.calibrate_s), us(r.export_s),
+                  per_node, r.total(), per_node / baseline);
       std::fflush(stdout);
     }
   }

@@ -56,10 +56,11 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: %s MODEL.onnx [--ratios 0.25,0.5,0.75] [--epochs N] [--lr X] [--train-count N] [--eval-count N] "
-                 "[--threads T] [--patterns channel,element,2:4] [--skip GLOB,...]\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s MODEL.onnx [--ratios 0.25,0.5,0.75] [--epochs N] [--lr X] [--train-count N] [--eval-count N] "
+        "[--threads T] [--patterns channel,element,2:4] [--skip GLOB,...]\n",
+        argv[0]);
     return 2;
   }
   const std::string model_path = argv[1];
@@ -93,7 +94,8 @@ int main(int argc, char** argv) {
 
   const sb::Model model = sb::load_onnx(model_path);
   const std::string train = kFashionMnist + "/train-images-idx3-ubyte.gz";
-  const at::Tensor images = sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
+  const at::Tensor images =
+      sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
   const at::Tensor labels = sb::read_idx(kFashionMnist + "/t10k-labels-idx1-ubyte.gz", eval_count).to(at::kLong);
   const auto sample = sb::sample_inputs(model.graph, train);
 
@@ -103,10 +105,14 @@ int main(int argc, char** argv) {
   ft.batch_size = 64;
   ft.count = static_cast<int>(train_count);
 
-  std::printf("%s: %lld test images, fine-tuning %d epoch(s) over %lld images (Adam lr %g, batch 64, MSE distillation), "
-              "%d thread(s)\n\n",
-              model_path.c_str(), static_cast<long long>(images.size(0)), epochs, static_cast<long long>(train_count), lr, threads);
-  std::printf("| pattern | ratio | parameters | non-zero | MACs | top-1 pruned | + bias comp. | top-1 fine-tuned | fine-tune s |\n");
+  std::printf(
+      "%s: %lld test images, fine-tuning %d epoch(s) over %lld images (Adam lr %g, batch 64, MSE distillation), "
+      "%d thread(s)\n\n",
+      model_path.c_str(), static_cast<long long>(images.size(0)), epochs, static_cast<long long>(train_count), lr,
+      threads);
+  std::printf(
+      "| pattern | ratio | parameters | non-zero | MACs | top-1 pruned | + bias comp. | top-1 fine-tuned | fine-tune s "
+      "|\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   const double base = top1(model, registry, images, labels);
   const sb::ModelStats base_stats = sb::model_stats(model, registry, sample);
@@ -115,7 +121,9 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   for (const auto& pattern : patterns) {
     for (const auto& ratio : pattern == "2:4" ? std::vector<std::string>{"0.5"} : ratios) {
-      const std::string sparser = pattern == "channel" ? "l1_structured" : pattern == "element" ? "l1_unstructured" : "n_m";
+      const std::string sparser = pattern == "channel"   ? "l1_structured"
+                                  : pattern == "element" ? "l1_unstructured"
+                                                         : "n_m";
       std::string toml = "[sparse]\nsparser = \"" + sparser + "\"\n";
       if (pattern != "2:4") toml += "ratio = " + ratio + "\n";
       std::string globs;
@@ -131,14 +139,18 @@ int main(int argc, char** argv) {
       const double pruned = top1(r.pruned, registry, images, labels);
       sb::Model student{r.pruned.graph.clone(), r.pruned.meta};
       const auto t0 = std::chrono::steady_clock::now();
-      if (epochs > 0) sb::finetune(student, model, registry, [&] { return sb::open_dataset(train, student.graph.inputs); }, ft);
+      if (epochs > 0)
+        sb::finetune(
+            student, model, registry, [&] { return sb::open_dataset(train, student.graph.inputs); }, ft);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tuned = top1(student, registry, images, labels);
-      std::printf("| %s | %s | %lld (%.2f) | %lld (%.2f) | %lld (%.2f) | %.2f | %.2f | %.2f | %.0f |\n", pattern.c_str(), ratio.c_str(),
-                  static_cast<long long>(r.after.parameters), double(r.after.parameters) / double(base_stats.parameters),
+      std::printf("| %s | %s | %lld (%.2f) | %lld (%.2f) | %lld (%.2f) | %.2f | %.2f | %.2f | %.0f |\n",
+                  pattern.c_str(), ratio.c_str(), static_cast<long long>(r.after.parameters),
+                  double(r.after.parameters) / double(base_stats.parameters),
                   static_cast<long long>(r.after.nonzero_parameters),
-                  double(r.after.nonzero_parameters) / double(base_stats.parameters), static_cast<long long>(r.after.macs),
-                  double(r.after.macs) / double(base_stats.macs), pruned, pruned_compensated, tuned, seconds);
+                  double(r.after.nonzero_parameters) / double(base_stats.parameters),
+                  static_cast<long long>(r.after.macs), double(r.after.macs) / double(base_stats.macs), pruned,
+                  pruned_compensated, tuned, seconds);
       std::fflush(stdout);
     }
   }

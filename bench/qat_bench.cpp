@@ -51,7 +51,8 @@ sb::Config with_adaround(sb::Config c) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s MODEL.onnx [--config C] [--epochs N] [--train-count N] [--eval-count N] [--threads T]\n",
+    std::fprintf(stderr,
+                 "usage: %s MODEL.onnx [--config C] [--epochs N] [--train-count N] [--eval-count N] [--threads T]\n",
                  argv[0]);
     return 2;
   }
@@ -79,14 +80,17 @@ int main(int argc, char** argv) {
     config.qat.count = static_cast<int>(train_count);
     sb::Registry registry;
     registry.load(config.plugins);
-    const at::Tensor test_x = sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
+    const at::Tensor test_x =
+        sb::read_idx(kFashionMnist + "/t10k-images-idx3-ubyte.gz", eval_count).to(at::kFloat).div(255).unsqueeze(1);
     const at::Tensor test_y = sb::read_idx(kFashionMnist + "/t10k-labels-idx1-ubyte.gz", eval_count).to(at::kLong);
-    const at::Tensor train_x = sb::read_idx(kFashionMnist + "/train-images-idx3-ubyte.gz", train_count).to(at::kFloat).div(255).unsqueeze(1);
+    const at::Tensor train_x =
+        sb::read_idx(kFashionMnist + "/train-images-idx3-ubyte.gz", train_count).to(at::kFloat).div(255).unsqueeze(1);
     const at::Tensor train_y = sb::read_idx(kFashionMnist + "/train-labels-idx1-ubyte.gz", train_count).to(at::kLong);
-    std::printf("model: %s\nconfig: %s; %d epoch(s) of %lld training images, Adam lr %g, batch %d; %lld test images, %d "
-                "intra-op threads\n\n",
-                model.c_str(), config_path.c_str(), epochs, static_cast<long long>(train_x.size(0)), config.qat.lr,
-                config.qat.batch_size, static_cast<long long>(test_x.size(0)), at::get_num_threads());
+    std::printf(
+        "model: %s\nconfig: %s; %d epoch(s) of %lld training images, Adam lr %g, batch %d; %lld test images, %d "
+        "intra-op threads\n\n",
+        model.c_str(), config_path.c_str(), epochs, static_cast<long long>(train_x.size(0)), config.qat.lr,
+        config.qat.batch_size, static_cast<long long>(test_x.size(0)), at::get_num_threads());
     std::printf("| scheme | top-1 | vs FP32 | wall s | peak RSS MiB |\n|---|---|---|---|---|\n");
     double fp32 = 0;
     auto row = [&](const std::string& name, const sb::Config& c, const std::function<void(sb::QuantModel&)>& train) {
@@ -117,7 +121,8 @@ int main(int argc, char** argv) {
         const at::Tensor order = at::randperm(train_x.size(0));
         for (std::int64_t i = 0; i < train_x.size(0); i += batch) {
           const at::Tensor idx = order.narrow(0, i, std::min(batch, train_x.size(0) - i));
-          at::Tensor loss = at::cross_entropy_loss(qm.forward({train_x.index_select(0, idx)})[0], train_y.index_select(0, idx));
+          at::Tensor loss =
+              at::cross_entropy_loss(qm.forward({train_x.index_select(0, idx)})[0], train_y.index_select(0, idx));
           adam.zero_grad();
           loss.backward();
           adam.step();
@@ -127,7 +132,8 @@ int main(int argc, char** argv) {
     row("W4A4 QAT, label-free distillation (MSE)", config, [&](sb::QuantModel& qm) {
       sb::Model float_model = sb::load_onnx(model);
       sb::Executor teacher(float_model.graph, registry);
-      sb::distill(qm, teacher, [&] { return sb::open_dataset(kFashionMnist + "/train-images-idx3-ubyte.gz", qm.graph().inputs); },
+      sb::distill(qm, teacher,
+                  [&] { return sb::open_dataset(kFashionMnist + "/train-images-idx3-ubyte.gz", qm.graph().inputs); },
                   {config.qat, "", ""});
     });
   } catch (const std::exception& e) {

@@ -15,6 +15,7 @@ list(SORT _headers)
 set(_surface "")
 foreach(_h IN LISTS _headers)
   file(READ "${_headers_dir}/${_h}" _text)
+  string(REGEX REPLACE "\\\\\n" "" _text "${_text}")  # line continuations (macros)
   string(REGEX REPLACE "/\\*([^*]|\\*+[^*/])*\\*+/" " " _text "${_text}")  # block comments
   string(REGEX REPLACE "//[^\n]*" " " _text "${_text}")                   # line comments
   string(REGEX REPLACE "[ \t\r\n]+" "" _text "${_text}")  # all of it: formatting is no change

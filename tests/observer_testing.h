@@ -22,7 +22,8 @@ inline QSpec symmetric8(bool weight) {
   return s;
 }
 
-inline std::unique_ptr<Observer> make_observer(const std::string& name, const QSpec& spec, const Options& options = Options("[test]")) {
+inline std::unique_ptr<Observer> make_observer(const std::string& name, const QSpec& spec,
+                                               const Options& options = Options("[test]")) {
   const auto* e = shipped_registry().observer(name);
   if (!e) throw Error("observer " + name + " not loaded");
   return e->factory(ObserverContext{spec, options, "test tensor"});
@@ -37,8 +38,8 @@ struct Reference {
     values = nlohmann::json::parse(in);
   }
   QParams expected(const std::string& key, const QSpec& spec) const {
-    return qparams_from_range(at::scalar_tensor(values[key][0].get<double>()), at::scalar_tensor(values[key][1].get<double>()),
-                              spec, key);
+    return qparams_from_range(at::scalar_tensor(values[key][0].get<double>()),
+                              at::scalar_tensor(values[key][1].get<double>()), spec, key);
   }
 };
 

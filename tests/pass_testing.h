@@ -15,7 +15,6 @@
 
 namespace sparsebit::testing {
 
-
 inline std::vector<std::string> ops(const Graph& g) {
   std::vector<std::string> out;
   for (const Node* n : g.nodes()) out.push_back(n->op_type);

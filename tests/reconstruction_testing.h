@@ -26,10 +26,11 @@ inline Builder single_conv(std::int64_t seed) {
 }
 
 inline Config w4_config(const std::string& quantizer, const std::string& mode, const std::string& extra = "") {
-  return Config::from_string("backend = \"virtual\"\n[w]\nqscheme = \"per-channel-symmetric\"\nbits = 4\nquantizer = \"" +
-                                 quantizer + "\"\n" + extra + "[a]\nqscheme = \"per-tensor-affine\"\nbits = 8\n" +
-                                 "[calibration]\nbatch_size = 16\nmode = \"" + mode + "\"\n",
-                             "w4.toml");
+  return Config::from_string(
+      "backend = \"virtual\"\n[w]\nqscheme = \"per-channel-symmetric\"\nbits = 4\nquantizer = \"" + quantizer + "\"\n" +
+          extra + "[a]\nqscheme = \"per-tensor-affine\"\nbits = 8\n" + "[calibration]\nbatch_size = 16\nmode = \"" +
+          mode + "\"\n",
+      "w4.toml");
 }
 
 inline const char* kFewIterations = "[w.quantizer_options]\niterations = 1000\nbatch_size = 8\nlearning_rate = 1e-2\n";

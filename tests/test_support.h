@@ -78,7 +78,9 @@ inline Node make_node(const std::string& name, const std::string& op, std::vecto
   return n;
 }
 
-inline std::string fixture_model() { return std::string(SPARSEBIT_SOURCE_DIR) + "/examples/fashion_mnist/fashion_mnist_cnn.onnx"; }
+inline std::string fixture_model() {
+  return std::string(SPARSEBIT_SOURCE_DIR) + "/examples/fashion_mnist/fashion_mnist_cnn.onnx";
+}
 inline std::string source_path(const std::string& rel) { return std::string(SPARSEBIT_SOURCE_DIR) + "/" + rel; }
 
 /// A fresh folder under the system temp dir, removed at scope exit.
@@ -86,8 +88,9 @@ inline std::string source_path(const std::string& rel) { return std::string(SPAR
 /// std::filesystem::remove_all: PyTorch's libtorch.so exports its own copy of remove_all, which
 /// crashes on nested folders in the GPU builds linked against it.
 inline void remove_tree(const fs::path& path) {
-  ::nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
+  ::nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 class TempDir {
@@ -121,9 +124,7 @@ inline std::string read_text(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-inline void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+inline void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 struct CommandResult {
   int exit_code;

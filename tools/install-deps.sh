@@ -4,7 +4,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 packages=(
-  build-essential cmake ninja-build ccache git clang-14 libclang-rt-14-dev
+  build-essential cmake ninja-build ccache git clang-14 libclang-rt-14-dev clang-format-14
   libtorch-dev libonnx-dev libprotobuf-dev protobuf-compiler
   libboost-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev
   nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev

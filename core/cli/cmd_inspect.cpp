@@ -85,8 +85,12 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     j["opset"] = model.graph.default_opset();
     json risks = json::array();
     for (const auto& r : saturation.at_risk)
-      risks.push_back({{"node", r.node}, {"op", r.op_type}, {"weight", r.weight}, {"pairs", r.pairs},
-                       {"pairs_over", r.pairs_over}, {"worst_pair", r.worst_pair}});
+      risks.push_back({{"node", r.node},
+                       {"op", r.op_type},
+                       {"weight", r.weight},
+                       {"pairs", r.pairs},
+                       {"pairs_over", r.pairs_over},
+                       {"worst_pair", r.worst_pair}});
     j["quantization"] = {{"qdq_nodes", qdq},
                          {"narrow_bits", narrow},
                          {"u8s8_saturation", {{"layers_checked", saturation.layers_checked}, {"at_risk", risks}}}};
@@ -115,7 +119,8 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     std::printf("  %5d  %-26s  %s\n", h.first, op.c_str(), h.second.empty() ? "MISSING" : h.second.c_str());
     missing += h.second.empty();
   }
-  if (missing) std::cout << "\n" << missing << " op type(s) have no QModule; `sparsebit plugins` lists what is loaded\n";
+  if (missing)
+    std::cout << "\n" << missing << " op type(s) have no QModule; `sparsebit plugins` lists what is loaded\n";
   if (qdq) {
     std::cout << "\n  " << qdq << " QuantizeLinear/DequantizeLinear nodes";
     if (!narrow.empty()) std::cout << "; tensors quantized below 8 bits (sparsebit.bits):";

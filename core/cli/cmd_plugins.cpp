@@ -16,18 +16,20 @@ int cmd_plugins(const std::string& config_path, bool as_json) {
   const auto host = sb::host_fingerprint();
   if (as_json) {
     json j;
-    j["host"] = {{"sdk_version", std::to_string(sb::sdk::kSdkVersionMajor) + "." + std::to_string(sb::sdk::kSdkVersionMinor)},
-                 {"abi_version", sb::sdk::kAbiVersion},
-                 {"torch_version", host.torch_version},
-                 {"cuda", host.cuda},
-                 {"cxx11_abi", host.cxx11_abi},
-                 {"compiler", host.compiler}};
+    j["host"] = {
+        {"sdk_version", std::to_string(sb::sdk::kSdkVersionMajor) + "." + std::to_string(sb::sdk::kSdkVersionMinor)},
+        {"abi_version", sb::sdk::kAbiVersion},
+        {"torch_version", host.torch_version},
+        {"cuda", host.cuda},
+        {"cxx11_abi", host.cxx11_abi},
+        {"compiler", host.compiler}};
     j["searched"] = registry.searched_folders();
     json list = json::array();
     for (const auto& p : registry.plugins()) {
-      json e = {{"file", p.file}, {"status", p.status_name()}, {"name", p.name}, {"version", p.version},
-                {"sdk_version", p.sdk_version}, {"registered", p.registered}};
-      e["fingerprint"] = {{"torch_version", p.torch_version}, {"cuda", p.cuda}, {"cxx11_abi", p.cxx11_abi}, {"compiler", p.compiler}};
+      json e = {{"file", p.file},       {"status", p.status_name()},    {"name", p.name},
+                {"version", p.version}, {"sdk_version", p.sdk_version}, {"registered", p.registered}};
+      e["fingerprint"] = {
+          {"torch_version", p.torch_version}, {"cuda", p.cuda}, {"cxx11_abi", p.cxx11_abi}, {"compiler", p.compiler}};
       if (!p.reason.empty()) e["reason"] = p.reason;
       if (!p.gate.empty()) e["gate"] = p.gate;
       list.push_back(e);
@@ -43,7 +45,8 @@ int cmd_plugins(const std::string& config_path, bool as_json) {
   for (const auto& f : registry.searched_folders()) std::cout << " " << f;
   std::cout << "\n\n";
   for (const auto& p : registry.plugins()) {
-    std::cout << p.status_name() << "  " << (p.name.empty() ? "?" : p.name) << " " << p.version << "  (" << p.file << ")\n";
+    std::cout << p.status_name() << "  " << (p.name.empty() ? "?" : p.name) << " " << p.version << "  (" << p.file
+              << ")\n";
     if (!p.reason.empty()) std::cout << "    reason: " << p.reason << "\n";
     if (!p.registered.empty()) {
       std::cout << "    registers:";

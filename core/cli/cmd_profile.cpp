@@ -58,8 +58,8 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
               r.whole.mse, r.whole.cosine, r.whole.sqnr_db, static_cast<long long>(r.samples));
   auto worst = r.single.empty() ? r.accumulated : r.single;
   std::sort(worst.begin(), worst.end(), [](const sb::LayerError& x, const sb::LayerError& y) { return x.mse > y.mse; });
-  std::printf("\nmost sensitive layers (%s)\n  %-40s %-18s %12s %10s %10s\n", r.single.empty() ? "accumulated" : "one at a time",
-              "node", "op", "MSE", "cosine", "SQNR dB");
+  std::printf("\nmost sensitive layers (%s)\n  %-40s %-18s %12s %10s %10s\n",
+              r.single.empty() ? "accumulated" : "one at a time", "node", "op", "MSE", "cosine", "SQNR dB");
   for (std::size_t i = 0; i < worst.size() && i < 10; ++i)
     std::printf("  %-40s %-18s %12.4g %10.6f %10.2f\n", worst[i].node.c_str(), worst[i].op_type.c_str(), worst[i].mse,
                 worst[i].cosine, worst[i].sqnr_db);
@@ -71,14 +71,19 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
 
 Command add_profile(CLI::App& app, const GlobalOptions& g) {
   auto a = std::make_shared<ProfileArgs>();
-  auto* prof = app.add_subcommand("profile", "Per-layer quantization error (MSE, cosine, SQNR): JSON and an HTML chart");
+  auto* prof =
+      app.add_subcommand("profile", "Per-layer quantization error (MSE, cosine, SQNR): JSON and an HTML chart");
   prof->add_option("model", a->model, "Float ONNX model")->required();
   prof->add_option("-c,--config", a->config, "TOML config (see configs/)")->required();
-  prof->add_option("--calib", a->calib, "Calibration data (also profiled on): .npy folder, ONNX test-data folder, IDX file")->required();
-  prof->add_option("-o,--output", a->output, "Report path without extension: writes OUTPUT.json and OUTPUT.html (default: profile)");
+  prof->add_option("--calib", a->calib,
+                   "Calibration data (also profiled on): .npy folder, ONNX test-data folder, IDX file")
+      ->required();
+  prof->add_option("-o,--output", a->output,
+                   "Report path without extension: writes OUTPUT.json and OUTPUT.html (default: profile)");
   prof->add_option("--samples", a->samples, "Samples to profile on (default 64)")->check(kPositiveInt);
   prof->add_option("--mode", a->mode, "both | accumulated (every layer quantized) | single (one layer at a time)");
-  prof->add_option("--calib-count", a->calib_count, "Calibration samples, 0 = all (overrides [calibration] count)")->check(kNonNegativeInt);
+  prof->add_option("--calib-count", a->calib_count, "Calibration samples, 0 = all (overrides [calibration] count)")
+      ->check(kNonNegativeInt);
   prof->add_option("--device", a->device, "cpu or cuda[:N] (overrides [calibration] device)")->check(kDevice);
   return {prof, [a, &g] { return cmd_profile(*a, g); }};
 }

@@ -18,7 +18,10 @@ int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
   job.config = sb::Config::from_file(a.config);
   if (!a.device.empty()) job.config.calibration.device = a.device;
   check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
-              {{"-o", a.output, true}, {"-o's external data", a.output + ".data"}, {"--report", a.report}, {"--masked", a.masked}});
+              {{"-o", a.output, true},
+               {"-o's external data", a.output + ".data"},
+               {"--report", a.report},
+               {"--masked", a.masked}});
   job.model = a.model;
   job.calib = a.calib;
   job.train = a.train;
@@ -35,18 +38,22 @@ int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
 
 Command add_prune(CLI::App& app, const GlobalOptions& g) {
   auto a = std::make_shared<PruneArgs>();
-  auto* prune = app.add_subcommand("prune", "Prune a model ([sparse] in the config); with [w]/[a] too, then quantize it");
+  auto* prune =
+      app.add_subcommand("prune", "Prune a model ([sparse] in the config); with [w]/[a] too, then quantize it");
   prune->add_option("model", a->model, "Float ONNX model")->required();
-  prune->add_option("-c,--config", a->config, "TOML config with a [sparse] table (see configs/prune_*.toml)")->required();
+  prune->add_option("-c,--config", a->config, "TOML config with a [sparse] table (see configs/prune_*.toml)")
+      ->required();
   prune->add_option("--calib", a->calib,
                     "Data: its first sample fixes the shapes; required when the config also quantizes");
   prune->add_option("-o,--output", a->output, "Output ONNX model")->required();
-  prune->add_option("--report", a->report, "Write a JSON report: parameters, file size, FLOPs before/after, every layer");
+  prune->add_option("--report", a->report,
+                    "Write a JSON report: parameters, file size, FLOPs before/after, every layer");
   prune->add_option("--masked", a->masked, "Also write the masked model (original shapes, pruned weights zero)");
   prune->add_option("--finetune", a->finetune, "Fine-tune this many epochs by distillation from the unpruned model")
       ->check(kPositiveInt);
   prune->add_option("--train", a->train, "Training data for --finetune (unlabeled; same layouts as --calib)");
-  prune->add_option("--device", a->device, "cpu or cuda[:N] for fine-tuning (overrides [calibration] device)")->check(kDevice);
+  prune->add_option("--device", a->device, "cpu or cuda[:N] for fine-tuning (overrides [calibration] device)")
+      ->check(kDevice);
   return {prune, [a, &g] { return cmd_prune(*a, g); }};
 }
 

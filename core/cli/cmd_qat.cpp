@@ -29,7 +29,10 @@ int cmd_qat(const QatArgs& a, const GlobalOptions& g) {
   if (!a.device.empty()) config.calibration.device = a.device;
   const std::string checkpoint = a.checkpoint.empty() ? a.output + ".ckpt" : a.checkpoint;
   check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
-              {{"-o", a.output, true}, {"-o's external data", a.output + ".data"}, {"--checkpoint", checkpoint}, {"--report", a.report}});
+              {{"-o", a.output, true},
+               {"-o's external data", a.output + ".data"},
+               {"--checkpoint", checkpoint},
+               {"--report", a.report}});
   job.model = a.model;
   job.calib = a.calib;
   job.train = a.train;
@@ -46,9 +49,11 @@ int cmd_qat(const QatArgs& a, const GlobalOptions& g) {
 
 Command add_qat(CLI::App& app, const GlobalOptions& g) {
   auto a = std::make_shared<QatArgs>();
-  auto* qat = app.add_subcommand("qat", "Quantization-aware training by distillation from the float model (no labels needed)");
+  auto* qat =
+      app.add_subcommand("qat", "Quantization-aware training by distillation from the float model (no labels needed)");
   qat->add_option("model", a->model, "Float ONNX model")->required();
-  qat->add_option("-c,--config", a->config, "TOML config (see configs/w4a4_lsq.toml; [qat] sets the training)")->required();
+  qat->add_option("-c,--config", a->config, "TOML config (see configs/w4a4_lsq.toml; [qat] sets the training)")
+      ->required();
   qat->add_option("--calib", a->calib, "Calibration data for the initial quantizer parameters")->required();
   qat->add_option("--train", a->train, "Training data (unlabeled; same layouts as --calib)")->required();
   qat->add_option("-o,--output", a->output, "Output QDQ ONNX model")->required();
@@ -56,7 +61,8 @@ Command add_qat(CLI::App& app, const GlobalOptions& g) {
   qat->add_option("--lr", a->lr, "Adam learning rate (overrides [qat] lr)")->check(kPositiveFinite);
   qat->add_option("--loss", a->loss, "mse or kl (overrides [qat] loss)");
   qat->add_option("--device", a->device, "cpu or cuda[:N] (overrides [calibration] device)")->check(kDevice);
-  qat->add_option("--checkpoint", a->checkpoint, "Checkpoint written after every epoch and resumed from (default OUTPUT.ckpt)");
+  qat->add_option("--checkpoint", a->checkpoint,
+                  "Checkpoint written after every epoch and resumed from (default OUTPUT.ckpt)");
   qat->add_flag("--restart", a->restart, "Ignore an existing checkpoint and start from calibration");
   qat->add_option("--report", a->report, "Write a JSON report (quantizers and per-epoch loss)");
   return {qat, [a, &g] { return cmd_qat(*a, g); }};

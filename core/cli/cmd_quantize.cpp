@@ -12,7 +12,8 @@ namespace sparsebit::cli {
 namespace {
 
 struct QuantizeArgs {
-  std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs, eval_fp32_outputs;
+  std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs,
+      eval_fp32_outputs;
   bool external_data = false;
   int batch_size = 0, calib_count = -1;
 };
@@ -29,16 +30,23 @@ int cmd_quantize(const QuantizeArgs& a, const GlobalOptions& g) {
       throw sb::Error("--mode must be streaming, layerwise or asym");
     config.calibration.mode = a.mode;
   }
-  check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--eval-data", a.eval_data},
+  check_paths({{"the model", a.model},
+               {"-c", a.config},
+               {"--calib", a.calib},
+               {"--eval-data", a.eval_data},
                {"--eval-labels", a.eval_labels}},
-              {{"-o", a.output, true}, {"-o's external data", a.output + ".data"}, {"--report", a.report},
-               {"--eval-outputs", a.eval_outputs}, {"--eval-fp32-outputs", a.eval_fp32_outputs}});
+              {{"-o", a.output, true},
+               {"-o's external data", a.output + ".data"},
+               {"--report", a.report},
+               {"--eval-outputs", a.eval_outputs},
+               {"--eval-fp32-outputs", a.eval_fp32_outputs}});
   job.model = a.model;
   job.calib = a.calib;
   job.output = a.output;
   job.report = a.report;
   job.external_data = a.external_data;
-  if (!a.eval_data.empty()) job.evaluation = sb::EvaluationRequest{a.eval_data, a.eval_labels, a.eval_outputs, a.eval_fp32_outputs};
+  if (!a.eval_data.empty())
+    job.evaluation = sb::EvaluationRequest{a.eval_data, a.eval_labels, a.eval_outputs, a.eval_fp32_outputs};
   ProgressBars bars{!g.quiet};
   const sb::QuantizeOutcome r = sb::run_quantize(job, bars.fn());
   if (r.evaluation) {
@@ -61,17 +69,26 @@ Command add_quantize(CLI::App& app, const GlobalOptions& g) {
   auto* quantize = app.add_subcommand("quantize", "Calibrate a model and export it as QDQ ONNX");
   quantize->add_option("model", a->model, "Float ONNX model")->required();
   quantize->add_option("-c,--config", a->config, "TOML config (see configs/)")->required();
-  quantize->add_option("--calib", a->calib, "Calibration data: .npy folder, ONNX test-data folder, or IDX file")->required();
+  quantize->add_option("--calib", a->calib, "Calibration data: .npy folder, ONNX test-data folder, or IDX file")
+      ->required();
   quantize->add_option("-o,--output", a->output, "Output QDQ ONNX model")->required();
   quantize->add_option("--report", a->report, "Write a JSON report of every quantized tensor");
-  quantize->add_option("--batch-size", a->batch_size, "Calibration batch size (overrides [calibration] batch_size)")->check(kPositiveInt);
-  quantize->add_option("--calib-count", a->calib_count, "Calibration samples to use, 0 = all (overrides [calibration] count)")->check(kNonNegativeInt);
+  quantize->add_option("--batch-size", a->batch_size, "Calibration batch size (overrides [calibration] batch_size)")
+      ->check(kPositiveInt);
+  quantize
+      ->add_option("--calib-count", a->calib_count,
+                   "Calibration samples to use, 0 = all (overrides [calibration] count)")
+      ->check(kNonNegativeInt);
   quantize->add_option("--device", a->device, "cpu or cuda[:N] (overrides [calibration] device)")->check(kDevice);
-  quantize->add_option("--mode", a->mode, "calibration: streaming (default), layerwise, or asym (layerwise on the quantized model's own activations)");
+  quantize->add_option(
+      "--mode", a->mode,
+      "calibration: streaming (default), layerwise, or asym (layerwise on the quantized model's own activations)");
   quantize->add_option("--eval-data", a->eval_data, "Also evaluate FP32 vs simulated quantized on this data");
   quantize->add_option("--eval-labels", a->eval_labels, "IDX labels for --eval-data (prints accuracies)");
-  quantize->add_option("--eval-outputs", a->eval_outputs, "Write the simulated quantized first output on --eval-data as .npy");
-  quantize->add_option("--eval-fp32-outputs", a->eval_fp32_outputs, "Write the FP32 first output on --eval-data as .npy");
+  quantize->add_option("--eval-outputs", a->eval_outputs,
+                       "Write the simulated quantized first output on --eval-data as .npy");
+  quantize->add_option("--eval-fp32-outputs", a->eval_fp32_outputs,
+                       "Write the FP32 first output on --eval-data as .npy");
   quantize->add_flag("--external-data", a->external_data,
                      "Write initializers of 1 KiB or more to OUTPUT.data (ONNX external data); automatic above 1 GiB");
   return {quantize, [a, &g] { return cmd_quantize(*a, g); }};

@@ -67,7 +67,6 @@ const CLI::Validator kDevice(
 
 std::string one_line(const std::string& message) { return sb::printable(message, 4000); }
 
-
 int argument_error(CLI::App& app, const CLI::ParseError& e) {
   if (e.get_exit_code() == 0) return app.exit(e);
   std::string what = e.what();
@@ -89,7 +88,8 @@ std::string dims_text(const sb::ValueInfo& v) {
 
 json value_info_json(const sb::ValueInfo& v) {
   json dims = json::array();
-  for (const auto& d : v.shape) dims.push_back(d.value >= 0 ? json(d.value) : d.param.empty() ? json(nullptr) : json(d.param));
+  for (const auto& d : v.shape)
+    dims.push_back(d.value >= 0 ? json(d.value) : d.param.empty() ? json(nullptr) : json(d.param));
   return {{"name", v.name}, {"type", sb::onnx_type_name(v.elem_type)}, {"shape", v.has_shape ? dims : json(nullptr)}};
 }
 

@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
   GlobalOptions g;
   app.add_flag("-v,--verbose", g.verbose, "More log output");
   app.add_flag("-q,--quiet", g.quiet, "Only warnings and errors");
-  app.add_option("--threads", g.threads, "Intra-op threads for LibTorch (default and most: all cores)")->check(kPositiveInt);
+  app.add_option("--threads", g.threads, "Intra-op threads for LibTorch (default and most: all cores)")
+      ->check(kPositiveInt);
 
   const std::vector<Command> commands = {add_quantize(app, g), add_plugins(app), add_inspect(app), add_simplify(app),
                                          add_profile(app, g),  add_qat(app, g),  add_prune(app, g)};

@@ -22,8 +22,8 @@ void Progress::update(std::int64_t done, std::int64_t total, const std::string& 
     const int width = 30;
     const int filled = static_cast<int>(width * done / total);
     std::fprintf(stderr, "\r%s [%s%s] %lld/%lld (%.1fs)%s", label_.c_str(), std::string(filled, '#').c_str(),
-                 std::string(width - filled, ' ').c_str(), static_cast<long long>(done), static_cast<long long>(total), secs,
-                 note.c_str());
+                 std::string(width - filled, ' ').c_str(), static_cast<long long>(done), static_cast<long long>(total),
+                 secs, note.c_str());
   } else {
     std::fprintf(stderr, "\r%s %lld (%.1fs)%s", label_.c_str(), static_cast<long long>(done), secs, note.c_str());
   }

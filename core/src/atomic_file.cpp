@@ -150,7 +150,8 @@ void AtomicFile::commit() {
   const int error = errno;
   const bool closed = ::close(fd_) == 0;
   fd_ = -1;
-  if (!written || !closed) throw Error("cannot write " + printable(path_) + ": " + std::strerror(written ? errno : error));
+  if (!written || !closed)
+    throw Error("cannot write " + printable(path_) + ": " + std::strerror(written ? errno : error));
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     throw Error("cannot write " + printable(path_) + ": " + std::strerror(errno));
   }

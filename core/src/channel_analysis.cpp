@@ -29,16 +29,18 @@ std::vector<std::int64_t> int_values(const at::Tensor& t) {
 }
 
 const std::set<std::string> kUnary = {
-    "Relu",   "LeakyRelu", "Sigmoid", "Tanh",  "HardSigmoid", "HardSwish", "Elu",     "Selu",    "Celu",
-    "Softplus", "Softsign", "Gelu",   "Mish",  "Erf",         "Exp",       "Log",     "Abs",     "Neg",
-    "Sqrt",   "Reciprocal", "Floor",  "Ceil",  "Round",       "Sign",      "Identity", "Dropout", "Cast",
-    "Sin",    "Cos",       "ThresholdedRelu", "Clip", "Not", "IsNaN", "IsInf", "Shrink"};
-const std::set<std::string> kBroadcast = {"Add", "Sub",  "Mul",   "Div",     "Pow",  "Max",  "Min",   "Sum",
-                                          "Mean", "PRelu", "Where", "Equal", "Less", "Greater", "LessOrEqual",
-                                          "GreaterOrEqual", "And", "Or", "Xor", "Mod", "BitShift"};
-const std::set<std::string> kPool = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool"};
-const std::set<std::string> kReduce = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
-                                       "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"};
+    "Relu",     "LeakyRelu", "Sigmoid", "Tanh",  "HardSigmoid", "HardSwish", "Elu",  "Selu", "Celu", "Softplus",
+    "Softsign", "Gelu",      "Mish",    "Erf",   "Exp",         "Log",       "Abs",  "Neg",  "Sqrt", "Reciprocal",
+    "Floor",    "Ceil",      "Round",   "Sign",  "Identity",    "Dropout",   "Cast", "Sin",  "Cos",  "ThresholdedRelu",
+    "Clip",     "Not",       "IsNaN",   "IsInf", "Shrink"};
+const std::set<std::string> kBroadcast = {
+    "Add",  "Sub",   "Mul",   "Div",   "Pow",     "Max",     "Min",         "Sum",
+    "Mean", "PRelu", "Where", "Equal", "Less",    "Greater", "LessOrEqual", "GreaterOrEqual",
+    "And",  "Or",    "Xor",   "Mod",   "BitShift"};
+const std::set<std::string> kPool = {"MaxPool",       "AveragePool", "GlobalAveragePool",
+                                     "GlobalMaxPool", "LpPool",      "GlobalLpPool"};
+const std::set<std::string> kReduce = {"ReduceMean", "ReduceSum", "ReduceMax",    "ReduceMin",       "ReduceProd",
+                                       "ReduceL1",   "ReduceL2",  "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"};
 
 }  // namespace
 
@@ -83,8 +85,10 @@ void ChannelAnalysis::pin_inputs(const Node& n) {
 int ChannelAnalysis::new_atom(int producer, std::int64_t channel, bool pin_it) {
   const int a = uf.make();
   pinned.push_back(pin_it);
-  if (pin_it) reason[a] = current_ && producer >= 0 ? current_->describe() + " ([sparse] skip or ratio 0)"
-                                                    : current_ ? current_->describe() : std::string("?");
+  if (pin_it)
+    reason[a] = current_ && producer >= 0 ? current_->describe() + " ([sparse] skip or ratio 0)"
+                : current_                ? current_->describe()
+                                          : std::string("?");
   atom_producer.push_back(producer);
   atom_channel.push_back(channel);
   return a;
@@ -94,12 +98,14 @@ void ChannelAnalysis::set_output(const Node& n, std::size_t k, Track t) {
   if (k < n.outputs.size() && !n.outputs[k].empty()) tracks_[n.outputs[k]] = std::move(t);
 }
 
-std::int64_t ChannelAnalysis::attr_axis(const Node& n, const char* key, std::int64_t fallback, std::int64_t rank) const {
+std::int64_t ChannelAnalysis::attr_axis(const Node& n, const char* key, std::int64_t fallback,
+                                        std::int64_t rank) const {
   std::int64_t a = n.attr_int(key, fallback);
   return a < 0 ? a + rank : a;
 }
 
-std::optional<std::vector<std::int64_t>> ChannelAnalysis::axes_of(const Node& n, const char* key, std::size_t input, std::int64_t rank) const {
+std::optional<std::vector<std::int64_t>> ChannelAnalysis::axes_of(const Node& n, const char* key, std::size_t input,
+                                                                  std::int64_t rank) const {
   std::vector<std::int64_t> axes;
   if (n.has_attr(key)) axes = n.attr_ints(key);
   else if (n.has_input(input)) {
@@ -111,7 +117,8 @@ std::optional<std::vector<std::int64_t>> ChannelAnalysis::axes_of(const Node& n,
   return axes;
 }
 
-void ChannelAnalysis::visit(std::size_t i, const Node& n, const std::function<std::pair<bool, double>(const Node&)>& prunable) {
+void ChannelAnalysis::visit(std::size_t i, const Node& n,
+                            const std::function<std::pair<bool, double>(const Node&)>& prunable) {
   const std::string& op = n.op_type;
   Track* x = n.inputs.empty() ? nullptr : tracked(n.inputs[0]);
   const Shape* xs = n.inputs.empty() ? nullptr : shape(n.inputs[0]);
@@ -158,7 +165,8 @@ void ChannelAnalysis::visit(std::size_t i, const Node& n, const std::function<st
     if (gemm && n.has_input(2)) {
       const at::Tensor* c = initializer(n.inputs[2]);
       if (!c) ok = false;
-      else if (c->dim() > 0 && c->size(c->dim() - 1) != 1) ok = ok && param(i, n, 2, c->dim() - 1, out.atoms, Site::kProducer);
+      else if (c->dim() > 0 && c->size(c->dim() - 1) != 1)
+        ok = ok && param(i, n, 2, c->dim() - 1, out.atoms, Site::kProducer);
     }
     if (!ok) pin(out);
     return set_output(n, 0, out);
@@ -195,7 +203,8 @@ void ChannelAnalysis::visit(std::size_t i, const Node& n, const std::function<st
     const auto perm = n.attr_ints("perm");
     for (std::size_t k = 0; k < perm.size(); ++k)
       if (perm[k] == x->axis) return set_output(n, 0, Track{static_cast<std::int64_t>(k), x->atoms});
-    if (perm.empty() && xs) return set_output(n, 0, Track{static_cast<std::int64_t>(xs->size()) - 1 - x->axis, x->atoms});
+    if (perm.empty() && xs)
+      return set_output(n, 0, Track{static_cast<std::int64_t>(xs->size()) - 1 - x->axis, x->atoms});
     return pin_inputs(n);
   }
   if (!xs) return pin_inputs(n);
@@ -210,7 +219,8 @@ void ChannelAnalysis::visit(std::size_t i, const Node& n, const std::function<st
     auto axes = axes_of(n, "axes", 1, rank);
     if (!axes || axes->empty() || std::count(axes->begin(), axes->end(), x->axis)) return pin_inputs(n);
     std::int64_t axis = x->axis;
-    if (n.attr_int("keepdims", 1) == 0) axis -= std::count_if(axes->begin(), axes->end(), [&](auto a) { return a < x->axis; });
+    if (n.attr_int("keepdims", 1) == 0)
+      axis -= std::count_if(axes->begin(), axes->end(), [&](auto a) { return a < x->axis; });
     return set_output(n, 0, Track{axis, x->atoms});
   }
   if (op == "Squeeze" || op == "Unsqueeze") {
@@ -240,7 +250,8 @@ void ChannelAnalysis::visit(std::size_t i, const Node& n, const std::function<st
     if (op == "Resize" && n.has_input(3)) return pin_inputs(n);
     auto scales = n.has_input(scales_input) ? constant_value(g_, n.inputs[scales_input]) : std::nullopt;
     if (!scales && n.has_attr("scales")) scales = at::tensor(n.attr_floats("scales"));
-    if (!scales || scales->numel() != rank || scales->to(at::kDouble)[x->axis].item<double>() != 1.0) return pin_inputs(n);
+    if (!scales || scales->numel() != rank || scales->to(at::kDouble)[x->axis].item<double>() != 1.0)
+      return pin_inputs(n);
     return set_output(n, 0, *x);
   }
   if (op == "Pad") {
@@ -341,7 +352,8 @@ void ChannelAnalysis::flatten(std::size_t i, const Node& n, const Track& x) {
   const std::size_t a = static_cast<std::size_t>(x.axis);
   const std::int64_t C = static_cast<std::int64_t>(x.atoms.size());
   const std::int64_t inner = product(*in, a + 1);
-  const bool same_prefix = out->size() > a && std::equal(in->begin(), in->begin() + static_cast<std::ptrdiff_t>(a), out->begin());
+  const bool same_prefix =
+      out->size() > a && std::equal(in->begin(), in->begin() + static_cast<std::ptrdiff_t>(a), out->begin());
   if (!same_prefix) return pin_inputs(n);
   Track t{x.axis, {}};
   if ((*out)[a] == C && product(*out, a + 1) == inner) {

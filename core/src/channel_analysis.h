@@ -61,12 +61,12 @@ class ChannelAnalysis {
   ChannelAnalysis(const Graph& g, const Shapes& shapes) : g_(g), shapes_(shapes) {}
 
   UnionFind uf;
-  std::vector<bool> pinned;  // by atom
+  std::vector<bool> pinned;           // by atom
   std::map<int, std::string> reason;  // pinned atom -> the node that pinned it
   std::vector<Site> sites;
   std::vector<CountSite> counts;
   std::vector<Producer> producers;
-  std::vector<int> atom_producer;  // atom -> index into producers, -1 for pinned fillers
+  std::vector<int> atom_producer;          // atom -> index into producers, -1 for pinned fillers
   std::vector<std::int64_t> atom_channel;  // atom -> output channel of its producer
 
   /// `prunable(node)` says whether a producer's channels may go (else they are pinned).
@@ -99,7 +99,8 @@ class ChannelAnalysis {
   }
   std::int64_t attr_axis(const Node& n, const char* key, std::int64_t fallback, std::int64_t rank) const;
   /// Axes from attribute `key` or, when absent, from constant input `input`; nullopt if unknown.
-  std::optional<std::vector<std::int64_t>> axes_of(const Node& n, const char* key, std::size_t input, std::int64_t rank) const;
+  std::optional<std::vector<std::int64_t>> axes_of(const Node& n, const char* key, std::size_t input,
+                                                   std::int64_t rank) const;
 
   void new_producer(std::size_t i, const Node& n, std::int64_t channels, Track& out,
                     const std::function<std::pair<bool, double>(const Node&)>& prunable) {

@@ -72,9 +72,7 @@ namespace {
 struct Reader {
   const std::string& source;
 
-  std::string where(const std::string& table) const {
-    return source + (table.empty() ? "" : ": [" + table + "]");
-  }
+  std::string where(const std::string& table) const { return source + (table.empty() ? "" : ": [" + table + "]"); }
 
   void check_keys(const toml::table& t, const std::string& table, const std::vector<std::string>& allowed) const {
     for (const auto& [k, v] : t) {
@@ -146,8 +144,7 @@ struct Reader {
         const double d = *v.value<double>();
         if (!std::isfinite(d)) throw Error(key_path(table, key) + " must be a finite number, not " + std::to_string(d));
         o.set(key, d);
-      }
-      else if (v.is_string()) o.set(key, *v.value<std::string>());
+      } else if (v.is_string()) o.set(key, *v.value<std::string>());
       else throw Error(key_path(table, key) + " must be a boolean, number or string");
     }
     return o;
@@ -158,11 +155,13 @@ struct Reader {
   /// the inherited observer (quantizer) options are dropped, since they were for another one.
   void quant_table(const toml::table& t, const std::string& name, QuantTableConfig& out) const {
     const std::string inherited_observer = out.observer, inherited_quantizer = out.quantizer;
-    check_keys(t, name, {"qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "reduce_range",
-                         "disable", "observer_options", "quantizer_options"});
+    check_keys(t, name,
+               {"qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "reduce_range", "disable",
+                "observer_options", "quantizer_options"});
     out.qscheme = get<std::string>(t, name, "qscheme", out.qscheme, "a string");
-    static const std::vector<std::string> schemes = {"per-tensor-symmetric", "per-tensor-affine", "per-channel-symmetric",
-                                                     "per-channel-affine", "per-group-symmetric", "per-group-affine"};
+    static const std::vector<std::string> schemes = {"per-tensor-symmetric",  "per-tensor-affine",
+                                                     "per-channel-symmetric", "per-channel-affine",
+                                                     "per-group-symmetric",   "per-group-affine"};
     if (std::find(schemes.begin(), schemes.end(), out.qscheme) == schemes.end()) {
       std::string hint = nearest(out.qscheme, schemes);
       throw Error(key_path(name, "qscheme") + ": unknown scheme '" + printable(out.qscheme) + "'" +
@@ -171,11 +170,14 @@ struct Reader {
     }
     std::int64_t group = get<std::int64_t>(t, name, "group_size", out.group_size, "an integer");
     const bool grouped = out.qscheme.rfind("per-group", 0) == 0;
-    if (grouped && group < 1) throw Error(key_path(name, "group_size") + " must be set (>= 1) with qscheme = \"" + out.qscheme + "\"");
-    if (grouped && name.back() == 'a') throw Error(key_path(name, "qscheme") + ": per-group quantization is for weights ([w])");
+    if (grouped && group < 1)
+      throw Error(key_path(name, "group_size") + " must be set (>= 1) with qscheme = \"" + out.qscheme + "\"");
+    if (grouped && name.back() == 'a')
+      throw Error(key_path(name, "qscheme") + ": per-group quantization is for weights ([w])");
     out.group_size = group;
     std::int64_t bits = get<std::int64_t>(t, name, "bits", out.bits, "an integer");
-    if (bits < 2 || bits > 16) throw Error(key_path(name, "bits") + " must be between 2 and 16, got " + std::to_string(bits));
+    if (bits < 2 || bits > 16)
+      throw Error(key_path(name, "bits") + " must be between 2 and 16, got " + std::to_string(bits));
     out.bits = static_cast<int>(bits);
     out.observer = get<std::string>(t, name, "observer", out.observer, "a string");
     out.quantizer = get<std::string>(t, name, "quantizer", out.quantizer, "a string");
@@ -184,8 +186,8 @@ struct Reader {
     if (t.contains("reduce_range") && out.reduce_range && name.back() == 'a')
       throw Error(key_path(name, "reduce_range") + ": reduce range is for weights ([w]); activations keep 8 bits");
     if (t.contains("reduce_range") && out.reduce_range && out.bits != 8)  // inherited, it applies at 8 bits only
-      throw Error(key_path(name, "reduce_range") + " puts 8-bit weights on a 7-bit grid; it needs bits = 8 (bits = " +
-                  std::to_string(out.bits) + ")");
+      throw Error(key_path(name, "reduce_range") +
+                  " puts 8-bit weights on a 7-bit grid; it needs bits = 8 (bits = " + std::to_string(out.bits) + ")");
     out.disable = get<bool>(t, name, "disable", out.disable, "true or false");
     for (const char* sub : {"observer_options", "quantizer_options"}) {
       const bool is_observer = std::string(sub) == "observer_options";
@@ -204,7 +206,8 @@ struct Reader {
 
   double ratio(const toml::table& t, const std::string& table, double fallback) const {
     const double v = get<double>(t, table, "ratio", fallback, "a number");
-    if (!(v >= 0 && v < 1)) throw Error(key_path(table, "ratio") + " must be at least 0 and below 1, got " + std::to_string(v));
+    if (!(v >= 0 && v < 1))
+      throw Error(key_path(table, "ratio") + " must be at least 0 and below 1, got " + std::to_string(v));
     return v;
   }
 
@@ -217,26 +220,29 @@ struct Reader {
     if (const toml::node* n = t.get("nodes"); n && n->is_string()) {
       s.nodes = {*n->value<std::string>()};
       check_glob(s.nodes[0], table, "nodes");
-    }
-    else if (n) s.nodes = globs(t, table, "nodes");
-    if (s.nodes.empty()) throw Error(key_path(table, "nodes") + " is required: a glob (or list of globs) over node names");
+    } else if (n) s.nodes = globs(t, table, "nodes");
+    if (s.nodes.empty())
+      throw Error(key_path(table, "nodes") + " is required: a glob (or list of globs) over node names");
     if (!t.get("ratio")) throw Error(key_path(table, "ratio") + " is required (0 keeps the nodes dense)");
     s.ratio = ratio(t, table, 0);
     return s;
   }
 
   SparseConfig sparse_table(const toml::table& t) const {
-    check_keys(t, "sparse", {"sparser", "ratio", "granularity", "scope", "round_to", "bias_compensation", "skip", "specific",
-                              "sparser_options"});
+    check_keys(t, "sparse",
+               {"sparser", "ratio", "granularity", "scope", "round_to", "bias_compensation", "skip", "specific",
+                "sparser_options"});
     SparseConfig s;
     s.sparser = get<std::string>(t, "sparse", "sparser", s.sparser, "a string");
     s.ratio_set = t.get("ratio") != nullptr;
     s.ratio = ratio(t, "sparse", s.ratio);
     s.granularity = get<std::string>(t, "sparse", "granularity", s.granularity, "a string");
     s.scope = get<std::string>(t, "sparse", "scope", s.scope, "a string");
-    if (s.scope != "layer" && s.scope != "global") throw Error(key_path("sparse", "scope") + " must be \"layer\" or \"global\"");
+    if (s.scope != "layer" && s.scope != "global")
+      throw Error(key_path("sparse", "scope") + " must be \"layer\" or \"global\"");
     s.round_to = get<std::int64_t>(t, "sparse", "round_to", s.round_to, "an integer");
-    if (s.round_to < 1 || s.round_to > 4096) throw Error(key_path("sparse", "round_to") + " must be between 1 and 4096");
+    if (s.round_to < 1 || s.round_to > 4096)
+      throw Error(key_path("sparse", "round_to") + " must be between 1 and 4096");
     s.bias_compensation = get<bool>(t, "sparse", "bias_compensation", s.bias_compensation, "true or false");
     s.skip = globs(t, "sparse", "skip");
     if (const toml::node* n = t.get("sparser_options")) {
@@ -271,8 +277,9 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Config c;
   c.source = source_name;
   Reader r{c.source};
-  r.check_keys(root, "", {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse",
-                         "plugins"});
+  r.check_keys(
+      root, "",
+      {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "plugins"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   c.skip = r.globs(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
@@ -299,19 +306,21 @@ Config Config::from_string(const std::string& text, const std::string& source_na
       if (const toml::node* nodes = t->get("nodes"); nodes && nodes->is_string()) {
         e.nodes = {*nodes->value<std::string>()};
         r.check_glob(e.nodes[0], name, "nodes");
-      }
-      else e.nodes = r.globs(*t, name, "nodes");
-      if (e.nodes.empty()) throw Error(r.key_path(name, "nodes") + " is required: a glob (or list of globs) over node names");
+      } else e.nodes = r.globs(*t, name, "nodes");
+      if (e.nodes.empty())
+        throw Error(r.key_path(name, "nodes") + " is required: a glob (or list of globs) over node names");
       e.w = c.w;
       e.a = c.a;
       for (const char* side : {"w", "a"}) {
         const toml::node* sub = t->get(side);
         if (!sub) continue;
-        if (!sub->is_table()) throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
+        if (!sub->is_table())
+          throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
         r.quant_table(*sub->as_table(), name + "." + side, std::string(side) == "w" ? e.w : e.a);
       }
       if (const toml::node* sub = t->get("sparse")) {
-        if (!sub->is_table()) throw Error(r.key_path(name, "sparse") + " must be a table, e.g. sparse = { ratio = 0.3 }");
+        if (!sub->is_table())
+          throw Error(r.key_path(name, "sparse") + " must be a table, e.g. sparse = { ratio = 0.3 }");
         if (!c.sparse) throw Error(r.key_path(name, "sparse") + " needs a [sparse] table that says how to prune");
         top_level_sparse.push_back(r.sparse_specific(*sub->as_table(), name + ".sparse", e.name, e.nodes));
       }
@@ -323,12 +332,14 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     for (const auto& name : r.strings(*t, "passes", "extra")) {
       bool known = false;
       for (const auto& e : c.schedule) known = known || e.pass == name;
-      if (known) throw Error(r.key_path("passes", "extra") + ": '" + name + "' is already scheduled; turn it on in [schedule]");
+      if (known)
+        throw Error(r.key_path("passes", "extra") + ": '" + name + "' is already scheduled; turn it on in [schedule]");
       c.schedule.push_back({name, true});
     }
     std::vector<ScheduleEntry> ordered;
     for (const auto& name : r.strings(*t, "passes", "order")) {
-      auto it = std::find_if(c.schedule.begin(), c.schedule.end(), [&](const ScheduleEntry& e) { return e.pass == name; });
+      auto it =
+          std::find_if(c.schedule.begin(), c.schedule.end(), [&](const ScheduleEntry& e) { return e.pass == name; });
       if (it == c.schedule.end()) {
         std::vector<std::string> known;
         for (const auto& e : c.schedule) known.push_back(e.pass);
@@ -339,14 +350,16 @@ Config Config::from_string(const std::string& text, const std::string& source_na
       ordered.push_back(std::move(*it));
       c.schedule.erase(it);
     }
-    ordered.insert(ordered.end(), std::make_move_iterator(c.schedule.begin()), std::make_move_iterator(c.schedule.end()));
+    ordered.insert(ordered.end(), std::make_move_iterator(c.schedule.begin()),
+                   std::make_move_iterator(c.schedule.end()));
     c.schedule = std::move(ordered);
     std::vector<std::string> keys{"extra", "order"};
     for (const auto& e : c.schedule) keys.push_back(e.pass);
     r.check_keys(*t, "passes", keys);
     for (auto& e : c.schedule) {
       if (const toml::node* n = t->get(e.pass)) {
-        if (!n->is_table()) throw Error(r.key_path("passes", e.pass) + " must be a table of options for pass '" + e.pass + "'");
+        if (!n->is_table())
+          throw Error(r.key_path("passes", e.pass) + " must be a table of options for pass '" + e.pass + "'");
         e.options = r.options(*n->as_table(), "passes." + e.pass);
       } else {
         e.options = Options("[passes." + e.pass + "]");
@@ -390,7 +403,8 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     c.qat.weight_decay = r.get<double>(*t, "qat", "weight_decay", c.qat.weight_decay, "a number");
     if (!(c.qat.weight_decay >= 0)) throw Error(r.key_path("qat", "weight_decay") + " must be >= 0");
     c.qat.loss = r.get<std::string>(*t, "qat", "loss", c.qat.loss, "a string");
-    if (c.qat.loss != "mse" && c.qat.loss != "kl") throw Error(r.key_path("qat", "loss") + " must be \"mse\" or \"kl\"");
+    if (c.qat.loss != "mse" && c.qat.loss != "kl")
+      throw Error(r.key_path("qat", "loss") + " must be \"mse\" or \"kl\"");
     c.qat.temperature = r.get<double>(*t, "qat", "temperature", c.qat.temperature, "a number");
     if (!(c.qat.temperature > 0)) throw Error(r.key_path("qat", "temperature") + " must be > 0");
     c.qat.seed = r.get<std::int64_t>(*t, "qat", "seed", c.qat.seed, "an integer");
@@ -410,7 +424,8 @@ Config Config::from_string(const std::string& text, const std::string& source_na
 
 Config Config::from_file(const std::string& path) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) throw Error(path + ": is a folder; give the config's TOML file (e.g. configs/w8a8_tensorrt.toml)");
+  if (fs::is_directory(path, ec))
+    throw Error(path + ": is a folder; give the config's TOML file (e.g. configs/w8a8_tensorrt.toml)");
   if (!fs::exists(path, ec)) throw Error(path + ": config file not found");
   if (!fs::is_regular_file(path, ec)) throw Error(path + ": is a device, pipe or socket, not a TOML file");
   std::ifstream in(path);

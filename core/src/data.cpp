@@ -69,7 +69,7 @@ at::Tensor read_npy(const std::string& path) {
     d.erase(0, d.find_first_not_of(" \t"));
     d.erase(d.find_last_not_of(" \t") + 1);
     const bool last = i + 1 == parts.size();
-    if (d.empty() && last && i > 0) break;  // the trailing comma of "(5,)"
+    if (d.empty() && last && i > 0) break;      // the trailing comma of "(5,)"
     if (d.empty() && parts.size() == 1) break;  // "()"
     if (d.empty() || d.size() > 15 || d.find_first_not_of("0123456789") != std::string::npos) {
       throw Error(path + ": .npy shape (" + printable(dims, 80) + ") has '" + printable(d, 40) +
@@ -80,9 +80,10 @@ at::Tensor read_npy(const std::string& path) {
 
   static const std::map<std::string, at::ScalarType> types = {
       {"<f4", at::kFloat}, {"<f8", at::kDouble}, {"<f2", at::kHalf}, {"|u1", at::kByte}, {"|i1", at::kChar},
-      {"<i2", at::kShort}, {"<i4", at::kInt},    {"<i8", at::kLong},  {"|b1", at::kBool}};
+      {"<i2", at::kShort}, {"<i4", at::kInt},    {"<i8", at::kLong}, {"|b1", at::kBool}};
   auto t = types.find(descr);
-  if (t == types.end()) throw Error(path + ": unsupported .npy dtype '" + descr + "' (use little-endian numeric types)");
+  if (t == types.end())
+    throw Error(path + ": unsupported .npy dtype '" + descr + "' (use little-endian numeric types)");
   // The declared size must be there before it is allocated.
   const std::int64_t numel = limits::checked_numel(shape, c10::elementSize(t->second), path);
   const auto bytes = static_cast<std::uint64_t>(numel) * c10::elementSize(t->second);
@@ -102,7 +103,7 @@ void write_npy(const at::Tensor& t_in, const std::string& path) {
   at::Tensor t = t_in.detach().to(at::kCPU).contiguous();
   static const std::map<at::ScalarType, std::string> types = {
       {at::kFloat, "<f4"}, {at::kDouble, "<f8"}, {at::kHalf, "<f2"}, {at::kByte, "|u1"}, {at::kChar, "|i1"},
-      {at::kShort, "<i2"}, {at::kInt, "<i4"},    {at::kLong, "<i8"},  {at::kBool, "|b1"}};
+      {at::kShort, "<i2"}, {at::kInt, "<i4"},    {at::kLong, "<i8"}, {at::kBool, "|b1"}};
   auto it = types.find(t.scalar_type());
   if (it == types.end()) throw Error("cannot write dtype " + std::string(c10::toString(t.scalar_type())) + " to .npy");
   std::string shape;
@@ -153,7 +154,7 @@ at::Tensor read_idx(const std::string& path, std::int64_t max_items) {
   };
   unsigned char head[4];
   if (read(head, 4) != 4 || head[0] != 0 || head[1] != 0) throw Error(path + ": not an IDX file (bad magic number)");
-  static const std::map<int, at::ScalarType> types = {{0x08, at::kByte}, {0x09, at::kChar}, {0x0B, at::kShort},
+  static const std::map<int, at::ScalarType> types = {{0x08, at::kByte}, {0x09, at::kChar},  {0x0B, at::kShort},
                                                       {0x0C, at::kInt},  {0x0D, at::kFloat}, {0x0E, at::kDouble}};
   auto t = types.find(head[2]);
   const int ndim = head[3];
@@ -207,9 +208,7 @@ bool is_idx(const std::string& path) {
 class NpyDataset final : public Dataset {
  public:
   NpyDataset(std::vector<fs::path> files, std::string folder) : files_(std::move(files)), folder_(std::move(folder)) {}
-  std::string describe() const override {
-    return std::to_string(files_.size()) + " .npy file(s) in " + folder_;
-  }
+  std::string describe() const override { return std::to_string(files_.size()) + " .npy file(s) in " + folder_; }
   std::optional<std::int64_t> num_samples() const override { return std::nullopt; }
   std::optional<Batch> next() override {
     if (pos_ >= files_.size()) return std::nullopt;
@@ -225,7 +224,8 @@ class NpyDataset final : public Dataset {
 
 class TestLayoutDataset final : public Dataset {
  public:
-  TestLayoutDataset(std::vector<fs::path> sets, const std::vector<ValueInfo>& inputs) : sets_(std::move(sets)), inputs_(inputs) {}
+  TestLayoutDataset(std::vector<fs::path> sets, const std::vector<ValueInfo>& inputs)
+      : sets_(std::move(sets)), inputs_(inputs) {}
   std::string describe() const override { return std::to_string(sets_.size()) + " ONNX test-data set(s)"; }
   std::optional<std::int64_t> num_samples() const override { return std::nullopt; }
   std::optional<Batch> next() override {
@@ -323,15 +323,20 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector
   if (inputs.empty()) throw Error("the model has no inputs to feed calibration data to");
   if (fs::is_regular_file(path, ec)) {
     if (fs::path(path).extension() == ".npy") {
-      if (inputs.size() != 1) throw Error(path + ": .npy data serves single-input models; this model has " + std::to_string(inputs.size()) + " inputs: use the ONNX test-data layout");
+      if (inputs.size() != 1)
+        throw Error(path + ": .npy data serves single-input models; this model has " + std::to_string(inputs.size()) +
+                    " inputs: use the ONNX test-data layout");
       return std::make_unique<NpyDataset>(std::vector<fs::path>{path}, fs::path(path).parent_path().string());
     }
     if (is_idx(path)) {
-      if (inputs.size() != 1) throw Error(path + ": IDX data serves single-input models; this model has " + std::to_string(inputs.size()) + " inputs");
+      if (inputs.size() != 1)
+        throw Error(path + ": IDX data serves single-input models; this model has " + std::to_string(inputs.size()) +
+                    " inputs");
       return std::make_unique<IdxDataset>(path);
     }
-    throw Error(path + ": not a calibration format (expected a folder of .npy files, an ONNX test-data folder, "
-                       "a .npy file or an IDX file)");
+    throw Error(path +
+                ": not a calibration format (expected a folder of .npy files, an ONNX test-data folder, "
+                "a .npy file or an IDX file)");
   }
   std::vector<fs::path> npy, sets;
   bool has_pb = false;
@@ -347,7 +352,10 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector
   }
   if (has_pb) return std::make_unique<TestLayoutDataset>(std::vector<fs::path>{path}, inputs);
   if (!npy.empty()) {
-    if (inputs.size() != 1) throw Error(path + ": a folder of .npy files serves single-input models; this model has " + std::to_string(inputs.size()) + " inputs: use the ONNX test-data layout (test_data_set_*/input_<i>.pb)");
+    if (inputs.size() != 1)
+      throw Error(path + ": a folder of .npy files serves single-input models; this model has " +
+                  std::to_string(inputs.size()) +
+                  " inputs: use the ONNX test-data layout (test_data_set_*/input_<i>.pb)");
     std::sort(npy.begin(), npy.end());
     return std::make_unique<NpyDataset>(npy, path);
   }
@@ -367,8 +375,9 @@ at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source,
   const std::string what = source + " (for model input '" + in.name + "')";
   if (!t.defined()) throw Error(what + ": no tensor");
   if (t.dim() == 0) {
-    throw Error(what + ": holds a 0-d array (one scalar); a sample needs the model input's dimensions, at least a "
-                       "batch dimension (numpy.reshape(x, (1,)))");
+    throw Error(what +
+                ": holds a 0-d array (one scalar); a sample needs the model input's dimensions, at least a "
+                "batch dimension (numpy.reshape(x, (1,)))");
   }
   if (in.elem_type != 0 && onnx_type_of(t.scalar_type()) != in.elem_type) {
     throw Error(what + ": data is " + dtype_name(t) + ", the model input is " + onnx_type_name(in.elem_type) +
@@ -392,15 +401,19 @@ at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source,
         t = t.reshape(shape);
       } else {
         std::string expected;
-        for (auto& d : in.shape) expected += (expected.empty() ? "" : ", ") + (d.value >= 0 ? std::to_string(d.value) : d.param.empty() ? "?" : d.param);
+        for (auto& d : in.shape)
+          expected += (expected.empty() ? "" : ", ") + (d.value >= 0      ? std::to_string(d.value)
+                                                        : d.param.empty() ? "?"
+                                                                          : d.param);
         throw Error(what + ": data of shape " + c10::str(t.sizes()) + " does not fit the model input shape [" +
                     expected + "]");
       }
     }
     for (std::size_t i = 1; i < in.shape.size(); ++i) {
       if (in.shape[i].value >= 0 && t.size(static_cast<std::int64_t>(i)) != in.shape[i].value) {
-        throw Error(what + ": dimension " + std::to_string(i) + " is " + std::to_string(t.size(static_cast<std::int64_t>(i))) +
-                    ", the model input needs " + std::to_string(in.shape[i].value) + " (data shape " + c10::str(t.sizes()) + ")");
+        throw Error(what + ": dimension " + std::to_string(i) + " is " +
+                    std::to_string(t.size(static_cast<std::int64_t>(i))) + ", the model input needs " +
+                    std::to_string(in.shape[i].value) + " (data shape " + c10::str(t.sizes()) + ")");
       }
     }
   }

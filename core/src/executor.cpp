@@ -100,7 +100,8 @@ std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<
     const auto* c10e = dynamic_cast<const c10::Error*>(&e);
     const std::string what = c10e ? c10e->what_without_backtrace() : e.what();
     std::string shapes;
-    for (auto& t : inputs) shapes += (shapes.empty() ? "" : ", ") + (t.defined() ? c10::str(t.sizes()) : std::string("none"));
+    for (auto& t : inputs)
+      shapes += (shapes.empty() ? "" : ", ") + (t.defined() ? c10::str(t.sizes()) : std::string("none"));
     throw Error(n.describe() + " failed in plugin '" + bound.plugin + "' on inputs of shapes (" + shapes +
                 "): " + what);
   }

@@ -107,7 +107,8 @@ std::string graph_to_dot(const Graph& g, const std::map<std::string, NodeNote>& 
     if (b.note && (b.note->fused || b.note->disabled)) os << ", peripheries=2";
     os << "];\n";
   }
-  for (const auto& e : d.edges) os << "  " << e.from << " -> " << e.to << " [label=\"" << escape_dot(e.tensor) << "\"];\n";
+  for (const auto& e : d.edges)
+    os << "  " << e.from << " -> " << e.to << " [label=\"" << escape_dot(e.tensor) << "\"];\n";
   os << "}\n";
   return os.str();
 }

@@ -60,8 +60,8 @@ class LayerwiseRunner {
   const ProgressFn& progress_;
   const bool asym_;
   const std::vector<const Node*> nodes_;
-  std::vector<Values> fp_, q_;       // per batch: float stream, quantized stream (asym only)
-  std::vector<std::int64_t> rows_;   // samples in each batch
+  std::vector<Values> fp_, q_;      // per batch: float stream, quantized stream (asym only)
+  std::vector<std::int64_t> rows_;  // samples in each batch
   std::map<std::string, int> counts_;
   std::set<std::string> outputs_;
 };
@@ -76,7 +76,8 @@ class LayerStateImpl final : public LayerState {
   std::size_t batches() const override { return r_.batches(); }
   at::Tensor float_output(std::size_t b, std::size_t k) const override { return r_.float_output(i_, b, k); }
   at::Tensor quantized_output(std::size_t b, std::size_t k) override {
-    if (b >= r_.batches()) throw Error("quantized_output: batch " + std::to_string(b) + " of " + std::to_string(r_.batches()));
+    if (b >= r_.batches())
+      throw Error("quantized_output: batch " + std::to_string(b) + " of " + std::to_string(r_.batches()));
     auto out = r_.quantized_outputs(i_, r_.source(b));
     if (k >= out.size()) throw Error(node().describe() + ": has no output " + std::to_string(k));
     return out[k];
@@ -89,8 +90,8 @@ class LayerStateImpl final : public LayerState {
     const at::Tensor y = r_.float_output(i_, 0, 0);
     if (y.dim() >= 2 && y.size(1) == c) return 1;
     if (y.dim() >= 1 && y.size(-1) == c) return y.dim() - 1;
-    throw Error(node().describe() + ": its bias of " + std::to_string(c) + " values matches no channel axis of its output " +
-                c10::str(y.sizes()));
+    throw Error(node().describe() + ": its bias of " + std::to_string(c) +
+                " values matches no channel axis of its output " + c10::str(y.sizes()));
   }
   void set_bias(const at::Tensor& value) override { r_.set_bias(i_, value); }
 
@@ -206,7 +207,8 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
   {
     at::AutoGradMode grad(true);
     auto params = plugin_call(w, false, "parameters", [&] { return w.quantizer->parameters(); });
-    if (params.empty()) throw Error(w.where() + ": quantizer '" + w.quantizer_name + "' has nothing to reconstruct with");
+    if (params.empty())
+      throw Error(w.where() + ": quantizer '" + w.quantizer_name + "' has nothing to reconstruct with");
     torch::optim::Adam adam(params, torch::optim::AdamOptions(settings.learning_rate));
     std::mt19937_64 rng(settings.seed);
     std::discrete_distribution<std::size_t> pick_batch(rows_.begin(), rows_.end());
@@ -226,7 +228,8 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
       at::Tensor target = fp_[b].at(n.outputs[0]);
       if (rows.defined()) target = target.index_select(0, rows);
       at::Tensor loss = reconstruction_loss(output_with(inputs_for(b, rows)), target);
-      at::Tensor penalty = plugin_call(w, false, "reconstruction_penalty", [&] { return w.quantizer->reconstruction_penalty(step); });
+      at::Tensor penalty =
+          plugin_call(w, false, "reconstruction_penalty", [&] { return w.quantizer->reconstruction_penalty(step); });
       if (penalty.defined()) loss = loss + penalty;
       adam.zero_grad();
       loss.backward();
@@ -256,7 +259,8 @@ void LayerwiseRunner::run_layer_passes(std::size_t i, CalibrationStats& stats) {
       throw Error("pass '" + lp.name + "' (plugin '" + lp.plugin + "') failed at " + nodes_[i]->describe() + ": " +
                   e.what_without_backtrace());
     } catch (const std::exception& e) {
-      throw Error("pass '" + lp.name + "' (plugin '" + lp.plugin + "') failed at " + nodes_[i]->describe() + ": " + e.what());
+      throw Error("pass '" + lp.name + "' (plugin '" + lp.plugin + "') failed at " + nodes_[i]->describe() + ": " +
+                  e.what());
     }
     if (changed) stats.layer_pass_changes.push_back(lp.name + ": " + nodes_[i]->name);
   }
@@ -366,7 +370,8 @@ CalibrationStats LayerwiseRunner::run() {
   for (auto& lp : qm_.layer_passes()) {
     auto unused = lp.options.unused();
     if (!unused.empty()) {
-      throw Error(qm_.config().source + ": [passes." + lp.name + "] key " + unused.front() + " is not read by this pass");
+      throw Error(qm_.config().source + ": [passes." + lp.name + "] key " + unused.front() +
+                  " is not read by this pass");
     }
   }
   stats.seconds = seconds_since(start);

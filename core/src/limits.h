@@ -21,7 +21,8 @@ inline std::uint64_t physical_memory() {
 }
 
 /// Elements of a tensor of `shape` with `elem_size`-byte elements; throws naming `what`.
-inline std::int64_t checked_numel(const std::vector<std::int64_t>& shape, std::size_t elem_size, const std::string& what) {
+inline std::int64_t checked_numel(const std::vector<std::int64_t>& shape, std::size_t elem_size,
+                                  const std::string& what) {
   std::uint64_t n = 1, strides = 1;  // strides: the product without zero dims (LibTorch computes it too)
   bool overflow = false;
   for (auto d : shape) {

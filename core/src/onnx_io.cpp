@@ -42,7 +42,7 @@ using proto::value_info_to_proto;
 
 namespace {
 
-constexpr std::int64_t kMaxOpset = 21;     // the newest default-domain opset the executor implements
+constexpr std::int64_t kMaxOpset = 21;      // the newest default-domain opset the executor implements
 constexpr std::int64_t kMaxIrVersion = 11;  // ONNX 1.18's IR
 
 /// A Conv/ConvTranspose's attributes against its weight, when the weight is an initializer:
@@ -60,20 +60,24 @@ void check_conv(const Node& n, const Graph& g, const std::string& name) {
   const auto spatial = static_cast<std::size_t>(weight.dim() - 2);
   const std::vector<std::int64_t> kernel(weight.sizes().begin() + 2, weight.sizes().end());
   if (n.has_attr("kernel_shape") && n.attr_ints("kernel_shape") != kernel)
-    bad("kernel_shape " + c10::str(c10::IntArrayRef(n.attr_ints("kernel_shape"))) + " disagrees with the weight's spatial dims");
+    bad("kernel_shape " + c10::str(c10::IntArrayRef(n.attr_ints("kernel_shape"))) +
+        " disagrees with the weight's spatial dims");
   for (const char* key : {"strides", "dilations"}) {
     const auto v = n.attr_ints(key);
-    if (n.has_attr(key) && v.size() != spatial) bad(std::string(key) + " has " + std::to_string(v.size()) + " values for " +
-                                                    std::to_string(spatial) + " spatial dims");
+    if (n.has_attr(key) && v.size() != spatial)
+      bad(std::string(key) + " has " + std::to_string(v.size()) + " values for " + std::to_string(spatial) +
+          " spatial dims");
     for (auto x : v)
       if (x < 1) bad(std::string(key) + " must be at least 1");
   }
   if (n.has_attr("pads") && n.attr_ints("pads").size() != 2 * spatial)
-    bad("pads has " + std::to_string(n.attr_ints("pads").size()) + " values for " + std::to_string(spatial) + " spatial dims");
+    bad("pads has " + std::to_string(n.attr_ints("pads").size()) + " values for " + std::to_string(spatial) +
+        " spatial dims");
   const std::int64_t group = n.attr_int("group", 1);
   if (group < 1) bad("group must be at least 1");
   if (n.op_type == "Conv" && weight.size(0) % group != 0)
-    bad("group " + std::to_string(group) + " does not divide the " + std::to_string(weight.size(0)) + " output channels");
+    bad("group " + std::to_string(group) + " does not divide the " + std::to_string(weight.size(0)) +
+        " output channels");
 }
 
 std::int64_t default_opset_of(const onnx::ModelProto& m) {
@@ -123,8 +127,8 @@ void verify_node(const onnx::NodeProto& np, const Node& n, std::int64_t opset,
     bool allowed = false;
     for (const auto* allowed_type : formal.GetTypes()) allowed = allowed || *allowed_type == type;
     if (!allowed) {
-      throw Error(name + ": " + n.describe() + ": input " + std::to_string(i) + " ('" + np.input(i) + "', " + formal.GetName() +
-                  ") is " + onnx_type_name(t->second) + ", which " + spec + " does not accept");
+      throw Error(name + ": " + n.describe() + ": input " + std::to_string(i) + " ('" + np.input(i) + "', " +
+                  formal.GetName() + ") is " + onnx_type_name(t->second) + ", which " + spec + " does not accept");
     }
   }
 }
@@ -182,8 +186,8 @@ onnx::ModelProto convert_isolated(const onnx::ModelProto& proto, std::int64_t op
                 "; the model is malformed" + hint);
   }
   if (result[0] == '0') {
-    throw Error(name + ": ONNX's version converter could not lift the model from opset " + std::to_string(source_opset) +
-                " to " + std::to_string(opset) + ": " + result.substr(1) + hint);
+    throw Error(name + ": ONNX's version converter could not lift the model from opset " +
+                std::to_string(source_opset) + " to " + std::to_string(opset) + ": " + result.substr(1) + hint);
   }
   onnx::ModelProto converted;
   if (!converted.ParseFromArray(result.data() + 1, static_cast<int>(result.size() - 1)))
@@ -206,8 +210,9 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
                 std::to_string(kMaxOpset) + " or older");
   }
   if (proto.ir_version() > kMaxIrVersion) {
-    throw Error(name + ": ONNX IR version " + std::to_string(proto.ir_version()) + " is newer than Sparsebit reads (up to " +
-                std::to_string(kMaxIrVersion) + "); re-export with an older ONNX");
+    throw Error(name + ": ONNX IR version " + std::to_string(proto.ir_version()) +
+                " is newer than Sparsebit reads (up to " + std::to_string(kMaxIrVersion) +
+                "); re-export with an older ONNX");
   }
   if (model.meta.source_opset < kMinLiftableOpset) {
     // Before 7, broadcasting followed other rules that our executor does not run.
@@ -232,9 +237,11 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   }
   for (const auto& out : gp.output()) {
     const auto& type = out.type();  // sequence and optional types are reported where they are used
-    if (type.value_case() == onnx::TypeProto::VALUE_NOT_SET || (type.has_tensor_type() && type.tensor_type().elem_type() == 0)) {
-      throw Error(name + ": graph output '" + printable(out.name()) +
-                  "' declares no tensor element type; the model is malformed (re-export it, or fix its outputs' types)");
+    if (type.value_case() == onnx::TypeProto::VALUE_NOT_SET ||
+        (type.has_tensor_type() && type.tensor_type().elem_type() == 0)) {
+      throw Error(
+          name + ": graph output '" + printable(out.name()) +
+          "' declares no tensor element type; the model is malformed (re-export it, or fix its outputs' types)");
     }
     g.outputs.push_back(value_info_from_proto(out));
   }
@@ -242,7 +249,8 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   std::map<std::string, std::int32_t> known_types;  // element types the file states
   for (const auto& init : gp.initializer()) known_types[init.name()] = init.data_type();
   for (const auto& in : gp.input())
-    if (in.type().has_tensor_type() && !known_types.count(in.name())) known_types[in.name()] = in.type().tensor_type().elem_type();
+    if (in.type().has_tensor_type() && !known_types.count(in.name()))
+      known_types[in.name()] = in.type().tensor_type().elem_type();
   const std::int64_t opset = g.default_opset();
 
   std::set<std::string> used_names;
@@ -261,7 +269,8 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
     n.outputs.assign(np.output().begin(), np.output().end());
     n.doc_string = np.doc_string();
     verify_node(np, n, opset, known_types, name);
-    for (const auto& a : np.attribute()) n.attributes[a.name()] = attribute_from_proto(a, base, name + ": " + n.describe());
+    for (const auto& a : np.attribute())
+      n.attributes[a.name()] = attribute_from_proto(a, base, name + ": " + n.describe());
     if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1) {
       g.initializers[n.outputs[0]] = constant_value(n);
       continue;
@@ -330,8 +339,9 @@ Model load_onnx_from_bytes(const std::string& bytes, const std::string& name, co
   onnx::ModelProto proto;
   if (bytes.empty()) throw Error(name + ": the file is empty, not an ONNX model");
   if (!proto.ParseFromString(bytes)) {
-    throw Error(name + ": not a valid ONNX model (protobuf parsing failed: the file is truncated, "
-                       "corrupt, or of another format)");
+    throw Error(name +
+                ": not a valid ONNX model (protobuf parsing failed: the file is truncated, "
+                "corrupt, or of another format)");
   }
   return model_from_proto(proto, name, options);
 }
@@ -346,8 +356,8 @@ Model load_onnx(const std::string& path, const ImportOptions& options) {
   return load_onnx_from_bytes(bytes, path, options);
 }
 
-std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options, std::string* external,
-                           const std::string& external_location) {
+std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options,
+                           std::string* external, const std::string& external_location) {
   onnx::ModelProto proto;
   if (!meta.skeleton.empty() && !proto.ParseFromString(meta.skeleton)) throw Error("internal: bad model skeleton");
   if (proto.ir_version() == 0) proto.set_ir_version(7);
@@ -363,7 +373,8 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   for (const auto& kv : options.metadata_props) {
     const std::string& key = kv.first;
     auto* props = proto.mutable_metadata_props();
-    auto it = std::find_if(props->begin(), props->end(), [&](const onnx::StringStringEntryProto& e) { return e.key() == key; });
+    auto it = std::find_if(props->begin(), props->end(),
+                           [&](const onnx::StringStringEntryProto& e) { return e.key() == key; });
     onnx::StringStringEntryProto* entry = it != props->end() ? &*it : proto.add_metadata_props();
     entry->set_key(key);
     entry->set_value(kv.second);
@@ -380,7 +391,8 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   if (external) external->clear();
   for (const auto& kv : graph.initializers) {
     auto narrow = graph.narrow_types.find(kv.first);
-    tensor_to_proto(kv.second, kv.first, gp->add_initializer(), narrow == graph.narrow_types.end() ? 0 : narrow->second);
+    tensor_to_proto(kv.second, kv.first, gp->add_initializer(),
+                    narrow == graph.narrow_types.end() ? 0 : narrow->second);
   }
   std::set<std::string> names;
   for (const auto* n : graph.nodes()) {
@@ -415,15 +427,17 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   }
   // After the checker (which would look for the side file): large initializers move out.
   for (auto& tp : *gp->mutable_initializer()) {
-    if (!to_side_file || !tp.has_raw_data() || static_cast<std::int64_t>(tp.raw_data().size()) < options.external_min_bytes)
+    if (!to_side_file || !tp.has_raw_data() ||
+        static_cast<std::int64_t>(tp.raw_data().size()) < options.external_min_bytes)
       continue;
     external->resize((external->size() + 4095) / 4096 * 4096, '\0');  // mappable offsets
     const std::size_t offset = external->size();
     external->append(tp.raw_data());
     tp.clear_raw_data();
     tp.set_data_location(onnx::TensorProto::EXTERNAL);
-    const std::pair<const char*, std::string> entries[] = {
-        {"location", external_location}, {"offset", std::to_string(offset)}, {"length", std::to_string(external->size() - offset)}};
+    const std::pair<const char*, std::string> entries[] = {{"location", external_location},
+                                                           {"offset", std::to_string(offset)},
+                                                           {"length", std::to_string(external->size() - offset)}};
     for (const auto& [k, v] : entries) {
       auto* e = tp.add_external_data();
       e->set_key(k);
@@ -432,8 +446,9 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   }
   std::string bytes;
   if (!proto.SerializeToString(&bytes)) {
-    throw Error("the model could not be serialized: protobuf messages stop at 2 GiB; write it with external data "
-                "(`--external-data`, or save_onnx, which switches automatically)");
+    throw Error(
+        "the model could not be serialized: protobuf messages stop at 2 GiB; write it with external data "
+        "(`--external-data`, or save_onnx, which switches automatically)");
   }
   return bytes;
 }
@@ -452,7 +467,8 @@ void write_onnx_files(const std::string& path, const std::string& model_bytes, c
 
 void save_onnx(const Graph& graph, const ModelMeta& meta, const std::string& path, const ExportOptions& options) {
   std::string external;
-  const std::string model = serialize_onnx(graph, meta, options, &external, fs::path(path).filename().string() + ".data");
+  const std::string model =
+      serialize_onnx(graph, meta, options, &external, fs::path(path).filename().string() + ".data");
   write_onnx_files(path, model, external);
 }
 

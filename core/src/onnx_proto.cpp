@@ -82,7 +82,6 @@ std::int32_t onnx_type_of(at::ScalarType t) {
   }
 }
 
-
 namespace {
 
 // Copies typed repeated-field storage into a new tensor of `shape`.
@@ -178,7 +177,8 @@ std::string read_external_data(const onnx::TensorProto& p, const fs::path& base_
   std::string bytes(static_cast<std::size_t>(length), '\0');
   in.seekg(offset);
   in.read(bytes.data(), length);
-  if (in.gcount() != length) throw Error(what + ": could not read " + std::to_string(length) + " bytes from " + file.string());
+  if (in.gcount() != length)
+    throw Error(what + ": could not read " + std::to_string(length) + " bytes from " + file.string());
   if (!checksum.empty()) {
     // The spec's checksum covers the whole file, which tensors usually share: hash it once.
     static thread_local std::map<std::string, std::string> hashed;
@@ -186,7 +186,8 @@ std::string read_external_data(const onnx::TensorProto& p, const fs::path& base_
     auto it = hashed.find(key);
     if (it == hashed.end()) it = hashed.emplace(key, sha1_of_file(file)).first;
     if (it->second != checksum) {
-      throw Error(what + ": external data file " + file.string() + " does not match its SHA-1 checksum (changed or corrupt)");
+      throw Error(what + ": external data file " + file.string() +
+                  " does not match its SHA-1 checksum (changed or corrupt)");
     }
   }
   return bytes;
@@ -281,7 +282,8 @@ void tensor_to_proto(const at::Tensor& t_in, const std::string& name, onnx::Tens
     const std::int64_t n = v.numel();
     std::string bytes(static_cast<std::size_t>((n + 1) / 2), '\0');
     for (std::int64_t i = 0; i < n; ++i)
-      bytes[static_cast<std::size_t>(i / 2)] |= static_cast<char>((v.data_ptr<std::int32_t>()[i] & 0xF) << (4 * (i % 2)));
+      bytes[static_cast<std::size_t>(i / 2)] |=
+          static_cast<char>((v.data_ptr<std::int32_t>()[i] & 0xF) << (4 * (i % 2)));
     p->set_data_type(narrow_type);
     p->set_raw_data(bytes);
     return;
@@ -321,10 +323,22 @@ void attribute_to_proto(const std::string& key, const Attribute& a, onnx::Attrib
   }
   p->set_name(key);
   switch (a.kind) {
-    case Attribute::Kind::kFloat: p->set_type(onnx::AttributeProto::FLOAT); p->set_f(static_cast<float>(a.f)); break;
-    case Attribute::Kind::kInt: p->set_type(onnx::AttributeProto::INT); p->set_i(a.i); break;
-    case Attribute::Kind::kString: p->set_type(onnx::AttributeProto::STRING); p->set_s(a.s); break;
-    case Attribute::Kind::kTensor: p->set_type(onnx::AttributeProto::TENSOR); tensor_to_proto(a.t, "", p->mutable_t()); break;
+    case Attribute::Kind::kFloat:
+      p->set_type(onnx::AttributeProto::FLOAT);
+      p->set_f(static_cast<float>(a.f));
+      break;
+    case Attribute::Kind::kInt:
+      p->set_type(onnx::AttributeProto::INT);
+      p->set_i(a.i);
+      break;
+    case Attribute::Kind::kString:
+      p->set_type(onnx::AttributeProto::STRING);
+      p->set_s(a.s);
+      break;
+    case Attribute::Kind::kTensor:
+      p->set_type(onnx::AttributeProto::TENSOR);
+      tensor_to_proto(a.t, "", p->mutable_t());
+      break;
     case Attribute::Kind::kFloats:
       p->set_type(onnx::AttributeProto::FLOATS);
       for (double f : a.floats) p->add_floats(static_cast<float>(f));

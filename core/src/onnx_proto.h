@@ -17,10 +17,12 @@ constexpr std::int32_t kUint4 = 21, kInt4 = 22;  // TensorProto.DataType numbers
 
 /// A TensorProto's value (raw, typed fields, packed 4-bit or external data under `base_dir`);
 /// `what` names it in errors.
-at::Tensor tensor_from_proto(const onnx::TensorProto& p, const std::filesystem::path& base_dir, const std::string& what);
+at::Tensor tensor_from_proto(const onnx::TensorProto& p, const std::filesystem::path& base_dir,
+                             const std::string& what);
 /// `narrow_type`: a 4-bit or 16-bit ONNX type the tensor's wider storage stands for (0: none).
 void tensor_to_proto(const at::Tensor& t, const std::string& name, onnx::TensorProto* p, std::int32_t narrow_type = 0);
-Attribute attribute_from_proto(const onnx::AttributeProto& a, const std::filesystem::path& base, const std::string& where);
+Attribute attribute_from_proto(const onnx::AttributeProto& a, const std::filesystem::path& base,
+                               const std::string& where);
 void attribute_to_proto(const std::string& key, const Attribute& a, onnx::AttributeProto* p);
 ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v);
 void value_info_to_proto(const ValueInfo& v, onnx::ValueInfoProto* p);

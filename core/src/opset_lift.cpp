@@ -28,6 +28,8 @@ using detail::run_sample;
 
 /// Ops whose meaning did not change from opset 7 to 21 (their new versions widened types or
 /// added attributes and inputs whose defaults keep the old behaviour).
+// A table of op names, packed (not one per line):
+// clang-format off
 const std::set<std::string> kUnchanged = {
     "Abs", "Acos", "Acosh", "Add", "And", "ArgMax", "ArgMin", "Asin", "Asinh", "Atan", "Atanh", "AveragePool",
     "Bernoulli", "BitShift", "Cast", "CastLike", "Ceil", "Celu", "Compress", "Concat", "Constant", "ConstantOfShape",
@@ -43,6 +45,7 @@ const std::set<std::string> kUnchanged = {
     "ScatterND", "Selu", "Shape", "Shrink", "Sigmoid", "Sign", "Sin", "Sinh", "Size", "Softplus", "Softsign",
     "SpaceToDepth", "Sqrt", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Tile", "Transpose", "Trilu", "Unique",
     "Where", "Xor"};
+// clang-format on
 
 class Lifter;
 using Rule = std::function<void(Lifter&, Node&)>;
@@ -69,7 +72,8 @@ class Lifter {
     return f ? f->rank : -1;
   }
   std::int32_t elem_type(const std::string& value) const {
-    if (auto it = g_.initializers.find(value); it != g_.initializers.end()) return onnx_type_of(it->second.scalar_type());
+    if (auto it = g_.initializers.find(value); it != g_.initializers.end())
+      return onnx_type_of(it->second.scalar_type());
     const ValueFact* f = fact(value);
     return f ? f->elem_type : 0;
   }
@@ -150,7 +154,8 @@ void lift_softmax(Lifter& l, Node& n) {
   g.insert_before(&n, std::move(shape));
   g.insert_before(&n, std::move(flat));
   g.insert_after(&n, std::move(back));
-  l.note(n, "axis " + std::to_string(axis) + (rank >= 0 ? " of a rank-" + std::to_string(rank) + " input" : " of an input of unknown rank") +
+  l.note(n, "axis " + std::to_string(axis) +
+                (rank >= 0 ? " of a rank-" + std::to_string(rank) + " input" : " of an input of unknown rank") +
                 " is not the last axis; rewritten as Flatten -> " + n.op_type + " -> Reshape");
 }
 
@@ -287,8 +292,9 @@ void lift_groupnorm_21(Lifter& l, Node& n) {
     auto it = g.initializers.find(n.inputs.at(i));
     if (it == g.initializers.end())
       l.refuse(n, "its scale and bias are computed, not initializers; they must be expanded from groups to channels");
-    if (it->second.numel() != groups) l.refuse(n, "its scale/bias has " + std::to_string(it->second.numel()) + " values for " +
-                                                   std::to_string(groups) + " groups");
+    if (it->second.numel() != groups)
+      l.refuse(n, "its scale/bias has " + std::to_string(it->second.numel()) + " values for " + std::to_string(groups) +
+                      " groups");
     n.inputs[i] = l.constant(n, i == 1 ? "scale_per_channel" : "bias_per_channel",
                              it->second.reshape({-1}).repeat_interleave(channels / groups));
   }
@@ -387,7 +393,8 @@ LiftReport lift_opset(Graph& graph, std::int64_t target, const ValueFacts& facts
   return report;
 }
 
-LiftReport lift_model(Model& model, std::int64_t target, const Registry& registry, const std::vector<at::Tensor>& sample) {
+LiftReport lift_model(Model& model, std::int64_t target, const Registry& registry,
+                      const std::vector<at::Tensor>& sample) {
   const std::int64_t from = model.graph.default_opset();
   if (from >= target) return LiftReport{from, from, {}, false, 0};
   ValueFacts facts = static_value_facts(model.graph, model.meta.value_info);
@@ -421,10 +428,10 @@ LiftReport lift_model(Model& model, std::int64_t target, const Registry& registr
       }
       report.max_abs_diff = std::max(report.max_abs_diff, diff);
       if (!same) {
-        throw Error(model.meta.source_path + ": lifting from opset " + std::to_string(from) + " to " + std::to_string(target) +
-                    " changed graph output '" + lifted.outputs[i].name + "' on a sample of shape " + describe_sample(sample) +
-                    " (max |difference| " + c10::str(diff) + "); re-export the model at opset " +
-                    std::to_string(target) + " and report this model");
+        throw Error(model.meta.source_path + ": lifting from opset " + std::to_string(from) + " to " +
+                    std::to_string(target) + " changed graph output '" + lifted.outputs[i].name +
+                    "' on a sample of shape " + describe_sample(sample) + " (max |difference| " + c10::str(diff) +
+                    "); re-export the model at opset " + std::to_string(target) + " and report this model");
       }
     }
     report.checked = true;

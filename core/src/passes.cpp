@@ -43,7 +43,8 @@ bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, G
       if (stage == Pass::Stage::kSimplify) graph.validate();
       auto unused = entry.options.unused();
       if (!unused.empty()) {
-        throw Error(config_source + ": [passes." + entry.pass + "] key " + unused.front() + " is not read by this pass");
+        throw Error(config_source + ": [passes." + entry.pass + "] key " + unused.front() +
+                    " is not read by this pass");
       }
     } catch (const Error& e) {
       throw Error("pass '" + entry.pass + "' (plugin '" + p->plugin + "'): " + e.what());

@@ -108,14 +108,17 @@ std::string human(double v) {
 }
 
 /// Builds the QuantModel and calibrates it, logging what it does.
-CalibrationStats calibrate(QuantModel& qm, const std::string& calib, const Config& config, const StepProgressFn& progress) {
+CalibrationStats calibrate(QuantModel& qm, const std::string& calib, const Config& config,
+                           const StepProgressFn& progress) {
   auto data = open_dataset(calib, qm.graph().inputs);
   spdlog::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data->describe(),
                config.calibration.count > 0 ? std::to_string(config.calibration.count) : std::string("all"),
-               config.calibration.batch_size, config.calibration.mode, config.calibration.device, at::get_num_threads());
+               config.calibration.batch_size, config.calibration.mode, config.calibration.device,
+               at::get_num_threads());
   CalibrationStats stats = qm.calibrate(*data, stage(progress, "calibrating"));
   end_step(progress);
-  spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples, stats.seconds);
+  spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples,
+               stats.seconds);
   return stats;
 }
 
@@ -164,16 +167,17 @@ PruneResult prune_step(const Model& model, const Config& config, const Registry&
   if (!calib.empty()) data = open_dataset(calib, model.graph.inputs);
   PruneResult r = prune(model, config, registry, sample_inputs(model.graph, calib), data.get());
   const double seconds = ms_since(t0) / 1000;
-  std::string what = r.pattern == SparsityPattern::kChannel ? std::to_string(r.channels_removed) + " channels removed in " +
-                                                                  std::to_string(r.groups_pruned) + " of " +
-                                                                  std::to_string(r.groups) + " channel groups"
+  std::string what = r.pattern == SparsityPattern::kChannel
+                         ? std::to_string(r.channels_removed) + " channels removed in " +
+                               std::to_string(r.groups_pruned) + " of " + std::to_string(r.groups) + " channel groups"
                      : r.pattern == SparsityPattern::kNM ? std::to_string(r.n) + ":" + std::to_string(r.m) + " sparsity"
                                                          : "unstructured sparsity";
   spdlog::info("pruned with '{}' in {:.2f} s: {}{}", r.sparser, seconds, what,
                r.bias_compensated ? ", " + std::to_string(r.bias_compensated) + " biases compensated" : std::string());
   spdlog::info("  {:<20} {:>12} {:>12} {:>8}", "", "before", "after", "ratio");
   auto row = [](const char* name, double before, double after) {
-    spdlog::info("  {:<20} {:>12} {:>12} {:>7.3f}", name, human(before), human(after), before > 0 ? after / before : 0.0);
+    spdlog::info("  {:<20} {:>12} {:>12} {:>7.3f}", name, human(before), human(after),
+                 before > 0 ? after / before : 0.0);
   };
   row("parameters", double(r.before.parameters), double(r.after.parameters));
   row("non-zero parameters", double(r.before.nonzero_parameters), double(r.after.nonzero_parameters));
@@ -182,8 +186,9 @@ PruneResult prune_step(const Model& model, const Config& config, const Registry&
   row("FLOPs (non-zero)", 2.0 * double(r.before.sparse_macs), 2.0 * double(r.after.sparse_macs));
   for (const auto& n : r.notes) spdlog::debug("  {}", n);
   if (r.pattern == SparsityPattern::kChannel && config.sparse->round_to == 1 && r.channels_removed > 0)
-    spdlog::info("channel counts that are not multiples of 8 can run slower than the unpruned model in ONNX Runtime "
-                 "and TensorRT (docs/PRUNING.md); [sparse] round_to = 8 keeps them aligned");
+    spdlog::info(
+        "channel counts that are not multiples of 8 can run slower than the unpruned model in ONNX Runtime "
+        "and TensorRT (docs/PRUNING.md); [sparse] round_to = 8 keeps them aligned");
   return r;
 }
 
@@ -219,16 +224,18 @@ EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, cons
     agree += (fp_top == q_top).sum().item<std::int64_t>();
     if (labels.defined()) {
       if (n + rows > labels.numel())
-        throw Error(request.labels + ": has " + std::to_string(labels.numel()) + " labels, fewer than the evaluation samples");
+        throw Error(request.labels + ": has " + std::to_string(labels.numel()) +
+                    " labels, fewer than the evaluation samples");
       at::Tensor y = labels.narrow(0, n, rows);
       if (!labels_checked) {  // the model's output fixes the classes
         labels_checked = true;
         const std::int64_t classes = fp.reshape({rows, -1}).size(1);
         const std::int64_t low = labels.min().item<std::int64_t>(), high = labels.max().item<std::int64_t>();
         if (low < 0 || high >= classes)
-          spdlog::warn("{}: labels run from {} to {}, outside the model's {} classes (0 to {}); the accuracy below "
-                       "means nothing unless the labels belong to this model and data",
-                       request.labels, low, high, classes, classes - 1);
+          spdlog::warn(
+              "{}: labels run from {} to {}, outside the model's {} classes (0 to {}); the accuracy below "
+              "means nothing unless the labels belong to this model and data",
+              request.labels, low, high, classes, classes - 1);
       }
       fp_correct += (fp_top == y).sum().item<std::int64_t>();
       q_correct += (q_top == y).sum().item<std::int64_t>();
@@ -305,16 +312,17 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
                config.qat.epochs, job.train, config.qat.batch_size, config.qat.lr, config.qat.loss,
                config.calibration.device, at::get_num_threads());
   QatOptions options{config.qat, r.checkpoint, qat_fingerprint(job)};
-  r.training = distill(qm, teacher, [&] { return open_dataset(job.train, inputs); }, options,
-                       epochs(progress, "epoch ", config.qat.epochs));
+  r.training = distill(
+      qm, teacher, [&] { return open_dataset(job.train, inputs); }, options,
+      epochs(progress, "epoch ", config.qat.epochs));
   end_step(progress);
   r.quantization = qm.report(&r.calibration);
 
   std::string external;
   files.set_model(qm.serialize(&external, files.external_location()));
   files.commit(external, job.report.empty() ? "" : report_json(r, job));
-  spdlog::info("wrote {} (checkpoint {} kept: rerun with more --epochs to continue, --restart to start over)", job.output,
-               r.checkpoint);
+  spdlog::info("wrote {} (checkpoint {} kept: rerun with more --epochs to continue, --restart to start over)",
+               job.output, r.checkpoint);
   return r;
 }
 
@@ -357,7 +365,8 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
         c10::NoGradGuard no_grad;
         for (auto& [t, mask] : keep) t.mul_(mask);
       };
-      const QatResult trained = distill(qm, teacher, open_train, options, epochs(progress, "fine-tuning ", config.qat.epochs));
+      const QatResult trained =
+          distill(qm, teacher, open_train, options, epochs(progress, "fine-tuning ", config.qat.epochs));
       end_step(progress);
       for (const auto& e : trained.epochs) r.finetune_losses.push_back(e.loss);
       r.finetune_quantization_aware = true;
@@ -389,7 +398,8 @@ std::string report_json(const QuantizeOutcome& r) {
   if (r.pruning) rep["pruning"] = prune_report_value(*r.pruning);
   if (r.evaluation) {
     const EvaluationResult& e = *r.evaluation;
-    json ev = {{"samples", e.samples}, {"top1_agreement", e.top1_agreement}, {"max_abs_output_diff", e.max_abs_output_diff}};
+    json ev = {
+        {"samples", e.samples}, {"top1_agreement", e.top1_agreement}, {"max_abs_output_diff", e.max_abs_output_diff}};
     if (e.fp32_accuracy) ev["fp32_accuracy"] = *e.fp32_accuracy;
     if (e.simulated_accuracy) ev["int8_simulated_accuracy"] = *e.simulated_accuracy;
     rep["evaluation"] = ev;
@@ -399,10 +409,14 @@ std::string report_json(const QuantizeOutcome& r) {
 
 std::string report_json(const QatOutcome& r, const QatJob& job) {
   json rep = quantization_report_value(r.quantization);
-  rep["qat"] = {{"resumed_after_epoch", r.training.resumed_after}, {"checkpoint", r.checkpoint},
-                {"loss", job.config.qat.loss}, {"lr", job.config.qat.lr}, {"epochs", json::array()}};
+  rep["qat"] = {{"resumed_after_epoch", r.training.resumed_after},
+                {"checkpoint", r.checkpoint},
+                {"loss", job.config.qat.loss},
+                {"lr", job.config.qat.lr},
+                {"epochs", json::array()}};
   for (const auto& e : r.training.epochs)
-    rep["qat"]["epochs"].push_back({{"epoch", e.epoch}, {"loss", e.loss}, {"samples", e.samples}, {"seconds", e.seconds}});
+    rep["qat"]["epochs"].push_back(
+        {{"epoch", e.epoch}, {"loss", e.loss}, {"samples", e.samples}, {"seconds", e.seconds}});
   return rep.dump(2);
 }
 

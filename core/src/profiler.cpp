@@ -115,7 +115,8 @@ ProfileReport profile(QuantModel& qm, Dataset& data, const ProfileOptions& optio
       if (options.accumulated)
         for (auto l : layers)
           if (sums.count(nodes[l]->outputs[0]))
-            report.accumulated.push_back(sums[nodes[l]->outputs[0]].result(nodes[l]->name, nodes[l]->op_type, nodes[l]->outputs[0]));
+            report.accumulated.push_back(
+                sums[nodes[l]->outputs[0]].result(nodes[l]->name, nodes[l]->op_type, nodes[l]->outputs[0]));
     }
     ref_values.clear();
     if (options.single) {
@@ -127,7 +128,8 @@ ProfileReport profile(QuantModel& qm, Dataset& data, const ProfileOptions& optio
         for (std::size_t b = 0; b < batches.size(); ++b) sums.add(ref_out[b], qm.forward(batches[b]).at(0));
         report.single.push_back(sums.result(nodes[l]->name, nodes[l]->op_type, report.output));
         for (auto s : slots_of[l]) qm.set_slot_enabled(s, false);
-        if (options.progress) options.progress(static_cast<std::int64_t>(++done), static_cast<std::int64_t>(layers.size()));
+        if (options.progress)
+          options.progress(static_cast<std::int64_t>(++done), static_cast<std::int64_t>(layers.size()));
       }
     }
   } catch (...) {
@@ -143,7 +145,11 @@ std::string profile_json(const ProfileReport& r) {
   auto rows = [](const std::vector<LayerError>& v) {
     json a = json::array();
     for (const auto& e : v)
-      a.push_back({{"node", e.node}, {"op_type", e.op_type}, {"tensor", e.tensor}, {"mse", e.mse}, {"cosine", e.cosine},
+      a.push_back({{"node", e.node},
+                   {"op_type", e.op_type},
+                   {"tensor", e.tensor},
+                   {"mse", e.mse},
+                   {"cosine", e.cosine},
                    {"sqnr_db", finite(e.sqnr_db)}});
     return a;
   };
@@ -184,8 +190,9 @@ std::string bar_chart(std::vector<LayerError> rows, const std::string& title) {
   const int bar_w = 420, label_w = 300, row_h = 18, top = 28;
   const double worst = rows.empty() ? 1 : std::max(rows.front().mse, 1e-30);
   std::ostringstream os;
-  os << "<h2>" << html_escape(title) << "</h2>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << label_w + bar_w + 260
-     << "\" height=\"" << top + row_h * static_cast<int>(rows.size()) + 10 << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
+  os << "<h2>" << html_escape(title) << "</h2>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\""
+     << label_w + bar_w + 260 << "\" height=\"" << top + row_h * static_cast<int>(rows.size()) + 10
+     << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
      << "<text x=\"" << label_w << "\" y=\"16\" fill=\"#555\">MSE (longest = worst), SQNR dB, cosine</text>\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& e = rows[i];
@@ -193,11 +200,12 @@ std::string bar_chart(std::vector<LayerError> rows, const std::string& title) {
     const int w = std::max(1, static_cast<int>(bar_w * e.mse / worst));
     std::string label = e.node + " (" + e.op_type + ")";
     if (label.size() > 48) label = "..." + label.substr(label.size() - 45);
-    os << "<text x=\"" << label_w - 6 << "\" y=\"" << y + 12 << "\" text-anchor=\"end\">" << html_escape(label) << "</text>"
+    os << "<text x=\"" << label_w - 6 << "\" y=\"" << y + 12 << "\" text-anchor=\"end\">" << html_escape(label)
+       << "</text>"
        << "<rect x=\"" << label_w << "\" y=\"" << y + 2 << "\" width=\"" << w << "\" height=\"" << row_h - 4
        << "\" fill=\"" << (i < 3 ? "#d9534f" : "#4a90d9") << "\"><title>" << html_escape(e.node) << "</title></rect>"
-       << "<text x=\"" << label_w + w + 6 << "\" y=\"" << y + 12 << "\">" << num(e.mse) << " | " << num(e.sqnr_db, 3) << " dB | "
-       << num(e.cosine, 6) << "</text>\n";
+       << "<text x=\"" << label_w + w + 6 << "\" y=\"" << y + 12 << "\">" << num(e.mse) << " | " << num(e.sqnr_db, 3)
+       << " dB | " << num(e.cosine, 6) << "</text>\n";
   }
   os << "</svg>\n";
   return os.str();
@@ -205,7 +213,8 @@ std::string bar_chart(std::vector<LayerError> rows, const std::string& title) {
 
 std::string table(const std::vector<LayerError>& rows) {
   std::ostringstream os;
-  os << "<table><tr><th>#</th><th>node</th><th>op</th><th>tensor</th><th>MSE</th><th>cosine</th><th>SQNR dB</th></tr>\n";
+  os << "<table><tr><th>#</th><th>node</th><th>op</th><th>tensor</th><th>MSE</th><th>cosine</th><th>SQNR "
+        "dB</th></tr>\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& e = rows[i];
     os << "<tr><td>" << i << "</td><td>" << html_escape(e.node) << "</td><td>" << html_escape(e.op_type) << "</td><td>"
@@ -221,11 +230,14 @@ std::string table(const std::vector<LayerError>& rows) {
 std::string profile_html(const ProfileReport& r) {
   std::ostringstream os;
   os << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Sparsebit profile: " << html_escape(r.model)
-     << "</title>\n<style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;font-size:12px}"
+     << "</"
+        "title>\n<style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;font-size:"
+        "12px}"
         "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}th{background:#f0f0f0}</style></head><body>\n"
      << "<h1>Quantization error profile</h1>\n<p>Model <code>" << html_escape(r.model) << "</code>, " << r.samples
-     << " samples. Every layer quantized, at output <code>" << html_escape(r.output) << "</code>: MSE " << num(r.whole.mse)
-     << ", cosine " << num(r.whole.cosine, 6) << ", SQNR " << num(r.whole.sqnr_db, 3) << " dB.</p>\n";
+     << " samples. Every layer quantized, at output <code>" << html_escape(r.output) << "</code>: MSE "
+     << num(r.whole.mse) << ", cosine " << num(r.whole.cosine, 6) << ", SQNR " << num(r.whole.sqnr_db, 3)
+     << " dB.</p>\n";
   if (!r.single.empty()) {
     os << bar_chart(r.single, "One layer quantized at a time: error at the model output (sensitivity)")
        << "<details><summary>table (graph order)</summary>" << table(r.single) << "</details>\n";

@@ -27,7 +27,8 @@ Shapes run_shapes(const Graph& graph, const Registry& registry, const std::vecto
   Executor ex(graph, registry);
   std::map<std::string, at::Tensor> feeds;
   if (sample.size() != graph.inputs.size()) {
-    throw Error("the sample has " + std::to_string(sample.size()) + " inputs, the model " + std::to_string(graph.inputs.size()));
+    throw Error("the sample has " + std::to_string(sample.size()) + " inputs, the model " +
+                std::to_string(graph.inputs.size()));
   }
   for (std::size_t i = 0; i < sample.size(); ++i) feeds[graph.inputs[i].name] = sample[i];
   Shapes shapes;
@@ -80,7 +81,8 @@ at::Tensor checked_scores(Sparser& sparser, const std::string& name, const at::T
   return s;
 }
 
-void add_layer(PruneResult& r, const Node& n, const std::string& weight, const at::Tensor& before, const at::Tensor& after) {
+void add_layer(PruneResult& r, const Node& n, const std::string& weight, const at::Tensor& before,
+               const at::Tensor& after) {
   LayerSparsity l;
   l.node = n.name;
   l.op_type = n.op_type;
@@ -122,8 +124,8 @@ std::map<std::string, int> initializer_readers(const Graph& g) {
 
 using namespace prune_detail;
 
-PruneResult prune(const Model& model, const Config& config, const Registry& registry, const std::vector<at::Tensor>& sample,
-                  Dataset* data) {
+PruneResult prune(const Model& model, const Config& config, const Registry& registry,
+                  const std::vector<at::Tensor>& sample, Dataset* data) {
   if (!config.sparse) throw Error(config.source + ": no [sparse] table: nothing says how to prune");
   const SparseConfig& cfg = *config.sparse;
   const auto* entry = registry.sparser(cfg.sparser);
@@ -133,7 +135,8 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
     for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
     const std::string hint = nearest(cfg.sparser, known);
     throw Error(config.source + ": sparse.sparser: no plugin provides sparser '" + cfg.sparser + "'" +
-                (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (loaded: " + (list.empty() ? "none" : list) + ")");
+                (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (loaded: " + (list.empty() ? "none" : list) +
+                ")");
   }
   Options options = cfg.sparser_options;
   std::unique_ptr<Sparser> sparser;
@@ -143,7 +146,8 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
     throw Error(config.source + ": sparser '" + cfg.sparser + "' (plugin '" + entry->plugin + "'): " + e.what());
   }
   for (const auto& key : options.unused())
-    throw Error(config.source + ": sparse.sparser_options." + key + ": sparser '" + cfg.sparser + "' has no such option");
+    throw Error(config.source + ": sparse.sparser_options." + key + ": sparser '" + cfg.sparser +
+                "' has no such option");
 
   PruneResult r;
   r.sparser = cfg.sparser;
@@ -160,19 +164,22 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
         r.n = std::stoll(gran.substr(0, colon));
         r.m = std::stoll(gran.substr(colon + 1));
       } catch (const std::exception&) {
-        throw Error(config.source + ": sparse.granularity: sparser '" + cfg.sparser + "' prunes N of every M weights; write it as \"2:4\"");
+        throw Error(config.source + ": sparse.granularity: sparser '" + cfg.sparser +
+                    "' prunes N of every M weights; write it as \"2:4\"");
       }
-      if (r.n < 1 || r.m < 2 || r.n >= r.m || r.m > 64) throw Error(config.source + ": sparse.granularity: need 1 <= N < M <= 64, got " + gran);
+      if (r.n < 1 || r.m < 2 || r.n >= r.m || r.m > 64)
+        throw Error(config.source + ": sparse.granularity: need 1 <= N < M <= 64, got " + gran);
     }
-    if (cfg.ratio_set) sdk::log_warn(config.source + ": sparse.ratio is ignored by an N:M sparser (it removes " +
-                                     std::to_string(r.m - r.n) + " of every " + std::to_string(r.m) + ")");
+    if (cfg.ratio_set)
+      sdk::log_warn(config.source + ": sparse.ratio is ignored by an N:M sparser (it removes " +
+                    std::to_string(r.m - r.n) + " of every " + std::to_string(r.m) + ")");
   } else if (!gran.empty() && gran != what && !(gran == "unstructured" && what == "element") &&
              !(gran == "structured" && what == "channel")) {
-    const std::string want = gran == "channel" || gran == "structured" ? "l1_structured"
+    const std::string want = gran == "channel" || gran == "structured"     ? "l1_structured"
                              : gran == "element" || gran == "unstructured" ? "l1_unstructured"
-                                                                            : "n_m";
-    throw Error(config.source + ": sparse.granularity = \"" + gran + "\" but sparser '" + cfg.sparser + "' prunes by " + what +
-                "; use sparser = \"" + want + "\" or drop the key");
+                                                                           : "n_m";
+    throw Error(config.source + ": sparse.granularity = \"" + gran + "\" but sparser '" + cfg.sparser + "' prunes by " +
+                what + "; use sparser = \"" + want + "\" or drop the key");
   }
   if (cfg.scope == "global" && r.pattern != SparsityPattern::kElement)
     throw Error(config.source + ": sparse.scope = \"global\" needs an element sparser (such as l1_unstructured)");
@@ -188,7 +195,8 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
   else prune_elements(model, config, *sparser, registry, stats_data, r);
   r.after = model_stats(r.pruned, registry, sample);
   if (r.layers.empty())
-    sdk::log_warn(model.meta.source_path + ": nothing to prune: no Conv, ConvTranspose, Gemm or MatMul reads a float constant "
+    sdk::log_warn(model.meta.source_path +
+                  ": nothing to prune: no Conv, ConvTranspose, Gemm or MatMul reads a float constant "
                   "weight (a QDQ model? prune the float model, then quantize)");
   return r;
 }
@@ -227,17 +235,20 @@ std::vector<double> finetune(Model& student, const Model& teacher, const Registr
   torch::optim::Adam adam(params, torch::optim::AdamOptions(settings.lr).weight_decay(settings.weight_decay));
   std::vector<double> losses;
   std::map<std::string, at::Tensor> feeds;
-  const detail::DistillStep step{
-      [&](const std::vector<at::Tensor>& in) {
-        for (std::size_t i = 0; i < in.size(); ++i) feeds[g.inputs[i].name] = in[i];
-        return ex.run(feeds);
-      },
-      teacher_ex, g.inputs, at::Device(device), settings, adam,
-      [&] {  // zeros left by pruning stay zero
-        c10::NoGradGuard no_grad;
-        for (const auto& [name, mask] : masks) ex.constants().at(name).mul_(mask);
-      },
-      "fine-tuning"};
+  const detail::DistillStep step{[&](const std::vector<at::Tensor>& in) {
+                                   for (std::size_t i = 0; i < in.size(); ++i) feeds[g.inputs[i].name] = in[i];
+                                   return ex.run(feeds);
+                                 },
+                                 teacher_ex,
+                                 g.inputs,
+                                 at::Device(device),
+                                 settings,
+                                 adam,
+                                 [&] {  // zeros left by pruning stay zero
+                                   c10::NoGradGuard no_grad;
+                                   for (const auto& [name, mask] : masks) ex.constants().at(name).mul_(mask);
+                                 },
+                                 "fine-tuning"};
   for (int epoch = 1; epoch <= settings.epochs; ++epoch) {
     losses.push_back(detail::distill_epoch(step, epoch, open_train, progress).loss);
     sdk::log_info("fine-tuning epoch " + std::to_string(epoch) + "/" + std::to_string(settings.epochs) + ": loss " +

@@ -48,9 +48,10 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
     const Producer& pr = an.producers[p];
     const Node& n = g.node(pr.node);
     const at::Tensor& w = g.initializers.at(n.inputs[1]);
-    const std::int64_t out_axis = n.op_type == "ConvTranspose" ? 1 : (n.op_type == "Gemm" && n.attr_int("transB", 0)) ? 0
-                                  : n.op_type == "Conv"                                                              ? 0
-                                                                                                                     : 1;
+    const std::int64_t out_axis = n.op_type == "ConvTranspose"                       ? 1
+                                  : (n.op_type == "Gemm" && n.attr_int("transB", 0)) ? 0
+                                  : n.op_type == "Conv"                              ? 0
+                                                                                     : 1;
     at::Tensor s = checked_scores(sparser, sparser_name, w, out_axis, n, SparsityPattern::kChannel);
     const double mean = s.mean().item<double>();
     scores[p] = mean > 0 ? s / mean : at::ones_like(s);
@@ -76,7 +77,8 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
     if (p >= 0) class_score[root] += scores[static_cast<std::size_t>(p)][an.atom_channel[a]].item<double>();
   }
   std::map<int, std::vector<int>> group_producers;
-  for (std::size_t p = 0; p < an.producers.size(); ++p) group_producers[groups.find(static_cast<int>(p))].push_back(static_cast<int>(p));
+  for (std::size_t p = 0; p < an.producers.size(); ++p)
+    group_producers[groups.find(static_cast<int>(p))].push_back(static_cast<int>(p));
 
   std::set<int> removed;
   for (const auto& [gid, members] : group_producers) {
@@ -125,7 +127,8 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
     if (keep.size() == s.atoms.size()) continue;
     // Read the current value: a weight may be sliced twice (input and output channels).
     const at::Tensor c = pruned.initializers.at(pruned.node(s.node).inputs[s.input]);
-    set_input_constant(pruned, s.node, s.input, c.index_select(s.axis, at::tensor(keep, at::kLong)).contiguous(), readers);
+    set_input_constant(pruned, s.node, s.input, c.index_select(s.axis, at::tensor(keep, at::kLong)).contiguous(),
+                       readers);
     if (s.kind != Site::kParam) {
       at::Tensor mask = at::ones({c.size(s.axis)}, c.options());
       mask.index_fill_(0, at::tensor(keep, at::kLong), 0.0);
@@ -139,7 +142,8 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
   if (data) {  // Note [Bias compensation]
     std::map<std::size_t, std::int64_t> axis_of;
     for (const Site& s : an.sites)
-      if (s.kind == Site::kConsumer) axis_of[s.node] = g.node(s.node).op_type == "Conv" || g.node(s.node).op_type == "Gemm" ? 1 : -1;
+      if (s.kind == Site::kConsumer)
+        axis_of[s.node] = g.node(s.node).op_type == "Conv" || g.node(s.node).op_type == "Gemm" ? 1 : -1;
     const auto means = input_means(g, registry, *data, config, axis_of);
     for (const Site& s : an.sites) {
       if (s.kind != Site::kConsumer || !means.count(s.node)) continue;

@@ -27,8 +27,9 @@ using Shapes = std::map<std::string, Shape>;
 
 /// Product of s[from:], 1 when empty.
 inline std::int64_t product(const Shape& s, std::size_t from = 0) {
-  return from >= s.size() ? 1 : std::accumulate(s.begin() + static_cast<std::ptrdiff_t>(from), s.end(), std::int64_t{1},
-                                                std::multiplies<std::int64_t>());
+  return from >= s.size() ? 1
+                          : std::accumulate(s.begin() + static_cast<std::ptrdiff_t>(from), s.end(), std::int64_t{1},
+                                            std::multiplies<std::int64_t>());
 }
 
 /// Runs `graph` on `sample` and records the shape of every tensor a node reads and of the outputs.
@@ -43,7 +44,8 @@ double ratio_for(const SparseConfig& s, const std::string& node);
 at::Tensor checked_scores(Sparser& sparser, const std::string& name, const at::Tensor& w, std::int64_t channel_axis,
                           const Node& n, SparsityPattern pattern);
 
-void add_layer(PruneResult& r, const Node& n, const std::string& weight, const at::Tensor& before, const at::Tensor& after);
+void add_layer(PruneResult& r, const Node& n, const std::string& weight, const at::Tensor& before,
+               const at::Tensor& after);
 
 /// Writes `value` for input `input` of node `node`: in place when nobody else reads the
 /// initializer, else under a new name.
@@ -55,8 +57,8 @@ std::map<std::string, int> initializer_readers(const Graph& g);
 // Bias compensation (prune_masks.cpp)
 
 /// Per-position mean of input 0 of every node in `axis_of` (along that axis) over `data`.
-std::map<std::size_t, at::Tensor> input_means(const Graph& g, const Registry& registry, Dataset& data, const Config& config,
-                                              const std::map<std::size_t, std::int64_t>& axis_of);
+std::map<std::size_t, at::Tensor> input_means(const Graph& g, const Registry& registry, Dataset& data,
+                                              const Config& config, const std::map<std::size_t, std::int64_t>& axis_of);
 
 /// How much node `n`'s output moves on average when its weight changes from `w` to `w_new`,
 /// given the mean `mu` of its input per input channel (or feature): what its bias must gain to

@@ -70,7 +70,8 @@ at::Tensor conv_tap_sums(const Node& n, const at::Tensor& x) {
 }  // namespace
 
 /// Per-position mean of input 0 of every node in `axis_of` (along that axis) over `data`.
-std::map<std::size_t, at::Tensor> input_means(const Graph& g, const Registry& registry, Dataset& data, const Config& config,
+std::map<std::size_t, at::Tensor> input_means(const Graph& g, const Registry& registry, Dataset& data,
+                                              const Config& config,
                                               const std::map<std::size_t, std::int64_t>& axis_of) {
   Executor ex(g, registry);
   Batcher batcher(data, g.inputs, config.calibration.batch_size, config.calibration.count);
@@ -170,8 +171,8 @@ void prune_elements(const Model& model, const Config& config, Sparser& sparser, 
       const std::int64_t axis = ref.channel_axis < 0 ? ref.channel_axis + w.dim() : ref.channel_axis;
       const std::int64_t input_axis = axis == 0 ? 1 : 0;
       if (w.size(input_axis) % r.m != 0) {
-        r.notes.push_back(n.describe() + ": " + std::to_string(w.size(input_axis)) + " input channels are not a multiple of " +
-                          std::to_string(r.m) + "; left dense");
+        r.notes.push_back(n.describe() + ": " + std::to_string(w.size(input_axis)) +
+                          " input channels are not a multiple of " + std::to_string(r.m) + "; left dense");
         continue;
       }
     }
@@ -219,7 +220,8 @@ void prune_elements(const Model& model, const Config& config, Sparser& sparser, 
     } else {
       const auto k = static_cast<std::int64_t>(std::floor(t.ratio * double(w.numel())));
       at::Tensor flat = at::ones({w.numel()}, at::kFloat);
-      if (k > 0) flat.index_fill_(0, std::get<1>(t.scores.flatten().sort(/*stable=*/true, 0, false)).slice(0, 0, k), 0.0);
+      if (k > 0)
+        flat.index_fill_(0, std::get<1>(t.scores.flatten().sort(/*stable=*/true, 0, false)).slice(0, 0, k), 0.0);
       mask = flat.view(w.sizes());
     }
     at::Tensor out = w * mask.to(w.scalar_type());

@@ -27,7 +27,8 @@ std::vector<at::Tensor> sample_inputs(const Graph& graph, const std::string& cal
   std::vector<at::Tensor> out;
   at::Generator gen = at::detail::createCPUGenerator(0);
   for (const auto& v : graph.inputs) {
-    if (!v.has_shape) throw Error("input '" + v.name + "' has no declared shape; pass --calib so a sample fixes the shapes");
+    if (!v.has_shape)
+      throw Error("input '" + v.name + "' has no declared shape; pass --calib so a sample fixes the shapes");
     std::vector<std::int64_t> dims;
     for (std::size_t d = 0; d < v.shape.size(); ++d) {
       if (v.shape[d].value >= 0) dims.push_back(v.shape[d].value);
@@ -39,7 +40,8 @@ std::vector<at::Tensor> sample_inputs(const Graph& graph, const std::string& cal
     if (v.elem_type == 1) out.push_back(at::randn(dims, gen));
     else if (v.elem_type == 7) out.push_back(at::zeros(dims, at::kLong));
     else if (v.elem_type == 6) out.push_back(at::zeros(dims, at::kInt));
-    else throw Error("input '" + v.name + "' is of type " + onnx_type_name(v.elem_type) + "; pass --calib with a sample");
+    else
+      throw Error("input '" + v.name + "' is of type " + onnx_type_name(v.elem_type) + "; pass --calib with a sample");
   }
   return out;
 }
@@ -86,8 +88,9 @@ ModelStats model_stats(const Model& model, const Registry& registry, const std::
 nlohmann::json prune_report_value(const PruneSummary& r) {
   using nlohmann::json;
   auto stats = [](const ModelStats& s) {
-    return json{{"parameters", s.parameters}, {"nonzero_parameters", s.nonzero_parameters}, {"file_bytes", s.file_bytes},
-                {"macs", s.macs}, {"flops", 2 * s.macs}, {"sparse_macs", s.sparse_macs}};
+    return json{{"parameters", s.parameters}, {"nonzero_parameters", s.nonzero_parameters},
+                {"file_bytes", s.file_bytes}, {"macs", s.macs},
+                {"flops", 2 * s.macs},        {"sparse_macs", s.sparse_macs}};
   };
   json j;
   j["sparser"] = r.sparser;
@@ -110,9 +113,15 @@ nlohmann::json prune_report_value(const PruneSummary& r) {
   j["bias_compensated_layers"] = r.bias_compensated;
   json layers = json::array();
   for (const auto& l : r.layers) {
-    layers.push_back({{"node", l.node}, {"op", l.op_type}, {"weight", l.weight}, {"shape_before", l.shape_before},
-                      {"shape_after", l.shape_after}, {"params_before", l.params_before}, {"params_after", l.params_after},
-                      {"nonzero_after", l.nonzero_after}, {"sparsity", l.sparsity}});
+    layers.push_back({{"node", l.node},
+                      {"op", l.op_type},
+                      {"weight", l.weight},
+                      {"shape_before", l.shape_before},
+                      {"shape_after", l.shape_after},
+                      {"params_before", l.params_before},
+                      {"params_after", l.params_after},
+                      {"nonzero_after", l.nonzero_after},
+                      {"sparsity", l.sparsity}});
   }
   j["layers"] = layers;
   j["notes"] = r.notes;

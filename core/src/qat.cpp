@@ -151,16 +151,23 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
   std::error_code ec;
   if (!options.checkpoint.empty() && fs::exists(options.checkpoint, ec)) {
     result.resumed_after = load_checkpoint(options.checkpoint, options.fingerprint, params, adam);
-    sdk::log_info("resuming from " + options.checkpoint + " after epoch " + std::to_string(result.resumed_after) + " of " +
-                  std::to_string(s.epochs));
+    sdk::log_info("resuming from " + options.checkpoint + " after epoch " + std::to_string(result.resumed_after) +
+                  " of " + std::to_string(s.epochs));
   }
   const detail::DistillStep step{[&](const std::vector<at::Tensor>& in) { return student.forward(in); },
-                                 teacher, gin, device, s, adam, options.after_step, "QAT"};
+                                 teacher,
+                                 gin,
+                                 device,
+                                 s,
+                                 adam,
+                                 options.after_step,
+                                 "QAT"};
   for (int epoch = result.resumed_after + 1; epoch <= s.epochs; ++epoch) {
     const QatEpoch e = detail::distill_epoch(step, epoch, open_train, progress);
     result.epochs.push_back(e);
-    sdk::log_info("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs) + ": loss " + std::to_string(e.loss) +
-                  " over " + std::to_string(e.samples) + " samples, " + std::to_string(e.seconds) + " s");
+    sdk::log_info("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs) + ": loss " +
+                  std::to_string(e.loss) + " over " + std::to_string(e.samples) + " samples, " +
+                  std::to_string(e.seconds) + " s");
     if (!options.checkpoint.empty()) save_checkpoint(options.checkpoint, options.fingerprint, epoch, params, adam);
   }
   return result;

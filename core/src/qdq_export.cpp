@@ -52,8 +52,8 @@ std::map<std::string, std::string> qdq_metadata(const QuantSlots& slots) {
 
 // Note [4-bit export]
 // 4-bit weights are stored as int4 (symmetric) / uint4 (affine) initializers read by
-// DequantizeLinear, which needs opset 21; so do 16-bit activations (int16 / uint16 Q/DQ). 4-bit activations use Note [Narrow export] (8-bit
-// storage clipped to 16 levels): ONNX Runtime 1.30's graph optimizer moves an int4 activation
+// DequantizeLinear, which needs opset 21; so do 16-bit activations (int16 / uint16 Q/DQ). 4-bit activations use Note
+// [Narrow export] (8-bit storage clipped to 16 levels): ONNX Runtime 1.30's graph optimizer moves an int4 activation
 // Q/DQ pair across MaxPool and then rejects the MaxPool on int4 data (measured on the
 // Fashion-MNIST fixture), while int4 weights behind DequantizeLinear run at every optimization
 // level. The graph is lifted from 13 to 21 by the rules of Note [Opset lifting], which keep every
@@ -86,7 +86,8 @@ bool fold_batchnorm(Graph& g, Node* bn) {
       g.is_graph_output(bn->inputs[0]))
     return false;
   const Node* wdq = single_producer(g, conv->inputs[1], "DequantizeLinear");
-  if (!wdq || wdq->attr_int("axis", 1) != 0 || wdq->has_attr("block_size") || !init(wdq->inputs[0]) || !init(wdq->inputs[1]))
+  if (!wdq || wdq->attr_int("axis", 1) != 0 || wdq->has_attr("block_size") || !init(wdq->inputs[0]) ||
+      !init(wdq->inputs[1]))
     return false;
   const at::Tensor scale = *init(wdq->inputs[1]);
   const std::int64_t channels = init(wdq->inputs[0])->size(0);
@@ -128,7 +129,8 @@ bool fold_batchnorm(Graph& g, Node* bn) {
 
 void fold_batchnorms(Graph& g) {
   for (Node* n : g.nodes())
-    if (n->op_type == "BatchNormalization" && !fold_batchnorm(g, n)) sdk::log_debug(n->describe() + ": exported unfolded");
+    if (n->op_type == "BatchNormalization" && !fold_batchnorm(g, n))
+      sdk::log_debug(n->describe() + ": exported unfolded");
 }
 }  // namespace
 
@@ -203,8 +205,8 @@ Graph export_qdq(const QdqExportInput& in) {
     const std::string zp_name = g.unique_name(base + "_zero_point");
     g.initializers[zp_name] = zp;
     const std::int32_t narrow = s.role == InputRole::kWeight && s.spec.bits == 4 ? (s.spec.symmetric ? 22 : 21)
-                                : wide && !s.spec.symmetric                     ? 4
-                                                                                : 0;
+                                : wide && !s.spec.symmetric                      ? 4
+                                                                                 : 0;
     if (narrow) g.narrow_types[zp_name] = narrow;
     auto axis_attrs = [&](Node& n) {
       if (s.spec.group_size > 0) {  // Note [Per-group quantization]: blocked Q/DQ, opset 21
@@ -236,7 +238,8 @@ Graph export_qdq(const QdqExportInput& in) {
       q.outputs = {quantized};
       axis_attrs(q);
       g.insert_before(consumer, std::move(q));
-      if (s.spec.bits < 8 && !narrow) quantized = clip_to_grid(g, consumer, s, quantized, qtype);  // Note [Narrow export]
+      if (s.spec.bits < 8 && !narrow)
+        quantized = clip_to_grid(g, consumer, s, quantized, qtype);  // Note [Narrow export]
     }
     Node dq;
     dq.op_type = "DequantizeLinear";
@@ -253,7 +256,8 @@ Graph export_qdq(const QdqExportInput& in) {
   try {
     in.backend.adjust_export(g);
   } catch (const Error& e) {
-    throw Error("backend '" + in.backend_name + "' (plugin '" + in.backend_plugin + "') export adjustment: " + e.what());
+    throw Error("backend '" + in.backend_name + "' (plugin '" + in.backend_plugin +
+                "') export adjustment: " + e.what());
   }
   g.prune_dead();  // float weights now read by nobody
   g.topological_sort();

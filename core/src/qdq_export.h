@@ -21,8 +21,8 @@ struct QdqExportInput {
   const Executor& executor;  ///< current constant values (trained weights after QAT)
   const QuantSlots& slots;
   const Backend& backend;
-  std::string backend_name, backend_plugin;  ///< for messages
-  std::vector<std::string> trained;          ///< constants QAT trained: the executor's values are written
+  std::string backend_name, backend_plugin;                ///< for messages
+  std::vector<std::string> trained;                        ///< constants QAT trained: the executor's values are written
   std::vector<std::pair<std::string, at::Tensor>> states;  ///< "state NAME" running statistics
 };
 

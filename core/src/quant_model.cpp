@@ -41,8 +41,8 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
   }
   const auto* backend = registry.backend(config_.backend);
   if (!backend) {
-    throw Error(config_.source + ": backend '" + printable(config_.backend) + "' is not provided by any loaded plugin (installed: " +
-                join(registry.names("backend")) + ")");
+    throw Error(config_.source + ": backend '" + printable(config_.backend) +
+                "' is not provided by any loaded plugin (installed: " + join(registry.names("backend")) + ")");
   }
   backend_ = backend->factory();
   backend_plugin_ = backend->plugin;
@@ -80,7 +80,8 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
   // A glob that matches nothing is almost always a typo or a model other than the one meant.
   auto warn_unmatched = [&](const std::vector<std::string>& globs, const std::string& key) {
     for (const auto& glob : globs) {
-      if (std::any_of(nodes.begin(), nodes.end(), [&](const Node* n) { return matches_any(n->name, {glob}); })) continue;
+      if (std::any_of(nodes.begin(), nodes.end(), [&](const Node* n) { return matches_any(n->name, {glob}); }))
+        continue;
       sdk::log_warn(config_.source + ": " + key + " glob '" + printable(glob, 80) + "' matches no node of " +
                     printable(model_->meta.source_path) + " (" + std::to_string(nodes.size()) + " nodes" +
                     (nodes.empty() ? std::string() : ", e.g. '" + printable(nodes.front()->name, 80) + "'") +
@@ -117,14 +118,13 @@ std::size_t QuantModel::set_bits(const std::string& node_glob, int bits, std::op
   return slots_->set_bits(node_glob, bits, role);
 }
 
-void QuantModel::set_quant(bool weights, bool activations) {
-  slots_->set_quant(weights, activations);
-}
+void QuantModel::set_quant(bool weights, bool activations) { slots_->set_quant(weights, activations); }
 
 std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& inputs, const ValueFn& on_value) {
   const auto& gin = model_->graph.inputs;
   if (inputs.size() != gin.size()) {
-    throw Error("the model has " + std::to_string(gin.size()) + " input(s), " + std::to_string(inputs.size()) + " given");
+    throw Error("the model has " + std::to_string(gin.size()) + " input(s), " + std::to_string(inputs.size()) +
+                " given");
   }
   std::map<std::string, at::Tensor> feeds;
   for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = inputs[i];
@@ -175,7 +175,8 @@ void QuantModel::train(bool on) {
     try {
       executor_->modules()[i].module->set_training(on);
     } catch (const std::exception& e) {
-      throw Error(model_->graph.node(i).describe() + " (plugin '" + executor_->modules()[i].plugin + "') set_training: " + e.what());
+      throw Error(model_->graph.node(i).describe() + " (plugin '" + executor_->modules()[i].plugin +
+                  "') set_training: " + e.what());
     }
   }
   training_ = on;
@@ -188,7 +189,8 @@ std::vector<std::pair<std::string, at::Tensor>> QuantModel::named_parameters() {
     if (!s.active() || !s.quantizer) continue;
     const auto params = plugin_call(s, false, "parameters", [&] { return s.quantizer->parameters(); });
     for (std::size_t j = 0; j < params.size(); ++j)
-      out.emplace_back("quantizer " + s.node_name + "#" + std::to_string(s.input_index) + "/" + std::to_string(j), params[j]);
+      out.emplace_back("quantizer " + s.node_name + "#" + std::to_string(s.input_index) + "/" + std::to_string(j),
+                       params[j]);
   }
   return out;
 }
@@ -224,7 +226,8 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
     if (why.empty() && s.active() && s.role == InputRole::kWeight && s.quantizer->reconstruction())
       why = s.where() + " uses quantizer '" + s.quantizer_name + "', which learns by layer reconstruction";
   if (!why.empty()) {
-    throw Error(config_.source + ": " + why + "; set [calibration] mode = \"layerwise\" or \"asym\" (now \"streaming\")");
+    throw Error(config_.source + ": " + why +
+                "; set [calibration] mode = \"layerwise\" or \"asym\" (now \"streaming\")");
   }
 
   // Inference mode only while data flows: quantizer parameters made afterwards must be
@@ -235,7 +238,8 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   stats.mode = config_.calibration.mode;
   const auto& gin = model_->graph.inputs;
   Batcher batcher(data, gin, config_.calibration.batch_size, config_.calibration.count);
-  const std::int64_t total = config_.calibration.count > 0 ? config_.calibration.count : data.num_samples().value_or(-1);
+  const std::int64_t total =
+      config_.calibration.count > 0 ? config_.calibration.count : data.num_samples().value_or(-1);
   const at::Device device(config_.calibration.device);
   // Memory is independent of the sample count: one batch in flight, observers stream.
   while (auto b = batcher.next()) {
@@ -267,8 +271,8 @@ void QuantModel::set_constant_input(std::size_t node, std::size_t input, const a
   const std::string name = n.inputs[input];
   const at::Tensor& old = g.initializers.at(name);
   if (value.sizes() != old.sizes()) {
-    throw Error(n.describe() + ": new value of '" + name + "' has shape " + c10::str(value.sizes()) + ", the constant has " +
-                c10::str(old.sizes()));
+    throw Error(n.describe() + ": new value of '" + name + "' has shape " + c10::str(value.sizes()) +
+                ", the constant has " + c10::str(old.sizes()));
   }
   const at::Tensor cpu = value.detach().to(at::kCPU, old.scalar_type()).contiguous();
   const at::Tensor on_device = value.detach().to(executor_->constants().at(name).device(), old.scalar_type());
@@ -293,7 +297,8 @@ Graph QuantModel::export_graph() const {
                                    backend_plugin_, trainable_, named_states()});
 }
 
-std::string QuantModel::serialize(std::string* external, const std::string& external_location, bool force_external) const {
+std::string QuantModel::serialize(std::string* external, const std::string& external_location,
+                                  bool force_external) const {
   ExportOptions options;
   options.metadata_props = qdq_metadata(*slots_);
   options.external_data = force_external;

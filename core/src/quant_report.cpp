@@ -90,8 +90,11 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
                         {"layer_pass_changes", c.layer_pass_changes}};
     auto& rec = j["calibration"]["reconstructions"] = json::array();
     for (const auto& x : c.reconstructions)
-      rec.push_back({{"node", x.node}, {"mse_nearest", x.mse_nearest}, {"mse_learnt", x.mse_learnt},
-                     {"iterations", x.iterations}, {"seconds", x.seconds}});
+      rec.push_back({{"node", x.node},
+                     {"mse_nearest", x.mse_nearest},
+                     {"mse_learnt", x.mse_learnt},
+                     {"iterations", x.iterations},
+                     {"seconds", x.seconds}});
   }
   return j;
 }

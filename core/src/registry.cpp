@@ -1,6 +1,5 @@
 #include "sparsebit/core/registry.h"
 
-
 #include <algorithm>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
@@ -153,9 +152,10 @@ bool Registry::selected(const fs::path& library, const PluginSearch& filter) {
   rec.file = library.string();
   rec.name = from_sidecar ? name : "";
   rec.status = PluginRecord::Status::kDisabled;
-  rec.reason = "excluded by [plugins] enable/disable before loading (" +
-               (from_sidecar ? "name '" + printable(name) + "' from its sidecar" : "file name '" + printable(name) + "'") +
-               "); the file was not opened";
+  rec.reason =
+      "excluded by [plugins] enable/disable before loading (" +
+      (from_sidecar ? "name '" + printable(name) + "' from its sidecar" : "file name '" + printable(name) + "'") +
+      "); the file was not opened";
   sdk::log_debug("plugin " + library.string() + " not loaded: " + rec.reason);
   return false;
 }
@@ -207,7 +207,10 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
     char magic[4] = {};
     std::ifstream head(path, std::ios::binary);
     head.read(magic, 4);
-    if (head.gcount() != 4 || std::memcmp(magic, "\x7f" "ELF", 4) != 0)
+    if (head.gcount() != 4 || std::memcmp(magic,
+                                          "\x7f"
+                                          "ELF",
+                                          4) != 0)
       return refuse("load", "is not a shared library (no ELF header); remove it from the plugin folder");
   }
   boost::dll::fs::error_code ec;
@@ -232,8 +235,8 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
                                      std::to_string(sdk::kAbiVersion) + "; rebuild the plugin against this SDK");
   }
   if (d->descriptor_size != sizeof(SparsebitPluginDescriptor)) {
-    return refuse("descriptor_size", "descriptor size " + std::to_string(d->descriptor_size) +
-                                         ", host expects " + std::to_string(sizeof(SparsebitPluginDescriptor)));
+    return refuse("descriptor_size", "descriptor size " + std::to_string(d->descriptor_size) + ", host expects " +
+                                         std::to_string(sizeof(SparsebitPluginDescriptor)));
   }
   rec.name = d->name ? d->name : "";
   rec.version = d->version ? d->version : "";
@@ -244,7 +247,8 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
   rec.cxx11_abi = d->cxx11_abi;
   if (rec.name.empty()) return refuse("name", "the descriptor has an empty plugin name");
   if (auto sidecar = sidecar_name(path); sidecar && *sidecar != rec.name) {
-    return refuse("name", "plugin '" + rec.name + "' disagrees with its sidecar file, which names '" + printable(*sidecar) +
+    return refuse("name", "plugin '" + rec.name + "' disagrees with its sidecar file, which names '" +
+                              printable(*sidecar) +
                               "' (Note [Selection before loading]); rebuild it with sparsebit_add_plugin");
   }
   const std::string host_sdk = std::to_string(sdk::kSdkVersionMajor) + "." + std::to_string(sdk::kSdkVersionMinor);
@@ -301,18 +305,18 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
     for (const auto& kv : staged) {
       auto it = committed.find(kv.first);
       if (it != committed.end())
-        return std::string(kind) + ":" + kv.first + " is already registered by plugin '" + it->second.plugin +
-               "' (" + it->second.file + ")";
+        return std::string(kind) + ":" + kv.first + " is already registered by plugin '" + it->second.plugin + "' (" +
+               it->second.file + ")";
     }
     return {};
   };
-  for (const std::string& c : {clash(tables_->ops, staging.staged.ops, "op"),
-                               clash(tables_->observers, staging.staged.observers, "observer"),
-                               clash(tables_->quantizers, staging.staged.quantizers, "quantizer"),
-                               clash(tables_->passes, staging.staged.passes, "pass"),
-                               clash(tables_->sparsers, staging.staged.sparsers, "sparser"),
-                               clash(tables_->backends, staging.staged.backends, "backend"),
-                               clash(tables_->kernels, staging.staged.kernels, "kernels")}) {
+  for (const std::string& c :
+       {clash(tables_->ops, staging.staged.ops, "op"), clash(tables_->observers, staging.staged.observers, "observer"),
+        clash(tables_->quantizers, staging.staged.quantizers, "quantizer"),
+        clash(tables_->passes, staging.staged.passes, "pass"),
+        clash(tables_->sparsers, staging.staged.sparsers, "sparser"),
+        clash(tables_->backends, staging.staged.backends, "backend"),
+        clash(tables_->kernels, staging.staged.kernels, "kernels")}) {
     if (!c.empty()) return refuse("duplicate", "plugin '" + rec.name + "' (" + path + "): " + c);
   }
   // Kernels are made now, so a plugin whose kernels cannot start is refused like any other.
@@ -321,7 +325,8 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
     try {
       kernels.emplace_back(c10::Device(kv.first).type(), std::shared_ptr<QuantKernels>(kv.second.factory()));
     } catch (const std::exception& e) {
-      return refuse("register", "plugin '" + rec.name + "': its kernels for '" + kv.first + "' failed to start: " + e.what());
+      return refuse("register",
+                    "plugin '" + rec.name + "': its kernels for '" + kv.first + "' failed to start: " + e.what());
     }
   }
   auto commit = [&](auto& committed, auto& staged) {
@@ -356,7 +361,9 @@ const Entry<OpFactory>* Registry::op(const std::string& op_type, const std::stri
   return lookup(tables_->ops, op_key(op_type, domain));
 }
 const Entry<ObserverFactory>* Registry::observer(const std::string& n) const { return lookup(tables_->observers, n); }
-const Entry<QuantizerFactory>* Registry::quantizer(const std::string& n) const { return lookup(tables_->quantizers, n); }
+const Entry<QuantizerFactory>* Registry::quantizer(const std::string& n) const {
+  return lookup(tables_->quantizers, n);
+}
 const Entry<PassFactory>* Registry::pass(const std::string& n) const { return lookup(tables_->passes, n); }
 const Entry<SparserFactory>* Registry::sparser(const std::string& n) const { return lookup(tables_->sparsers, n); }
 const Entry<BackendFactory>* Registry::backend(const std::string& n) const { return lookup(tables_->backends, n); }

@@ -27,12 +27,13 @@ at::Tensor reduction_rows(const Node& n, const at::Tensor& w) {
   return w.transpose(-1, -2).reshape({-1, w.size(-2)});
 }
 
-bool eight_bit_activation(const Graph& g, const std::map<std::string, const Node*>& producer, const std::string& value) {
+bool eight_bit_activation(const Graph& g, const std::map<std::string, const Node*>& producer,
+                          const std::string& value) {
   auto p = producer.find(value);
   if (p == producer.end() || p->second->op_type != "DequantizeLinear" || !p->second->domain.empty()) return false;
   const Node& dq = *p->second;
   if (g.initializers.count(dq.inputs.at(0))) return false;  // a constant, not an activation
-  if (!dq.has_input(2)) return true;                         // uint8 by default
+  if (!dq.has_input(2)) return true;                        // uint8 by default
   auto zp = g.initializers.find(dq.inputs[2]);
   if (zp == g.initializers.end() || g.narrow_types.count(dq.inputs[2])) return false;
   const auto t = zp->second.scalar_type();
@@ -47,7 +48,8 @@ SaturationCheck check_u8s8_saturation(const Graph& qdq) {
     for (const auto& o : n->outputs) producer[o] = n;
   SaturationCheck check;
   for (const Node* n : qdq.nodes()) {
-    if (!n->domain.empty() || (n->op_type != "Conv" && n->op_type != "MatMul" && n->op_type != "Gemm") || !n->has_input(1))
+    if (!n->domain.empty() || (n->op_type != "Conv" && n->op_type != "MatMul" && n->op_type != "Gemm") ||
+        !n->has_input(1))
       continue;
     auto p = producer.find(n->inputs[1]);
     if (p == producer.end() || p->second->op_type != "DequantizeLinear") continue;
@@ -79,8 +81,8 @@ std::string saturation_warning(const SaturationCheck& check) {
                   " Conv/MatMul/Gemm layers can saturate ONNX Runtime's 16-bit u8 x s8 pair sums on x86 processors "
                   "without VNNI, where their results will differ from the simulation:";
   for (const auto& r : check.at_risk)
-    s += " node '" + r.node + "' (" + r.op_type + ", " + std::to_string(r.pairs_over) + " of " + std::to_string(r.pairs) +
-         " weight pairs over, worst |w_i| + |w_j| = " + std::to_string(r.worst_pair) + ");";
+    s += " node '" + r.node + "' (" + r.op_type + ", " + std::to_string(r.pairs_over) + " of " +
+         std::to_string(r.pairs) + " weight pairs over, worst |w_i| + |w_j| = " + std::to_string(r.worst_pair) + ");";
   s += " set [w] reduce_range = true to put weights on a 7-bit grid, which cannot saturate, when deploying on such "
        "processors (those with VNNI are not affected)";
   return s;

@@ -43,6 +43,8 @@ ValueFact fact_of(const at::Tensor& t) {
 }
 
 /// Ops whose output 0 has the rank and element type of input 0.
+// A table of op names, packed (not one per line):
+// clang-format off
 const std::set<std::string> kLikeInput = {
     "Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus", "Softsign",
     "Mish", "Gelu", "PRelu", "ThresholdedRelu", "Softmax", "LogSoftmax", "Hardmax", "Clip", "BatchNormalization",
@@ -52,9 +54,11 @@ const std::set<std::string> kLikeInput = {
     "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan",
     "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Trilu", "ScatterElements", "Scatter", "ScatterND", "TopK",
     "LpNormalization", "MeanVarianceNormalization", "Shrink"};
+// clang-format on
 /// Element-wise with broadcasting: rank is the largest input rank.
 const std::set<std::string> kBroadcast = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean"};
-const std::set<std::string> kCompare = {"Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor"};
+const std::set<std::string> kCompare = {"Equal",       "Greater", "Less", "GreaterOrEqual",
+                                        "LessOrEqual", "And",     "Or",   "Xor"};
 
 /// Integer values of an initializer input or an ints attribute (nullopt when neither).
 std::optional<std::vector<std::int64_t>> ints_of(const Graph& g, const Node& n, const char* attr, std::size_t input) {
@@ -178,8 +182,8 @@ namespace detail {
 std::vector<at::Tensor> run_sample(const Graph& graph, const Registry& registry, const std::vector<at::Tensor>& sample,
                                    ValueFacts* facts) {
   if (sample.size() != graph.inputs.size())
-    throw Error("the sample has " + std::to_string(sample.size()) + " tensors for " + std::to_string(graph.inputs.size()) +
-                " graph inputs");
+    throw Error("the sample has " + std::to_string(sample.size()) + " tensors for " +
+                std::to_string(graph.inputs.size()) + " graph inputs");
   Executor ex(graph, registry);
   std::map<std::string, at::Tensor> feeds;
   for (std::size_t i = 0; i < sample.size(); ++i) feeds[graph.inputs[i].name] = sample[i];

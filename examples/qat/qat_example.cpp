@@ -40,7 +40,8 @@ double accuracy(sb::QuantModel& qm, const at::Tensor& images, const at::Tensor& 
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s MODEL.onnx CONFIG.toml OUT.onnx [--epochs N] [--train-count N] [--lr X]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s MODEL.onnx CONFIG.toml OUT.onnx [--epochs N] [--train-count N] [--lr X]\n",
+                 argv[0]);
     return 2;
   }
   int epochs = 1;
@@ -59,7 +60,8 @@ int main(int argc, char** argv) {
     registry.load(config.plugins);
     sb::QuantModel qm(sb::load_onnx(argv[1]), config, registry);
 
-    const at::Tensor train_x = sb::read_idx(kData + "/train-images-idx3-ubyte.gz", train_count).to(at::kFloat).div(255).unsqueeze(1);
+    const at::Tensor train_x =
+        sb::read_idx(kData + "/train-images-idx3-ubyte.gz", train_count).to(at::kFloat).div(255).unsqueeze(1);
     const at::Tensor train_y = sb::read_idx(kData + "/train-labels-idx1-ubyte.gz", train_count).to(at::kLong);
     const at::Tensor test_x = sb::read_idx(kData + "/t10k-images-idx3-ubyte.gz").to(at::kFloat).div(255).unsqueeze(1);
     const at::Tensor test_y = sb::read_idx(kData + "/t10k-labels-idx1-ubyte.gz").to(at::kLong);

@@ -4,9 +4,7 @@
 
 namespace sparsebit {
 
-at::Tensor BatchNormAffine::fold_bias(const at::Tensor& bias) const {
-  return bias.to(at::kDouble) * scale + shift;
-}
+at::Tensor BatchNormAffine::fold_bias(const at::Tensor& bias) const { return bias.to(at::kDouble) * scale + shift; }
 
 std::optional<BatchNormAffine> batchnorm_affine(const Graph& graph, const Node& bn) {
   if (bn.op_type != "BatchNormalization" || !bn.domain.empty() || bn.inputs.size() < 5 ||
@@ -17,8 +15,7 @@ std::optional<BatchNormAffine> batchnorm_affine(const Graph& graph, const Node& 
   std::vector<at::Tensor> p;
   for (std::size_t i = 1; i < 5; ++i) {
     auto it = graph.initializers.find(bn.inputs[i]);
-    if (!bn.has_input(i) || it == graph.initializers.end() || it->second.dim() != 1 ||
-        !it->second.is_floating_point())
+    if (!bn.has_input(i) || it == graph.initializers.end() || it->second.dim() != 1 || !it->second.is_floating_point())
       return std::nullopt;
     p.push_back(it->second.to(at::kDouble));
   }

@@ -72,18 +72,17 @@ const char* Attribute::kind_name() const {
 // Node
 
 std::string Node::describe() const {
-  return "node '" + printable(name) + "' (" + (domain.empty() ? "" : printable(domain) + ":") + printable(op_type) + ")";
+  return "node '" + printable(name) + "' (" + (domain.empty() ? "" : printable(domain) + ":") + printable(op_type) +
+         ")";
 }
 
 namespace {
-const Attribute* typed_attr(const Node& n, const std::string& key, Attribute::Kind kind,
-                            const char* wanted) {
+const Attribute* typed_attr(const Node& n, const std::string& key, Attribute::Kind kind, const char* wanted) {
   auto it = n.attributes.find(key);
   if (it == n.attributes.end()) return nullptr;
   if (it->second.kind != kind) {
-    throw Error(n.describe() + ": attribute '" + key + "' is " + it->second.kind_name() +
-                ", expected " + wanted + "; the model does not follow the ONNX spec for " +
-                n.op_type);
+    throw Error(n.describe() + ": attribute '" + key + "' is " + it->second.kind_name() + ", expected " + wanted +
+                "; the model does not follow the ONNX spec for " + n.op_type);
   }
   return &it->second;
 }
@@ -104,13 +103,11 @@ std::string Node::attr_string(const std::string& key, const std::string& fallbac
   auto* a = typed_attr(*this, key, Attribute::Kind::kString, "string");
   return a ? a->s : fallback;
 }
-std::vector<std::int64_t> Node::attr_ints(const std::string& key,
-                                          const std::vector<std::int64_t>& fallback) const {
+std::vector<std::int64_t> Node::attr_ints(const std::string& key, const std::vector<std::int64_t>& fallback) const {
   auto* a = typed_attr(*this, key, Attribute::Kind::kInts, "ints");
   return a ? a->ints : fallback;
 }
-std::vector<double> Node::attr_floats(const std::string& key,
-                                      const std::vector<double>& fallback) const {
+std::vector<double> Node::attr_floats(const std::string& key, const std::vector<double>& fallback) const {
   auto* a = typed_attr(*this, key, Attribute::Kind::kFloats, "floats");
   return a ? a->floats : fallback;
 }
@@ -362,10 +359,8 @@ std::size_t Graph::prune_dead() {
   }
   for (auto it = initializers.begin(); it != initializers.end();) {
     auto r = reads.find(it->first);
-    if (r == reads.end() || r->second == 0)
-      it = initializers.erase(it);
-    else
-      ++it;
+    if (r == reads.end() || r->second == 0) it = initializers.erase(it);
+    else ++it;
   }
   if (removed) ++impl_->changes;
   return removed;
@@ -387,8 +382,7 @@ void Graph::validate() const {
   for (auto& n : impl_->nodes)
     for (auto& in : n.inputs)
       if (!in.empty() && !defined.count(in))
-        throw Error(n.describe() + " reads tensor '" + in +
-                    "' that no node, graph input or initializer produces");
+        throw Error(n.describe() + " reads tensor '" + in + "' that no node, graph input or initializer produces");
   for (auto& o : outputs)
     if (!defined.count(o.name)) throw Error("graph output '" + o.name + "' is never produced");
 }

@@ -43,7 +43,8 @@ bool Pattern::match_node(std::size_t index, Node* candidate, const Graph& graph,
   auto& bound = m.mutable_nodes();
   if (auto it = bound.find(pn.name); it != bound.end()) return it->second == candidate;
   if (!candidate->domain.empty()) return false;
-  if (!pn.op_types.empty() && std::find(pn.op_types.begin(), pn.op_types.end(), candidate->op_type) == pn.op_types.end())
+  if (!pn.op_types.empty() &&
+      std::find(pn.op_types.begin(), pn.op_types.end(), candidate->op_type) == pn.op_types.end())
     return false;
   for (const auto& [name, node] : bound)
     if (node == candidate) return false;  // one graph node per pattern node

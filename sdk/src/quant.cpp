@@ -26,15 +26,17 @@ std::int64_t QSpec::qmax() const {
 }
 
 std::string QSpec::qscheme() const {
-  return std::string(group_size > 0 ? "per-group-" : per_channel ? "per-channel-" : "per-tensor-") +
+  return std::string(group_size > 0 ? "per-group-"
+                     : per_channel  ? "per-channel-"
+                                    : "per-tensor-") +
          (symmetric ? "symmetric" : "affine");
 }
 
 std::string QSpec::describe() const {
   std::string s = (symmetric ? "int" : "uint") + std::to_string(bits) + " ";
   s += group_size > 0 ? "per-group(" + std::to_string(group_size) + " along axis " + std::to_string(group_axis) + ")"
-       : per_channel    ? "per-channel(axis " + std::to_string(channel_axis) + ")"
-                        : std::string("per-tensor");
+       : per_channel  ? "per-channel(axis " + std::to_string(channel_axis) + ")"
+                      : std::string("per-tensor");
   s += symmetric ? " symmetric" : " affine";
   if (narrow_range) s += " narrow";
   if (reduce_range) s += " reduce-range";
@@ -46,8 +48,8 @@ QParams qparams_from_range(const at::Tensor& min_in, const at::Tensor& max_in, c
   at::Tensor mn = min_in.detach().to(at::kFloat);
   at::Tensor mx = max_in.detach().to(at::kFloat);
   if (!at::isfinite(mn).all().item<bool>() || !at::isfinite(mx).all().item<bool>()) {
-    throw Error(where + ": the observed range is not finite (min " +
-                std::to_string(mn.min().item<float>()) + ", max " + std::to_string(mx.max().item<float>()) +
+    throw Error(where + ": the observed range is not finite (min " + std::to_string(mn.min().item<float>()) + ", max " +
+                std::to_string(mx.max().item<float>()) +
                 "); the calibration data or the model produces NaN/Inf there. Check the inputs "
                 "(and their scaling) and the float model's outputs on them");
   }
@@ -70,7 +72,9 @@ QParams qparams_from_range(const at::Tensor& min_in, const at::Tensor& max_in, c
 namespace {
 std::int64_t group_axis_of(const at::Tensor& x, const QSpec& spec) {
   const std::int64_t a = spec.group_axis < 0 ? spec.group_axis + x.dim() : spec.group_axis;
-  if (a < 0 || a >= x.dim()) throw Error("group axis " + std::to_string(spec.group_axis) + " does not exist in a tensor of shape " + c10::str(x.sizes()));
+  if (a < 0 || a >= x.dim())
+    throw Error("group axis " + std::to_string(spec.group_axis) + " does not exist in a tensor of shape " +
+                c10::str(x.sizes()));
   return a;
 }
 
@@ -83,9 +87,8 @@ at::Tensor broadcastable(const at::Tensor& param, const at::Tensor& x, const QSp
   if (!spec.per_channel || param.dim() == 0) return param;
   std::int64_t axis = spec.channel_axis < 0 ? spec.channel_axis + x.dim() : spec.channel_axis;
   if (axis < 0 || axis >= x.dim() || x.size(axis) != param.numel()) {
-    throw Error("per-channel parameters of size " + std::to_string(param.numel()) +
-                " do not fit axis " + std::to_string(spec.channel_axis) + " of a tensor of shape " +
-                c10::str(x.sizes()));
+    throw Error("per-channel parameters of size " + std::to_string(param.numel()) + " do not fit axis " +
+                std::to_string(spec.channel_axis) + " of a tensor of shape " + c10::str(x.sizes()));
   }
   std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim()), 1);
   shape[static_cast<std::size_t>(axis)] = param.numel();
@@ -188,7 +191,8 @@ ParamLayout param_layout(const at::Tensor& x, const QSpec& spec) {
   } else if (spec.per_channel) {
     const std::int64_t a = spec.channel_axis < 0 ? spec.channel_axis + x.dim() : spec.channel_axis;
     if (a < 0 || a >= x.dim())
-      throw Error("channel axis " + std::to_string(spec.channel_axis) + " does not exist in a tensor of shape " + c10::str(x.sizes()));
+      throw Error("channel axis " + std::to_string(spec.channel_axis) + " does not exist in a tensor of shape " +
+                  c10::str(x.sizes()));
     around(a);
     l.kind = ParamLayout::Kind::kChannel;
   } else {
@@ -267,8 +271,8 @@ struct FakeQuantizeFn : torch::autograd::Function<FakeQuantizeFn> {
 };
 
 struct LsqFn : torch::autograd::Function<LsqFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point,
-                            QuantArgs args) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale,
+                            const at::Tensor& zero_point, QuantArgs args) {
     save_args(ctx, args);
     ctx->saved_data["scale_shape"] = scale.sizes().vec();
     ctx->saved_data["zp_shape"] = zero_point.sizes().vec();
@@ -296,14 +300,15 @@ struct SoftRoundFn : torch::autograd::Function<SoftRoundFn> {
     std::vector<at::Tensor> extra;
     QuantArgs a = load_args(ctx, &extra);
     const double zeta = ctx->saved_data["zeta"].toDouble(), gamma = ctx->saved_data["gamma"].toDouble();
-    return {kernels_of(a)->soft_round_backward(grads[0].contiguous(), a, extra[0], zeta, gamma), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {kernels_of(a)->soft_round_backward(grads[0].contiguous(), a, extra[0], zeta, gamma), at::Tensor(),
+            at::Tensor(), at::Tensor()};
   }
 };
 }  // namespace
 
 at::Tensor quantize_to_int(const at::Tensor& x, const QParams& p, const QSpec& spec) {
-  if (QuantKernels* k = kernels_for(x, p.scale, spec)) return k->quantize_to_int(make_args(x, p.scale, p.zero_point, spec));
+  if (QuantKernels* k = kernels_for(x, p.scale, spec))
+    return k->quantize_to_int(make_args(x, p.scale, p.zero_point, spec));
   // Same float32 arithmetic as fake_quantize, so exported integers equal the simulation's.
   at::Tensor s = broadcastable(p.scale.to(x.device(), at::kFloat), x, spec);
   at::Tensor zp = broadcastable(p.zero_point.to(x.device(), at::kFloat), x, spec);
@@ -331,7 +336,8 @@ at::Tensor fake_quantize(const at::Tensor& x, const QParams& p, const QSpec& spe
   return fq + (x - x.detach()) * inside;
 }
 
-at::Tensor lsq_fake_quantize(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point, const QSpec& spec) {
+at::Tensor lsq_fake_quantize(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point,
+                             const QSpec& spec) {
   if (kernels_for(x, scale, spec) && zero_point.numel() == scale.numel())
     return LsqFn::apply(x, scale, zero_point, make_args(x, scale, zero_point, spec));
   const at::Tensor s = broadcastable(scale.to(x.device()), x, spec);
@@ -340,8 +346,8 @@ at::Tensor lsq_fake_quantize(const at::Tensor& x, const at::Tensor& scale, const
   return (v + (at::round(v) - v).detach() - zp) * s;
 }
 
-at::Tensor soft_round_quantize(const at::Tensor& x, const at::Tensor& v, const QParams& p, const QSpec& spec, double zeta,
-                               double gamma) {
+at::Tensor soft_round_quantize(const at::Tensor& x, const at::Tensor& v, const QParams& p, const QSpec& spec,
+                               double zeta, double gamma) {
   if (kernels_for(x, p.scale, spec) && v.sizes() == x.sizes() && v.scalar_type() == at::kFloat &&
       v.device() == x.device())
     return SoftRoundFn::apply(v, make_args(x, p.scale, p.zero_point, spec), zeta, gamma);
@@ -362,8 +368,8 @@ std::pair<at::Tensor, at::Tensor> range_per_param(const at::Tensor& x_in, const 
       auto [lo, hi] = k->range_per_param(x.contiguous(), layout);
       // Kernels return parameter order (Note [Parameter layout]), not quant_rows' row order.
       const std::vector<std::int64_t> pshape = spec.group_size > 0 ? group_param_shape(x, spec)
-                                               : spec.per_channel   ? std::vector<std::int64_t>{-1}
-                                                                    : std::vector<std::int64_t>{};
+                                               : spec.per_channel  ? std::vector<std::int64_t>{-1}
+                                                                   : std::vector<std::int64_t>{};
       return {lo.reshape(pshape), hi.reshape(pshape)};
     }
   }
@@ -385,7 +391,8 @@ at::Tensor histogram_counts(const at::Tensor& rows, double range, std::int64_t b
   if (rows.dim() != 2) throw Error("histogram_counts: rows must be [C, N], got shape " + c10::str(rows.sizes()));
   if (bins < 2 || !(range > 0)) throw Error("histogram_counts: needs bins >= 2 and range > 0");
   if (rows.scalar_type() == at::kFloat && rows.numel() > 0)
-    if (QuantKernels* k = quant_kernels(rows.device().type())) return k->histogram_counts(rows.contiguous(), range, bins);
+    if (QuantKernels* k = quant_kernels(rows.device().type()))
+      return k->histogram_counts(rows.contiguous(), range, bins);
   const std::int64_t channels = rows.size(0);
   const double width = 2 * range / double(bins);
   at::Tensor idx = at::floor((rows.detach().to(at::kDouble) + range) / width).clamp(0, bins - 1).to(at::kLong);

@@ -38,7 +38,8 @@ class Cli : public ::testing::Test {
   // The command failed with one clear message containing every `needle`, and left no file.
   void expect_failure(const testing::CommandResult& r, const std::vector<std::string>& needles) {
     EXPECT_NE(r.exit_code, 0) << r.output;
-    for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << "missing '" << n << "' in:\n" << r.output;
+    for (const auto& n : needles)
+      EXPECT_NE(r.output.find(n), std::string::npos) << "missing '" << n << "' in:\n" << r.output;
     EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
     EXPECT_EQ(testing::count_files(out_), 0) << "a failed run left files in " << out_;
   }
@@ -60,9 +61,10 @@ TEST_F(Cli, LibraryPipelineGivesWhatTheCliGives) {
   job.output = out_ + "/lib.onnx";
   job.report = out_ + "/lib.json";
   std::vector<std::string> steps;
-  const QuantizeOutcome outcome = run_quantize(job, [&](const std::string& step, std::int64_t, std::int64_t, const std::string&) {
-    if (steps.empty() || steps.back() != step) steps.push_back(step);
-  });
+  const QuantizeOutcome outcome =
+      run_quantize(job, [&](const std::string& step, std::int64_t, std::int64_t, const std::string&) {
+        if (steps.empty() || steps.back() != step) steps.push_back(step);
+      });
   EXPECT_EQ(steps, (std::vector<std::string>{"calibrating", ""}));
   EXPECT_EQ(outcome.calibration.samples, 17);
   // The same graph and the same parameters; scales may differ in the last bit, since the test
@@ -281,8 +283,8 @@ TEST_F(Cli, QatTrainsResumesFromItsCheckpointAndExports) {
                       "backend = \"virtual\"\n[w]\nqscheme = \"per-channel-symmetric\"\nbits = 4\nquantizer = \"lsq\"\n"
                       "[a]\nqscheme = \"per-tensor-affine\"\nbits = 4\nquantizer = \"lsq\"\n"
                       "[calibration]\nbatch_size = 8\n[qat]\nbatch_size = 8\nlr = 1e-4\n");
-  const std::string cmd = "qat " + testing::fixture_model() + " -c " + cfg + " --calib " + calib_ + " --train " + calib_ +
-                          " -o " + out_ + "/qat.onnx --checkpoint " + ckpt + " --report " + out_ + "/r.json";
+  const std::string cmd = "qat " + testing::fixture_model() + " -c " + cfg + " --calib " + calib_ + " --train " +
+                          calib_ + " -o " + out_ + "/qat.onnx --checkpoint " + ckpt + " --report " + out_ + "/r.json";
   auto r = run_cli(cmd + " --epochs 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto rep = nlohmann::json::parse(testing::read_text(out_ + "/r.json"));
@@ -314,8 +316,9 @@ TEST_F(Cli, QatTrainsResumesFromItsCheckpointAndExports) {
 }
 
 TEST_F(Cli, PruneWritesTheSmallerModelItsReportAndTheMaskedModel) {
-  const std::string cmd = "prune " + testing::fixture_model() + " -c " + testing::source_path("configs/prune_channels_50.toml") +
-                          " -o " + out_ + "/p.onnx --report " + out_ + "/r.json --masked " + out_ + "/m.onnx";
+  const std::string cmd = "prune " + testing::fixture_model() + " -c " +
+                          testing::source_path("configs/prune_channels_50.toml") + " -o " + out_ + "/p.onnx --report " +
+                          out_ + "/r.json --masked " + out_ + "/m.onnx";
   auto r = run_cli(cmd);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("channels removed"), std::string::npos) << r.output;
@@ -324,7 +327,8 @@ TEST_F(Cli, PruneWritesTheSmallerModelItsReportAndTheMaskedModel) {
   EXPECT_LT(rep["after"]["parameters"].get<double>(), 0.3 * rep["before"]["parameters"].get<double>());
   EXPECT_LT(rep["after"]["macs"].get<double>(), 0.3 * rep["before"]["macs"].get<double>());
   EXPECT_EQ(rep["after"]["file_bytes"].get<std::int64_t>(), static_cast<std::int64_t>(fs::file_size(out_ + "/p.onnx")));
-  EXPECT_EQ(rep["before"]["file_bytes"].get<std::int64_t>(), static_cast<std::int64_t>(fs::file_size(out_ + "/m.onnx")));
+  EXPECT_EQ(rep["before"]["file_bytes"].get<std::int64_t>(),
+            static_cast<std::int64_t>(fs::file_size(out_ + "/m.onnx")));
   EXPECT_FALSE(rep["layers"].empty());
   Model pruned = load_onnx(out_ + "/p.onnx"), masked = load_onnx(out_ + "/m.onnx");
   at::Tensor x = at::rand({4, 1, 28, 28});
@@ -335,9 +339,11 @@ TEST_F(Cli, PruneWritesTheSmallerModelItsReportAndTheMaskedModel) {
 
 TEST_F(Cli, PruneThenQuantizeInOneRunAndFineTune) {
   const std::string cfg = work_ / "pq.toml";
-  testing::write_text(cfg, "backend = \"onnxruntime\"\n[sparse]\nsparser = \"n_m\"\n[w]\nbits = 8\n"
-                           "[a]\nqscheme = \"per-tensor-affine\"\n[calibration]\nbatch_size = 8\n[qat]\nbatch_size = 8\n");
-  const std::string cmd = "prune " + testing::fixture_model() + " -c " + cfg + " -o " + out_ + "/pq.onnx --report " + out_ + "/r.json";
+  testing::write_text(cfg,
+                      "backend = \"onnxruntime\"\n[sparse]\nsparser = \"n_m\"\n[w]\nbits = 8\n"
+                      "[a]\nqscheme = \"per-tensor-affine\"\n[calibration]\nbatch_size = 8\n[qat]\nbatch_size = 8\n");
+  const std::string cmd =
+      "prune " + testing::fixture_model() + " -c " + cfg + " -o " + out_ + "/pq.onnx --report " + out_ + "/r.json";
   // Quantizing needs calibration data.
   expect_failure(run_cli(cmd), {"pq.toml", "--calib"});
   auto r = run_cli(cmd + " --calib " + calib_ + " --finetune 1 --train " + calib_);
@@ -360,8 +366,8 @@ TEST_F(Cli, PruneThenQuantizeInOneRunAndFineTune) {
   }
   EXPECT_GE(checked, 3);
   // quantize with a [sparse] table prunes first too.
-  r = run_cli("quantize " + testing::fixture_model() + " -c " + cfg + " --calib " + calib_ + " -o " + out_ + "/q.onnx --report " +
-              out_ + "/q.json");
+  r = run_cli("quantize " + testing::fixture_model() + " -c " + cfg + " --calib " + calib_ + " -o " + out_ +
+              "/q.onnx --report " + out_ + "/q.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(nlohmann::json::parse(testing::read_text(out_ + "/q.json"))["pruning"]["pattern"], "N:M");
 }
@@ -371,10 +377,11 @@ TEST_F(Cli, PruneErrorsLeaveNoFile) {
                  {"w8a8_tensorrt.toml", "no [sparse] table"});
   const std::string cfg = work_ / "bad.toml";
   testing::write_text(cfg, "[sparse]\nsparser = \"magnitude\"\n");
-  expect_failure(run_cli("prune " + testing::fixture_model() + " -c " + cfg + " -o " + out_ + "/p.onnx --report " + out_ + "/r.json"),
+  expect_failure(run_cli("prune " + testing::fixture_model() + " -c " + cfg + " -o " + out_ + "/p.onnx --report " +
+                         out_ + "/r.json"),
                  {"bad.toml", "sparse.sparser", "'magnitude'", "l1_unstructured"});
-  expect_failure(run_cli("prune " + testing::fixture_model() + " -c " + testing::source_path("configs/prune_2_4.toml") + " -o " +
-                         out_ + "/p.onnx --finetune 1"),
+  expect_failure(run_cli("prune " + testing::fixture_model() + " -c " + testing::source_path("configs/prune_2_4.toml") +
+                         " -o " + out_ + "/p.onnx --finetune 1"),
                  {"--finetune needs --train"});
 }
 

@@ -49,7 +49,8 @@ class Hardening : public ::testing::Test {
       }
     }
     EXPECT_EQ(errors, 1) << r.output;
-    for (const auto& n : needles) EXPECT_NE(error.find(n), std::string::npos) << "missing '" << n << "' in " << r.output;
+    for (const auto& n : needles)
+      EXPECT_NE(error.find(n), std::string::npos) << "missing '" << n << "' in " << r.output;
   }
   testing::TempDir work_;
   std::string model_, config_;
@@ -64,11 +65,11 @@ TEST_F(Hardening, OutputsThatAreInputsOrEachOtherAreRefusedBeforeAnyWork) {
   for (const auto& args : std::vector<std::string>{
            "inspect " + model_ + " --dot " + model_,
            "inspect " + model_ + " --mermaid " + (work_.path() / "alias.onnx").string(),
-           quantize("-o " + q + " --report " + model_),
-           quantize("-o " + q + " --report " + q),
+           quantize("-o " + q + " --report " + model_), quantize("-o " + q + " --report " + q),
            quantize("-o " + config_),
            "quantize " + model_ + " -c " + config_ + " --calib " + idx.string() + " -o " + idx.string(),
-           "prune " + model_ + " -c " + testing::source_path("configs/prune_channels_50.toml") + " -o " + q + " --masked " + q,
+           "prune " + model_ + " -c " + testing::source_path("configs/prune_channels_50.toml") + " -o " + q +
+               " --masked " + q,
            "simplify " + model_ + " -o " + (work_.path() / "." / "m.onnx").string()}) {
     auto r = run_cli(args);
     expect_one_line_error(r, {"is the same file as"});
@@ -108,9 +109,9 @@ TEST_F(Hardening, SignalsRemoveTemporariesAndExitWithTheSignalNumber) {
   const fs::path out = work_.path() / "out";
   fs::create_directories(out);
   const std::string log = (work_.path() / "log").string();
-  const std::string cmd = "SPARSEBIT_PLUGIN_PATH= " + std::string(SPARSEBIT_CLI) + " quantize " + model_ + " -c " + config_ +
-                          " --calib " + kImages + " --calib-count 0 -o " + (out / "q.onnx").string() + " --report " +
-                          (out / "r.json").string() + " 2>" + log;
+  const std::string cmd = "SPARSEBIT_PLUGIN_PATH= " + std::string(SPARSEBIT_CLI) + " quantize " + model_ + " -c " +
+                          config_ + " --calib " + kImages + " --calib-count 0 -o " + (out / "q.onnx").string() +
+                          " --report " + (out / "r.json").string() + " 2>" + log;
   auto r = testing::run_command("(" + cmd + " & pid=$!; for i in $(seq 1200); do grep -q 'calibrating on' " + log +
                                 " && break; sleep 0.1; done; kill -INT $pid; wait $pid; status=$?; cat " + log +
                                 "; exit $status)");
@@ -148,17 +149,17 @@ TEST_F(Hardening, ArgumentErrorsAreOneLineNamingTheFlagAndExitOne) {
   const std::string q = " -o " + (work_.path() / "q.onnx").string();
   const std::string profile = "profile " + model_ + " -c " + config_ + " --calib " + kImages;
   const std::string qat = "qat " + model_ + " -c " + config_ + " --calib " + kImages + " --train " + kImages + q;
-  for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
-           {"--threads 0 plugins", "--threads"},
-           {quantize(q + " --batch-size 0"), "--batch-size"},
-           {quantize(q + " --calib-count -5"), "--calib-count"},
-           {profile + " --samples 0", "--samples"},
-           {qat + " --lr 0", "--lr"},
-           {qat + " --lr nan", "--lr"},
-           {qat + " --lr inf", "--lr"},
-           {quantize(q + " --device meta"), "--device"},
-           {"quantize " + model_, "required"},
-           {"frobnicate", "subcommand"}}) {
+  for (const auto& [args, flag] :
+       std::vector<std::pair<std::string, std::string>>{{"--threads 0 plugins", "--threads"},
+                                                        {quantize(q + " --batch-size 0"), "--batch-size"},
+                                                        {quantize(q + " --calib-count -5"), "--calib-count"},
+                                                        {profile + " --samples 0", "--samples"},
+                                                        {qat + " --lr 0", "--lr"},
+                                                        {qat + " --lr nan", "--lr"},
+                                                        {qat + " --lr inf", "--lr"},
+                                                        {quantize(q + " --device meta"), "--device"},
+                                                        {"quantize " + model_, "required"},
+                                                        {"frobnicate", "subcommand"}}) {
     expect_one_line_error(run_cli(args), {flag});
   }
   // Global flags after the subcommand, and a thread count above the cores is cut to them.
@@ -179,7 +180,10 @@ TEST_F(Hardening, UntrustedStringsAreBoundedAndEscapedInMessages) {
   r = run_cli(quantize("-o " + (work_.path() / "q.onnx").string()));
   expect_one_line_error(r, {"evil\\x1b[31m\\nforged line"});
   EXPECT_EQ(r.output.find('\x1b'), std::string::npos);
-  EXPECT_EQ(printable("a\nb\x1b" "c\t", 200), "a\\nb\\x1bc\\t");
+  EXPECT_EQ(printable("a\nb\x1b"
+                      "c\t",
+                      200),
+            "a\\nb\\x1bc\\t");
   EXPECT_EQ(printable(std::string(300, 'x'), 10), std::string(10, 'x') + "... (300 characters)");
 }
 
@@ -284,7 +288,8 @@ TEST_F(Hardening, ModelsNewerThanTheExecutorOrInconsistentAreRefusedAtLoad) {
 
 TEST_F(Hardening, MessagesSayWhatIsWrongWhereItIs) {
   const std::string q = " -o " + (work_.path() / "q.onnx").string();
-  expect_one_line_error(run_cli("quantize " + model_ + " -c " + config_ + " --calib /dev/zero" + q), {"/dev/zero", "device, pipe"});
+  expect_one_line_error(run_cli("quantize " + model_ + " -c " + config_ + " --calib /dev/zero" + q),
+                        {"/dev/zero", "device, pipe"});
   expect_one_line_error(run_cli("quantize " + model_ + " -c . --calib " + kImages + q), {"is a folder"});
   // A text file named .so in a plugin folder.
   const fs::path plugins = work_.path() / "plugins";
@@ -301,7 +306,8 @@ TEST_F(Hardening, GlobsThatMatchNothingWarnAndInvalidGlobsFail) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("skip glob '/nope/*' matches no node"), std::string::npos) << r.output;
   testing::write_text(config_, "skip = [\"[\"]\n" + base);
-  expect_one_line_error(run_cli(quantize("-o " + (work_.path() / "q2.onnx").string())), {"skip", "not a valid glob", "never closed"});
+  expect_one_line_error(run_cli(quantize("-o " + (work_.path() / "q2.onnx").string())),
+                        {"skip", "not a valid glob", "never closed"});
   testing::write_text(config_, base + "\n[[specific]]\nnodes = \"/fc9/*\"\nw = { observer = \"minmax\" }\n");
   r = run_cli(quantize("-o " + (work_.path() / "q3.onnx").string()));
   EXPECT_NE(r.output.find("[[specific]] #1 nodes glob '/fc9/*' matches no node"), std::string::npos) << r.output;
@@ -310,7 +316,8 @@ TEST_F(Hardening, GlobsThatMatchNothingWarnAndInvalidGlobsFail) {
 TEST_F(Hardening, LabelsThatAreNotLabelsAndQdqModelsAreRefused) {
   const std::string q = " -o " + (work_.path() / "q.onnx").string();
   const std::string eval = " --eval-data " + std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz";
-  expect_one_line_error(run_cli(quantize(q + eval + " --eval-labels " + kImages)), {"not a label file", "[60000, 28, 28]"});
+  expect_one_line_error(run_cli(quantize(q + eval + " --eval-labels " + kImages)),
+                        {"not a label file", "[60000, 28, 28]"});
   // Labels of another task: class 250 for a 10-class model.
   std::string bytes = {0, 0, 0x08, 1, 0, 0, 0x27, 0x10};
   for (int i = 0; i < 10000; ++i) bytes += static_cast<char>(i % 2 ? 250 : 3);
@@ -320,8 +327,8 @@ TEST_F(Hardening, LabelsThatAreNotLabelsAndQdqModelsAreRefused) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("outside the model's 10 classes"), std::string::npos) << r.output;
   // The QDQ model just written cannot be quantized again.
-  expect_one_line_error(run_cli("quantize " + (work_.path() / "q.onnx").string() + " -c " + config_ + " --calib " + kImages +
-                                " -o " + (work_.path() / "qq.onnx").string()),
+  expect_one_line_error(run_cli("quantize " + (work_.path() / "q.onnx").string() + " -c " + config_ + " --calib " +
+                                kImages + " -o " + (work_.path() / "qq.onnx").string()),
                         {"already quantized", "QuantizeLinear/DequantizeLinear"});
 }
 

@@ -1,7 +1,7 @@
 // ONNX's backend tests (libonnx-testdata: data/node, data/pytorch-converted,
-// data/pytorch-operator, plus tests/conformance/extra for newer opsets): every model whose ops the shipped plugins all provide runs through the
-// executor and must match the expected outputs with ONNX's own tolerances (rtol 1e-3,
-// atol 1e-7). Prints ran/passed/failed per op; docs/OPERATORS.md lists the known failures.
+// data/pytorch-operator, plus tests/conformance/extra for newer opsets): every model whose ops the shipped plugins all
+// provide runs through the executor and must match the expected outputs with ONNX's own tolerances (rtol 1e-3, atol
+// 1e-7). Prints ran/passed/failed per op; docs/OPERATORS.md lists the known failures.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -35,9 +35,11 @@ const std::map<std::string, std::string> kNotReproducible = {
 // Applicable tests that fail, with the reason (also in docs/OPERATORS.md). A listed test that
 // starts passing fails this test too, so the list stays true.
 const std::map<std::string, std::string> kKnownFailures = {
-    {"test_cast_FLOAT_to_BFLOAT16", "ONNX 1.12's reference truncates to bfloat16; ATen (and ONNX >= 1.14) round to nearest even"},
+    {"test_cast_FLOAT_to_BFLOAT16",
+     "ONNX 1.12's reference truncates to bfloat16; ATen (and ONNX >= 1.14) round to nearest even"},
     {"test_castlike_FLOAT_to_BFLOAT16", "ONNX 1.12's reference truncates to bfloat16; ATen rounds to nearest even"},
-    {"test_castlike_FLOAT_to_BFLOAT16_expanded", "ONNX 1.12's reference truncates to bfloat16; ATen rounds to nearest even"},
+    {"test_castlike_FLOAT_to_BFLOAT16_expanded",
+     "ONNX 1.12's reference truncates to bfloat16; ATen rounds to nearest even"},
     {"test_cast_FLOAT_to_STRING", "string tensors: LibTorch has no string dtype"},
     {"test_cast_STRING_to_FLOAT", "string tensors: LibTorch has no string dtype"},
     {"test_castlike_FLOAT_to_STRING", "string tensors: LibTorch has no string dtype"},
@@ -93,7 +95,8 @@ std::set<std::string> op_types(const fs::path& model) {
   std::ifstream f(model, std::ios::binary);
   std::set<std::string> ops;
   if (!m.ParseFromIstream(&f)) return ops;
-  for (const auto& n : m.graph().node()) ops.insert((n.domain().empty() || n.domain() == "ai.onnx" ? "" : n.domain() + ":") + n.op_type());
+  for (const auto& n : m.graph().node())
+    ops.insert((n.domain().empty() || n.domain() == "ai.onnx" ? "" : n.domain() + ":") + n.op_type());
   return ops;
 }
 
@@ -145,8 +148,9 @@ TEST(OnnxNodeConformance, EverySupportedOpTestMatches) {
         if (!set.is_directory() || set.path().filename().string().rfind("test_data_set_", 0) != 0) continue;
         std::map<std::string, at::Tensor> feeds;
         for (std::size_t i = 0; i < model.graph.inputs.size(); ++i)
-          feeds[model.graph.inputs[i].name] = as_declared(
-              load_tensor_pb((set.path() / ("input_" + std::to_string(i) + ".pb")).string()), model.graph.inputs[i].elem_type);
+          feeds[model.graph.inputs[i].name] =
+              as_declared(load_tensor_pb((set.path() / ("input_" + std::to_string(i) + ".pb")).string()),
+                          model.graph.inputs[i].elem_type);
         auto outs = ex.run(feeds);
         ++cases;
         for (std::size_t i = 0; i < outs.size(); ++i) {
@@ -170,19 +174,21 @@ TEST(OnnxNodeConformance, EverySupportedOpTestMatches) {
     }
     const bool expected_failure = kKnownFailures.count(name) != 0;
     if (ok) ++passed;
-    if (ok && expected_failure) failures.push_back(name + ": passes now; remove it from kKnownFailures and docs/OPERATORS.md");
+    if (ok && expected_failure)
+      failures.push_back(name + ": passes now; remove it from kKnownFailures and docs/OPERATORS.md");
     if (!ok && expected_failure) ++known;
     if (!ok && !expected_failure) failures.push_back(name + ":" + detail);
   }
-  std::printf("ONNX backend tests: %d applicable ran (%d data sets), %d passed, %d failed (%d known), %zu skipped\n", ran,
-              cases, passed, ran - passed, known, skipped.size());
+  std::printf("ONNX backend tests: %d applicable ran (%d data sets), %d passed, %d failed (%d known), %zu skipped\n",
+              ran, cases, passed, ran - passed, known, skipped.size());
   std::printf("%-26s %5s %6s %6s\n", "op", "ran", "passed", "failed");
   for (const auto& [op, t] : by_op) std::printf("%-26s %5d %6d %6d\n", op.c_str(), t.ran, t.passed, t.ran - t.passed);
   for (const auto& s : skipped) std::printf("  skipped %s\n", s.c_str());
   for (const auto& f : failures) ADD_FAILURE() << f;
   EXPECT_GE(ran, 720) << "fewer backend tests than expected were selected";
   EXPECT_GE(passed * 100, ran * 97) << "pass rate below 97%";
-  // clang-format off (a table: one op per entry, packed)
+  // A table of op names, packed (not one per line):
+  // clang-format off
   for (const char* op : {"Conv", "Gemm", "MatMul", "BatchNormalization", "Relu", "Clip", "Sigmoid", "HardSigmoid", "Add",
                          "Mul", "MaxPool", "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Concat",
                          "Softmax", "Identity", "Dropout", "Resize", "LayerNormalization", "Gather", "Slice", "Einsum",

@@ -23,7 +23,8 @@ inline const std::string& scratch_file(const char* suffix) {
 
 inline std::string write_scratch(const std::uint8_t* data, std::size_t size, const char* suffix) {
   const std::string& path = scratch_file(suffix);
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   return path;
 }
 

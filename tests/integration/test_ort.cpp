@@ -70,8 +70,8 @@ at::Tensor run_in_ort(const std::string& model, const std::string& in, const at:
                       const testing::TempDir& dir, const std::string& level = "all") {
   write_npy(x, dir / "ort_in.npy");
   auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + model +
-                                " --optimization " + level + " --in " + in + "=" + (dir / "ort_in.npy") + " --out " + out +
-                                "=" + (dir / "ort_out.npy"));
+                                " --optimization " + level + " --in " + in + "=" + (dir / "ort_in.npy") + " --out " +
+                                out + "=" + (dir / "ort_out.npy"));
   EXPECT_EQ(r.exit_code, 0) << model << "\n" << r.output;
   return r.exit_code == 0 ? read_npy(dir / "ort_out.npy") : at::Tensor();
 }
@@ -86,7 +86,10 @@ std::unique_ptr<QuantModel> calibrated_fixture(Config c, int count) {
 }
 
 at::Tensor test_images(std::int64_t n) {
-  return read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", n).to(at::kFloat).div(255).unsqueeze(1);
+  return read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", n)
+      .to(at::kFloat)
+      .div(255)
+      .unsqueeze(1);
 }
 
 // Exports `qm`, then checks our executor reproduces the simulation exactly and ONNX Runtime's
@@ -117,7 +120,8 @@ void expect_qdq_matches_ort(int bits) {
   const double tie = bits == 8 ? 0.015625 : 0.0625;  // a power of two keeps the ties exact
   at::Tensor x = qdq_input(bits == 8 ? 2.0 : 0.5, tie);
   const std::string prefix = bits == 8 ? "int8" : "int4";
-  for (const Case& c : {Case{"symmetric", true, false}, Case{"affine", false, false}, Case{"per_channel", true, true}}) {
+  for (const Case& c :
+       {Case{"symmetric", true, false}, Case{"affine", false, false}, Case{"per_channel", true, true}}) {
     QSpec spec;
     spec.bits = bits;
     spec.symmetric = c.symmetric;
@@ -137,7 +141,8 @@ void expect_qdq_matches_ort(int bits) {
     at::Tensor ort = run_in_ort(path, "x", x, "y", dir);
     at::Tensor ours = fake_quantize(x, p, spec);
     ASSERT_TRUE(ort.defined());
-    EXPECT_TRUE(at::equal(ort, ours)) << prefix << " " << c.name << ": max diff " << (ort - ours).abs().max().item<float>();
+    EXPECT_TRUE(at::equal(ort, ours)) << prefix << " " << c.name << ": max diff "
+                                      << (ort - ours).abs().max().item<float>();
     // Our executor runs the same model (4-bit zero points held widened, Graph::narrow_types).
     Model reloaded = load_onnx(path);
     Executor executor(reloaded.graph, testing::shipped_registry());
@@ -183,8 +188,8 @@ TEST(OnnxRuntime, OldOpsetModelIsLiftedQuantizedAndRunsInOnnxRuntime) {
     // The onnxruntime backend simulates the int32 bias QLinearConv adds; the tensorrt backend's
     // float bias is computed in float by ORT's reference path.
     const double tolerance = ort_rules ? 1e-5 : 1e-3;
-    EXPECT_TRUE(at::allclose(ort, simulated, 0, tolerance)) << cfg << ": max diff "
-                                                            << (ort - simulated).abs().max().item<float>();
+    EXPECT_TRUE(at::allclose(ort, simulated, 0, tolerance))
+        << cfg << ": max diff " << (ort - simulated).abs().max().item<float>();
   }
 }
 
@@ -263,9 +268,10 @@ TEST(OnnxRuntime, PerGroupWeightsExportAsBlockedDequantizeLinear) {
   if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
   testing::TempDir dir;
   for (int bits : {8, 4}) {
-    Config c = Config::from_string("backend = \"virtual\"\n[w]\nqscheme = \"per-group-symmetric\"\ngroup_size = 16\nbits = " +
-                                       std::to_string(bits) + "\n",
-                                   "group.toml");
+    Config c =
+        Config::from_string("backend = \"virtual\"\n[w]\nqscheme = \"per-group-symmetric\"\ngroup_size = 16\nbits = " +
+                                std::to_string(bits) + "\n",
+                            "group.toml");
     auto qm = calibrated_fixture(c, 64);
     // Float accumulation order differs between LibTorch and ONNX Runtime, which can flip an
     // intermediate rounding: allow two output steps (our executor must match exactly).
@@ -276,7 +282,8 @@ TEST(OnnxRuntime, PerGroupWeightsExportAsBlockedDequantizeLinear) {
       if (n->op_type == "DequantizeLinear" && n->inputs[0].rfind("fc1.weight", 0) == 0) fc1_dq = n;
     ASSERT_TRUE(fc1_dq);
     EXPECT_EQ(fc1_dq->attr_int("block_size", 0), 16);
-    EXPECT_EQ(exported.graph.initializers.at(fc1_dq->inputs[1]).sizes(), (std::vector<std::int64_t>{128, 36}));  // 576 / 16
+    EXPECT_EQ(exported.graph.initializers.at(fc1_dq->inputs[1]).sizes(),
+              (std::vector<std::int64_t>{128, 36}));  // 576 / 16
   }
 }
 
@@ -314,12 +321,14 @@ TEST(OnnxRuntime, ExternalDataRoundTripsThroughQuantize) {
   ASSERT_TRUE(std::filesystem::exists(dir / "float.onnx.data"));
   EXPECT_LT(std::filesystem::file_size(dir / "float.onnx"), std::filesystem::file_size(dir / "float.onnx.data"));
   Model back = load_onnx(dir / "float.onnx");
-  for (const auto& [name, t] : m.graph.initializers) EXPECT_TRUE(at::equal(back.graph.initializers.at(name), t)) << name;
+  for (const auto& [name, t] : m.graph.initializers)
+    EXPECT_TRUE(at::equal(back.graph.initializers.at(name), t)) << name;
 
   const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
-  const std::string common = " -c " + testing::source_path("configs/w8a8_onnxruntime.toml") + " --calib " + images +
-                             " --calib-count 64";
-  auto r = testing::run_cli("quantize " + (dir / "float.onnx") + common + " -o " + (dir / "q_ext.onnx") + " --external-data");
+  const std::string common =
+      " -c " + testing::source_path("configs/w8a8_onnxruntime.toml") + " --calib " + images + " --calib-count 64";
+  auto r = testing::run_cli("quantize " + (dir / "float.onnx") + common + " -o " + (dir / "q_ext.onnx") +
+                            " --external-data");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(std::filesystem::exists(dir / "q_ext.onnx.data"));
   r = testing::run_cli("quantize " + (dir / "float.onnx") + common + " -o " + (dir / "q_in.onnx"));
@@ -342,7 +351,8 @@ TEST(OnnxRuntime, PrunedModelsMatchTheMaskedModelsAndQuantize) {
   for (const char* name : {"fashion_mnist_cnn", "fashion_mnist_mobilenet"}) {
     Model model = load_onnx(testing::source_path(std::string("examples/fashion_mnist/") + name + ".onnx"));
     for (double ratio : {0.3, 0.5}) {
-      Config c = Config::from_string("[sparse]\nsparser = \"l1_structured\"\nratio = " + std::to_string(ratio) + "\n", "p.toml");
+      Config c = Config::from_string("[sparse]\nsparser = \"l1_structured\"\nratio = " + std::to_string(ratio) + "\n",
+                                     "p.toml");
       c.plugins.use_environment = false;
       PruneResult r = prune(model, c, testing::shipped_registry(), sample_inputs(model.graph));
       EXPECT_GT(r.channels_removed, 0);

@@ -29,7 +29,12 @@ QuantModel calibrated(const Config& c) {
   return qm;
 }
 
-at::Tensor test_batch(std::int64_t n) { return read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", n).to(at::kFloat).div(255).unsqueeze(1); }
+at::Tensor test_batch(std::int64_t n) {
+  return read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", n)
+      .to(at::kFloat)
+      .div(255)
+      .unsqueeze(1);
+}
 
 TEST(Pipeline, SlotsFollowOpRolesAndFusedChains) {
   QuantModel qm(load_onnx(testing::fixture_model()), config_for("w8a8_tensorrt.toml"), testing::shipped_registry());
@@ -153,8 +158,8 @@ TEST(Pipeline, ExportedQdqGraphRunsToTheSimulatedOutputs) {
     at::Tensor from_export = ex.run({{"image", x}})[0];
     qm.set_quant(true, true);
     at::Tensor simulated = qm.forward({x})[0];
-    EXPECT_TRUE(at::allclose(from_export, simulated, 1e-5, 1e-5)) << cfg << ": max diff "
-                                                                   << (from_export - simulated).abs().max().item<float>();
+    EXPECT_TRUE(at::allclose(from_export, simulated, 1e-5, 1e-5))
+        << cfg << ": max diff " << (from_export - simulated).abs().max().item<float>();
   }
 }
 
@@ -217,7 +222,8 @@ a = { bits = 6 }
 [[specific]]
 nodes = "/fc*"
 w = { bits = 5 }
-)", "specific.toml");
+)",
+                                     "specific.toml");
   c.w = extra.w;
   c.a = extra.a;
   c.specific = extra.specific;
@@ -234,7 +240,9 @@ w = { bits = 5 }
   trt.specific = Config::from_string(R"([[specific]]
 nodes = "/fc2/*"
 a = { qscheme = "per-tensor-affine" }
-)", "s.toml").specific;
+)",
+                                     "s.toml")
+                     .specific;
   try {
     QuantModel bad(load_onnx(testing::fixture_model()), trt, testing::shipped_registry());
     FAIL();

@@ -33,8 +33,8 @@ w = { bits = 2 }
 )";
 
 TEST(Profiler, TheSabotagedLayerRanksFirstAndReportsAreComplete) {
-  QuantModel qm(load_onnx(testing::fixture_model()), Config::from_string(std::string(kConfig) + kSabotage, "profile.toml"),
-                testing::shipped_registry());
+  QuantModel qm(load_onnx(testing::fixture_model()),
+                Config::from_string(std::string(kConfig) + kSabotage, "profile.toml"), testing::shipped_registry());
   const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
   auto calib = open_dataset(images, qm.graph().inputs);
   qm.calibrate(*calib);
@@ -81,8 +81,8 @@ TEST(Profiler, CliWritesJsonAndHtml) {
   testing::TempDir work;
   testing::write_text(work / "c.toml", kConfig);
   auto r = testing::run_cli("profile " + testing::fixture_model() + " -c " + (work / "c.toml") + " --calib " +
-                            std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz --samples 32 --mode single -o " +
-                            (work / "report"));
+                            std::string(FASHION_MNIST_DIR) +
+                            "/t10k-images-idx3-ubyte.gz --samples 32 --mode single -o " + (work / "report"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("most sensitive layers (one at a time)"), std::string::npos) << r.output;
   auto j = nlohmann::json::parse(testing::read_text(work / "report.json"));
@@ -90,8 +90,8 @@ TEST(Profiler, CliWritesJsonAndHtml) {
   EXPECT_TRUE(j["accumulated"].empty());
   EXPECT_FALSE(j["single"].empty());
   EXPECT_NE(testing::read_text(work / "report.html").find("<svg"), std::string::npos);
-  r = testing::run_cli("profile " + testing::fixture_model() + " -c " + (work / "c.toml") + " --calib " + (work / "none") +
-                       " -o " + (work / "bad"));
+  r = testing::run_cli("profile " + testing::fixture_model() + " -c " + (work / "c.toml") + " --calib " +
+                       (work / "none") + " -o " + (work / "bad"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_FALSE(std::filesystem::exists(work / "bad.json")) << "a failed run leaves no report";
 }

@@ -63,7 +63,8 @@ class Untrusted : public ::testing::Test {
   void SetUp() override {
     fs::create_directories(work_ / "model");
     const float values[4] = {1, 2, 3, 4};
-    std::ofstream(work_ / "model/weights.bin", std::ios::binary).write(reinterpret_cast<const char*>(values), sizeof values);
+    std::ofstream(work_ / "model/weights.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(values), sizeof values);
     std::ofstream(work_ / "secret.bin", std::ios::binary).write(reinterpret_cast<const char*>(values), sizeof values);
   }
   testing::TempDir work_;
@@ -73,13 +74,18 @@ TEST_F(Untrusted, ExternalDataLoadsAndIsConfinedToTheModelFolder) {
   Model ok = load_onnx(save(model_with_external({{"location", "weights.bin"}}), work_ / "model/ok.onnx"));
   EXPECT_TRUE(at::equal(ok.graph.initializers.at("w"), at::tensor({1.f, 2.f, 3.f, 4.f})));
 
-  for (const std::string& location : {work_ / "secret.bin", std::string("../secret.bin"), std::string("sub/../../secret.bin")}) {
-    auto msg = error_of([&] { load_onnx(save(model_with_external({{"location", location}}), work_ / "model/bad.onnx")); });
+  for (const std::string& location :
+       {work_ / "secret.bin", std::string("../secret.bin"), std::string("sub/../../secret.bin")}) {
+    auto msg = error_of([&] {
+      load_onnx(save(model_with_external({{"location", location}}), work_ / "model/bad.onnx"));
+    });
     EXPECT_NE(msg.find("initializer 'w'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("inside the model's folder"), std::string::npos) << msg;
   }
   fs::create_symlink(work_ / "secret.bin", work_ / "model/link.bin");
-  auto msg = error_of([&] { load_onnx(save(model_with_external({{"location", "link.bin"}}), work_ / "model/bad.onnx")); });
+  auto msg = error_of([&] {
+    load_onnx(save(model_with_external({{"location", "link.bin"}}), work_ / "model/bad.onnx"));
+  });
   EXPECT_NE(msg.find("outside the model's folder"), std::string::npos) << msg;
 }
 
@@ -88,16 +94,19 @@ TEST_F(Untrusted, ExternalDataSizesOffsetsAndChecksumsAreChecked) {
     return error_of([&] { load_onnx(save(model_with_external(ext, dims), work_ / "model/bad.onnx")); });
   };
   EXPECT_NE(load({{"location", "weights.bin"}, {"offset", "8"}}).find("shorter than offset 8"), std::string::npos);
-  EXPECT_NE(load({{"location", "weights.bin"}, {"length", "-5"}}).find("not a non-negative integer"), std::string::npos);
-  EXPECT_NE(load({{"location", "weights.bin"}, {"offset", "12abc"}}).find("not a non-negative integer"), std::string::npos);
+  EXPECT_NE(load({{"location", "weights.bin"}, {"length", "-5"}}).find("not a non-negative integer"),
+            std::string::npos);
+  EXPECT_NE(load({{"location", "weights.bin"}, {"offset", "12abc"}}).find("not a non-negative integer"),
+            std::string::npos);
   EXPECT_NE(load({{"location", "weights.bin"}, {"length", "8"}}).find("does not match its shape"), std::string::npos);
   EXPECT_NE(load({{"location", "weights.bin"}}, {1 << 20, 1 << 20, 1 << 10}).find("more than this machine's memory"),
             std::string::npos);
   EXPECT_NE(load({{"location", "weights.bin"}}, {INT64_MAX, 4}).find("overflows"), std::string::npos);
   EXPECT_NE(load({{"location", "weights.bin"}, {"checksum", std::string(40, '0')}}).find("SHA-1"), std::string::npos);
   // The right checksum (sha1 of the whole file, as the ONNX spec defines it) loads.
-  Model ok = load_onnx(save(model_with_external({{"location", "weights.bin"}, {"checksum", "c26df9440df999ae7d765499acd5ca855709702f"}}),
-                            work_ / "model/sum.onnx"));
+  Model ok = load_onnx(
+      save(model_with_external({{"location", "weights.bin"}, {"checksum", "c26df9440df999ae7d765499acd5ca855709702f"}}),
+           work_ / "model/sum.onnx"));
   EXPECT_EQ(ok.graph.initializers.at("w").numel(), 4);
 }
 

@@ -77,7 +77,8 @@ TEST_F(PluginHost, NewerSdkMinorIsRefused) {
   const PluginRecord* p = find(registry_, "fixture_wrong_sdk");
   ASSERT_TRUE(p);
   EXPECT_EQ(p->gate, "sdk_version");
-  const std::string newer = "SDK " + std::to_string(sdk::kSdkVersionMajor) + "." + std::to_string(sdk::kSdkVersionMinor + 1);
+  const std::string newer =
+      "SDK " + std::to_string(sdk::kSdkVersionMajor) + "." + std::to_string(sdk::kSdkVersionMinor + 1);
   EXPECT_NE(p->reason.find(newer), std::string::npos) << p->reason;
 }
 
@@ -151,7 +152,8 @@ TEST(PluginHostFilters, ExcludedLibrariesAreNeverOpened) {
   int copies = 0;
   // A fresh copy per case (a library already open in this process would not run its
   // constructors again), with `sidecar` beside it unless empty.
-  auto opened_with = [&](const std::string& sidecar, std::vector<std::string> enable, std::vector<std::string> disable) {
+  auto opened_with = [&](const std::string& sidecar, std::vector<std::string> enable,
+                         std::vector<std::string> disable) {
     const std::filesystem::path folder = dir.path() / ("copy" + std::to_string(++copies));
     std::filesystem::create_directories(folder);
     std::filesystem::copy_file(std::string(SPARSEBIT_FIXTURE_PLUGINS) + "/fixture_constructor_marker.so",
@@ -275,15 +277,20 @@ TEST_F(PluginFaults, ObserverAndQuantizerFailuresNamePluginAndCall) {
   const std::string base = "backend = \"virtual\"\n[calibration]\ncount = 16\n";
   auto msg = error_of(base + "[a]\nobserver = \"throwing_observer\"\n", false);
   EXPECT_NE(msg.find("observer 'throwing_observer' (plugin 'fixture.faulty') failed in observe: observer exploded"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   msg = error_of(base + "[a]\nobserver = \"wrong_shape_observer\"\n", false);
-  EXPECT_NE(msg.find("observer 'wrong_shape_observer' (plugin 'fixture.faulty') compute returned 3 scales for a per-tensor"),
-            std::string::npos) << msg;
+  EXPECT_NE(
+      msg.find("observer 'wrong_shape_observer' (plugin 'fixture.faulty') compute returned 3 scales for a per-tensor"),
+      std::string::npos)
+      << msg;
   msg = error_of(base + "[w]\nquantizer = \"throwing_quantizer\"\n", true);
   EXPECT_NE(msg.find("quantizer 'throwing_quantizer' (plugin 'fixture.faulty') failed in forward: quantizer exploded"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   msg = error_of(base + "[a]\nquantizer = \"wrong_shape_quantizer\"\n", true);
-  EXPECT_NE(msg.find("quantizer 'wrong_shape_quantizer' (plugin 'fixture.faulty') forward returned shape"), std::string::npos)
+  EXPECT_NE(msg.find("quantizer 'wrong_shape_quantizer' (plugin 'fixture.faulty') forward returned shape"),
+            std::string::npos)
       << msg;
 }
 
@@ -314,7 +321,8 @@ TEST_F(PluginFaults, PassAndOpFailuresNamePluginAndCall) {
     FAIL();
   } catch (const Error& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("node 'boom' (test.faulty:Exploding) failed in plugin 'fixture.faulty'"), std::string::npos) << what;
+    EXPECT_NE(what.find("node 'boom' (test.faulty:Exploding) failed in plugin 'fixture.faulty'"), std::string::npos)
+        << what;
     EXPECT_NE(what.find("op exploded"), std::string::npos) << what;
   }
 }

@@ -37,7 +37,8 @@ TEST(Pattern, AnyOrderMatchesEitherOperandOrderedOnlyItsPosition) {
 TEST(Pattern, NodeAndJointChecksFilter) {
   Builder b = relu_chain(4);
   Pattern only_first;
-  only_first.node("a", {"Relu"}, {}, Pattern::Inputs::kOrdered, [](const Node& n, const Graph&) { return n.name != "relu0"; });
+  only_first.node("a", {"Relu"}, {}, Pattern::Inputs::kOrdered,
+                  [](const Node& n, const Graph&) { return n.name != "relu0"; });
   only_first.node("b", {"Relu"}, {"a"});
   auto m = only_first.find(b.g);
   ASSERT_EQ(m.size(), 1u);

@@ -21,7 +21,8 @@ TEST(BnTuning, FirstBatchNormGetsTheQuantizedInputStatistics) {
   at::manual_seed(0);
   const at::Tensor data = at::randn({24, 3, 16, 16}) * 2 + 0.5;
   write_npy(data, work / "calib.npy");
-  Config config = Config::from_string("backend = \"virtual\"\n[schedule]\nbn_tuning = true\n[calibration]\nbatch_size = 8\n", "bn.toml");
+  Config config = Config::from_string(
+      "backend = \"virtual\"\n[schedule]\nbn_tuning = true\n[calibration]\nbatch_size = 8\n", "bn.toml");
   ASSERT_TRUE(bn_tuning_enabled(config));
   Model model = load_onnx(source_path("tests/fixtures/opset9_cnn.onnx"));
   const Node* bn = nullptr;

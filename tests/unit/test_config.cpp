@@ -42,7 +42,8 @@ strength = 3
 [schedule]
 fuse_gelu = false
 my_pass = true
-)", "p.toml");
+)",
+                                 "p.toml");
   ASSERT_GE(c.schedule.size(), 3u);
   EXPECT_EQ(c.schedule[0].pass, "my_pass");
   EXPECT_EQ(c.schedule[1].pass, "fuse_bn");
@@ -100,7 +101,8 @@ mode = "layerwise"
 paths = ["extra"]
 enable = ["sparsebit.*"]
 disable = ["*.minmax"]
-)", "/cfg/dir/test.toml");
+)",
+                                 "/cfg/dir/test.toml");
   EXPECT_EQ(c.backend, "onnxruntime");
   EXPECT_EQ(c.skip, std::vector<std::string>{"fc*"});
   QSpec w = c.w.spec(true, 0);
@@ -173,15 +175,16 @@ w = { bits = 4 }
 nodes = ["/conv1/*", "/dw3/*"]
 a = { observer = "mse" }
 w = { qscheme = "per-tensor-symmetric" }
-)", "test.toml");
+)",
+                                 "test.toml");
   ASSERT_EQ(c.specific.size(), 2u);
   EXPECT_EQ(c.specific[0].nodes, std::vector<std::string>{"/fc2*"});
   EXPECT_EQ(c.specific[0].w.bits, 4);
-  EXPECT_EQ(c.specific[0].w.qscheme, "per-channel-symmetric");          // inherited
-  EXPECT_EQ(c.specific[0].a.observer, "percentile");                    // inherited with its options
+  EXPECT_EQ(c.specific[0].w.qscheme, "per-channel-symmetric");  // inherited
+  EXPECT_EQ(c.specific[0].a.observer, "percentile");            // inherited with its options
   EXPECT_TRUE(c.specific[0].a.observer_options.has("alpha"));
   EXPECT_EQ(c.specific[1].a.observer, "mse");
-  EXPECT_FALSE(c.specific[1].a.observer_options.has("alpha"));           // options were for percentile
+  EXPECT_FALSE(c.specific[1].a.observer_options.has("alpha"));  // options were for percentile
   EXPECT_FALSE(c.specific[1].w.spec(true, 0).per_channel);
   EXPECT_EQ(c.specific[1].w.bits, 8);
 }
@@ -190,8 +193,8 @@ TEST(Config, PerGroupSchemesNeedAGroupSizeAndWeights) {
   Config c = Config::from_string("[w]\nqscheme = \"per-group-symmetric\"\ngroup_size = 32\n", "g.toml");
   QSpec s = c.w.spec(true, 0);
   EXPECT_EQ(s.group_size, 32);
-  EXPECT_EQ(s.group_axis, 1);                    // Conv / Gemm(transB) weights: input axis 1
-  EXPECT_EQ(c.w.spec(true, 1).group_axis, 0);    // MatMul / Gemm weights [K, N]: input axis 0
+  EXPECT_EQ(s.group_axis, 1);                  // Conv / Gemm(transB) weights: input axis 1
+  EXPECT_EQ(c.w.spec(true, 1).group_axis, 0);  // MatMul / Gemm weights [K, N]: input axis 0
   EXPECT_NE(error_of("[w]\nqscheme = \"per-group-affine\"\n").find("w.group_size must be set"), std::string::npos);
   EXPECT_NE(error_of("[a]\nqscheme = \"per-group-affine\"\ngroup_size = 8\n").find("for weights"), std::string::npos);
 }

@@ -126,7 +126,8 @@ TEST(Data, OnnxTestLayoutFeedsInputsByName) {
 TEST(Data, MismatchedShapeTypeEmptyAndNanAreClearErrors) {
   testing::TempDir dir;
   write_npy(at::rand({2, 1, 32, 32}), dir / "wrong_shape.npy");
-  std::string e = expect_error([&] { drain(*open_dataset(dir / "wrong_shape.npy", image_input()), image_input(), 8, 0); });
+  std::string e =
+      expect_error([&] { drain(*open_dataset(dir / "wrong_shape.npy", image_input()), image_input(), 8, 0); });
   EXPECT_NE(e.find("wrong_shape.npy"), std::string::npos) << e;
   EXPECT_NE(e.find("needs 28"), std::string::npos) << e;
 

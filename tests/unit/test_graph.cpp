@@ -100,7 +100,8 @@ TEST(OnnxIO, RoundTripKeepsNodesAttributesAndInitializers) {
     EXPECT_EQ(back.graph.node(i).inputs, m.graph.node(i).inputs);
     EXPECT_EQ(back.graph.node(i).attributes.size(), m.graph.node(i).attributes.size());
   }
-  for (const auto& [name, t] : m.graph.initializers) EXPECT_TRUE(at::equal(t, back.graph.initializers.at(name))) << name;
+  for (const auto& [name, t] : m.graph.initializers)
+    EXPECT_TRUE(at::equal(t, back.graph.initializers.at(name))) << name;
 }
 
 TEST(OnnxIO, OldOpsetsAreLiftedTo13) {

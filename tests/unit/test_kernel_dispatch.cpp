@@ -50,9 +50,10 @@ class LoopKernels final : public QuantKernels {
   }
   at::Tensor quantize_to_int(const QuantArgs& a) override {
     ++calls["quantize_to_int"];
-    return map(a, [&](float x, float s, float z) {
-             return float(std::clamp<std::int64_t>(std::int64_t(std::nearbyint(x / s) + z), a.qmin, a.qmax));
-           })
+    return map(a,
+               [&](float x, float s, float z) {
+                 return float(std::clamp<std::int64_t>(std::int64_t(std::nearbyint(x / s) + z), a.qmin, a.qmax));
+               })
         .to(at::kInt);
   }
   at::Tensor lsq_forward(const QuantArgs& a) override {
@@ -72,8 +73,8 @@ class LoopKernels final : public QuantKernels {
       const float u = x[e] / s[p] + z[p];
       const bool inside = u >= float(a.qmin) && u <= float(a.qmax);
       gx.data_ptr<float>()[e] = inside ? g[e] : 0.0f;
-      gs.data_ptr<float>()[p] += g[e] * (inside ? std::nearbyint(u) - z[p] - x[e] / s[p]
-                                                 : std::clamp(u, float(a.qmin), float(a.qmax)) - z[p]);
+      gs.data_ptr<float>()[p] +=
+          g[e] * (inside ? std::nearbyint(u) - z[p] - x[e] / s[p] : std::clamp(u, float(a.qmin), float(a.qmax)) - z[p]);
       gz.data_ptr<float>()[p] += inside ? 0.0f : -g[e] * s[p];
     }
     return {gx, gs, gz};
@@ -83,7 +84,8 @@ class LoopKernels final : public QuantKernels {
     const float* vp = v.data_ptr<float>();
     std::int64_t e = 0;
     return map(a, [&](float x, float s, float z) {
-      const float h = std::clamp(float(1 / (1 + std::exp(-double(vp[e++])))) * float(zeta - gamma) + float(gamma), 0.0f, 1.0f);
+      const float h =
+          std::clamp(float(1 / (1 + std::exp(-double(vp[e++])))) * float(zeta - gamma) + float(gamma), 0.0f, 1.0f);
       const float q = std::clamp(std::floor(x / s) + h + z, float(a.qmin), float(a.qmax));
       return (q - z) * s;
     });
@@ -176,8 +178,10 @@ struct Case {
   QSpec spec;
 };
 std::vector<Case> cases() {
-  return {{{2, 3, 4, 5}, spec_of(8, true, false, 0)},    {{2, 3, 4, 5}, spec_of(8, false, true, 1)},
-          {{6, 3, 2}, spec_of(4, true, true, -1)},       {{6, 10}, spec_of(4, true, false, 1, 4)},
+  return {{{2, 3, 4, 5}, spec_of(8, true, false, 0)},
+          {{2, 3, 4, 5}, spec_of(8, false, true, 1)},
+          {{6, 3, 2}, spec_of(4, true, true, -1)},
+          {{6, 10}, spec_of(4, true, false, 1, 4)},
           {{9, 5, 3}, spec_of(4, false, false, 0, 4)}};
 }
 

@@ -65,7 +65,8 @@ Graph lift_both_ways(const Case& c, std::int64_t target) {
       EXPECT_EQ(got[i].sizes(), expected[i].sizes()) << "output " << i;
       if (got[i].sizes() != expected[i].sizes()) continue;
       EXPECT_TRUE(at::allclose(got[i].to(at::kDouble), expected[i].to(at::kDouble), 1e-6, 1e-6))
-          << "output " << i << ": max diff " << (got[i].to(at::kDouble) - expected[i].to(at::kDouble)).abs().max().item<double>();
+          << "output " << i << ": max diff "
+          << (got[i].to(at::kDouble) - expected[i].to(at::kDouble)).abs().max().item<double>();
     }
   }
   return observed;
@@ -93,7 +94,8 @@ TEST(OpsetLift, SoftmaxOnTheLastAxisStaysOneNode) {
 TEST(OpsetLift, SoftmaxOnAnotherAxisKeepsTheOldFlatteningMeaning) {
   at::manual_seed(1);
   for (std::int64_t axis : {0, 1, 2, -2}) {
-    auto c = single(11, {make("Softmax", {"x"}, {"y"}, {{"axis", Attribute::of_int(axis)}})}, at::randn({2, 3, 4, 5}), {"y"});
+    auto c = single(11, {make("Softmax", {"x"}, {"y"}, {{"axis", Attribute::of_int(axis)}})}, at::randn({2, 3, 4, 5}),
+                    {"y"});
     Graph lifted = lift_both_ways(c, 13);
     EXPECT_EQ(count(lifted, "Flatten"), 1) << axis;
     EXPECT_EQ(count(lifted, "Reshape"), 1) << axis;
@@ -107,8 +109,9 @@ TEST(OpsetLift, SoftmaxOnAnotherAxisKeepsTheOldFlatteningMeaning) {
 
 TEST(OpsetLift, ClipAndPadAttributesBecomeInputsOfTheDataType) {
   auto x = at::linspace(-8, 8, 24, at::kDouble).reshape({2, 3, 4});
-  auto c = single(9, {make("Clip", {"x"}, {"y"}, {{"min", Attribute::of_float(-1.5)}, {"max", Attribute::of_float(2.25)}})}, x,
-                  {"y"});
+  auto c =
+      single(9, {make("Clip", {"x"}, {"y"}, {{"min", Attribute::of_float(-1.5)}, {"max", Attribute::of_float(2.25)}})},
+             x, {"y"});
   Graph lifted = lift_both_ways(c, 13);
   EXPECT_EQ(lifted.initializers.at(lifted.node(0).inputs[1]).scalar_type(), at::kDouble);
   auto only_min = single(10, {make("Clip", {"x"}, {"y"}, {{"min", Attribute::of_float(0)}})}, x.to(at::kFloat), {"y"});
@@ -116,7 +119,8 @@ TEST(OpsetLift, ClipAndPadAttributesBecomeInputsOfTheDataType) {
   for (const char* mode : {"constant", "reflect", "edge"}) {
     auto pad = single(9,
                       {make("Pad", {"x"}, {"y"},
-                            {{"pads", Attribute::of_ints({0, 1, 2, 0, 2, 1})}, {"mode", Attribute::of_string(mode)},
+                            {{"pads", Attribute::of_ints({0, 1, 2, 0, 2, 1})},
+                             {"mode", Attribute::of_string(mode)},
                              {"value", Attribute::of_float(0.5)}})},
                       x.to(at::kFloat), {"y"});
     Graph g = lift_both_ways(pad, 13);
@@ -129,29 +133,37 @@ TEST(OpsetLift, SliceTopKSplitSqueezeUnsqueezeAndReduceSumTakeInputs) {
   auto x = at::randn({4, 6, 5});
   lift_both_ways(single(9,
                         {make("Slice", {"x"}, {"y"},
-                              {{"starts", Attribute::of_ints({1, -4})}, {"ends", Attribute::of_ints({INT64_MAX, -1})},
+                              {{"starts", Attribute::of_ints({1, -4})},
+                               {"ends", Attribute::of_ints({INT64_MAX, -1})},
                                {"axes", Attribute::of_ints({0, 2})}})},
                         x, {"y"}),
                  13);
-  lift_both_ways(single(9, {make("TopK", {"x"}, {"v", "i"}, {{"k", Attribute::of_int(2)}, {"axis", Attribute::of_int(1)}})}, x,
-                        {"v", "i"}),
-                 13);
-  lift_both_ways(single(11, {make("Split", {"x"}, {"a", "b"}, {{"axis", Attribute::of_int(1)}, {"split", Attribute::of_ints({2, 4})}})},
+  lift_both_ways(
+      single(9, {make("TopK", {"x"}, {"v", "i"}, {{"k", Attribute::of_int(2)}, {"axis", Attribute::of_int(1)}})}, x,
+             {"v", "i"}),
+      13);
+  lift_both_ways(single(11,
+                        {make("Split", {"x"}, {"a", "b"},
+                              {{"axis", Attribute::of_int(1)}, {"split", Attribute::of_ints({2, 4})}})},
                         x, {"a", "b"}),
                  13);
   // An equal split needs num_outputs from opset 18 on.
-  Graph equal = lift_both_ways(single(9, {make("Split", {"x"}, {"a", "b", "c"}, {{"axis", Attribute::of_int(1)}})}, x, {"a", "b", "c"}), 18);
+  Graph equal = lift_both_ways(
+      single(9, {make("Split", {"x"}, {"a", "b", "c"}, {{"axis", Attribute::of_int(1)}})}, x, {"a", "b", "c"}), 18);
   EXPECT_EQ(equal.node(0).attr_int("num_outputs", 0), 3);
   lift_both_ways(single(9,
                         {make("Unsqueeze", {"x"}, {"u"}, {{"axes", Attribute::of_ints({0, 3})}}),
                          make("Squeeze", {"u"}, {"y"}, {{"axes", Attribute::of_ints({0})}})},
                         x, {"y"}),
                  13);
-  lift_both_ways(single(12, {make("ReduceSum", {"x"}, {"y"}, {{"axes", Attribute::of_ints({1})}, {"keepdims", Attribute::of_int(0)}})},
-                        x, {"y"}),
-                 13);
+  lift_both_ways(
+      single(12,
+             {make("ReduceSum", {"x"}, {"y"}, {{"axes", Attribute::of_ints({1})}, {"keepdims", Attribute::of_int(0)}})},
+             x, {"y"}),
+      13);
   // The other reductions keep the attribute until opset 18.
-  Graph mean = lift_both_ways(single(9, {make("ReduceMean", {"x"}, {"y"}, {{"axes", Attribute::of_ints({-1})}})}, x, {"y"}), 21);
+  Graph mean =
+      lift_both_ways(single(9, {make("ReduceMean", {"x"}, {"y"}, {{"axes", Attribute::of_ints({-1})}})}, x, {"y"}), 21);
   EXPECT_TRUE(mean.node(0).has_input(1));
   Graph at13 = single(9, {make("ReduceMean", {"x"}, {"y"}, {{"axes", Attribute::of_ints({-1})}})}, x, {"y"}).g;
   lift_opset(at13, 13);
@@ -166,27 +178,33 @@ TEST(OpsetLift, UpsampleAndResize10BecomeResizeWithAsymmetricCoordinates) {
   EXPECT_EQ(up7.node(0).attr_string("coordinate_transformation_mode", ""), "asymmetric");
   const std::map<std::string, at::Tensor> scales = {{"s", at::tensor({1.f, 1.f, 2.f, 1.5f})}};
   for (const char* mode : {"nearest", "linear"}) {
-    lift_both_ways(single(9, {make("Upsample", {"x", "s"}, {"y"}, {{"mode", Attribute::of_string(mode)}})}, x, {"y"}, scales), 13);
-    lift_both_ways(single(10, {make("Resize", {"x", "s"}, {"y"}, {{"mode", Attribute::of_string(mode)}})}, x, {"y"}, scales), 13);
+    lift_both_ways(
+        single(9, {make("Upsample", {"x", "s"}, {"y"}, {{"mode", Attribute::of_string(mode)}})}, x, {"y"}, scales), 13);
+    lift_both_ways(
+        single(10, {make("Resize", {"x", "s"}, {"y"}, {{"mode", Attribute::of_string(mode)}})}, x, {"y"}, scales), 13);
   }
 }
 
 TEST(OpsetLift, ScatterDropoutAndGroupNormalization) {
   at::manual_seed(3);
   auto x = at::randn({3, 4});
-  const std::map<std::string, at::Tensor> scatter = {{"i", at::tensor(std::vector<std::int64_t>{1, 0, 2, 3, 0, 1}, at::kLong).reshape({3, 2})},
-                                                     {"u", at::randn({3, 2})}};
-  Graph s = lift_both_ways(single(9, {make("Scatter", {"x", "i", "u"}, {"y"}, {{"axis", Attribute::of_int(1)}})}, x, {"y"}, scatter), 13);
+  const std::map<std::string, at::Tensor> scatter = {
+      {"i", at::tensor(std::vector<std::int64_t>{1, 0, 2, 3, 0, 1}, at::kLong).reshape({3, 2})},
+      {"u", at::randn({3, 2})}};
+  Graph s = lift_both_ways(
+      single(9, {make("Scatter", {"x", "i", "u"}, {"y"}, {{"axis", Attribute::of_int(1)}})}, x, {"y"}, scatter), 13);
   EXPECT_EQ(s.node(0).op_type, "ScatterElements");
-  Graph d = lift_both_ways(single(7, {make("Dropout", {"x"}, {"y", "mask"}, {{"ratio", Attribute::of_float(0.3)}})}, x, {"y"}), 13);
+  Graph d = lift_both_ways(
+      single(7, {make("Dropout", {"x"}, {"y", "mask"}, {{"ratio", Attribute::of_float(0.3)}})}, x, {"y"}), 13);
   EXPECT_EQ(d.node(0).outputs.size(), 1u);
   EXPECT_FALSE(d.node(0).has_attr("ratio"));
 
   auto img = at::randn({2, 6, 3, 3});
   const std::map<std::string, at::Tensor> gn = {{"scale", at::randn({3})}, {"bias", at::randn({3})}};
-  Graph g = lift_both_ways(single(18, {make("GroupNormalization", {"x", "scale", "bias"}, {"y"}, {{"num_groups", Attribute::of_int(3)}})},
-                                  img, {"y"}, gn, true),
-                           21);
+  Graph g = lift_both_ways(
+      single(18, {make("GroupNormalization", {"x", "scale", "bias"}, {"y"}, {{"num_groups", Attribute::of_int(3)}})},
+             img, {"y"}, gn, true),
+      21);
   EXPECT_EQ(g.initializers.at(g.node(0).inputs[1]).numel(), 6);
 }
 
@@ -199,8 +217,10 @@ TEST(OpsetLift, WhatCannotBeLiftedIsRefusedNamingNodeAndOpAndTheGraphIsUnchanged
   EXPECT_EQ(mask.default_opset(), 9);
   EXPECT_EQ(mask.node(0).outputs.size(), 2u);
 
-  Graph bn = single(8, {make("BatchNormalization", {"x", "s", "b", "m", "v"}, {"y"}, {{"spatial", Attribute::of_int(0)}})},
-                    at::randn({2, 3, 4, 4}), {"y"}, {}, true).g;
+  Graph bn =
+      single(8, {make("BatchNormalization", {"x", "s", "b", "m", "v"}, {"y"}, {{"spatial", Attribute::of_int(0)}})},
+             at::randn({2, 3, 4, 4}), {"y"}, {}, true)
+          .g;
   why = testing::error_of([&] { lift_opset(bn, 13, static_value_facts(bn)); });
   EXPECT_NE(why.find("(BatchNormalization)"), std::string::npos) << why;
   EXPECT_NE(why.find("spatial"), std::string::npos) << why;
@@ -219,8 +239,10 @@ TEST(OpsetLift, WhatCannotBeLiftedIsRefusedNamingNodeAndOpAndTheGraphIsUnchanged
   EXPECT_NE(why.find("(Loop)"), std::string::npos) << why;
   EXPECT_NE(why.find("subgraph"), std::string::npos) << why;
 
-  Graph groups = single(18, {make("GroupNormalization", {"x", "scale", "bias"}, {"y"}, {{"num_groups", Attribute::of_int(3)}})},
-                        at::randn({2, 6, 3}), {"y"}, {{"scale", at::randn({3})}, {"bias", at::randn({3})}}).g;
+  Graph groups =
+      single(18, {make("GroupNormalization", {"x", "scale", "bias"}, {"y"}, {{"num_groups", Attribute::of_int(3)}})},
+             at::randn({2, 6, 3}), {"y"}, {{"scale", at::randn({3})}, {"bias", at::randn({3})}})
+          .g;
   why = testing::error_of([&] { lift_opset(groups, 21); });  // no facts: the channel count is unknown
   EXPECT_NE(why.find("number of channels"), std::string::npos) << why;
 }

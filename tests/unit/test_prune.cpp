@@ -61,7 +61,7 @@ TEST(Prune, ElementSparsityHitsTheRatioAndZeroesTheSmallestWeights) {
 TEST(Prune, GlobalScopeRanksAllLayersTogether) {
   Builder b({1, 4, 5, 5});
   at::manual_seed(2);
-  b.constant("w1", at::randn({4, 4, 1, 1}) * 10);  // large: keeps most
+  b.constant("w1", at::randn({4, 4, 1, 1}) * 10);   // large: keeps most
   b.constant("w2", at::randn({4, 4, 1, 1}) * 0.1);  // small: loses most
   b.add("c1", "Conv", {"x", "w1"}, {"a"});
   b.add("c2", "Conv", {"a", "w2"}, {"y"});
@@ -88,7 +88,8 @@ TEST(Prune, TwoOfFourKeepsTheTwoLargestOfEveryFourInputChannels) {
   EXPECT_EQ(r.n, 2);
   EXPECT_EQ(r.m, 4);
   auto check = [](const at::Tensor& original, const at::Tensor& pruned, std::int64_t input_axis) {
-    at::Tensor o = original.movedim(input_axis, -1).reshape({-1, 4}), p = pruned.movedim(input_axis, -1).reshape({-1, 4});
+    at::Tensor o = original.movedim(input_axis, -1).reshape({-1, 4}),
+               p = pruned.movedim(input_axis, -1).reshape({-1, 4});
     for (std::int64_t g = 0; g < o.size(0); ++g) {
       auto kept = (p[g] != 0).nonzero().flatten();
       ASSERT_EQ(kept.numel(), 2);
@@ -167,7 +168,8 @@ TEST(Prune, ResidualChannelsArePrunedAsOneGroupByTheirSummedNormalisedNorms) {
 
 TEST(Prune, RoundToKeepsAMultipleOfChannels) {
   // 8 channels at ratio 0.5 keep 4; round_to = 3 rounds that up to 6.
-  auto r = run_prune(residual_block().g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\nround_to = 3\n", {1, 4, 6, 6});
+  auto r =
+      run_prune(residual_block().g, "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\nround_to = 3\n", {1, 4, 6, 6});
   EXPECT_EQ(r.channels_removed, 2);
   EXPECT_EQ(r.pruned.graph.initializers.at("w0").size(0), 6);
 }
@@ -260,7 +262,8 @@ ratio = 0.25
 [[specific]]
 nodes = "tail/*"
 sparse = { ratio = 0 }
-)", {1, 4, 3, 3});
+)",
+                     {1, 4, 3, 3});
   EXPECT_EQ((r.pruned.graph.initializers.at("w1") == 0).sum().item<std::int64_t>(), 8);
   EXPECT_EQ((r.pruned.graph.initializers.at("w2") == 0).sum().item<std::int64_t>(), 0);
 }
@@ -271,19 +274,25 @@ TEST(Prune, ConfigErrorsNameTheKeyAndTheFix) {
   b.add("conv", "Conv", {"x", "w"}, {"y"});
   auto error = [&](const std::string& toml) { return testing::error_of([&] { run_prune(b.g, toml, {1, 4, 3, 3}); }); };
   EXPECT_NE(error("[sparse]\nsparser = \"l1_structurd\"\n").find("did you mean 'l1_structured'"), std::string::npos);
-  EXPECT_NE(error("[sparse]\nsparser = \"l1_unstructured\"\ngranularity = \"channel\"\n").find("use sparser = \"l1_structured\""),
+  EXPECT_NE(error("[sparse]\nsparser = \"l1_unstructured\"\ngranularity = \"channel\"\n")
+                .find("use sparser = \"l1_structured\""),
             std::string::npos);
   EXPECT_NE(error("[sparse]\nsparser = \"n_m\"\ngranularity = \"4:2\"\n").find("1 <= N < M"), std::string::npos);
-  EXPECT_NE(error("[sparse]\nsparser = \"l1_structured\"\nscope = \"global\"\n").find("element sparser"), std::string::npos);
-  EXPECT_NE(error("[sparse]\n[sparse.sparser_options]\nalpha = 1\n").find("sparse.sparser_options.alpha"), std::string::npos);
+  EXPECT_NE(error("[sparse]\nsparser = \"l1_structured\"\nscope = \"global\"\n").find("element sparser"),
+            std::string::npos);
+  EXPECT_NE(error("[sparse]\n[sparse.sparser_options]\nalpha = 1\n").find("sparse.sparser_options.alpha"),
+            std::string::npos);
   EXPECT_NE(testing::error_of([] { sparse_config("[sparse]\nratio = 1.5\n"); }).find("test.toml: sparse.ratio must be"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { sparse_config("[sparse]\nratoi = 0.5\n"); }).find("did you mean 'ratio'"), std::string::npos);
-  EXPECT_NE(testing::error_of([] { sparse_config("[[specific]]\nnodes = \"a\"\nsparse = { ratio = 0.5 }\n"); })
-                .find("needs a [sparse] table"),
+  EXPECT_NE(testing::error_of([] { sparse_config("[sparse]\nratoi = 0.5\n"); }).find("did you mean 'ratio'"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { prune(Model{}, sparse_config(""), testing::shipped_registry(), {}); }).find("no [sparse]"),
+  EXPECT_NE(testing::error_of([] {
+              sparse_config("[[specific]]\nnodes = \"a\"\nsparse = { ratio = 0.5 }\n");
+            }).find("needs a [sparse] table"),
             std::string::npos);
+  EXPECT_NE(
+      testing::error_of([] { prune(Model{}, sparse_config(""), testing::shipped_registry(), {}); }).find("no [sparse]"),
+      std::string::npos);
 }
 
 TEST(Prune, BiasCompensationGivesTheRemovedChannelsMeanToTheNextBias) {
@@ -359,10 +368,12 @@ TEST(Prune, FineTuningKeepsTheZerosAndLowersTheDistillationLoss) {
     EXPECT_FALSE(at::equal(before, after)) << l.weight << " did not train";
   }
   // On held-out images the fine-tuned model is closer to the teacher than the pruned one.
-  at::Tensor x = read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", 256).to(at::kFloat).div(255).unsqueeze(1);
+  at::Tensor x =
+      read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", 256).to(at::kFloat).div(255).unsqueeze(1);
   auto out = [&](const Graph& g) { return Executor(g, testing::shipped_registry()).run({{g.inputs[0].name, x}})[0]; };
   const at::Tensor t = out(teacher.graph);
-  EXPECT_LT((out(student.graph) - t).pow(2).mean().item<double>(), (out(r.pruned.graph) - t).pow(2).mean().item<double>());
+  EXPECT_LT((out(student.graph) - t).pow(2).mean().item<double>(),
+            (out(r.pruned.graph) - t).pow(2).mean().item<double>());
 }
 
 }  // namespace

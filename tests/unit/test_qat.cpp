@@ -53,7 +53,7 @@ TEST(Qat, OneStepLowersTheLossAndEveryParameterGetsAGradient) {
     EXPECT_TRUE(t.requires_grad()) << name;
     (name.rfind("weight ", 0) == 0 ? weights : quantizer_params)++;
   }
-  EXPECT_EQ(weights, 14u);          // 7 weighted layers: weight and bias each
+  EXPECT_EQ(weights, 14u);           // 7 weighted layers: weight and bias each
   EXPECT_GE(quantizer_params, 14u);  // an LSQ scale per quantized weight and activation
   const at::Tensor x = images(64);
   std::map<std::string, at::Tensor> feeds{{s.student.graph().inputs[0].name, x}};
@@ -126,8 +126,9 @@ TEST(Qat, ResumingFromACheckpointEndsWhereAnUninterruptedRunEnds) {
   EXPECT_NE(untrained.student.serialize(), straight->student.serialize());
   // Another run's checkpoint is refused, naming the way out.
   QatSetup other(c);
-  const std::string msg = testing::error_of(
-      [&] { distill(other.student, other.teacher, other.train_data(), {c.qat, dir / "b.ckpt", "another run"}); });
+  const std::string msg = testing::error_of([&] {
+    distill(other.student, other.teacher, other.train_data(), {c.qat, dir / "b.ckpt", "another run"});
+  });
   EXPECT_NE(msg.find("--restart"), std::string::npos) << msg;
 }
 
@@ -146,14 +147,16 @@ TEST(Qat, BatchNormTrainsUpdatesItsStatisticsAndFoldsAtExport) {
   b.constant("w2", at::randn({4, 6}) * 0.5);
   b.constant("b2", at::zeros({4}));
   b.add("conv", "Conv", {"x", "w", "cb"}, {"c"}, {{"pads", Attribute::of_ints({1, 1, 1, 1})}});
-  b.add("bn", "BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"n"}, {{"momentum", Attribute::of_float(0.9)}});
+  b.add("bn", "BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"n"},
+        {{"momentum", Attribute::of_float(0.9)}});
   b.add("relu", "Relu", {"n"}, {"r"});
   b.add("gap", "GlobalAveragePool", {"r"}, {"p"});
   b.add("flatten", "Flatten", {"p"}, {"f"});
   b.add("fc", "Gemm", {"f", "w2", "b2"}, {"y"}, {{"transB", Attribute::of_int(1)}});
   const Config c = Config::from_string(
       "backend = \"virtual\"\n[w]\nqscheme = \"per-channel-symmetric\"\nbits = 4\nquantizer = \"lsq\"\n"
-      "[a]\nqscheme = \"per-tensor-affine\"\nquantizer = \"lsq\"\n[schedule]\nfuse_bn = false\n[calibration]\nbatch_size = 8\n",
+      "[a]\nqscheme = \"per-tensor-affine\"\nquantizer = \"lsq\"\n[schedule]\nfuse_bn = "
+      "false\n[calibration]\nbatch_size = 8\n",
       "bn.toml");
   QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, testing::shipped_registry());
   testing::TempDir dir;

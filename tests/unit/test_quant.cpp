@@ -59,7 +59,7 @@ TEST(Quant, PerTensorMatchesTorchFakeQuantizeExactly) {
     at::Tensor rounds_apart = at::round(x / fscale) != at::round(x * (1.0f / fscale));
     at::Tensor differ = ours != ref;
     EXPECT_TRUE(at::equal(differ, at::logical_and(differ, rounds_apart))) << "scale " << scale << ": a difference "
-                                                                           << "not explained by division vs reciprocal";
+                                                                          << "not explained by division vs reciprocal";
     EXPECT_LT(differ.sum().item<std::int64_t>(), x.numel() / 10000) << "scale " << scale;
     at::Tensor same = at::logical_not(rounds_apart);
     EXPECT_TRUE(at::equal(ours.masked_select(same), ref.masked_select(same))) << "scale " << scale;
@@ -104,9 +104,10 @@ TEST(Quant, EveryBitWidthAndSchemeMatchesTorch) {
         at::Tensor hi = per_channel ? at::rand({6}) * 3 + 0.1 : at::scalar_tensor(3.5);
         QParams p = qparams_from_range(lo, hi, s, "t");
         at::Tensor ours = fake_quantize(x, p, s);
-        at::Tensor ref = per_channel ? at::fake_quantize_per_channel_affine(x, p.scale, p.zero_point, 1, s.qmin(), s.qmax())
-                                     : at::fake_quantize_per_tensor_affine(x, p.scale.item<double>(), p.zero_point.item<std::int64_t>(),
-                                                                           s.qmin(), s.qmax());
+        at::Tensor ref = per_channel
+                             ? at::fake_quantize_per_channel_affine(x, p.scale, p.zero_point, 1, s.qmin(), s.qmax())
+                             : at::fake_quantize_per_tensor_affine(
+                                   x, p.scale.item<double>(), p.zero_point.item<std::int64_t>(), s.qmin(), s.qmax());
         at::Tensor sc = per_channel ? p.scale.reshape({1, 6, 1}) : p.scale;
         at::Tensor apart = at::round(x / sc) != at::round(x * (1.0f / sc));
         at::Tensor same = at::logical_not(apart);

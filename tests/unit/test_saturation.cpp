@@ -61,7 +61,8 @@ TEST(Saturation, GemmPairsAlongKOnBothSidesOfTheBound) {
   const std::string warning = saturation_warning(c);
   EXPECT_NE(warning.find("node 'layer' (Gemm"), std::string::npos) << warning;
   EXPECT_NE(warning.find("reduce_range = true"), std::string::npos) << warning;
-  EXPECT_TRUE(saturation_warning(check_u8s8_saturation(layer("Gemm", fits, {{"transB", Attribute::of_int(1)}}))).empty());
+  EXPECT_TRUE(
+      saturation_warning(check_u8s8_saturation(layer("Gemm", fits, {{"transB", Attribute::of_int(1)}}))).empty());
 }
 
 TEST(Saturation, ConvPairsInputChannelsAtEachKernelPosition) {
@@ -86,7 +87,8 @@ TEST(Saturation, OddReductionLengthPairsTheLastWeightWithZero) {
 }
 
 TEST(Saturation, FloatActivationsAreNotIntegerLayers) {
-  const SaturationCheck c = check_u8s8_saturation(layer("Gemm", ints({127, 127}, {1, 2}), {{"transB", Attribute::of_int(1)}}, false));
+  const SaturationCheck c =
+      check_u8s8_saturation(layer("Gemm", ints({127, 127}, {1, 2}), {{"transB", Attribute::of_int(1)}}, false));
   EXPECT_EQ(c.layers_checked, 0);
   EXPECT_TRUE(c.at_risk.empty());
 }
@@ -121,11 +123,14 @@ TEST(Saturation, ReduceRangeIsAWeightOptionFor8Bits) {
   testing::write_text(dir / "ok.toml", "backend = \"onnxruntime\"\n[w]\nreduce_range = true\n");
   EXPECT_TRUE(Config::from_file(dir / "ok.toml").w.reduce_range);
   EXPECT_NE(load("backend = \"onnxruntime\"\n[a]\nreduce_range = true\n").find("a.reduce_range"), std::string::npos);
-  EXPECT_NE(load("backend = \"virtual\"\n[w]\nbits = 4\nreduce_range = true\n").find("needs bits = 8"), std::string::npos);
+  EXPECT_NE(load("backend = \"virtual\"\n[w]\nbits = 4\nreduce_range = true\n").find("needs bits = 8"),
+            std::string::npos);
   // TensorRT's kernels do not saturate: the option is refused when the model is built.
-  testing::write_text(dir / "trt.toml", "backend = \"tensorrt\"\n[w]\nreduce_range = true\n[a]\nqscheme = \"per-tensor-symmetric\"\n");
+  testing::write_text(dir / "trt.toml",
+                      "backend = \"tensorrt\"\n[w]\nreduce_range = true\n[a]\nqscheme = \"per-tensor-symmetric\"\n");
   const std::string why = testing::error_of([&] {
-    QuantModel qm(load_onnx(testing::fixture_model()), Config::from_file(dir / "trt.toml"), testing::shipped_registry());
+    QuantModel qm(load_onnx(testing::fixture_model()), Config::from_file(dir / "trt.toml"),
+                  testing::shipped_registry());
   });
   EXPECT_NE(why.find("reduce_range"), std::string::npos) << why;
   EXPECT_NE(why.find("TensorRT"), std::string::npos) << why;

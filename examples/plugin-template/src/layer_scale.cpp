@@ -10,8 +10,7 @@ namespace example {
 class LayerScale final : public sparsebit::NodeQModule {
  public:
   explicit LayerScale(const sparsebit::OpContext& ctx) : sparsebit::NodeQModule(ctx) {
-    if (ctx.node.inputs.size() != 2)
-      throw sparsebit::Error(describe() + ": LayerScale takes two inputs (x, gamma)");
+    if (ctx.node.inputs.size() != 2) throw sparsebit::Error(describe() + ": LayerScale takes two inputs (x, gamma)");
   }
 
   std::vector<sparsebit::InputSpec> input_specs() const override {

@@ -33,8 +33,8 @@ class MeanRangeObserver final : public sparsebit::Observer {
 
   sparsebit::QParams compute() override {
     if (batches_ < min_batches_) {
-      throw sparsebit::Error(where_ + ": observed " + std::to_string(batches_) + " batches, mean_range needs at least " +
-                             std::to_string(min_batches_));
+      throw sparsebit::Error(where_ + ": observed " + std::to_string(batches_) +
+                             " batches, mean_range needs at least " + std::to_string(min_batches_));
     }
     // The shared helper widens the range to include 0 and rounds like ONNX Runtime.
     return sparsebit::qparams_from_range(sum_min_ / double(batches_), sum_max_ / double(batches_), spec_, where_);

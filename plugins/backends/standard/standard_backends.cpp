@@ -18,7 +18,9 @@ namespace {
 
 std::optional<std::string> need_8_bits(const QSpec& s, const std::string& table) {
   if (s.reduce_range && s.bits == 7) return std::nullopt;  // 7-bit grid in int8/uint8 storage
-  if (s.bits != 8) return table + ".bits = " + std::to_string(s.bits) + ", this backend runs 8-bit only (set bits = 8 or use backend = \"virtual\")";
+  if (s.bits != 8)
+    return table + ".bits = " + std::to_string(s.bits) +
+           ", this backend runs 8-bit only (set bits = 8 or use backend = \"virtual\")";
   return std::nullopt;
 }
 
@@ -35,7 +37,9 @@ class VirtualBackend final : public Backend {
 class OnnxRuntimeBackend final : public Backend {
  public:
   std::string description() const override { return "ONNX Runtime QDQ: W8A8, any scheme"; }
-  std::optional<std::string> check(const QSpec& s, const std::string& table) const override { return need_8_bits(s, table); }
+  std::optional<std::string> check(const QSpec& s, const std::string& table) const override {
+    return need_8_bits(s, table);
+  }
   // QLinearConv / QGemm add an int32 bias: simulate and export exactly that.
   bool quantize_bias() const override { return true; }
   bool checks_u8s8_saturation() const override { return true; }
@@ -48,14 +52,19 @@ class TensorRTBackend final : public Backend {
   }
   std::optional<std::string> check(const QSpec& s, const std::string& table) const override {
     if (s.reduce_range)
-      return table + ".reduce_range: TensorRT's INT8 kernels accumulate in 32 bits on the GPU, a 7-bit grid only costs "
-                     "accuracy there (reduce_range is for ONNX Runtime on x86 processors without VNNI)";
+      return table +
+             ".reduce_range: TensorRT's INT8 kernels accumulate in 32 bits on the GPU, a 7-bit grid only costs "
+             "accuracy there (reduce_range is for ONNX Runtime on x86 processors without VNNI)";
     if (auto e = need_8_bits(s, table)) return e;
     if (!s.symmetric)
       return table + ".qscheme = \"" + s.qscheme() + "\": TensorRT needs a zero point of 0 (use a symmetric scheme)";
     if (!s.is_weight && s.per_channel)
-      return table + ".qscheme = \"" + s.qscheme() + "\": TensorRT quantizes activations per tensor (use per-tensor-symmetric)";
-    if (s.group_size > 0) return table + ".qscheme: per-group INT8 weights are not a TensorRT explicit-quantization mode (use per-channel-symmetric)";
+      return table + ".qscheme = \"" + s.qscheme() +
+             "\": TensorRT quantizes activations per tensor (use per-tensor-symmetric)";
+    if (s.group_size > 0)
+      return table +
+             ".qscheme: per-group INT8 weights are not a TensorRT explicit-quantization mode (use "
+             "per-channel-symmetric)";
     return std::nullopt;
   }
 
@@ -75,8 +84,8 @@ class TensorRTBackend final : public Backend {
       const bool a = from_fusable(n->inputs[0]), b = from_fusable(n->inputs[1]);
       if (!a && !b) continue;
       const std::size_t fused = a ? 0 : 1;
-      state.set_fake_fused(*n, fused, true);       // computed inside the convolution's kernel
-      state.quantize_activation(*n, 1 - fused);    // the skip branch TensorRT reads as INT8
+      state.set_fake_fused(*n, fused, true);     // computed inside the convolution's kernel
+      state.quantize_activation(*n, 1 - fused);  // the skip branch TensorRT reads as INT8
     }
   }
 };

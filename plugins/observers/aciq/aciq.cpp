@@ -23,10 +23,14 @@ namespace sparsebit::observers {
 namespace {
 
 // Optimal clipping in units of sigma or b, per bit width (the paper's tables).
-const std::map<int, double> kGaus = {{1, 1.24}, {2, 1.71}, {3, 2.15}, {4, 2.55}, {5, 2.93}, {6, 3.28}, {7, 3.61}, {8, 3.92}};
-const std::map<int, double> kGausPositive = {{1, 1.71}, {2, 2.15}, {3, 2.55}, {4, 2.93}, {5, 3.28}, {6, 3.61}, {7, 3.92}, {8, 4.2}};
-const std::map<int, double> kLaplace = {{1, 1.86}, {2, 2.83}, {3, 3.89}, {4, 5.03}, {5, 6.2}, {6, 7.41}, {7, 8.64}, {8, 9.89}};
-const std::map<int, double> kLaplacePositive = {{1, 2.83}, {2, 3.89}, {3, 5.02}, {4, 6.2}, {5, 7.41}, {6, 8.64}, {7, 9.89}, {8, 11.16}};
+const std::map<int, double> kGaus = {{1, 1.24}, {2, 1.71}, {3, 2.15}, {4, 2.55},
+                                     {5, 2.93}, {6, 3.28}, {7, 3.61}, {8, 3.92}};
+const std::map<int, double> kGausPositive = {{1, 1.71}, {2, 2.15}, {3, 2.55}, {4, 2.93},
+                                             {5, 3.28}, {6, 3.61}, {7, 3.92}, {8, 4.2}};
+const std::map<int, double> kLaplace = {{1, 1.86}, {2, 2.83}, {3, 3.89}, {4, 5.03},
+                                        {5, 6.2},  {6, 7.41}, {7, 8.64}, {8, 9.89}};
+const std::map<int, double> kLaplacePositive = {{1, 2.83}, {2, 3.89}, {3, 5.02}, {4, 6.2},
+                                                {5, 7.41}, {6, 8.64}, {7, 9.89}, {8, 11.16}};
 
 class AciqObserver final : public Observer {
  public:
@@ -54,8 +58,7 @@ class AciqObserver final : public Observer {
     at::Tensor lo, hi, scale_estimate;
     if (exact_.defined()) {
       std::tie(lo, hi) = at::aminmax(exact_, 1);
-      if (distribution_ == "laplace")
-        scale_estimate = (exact_ - exact_.mean(1, true)).abs().mean(1);
+      if (distribution_ == "laplace") scale_estimate = (exact_ - exact_.mean(1, true)).abs().mean(1);
     } else {
       if (hist_.empty()) throw Error(where_ + ": nothing was observed (is the calibration data empty?)");
       lo = hist_.min();
@@ -71,7 +74,8 @@ class AciqObserver final : public Observer {
       scale_estimate = (hi - lo) * (0.175 * (1 + std::sqrt(M_PI * std::log(4.0)))) / std::sqrt(2 * std::log(n));
     }
     const bool half = !spec_.symmetric && lo.min().item<double>() >= 0;
-    const auto& table = distribution_ == "laplace" ? (half ? kLaplacePositive : kLaplace) : (half ? kGausPositive : kGaus);
+    const auto& table =
+        distribution_ == "laplace" ? (half ? kLaplacePositive : kLaplace) : (half ? kGausPositive : kGaus);
     at::Tensor clip = scale_estimate * table.at(spec_.bits);
     at::Tensor low = half ? at::zeros_like(clip) : -clip;
     return range_qparams(low, clip, spec_, where_, shape_);

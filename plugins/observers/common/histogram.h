@@ -127,7 +127,8 @@ inline at::Tensor channels_first(const at::Tensor& x, const QSpec& spec) {
   if (spec.per_channel && spec.group_size == 0) {
     const std::int64_t a = spec.channel_axis < 0 ? spec.channel_axis + x.dim() : spec.channel_axis;
     if (a < 0 || a >= x.dim())
-      throw Error("channel axis " + std::to_string(spec.channel_axis) + " does not exist in a tensor of shape " + c10::str(x.sizes()));
+      throw Error("channel axis " + std::to_string(spec.channel_axis) + " does not exist in a tensor of shape " +
+                  c10::str(x.sizes()));
   }
   return quant_rows(x, spec);
 }

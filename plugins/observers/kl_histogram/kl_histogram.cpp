@@ -84,8 +84,8 @@ class KlHistogramObserver final : public Observer {
     for (std::int64_t c = 0; c < channels; ++c) {
       const StreamingHistogram& hist = hists_[static_cast<std::size_t>(c)];
       const bool has_negative = hist.min()[0].item<double>() < 0;
-      const std::int64_t levels = (!spec_.symmetric && !has_negative) ? (std::int64_t{1} << spec_.bits)
-                                                                       : (std::int64_t{1} << (spec_.bits - 1));
+      const std::int64_t levels =
+          (!spec_.symmetric && !has_negative) ? (std::int64_t{1} << spec_.bits) : (std::int64_t{1} << (spec_.bits - 1));
       at::Tensor folded = hist.folded_abs(0).contiguous();
       std::vector<double> h(folded.data_ptr<double>(), folded.data_ptr<double>() + folded.numel());
       const double threshold = double(kl_best_bins(h, levels)) * hist.width();

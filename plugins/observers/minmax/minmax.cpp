@@ -20,8 +20,8 @@ class MinMaxObserver final : public Observer {
     if (spec_.per_channel && spec_.group_size == 0) {
       const std::int64_t axis = spec_.channel_axis < 0 ? spec_.channel_axis + x.dim() : spec_.channel_axis;
       if (axis < 0 || axis >= x.dim())
-        throw Error(where_ + ": channel axis " + std::to_string(spec_.channel_axis) + " does not exist in a tensor of shape " +
-                    c10::str(x.sizes()));
+        throw Error(where_ + ": channel axis " + std::to_string(spec_.channel_axis) +
+                    " does not exist in a tensor of shape " + c10::str(x.sizes()));
     }
     auto [lo, hi] = range_per_param(x, spec_);  // parameter-shaped; device kernels when registered
     if (!min_.defined()) {

@@ -23,7 +23,8 @@ class PercentileObserver final : public Observer {
  public:
   explicit PercentileObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {
     alpha_ = c.options.get_double("alpha", 1e-3);
-    if (!(alpha_ > 0 && alpha_ < 0.5)) throw Error(c.options.where() + ": alpha must be in (0, 0.5), got " + std::to_string(alpha_));
+    if (!(alpha_ > 0 && alpha_ < 0.5))
+      throw Error(c.options.where() + ": alpha must be in (0, 0.5), got " + std::to_string(alpha_));
   }
 
   void observe(const at::Tensor& x) override {

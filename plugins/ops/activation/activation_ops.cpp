@@ -32,7 +32,8 @@ class QSigmoid final : public QModule {
 
 class QHardSigmoid final : public QModule {
  public:
-  explicit QHardSigmoid(const OpContext& c) : alpha_(c.node.attr_float("alpha", 0.2)), beta_(c.node.attr_float("beta", 0.5)) {}
+  explicit QHardSigmoid(const OpContext& c)
+      : alpha_(c.node.attr_float("alpha", 0.2)), beta_(c.node.attr_float("beta", 0.5)) {}
   std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     return {at::clamp(in.at(0) * alpha_ + beta_, 0.0, 1.0)};
@@ -158,7 +159,9 @@ class QLogSoftmax final : public NodeQModule {
 class QAdd final : public QModule {
  public:
   explicit QAdd(const OpContext&) {}
-  std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}, {InputRole::kActivation, 0}}; }
+  std::vector<InputSpec> input_specs() const override {
+    return {{InputRole::kActivation, 0}, {InputRole::kActivation, 0}};
+  }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::add(in.at(0), in.at(1))}; }
 };
 
@@ -203,7 +206,8 @@ void register_all(Registrar& r) {
   add_activation(r, "HardSwish", [](const Node&) {
     return [](const at::Tensor& x) { return x * at::clamp(x / 6.0 + 0.5, 0.0, 1.0); };
   });
-  add_activation(r, "Mish", [](const Node&) { return [](const at::Tensor& x) { return x * at::tanh(at::softplus(x)); }; });
+  add_activation(r, "Mish",
+                 [](const Node&) { return [](const at::Tensor& x) { return x * at::tanh(at::softplus(x)); }; });
   add_activation(r, "Tanh", [](const Node&) { return [](const at::Tensor& x) { return at::tanh(x); }; });
   add_activation(r, "Softplus", [](const Node&) {
     return [](const at::Tensor& x) { return at::log1p(at::exp(-x.abs())) + at::clamp_min(x, 0); };

@@ -15,10 +15,10 @@ namespace sparsebit::ops {
 
 /// kernel_shape / strides / dilations / pads / auto_pad of a Conv-like or pooling node.
 struct Window {
-  std::vector<std::int64_t> kernel;     // may be empty for Conv (taken from the weight)
+  std::vector<std::int64_t> kernel;  // may be empty for Conv (taken from the weight)
   std::vector<std::int64_t> strides;
   std::vector<std::int64_t> dilations;
-  std::vector<std::int64_t> pads;       // [begin..., end...]; empty = all zero
+  std::vector<std::int64_t> pads;  // [begin..., end...]; empty = all zero
   std::string auto_pad = "NOTSET";
   bool ceil_mode = false;
 
@@ -80,7 +80,8 @@ inline at::Tensor pad_spatial(const at::Tensor& x, const std::vector<std::int64_
 /// Values of a small integer tensor (axes, shapes, K, ...) read on the host.
 inline std::vector<std::int64_t> int_list(const at::Tensor& t, const Node& n, const char* what) {
   if (t.is_floating_point() || t.is_complex())
-    throw Error(n.describe() + ": " + what + " must be an integer tensor, got " + std::string(c10::toString(t.scalar_type())));
+    throw Error(n.describe() + ": " + what + " must be an integer tensor, got " +
+                std::string(c10::toString(t.scalar_type())));
   at::Tensor v = t.to(at::kCPU, at::kLong).contiguous().reshape({-1});
   return std::vector<std::int64_t>(v.data_ptr<std::int64_t>(), v.data_ptr<std::int64_t>() + v.numel());
 }

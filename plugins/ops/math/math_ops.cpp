@@ -152,8 +152,7 @@ class QReduce final : public NodeQModule {
     }
     for (auto& a : axes) a = normalize_axis(a, x.dim(), node());
     std::sort(axes.begin(), axes.end());
-    if (std::adjacent_find(axes.begin(), axes.end()) != axes.end())
-      throw Error(describe() + ": axes repeat an axis");
+    if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) throw Error(describe() + ": axes repeat an axis");
     at::Tensor y = reduce(x, axes);
     if (y.scalar_type() != x.scalar_type()) y = y.to(x.scalar_type());
     return {y};
@@ -243,7 +242,9 @@ class QTopK final : public NodeQModule {
 class QCumSum final : public NodeQModule {
  public:
   explicit QCumSum(const OpContext& c)
-      : NodeQModule(c), exclusive_(c.node.attr_int("exclusive", 0) != 0), reverse_(c.node.attr_int("reverse", 0) != 0) {}
+      : NodeQModule(c),
+        exclusive_(c.node.attr_int("exclusive", 0) != 0),
+        reverse_(c.node.attr_int("reverse", 0) != 0) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   Tensors forward(const Tensors& in) override {
     const at::Tensor& x = in.at(0);
@@ -327,9 +328,15 @@ void register_all(Registrar& r) {
   r.add_op<QWhere>("Where");
 
   using R = QReduce::Kind;
-  for (auto [op, kind] : {std::pair{"ReduceMean", R::kMean}, {"ReduceSum", R::kSum}, {"ReduceMax", R::kMax},
-                          {"ReduceMin", R::kMin}, {"ReduceProd", R::kProd}, {"ReduceL1", R::kL1},
-                          {"ReduceL2", R::kL2}, {"ReduceLogSum", R::kLogSum}, {"ReduceLogSumExp", R::kLogSumExp},
+  for (auto [op, kind] : {std::pair{"ReduceMean", R::kMean},
+                          {"ReduceSum", R::kSum},
+                          {"ReduceMax", R::kMax},
+                          {"ReduceMin", R::kMin},
+                          {"ReduceProd", R::kProd},
+                          {"ReduceL1", R::kL1},
+                          {"ReduceL2", R::kL2},
+                          {"ReduceLogSum", R::kLogSum},
+                          {"ReduceLogSumExp", R::kLogSumExp},
                           {"ReduceSumSquare", R::kSumSquare}}) {
     R k = kind;
     r.add_op_factory(op, "", [k](const OpContext& c) { return std::make_unique<QReduce>(c, k); });

@@ -156,7 +156,9 @@ class QMatMul final : public QModule {
     // quantized as an activation by the host.
     return {{InputRole::kActivation, 0}, {InputRole::kWeight, -1}};
   }
-  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::matmul(in.at(0), in.at(1))}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    return {at::matmul(in.at(0), in.at(1))};
+  }
 };
 
 class QBatchNorm final : public NodeQModule {
@@ -178,7 +180,8 @@ class QBatchNorm final : public NodeQModule {
     const at::Tensor &scale = in.at(1), &bias = in.at(2), &mean = in.at(3), &var = in.at(4);
     // QAT (QuantModel::train): batch statistics, running ones updated in place, as PyTorch does
     // (ONNX momentum m keeps m of the old value).
-    if (qat_training_ && !training_) return {at::batch_norm(x, scale, bias, mean, var, true, 1.0 - momentum_, eps_, false)};
+    if (qat_training_ && !training_)
+      return {at::batch_norm(x, scale, bias, mean, var, true, 1.0 - momentum_, eps_, false)};
     if (!training_) return {at::batch_norm(x, scale, bias, mean, var, false, 0.0, eps_, false)};
     // Training mode: normalize with batch statistics and update the running ones (population
     // variance, as the ONNX reference does).
@@ -188,8 +191,8 @@ class QBatchNorm final : public NodeQModule {
     at::Tensor bvar = x.var(dims, /*unbiased=*/false);
     std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim()), 1);
     shape[1] = x.size(1);
-    at::Tensor y = (x - bmean.reshape(shape)) / at::sqrt(bvar.reshape(shape) + eps_) * scale.reshape(shape) +
-                   bias.reshape(shape);
+    at::Tensor y =
+        (x - bmean.reshape(shape)) / at::sqrt(bvar.reshape(shape) + eps_) * scale.reshape(shape) + bias.reshape(shape);
     return {y, mean * momentum_ + bmean * (1 - momentum_), var * momentum_ + bvar * (1 - momentum_)};
   }
 
@@ -210,7 +213,8 @@ class QMaxPool final : public NodeQModule {
     const at::Tensor& x = in.at(0);
     const std::size_t r = win_.kernel.size();
     if (x.dim() != static_cast<std::int64_t>(r) + 2)
-      throw Error(describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " + std::to_string(r) + " dims");
+      throw Error(describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " +
+                  std::to_string(r) + " dims");
     Window win = win_;
     auto pads = win.resolve(spatial_sizes(x), win.kernel);
     at::Tensor input = x;
@@ -228,9 +232,12 @@ class QMaxPool final : public NodeQModule {
     const at::ScalarType dtype = input.scalar_type();
     if (!input.is_floating_point()) input = input.to(at::kFloat);
     std::tuple<at::Tensor, at::Tensor> res;
-    if (r == 1) res = at::max_pool1d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
-    else if (r == 2) res = at::max_pool2d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
-    else if (r == 3) res = at::max_pool3d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
+    if (r == 1)
+      res = at::max_pool1d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
+    else if (r == 2)
+      res = at::max_pool2d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
+    else if (r == 3)
+      res = at::max_pool3d_with_indices(input, win.kernel, win.strides, padding, win.dilations, win.ceil_mode);
     else throw Error(describe() + ": MaxPool supports 1-3 spatial dims");
     at::Tensor y = std::get<0>(res).to(dtype);
     if (node().outputs.size() < 2 || node().outputs[1].empty()) return {y};
@@ -273,7 +280,8 @@ class QAveragePool final : public NodeQModule {
     const at::Tensor& x = in.at(0);
     const std::size_t r = win_.kernel.size();
     if (x.dim() != static_cast<std::int64_t>(r) + 2 || r > 3)
-      throw Error(describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " + std::to_string(r) + " dims");
+      throw Error(describe() + ": input rank " + std::to_string(x.dim()) + " does not fit kernel_shape of " +
+                  std::to_string(r) + " dims");
     Window win = win_;
     for (auto d : win.dilations)
       if (d != 1) throw Error(describe() + ": dilated AveragePool is not supported");
@@ -291,7 +299,8 @@ class QAveragePool final : public NodeQModule {
   }
 
  private:
-  static std::vector<std::int64_t> spatial_with_pads(std::vector<std::int64_t> shape, const std::vector<std::int64_t>& pads) {
+  static std::vector<std::int64_t> spatial_with_pads(std::vector<std::int64_t> shape,
+                                                     const std::vector<std::int64_t>& pads) {
     const std::size_t r = pads.size() / 2;
     for (std::size_t i = 0; i < r; ++i) shape[i + 2] += pads[i] + pads[i + r];
     return shape;
@@ -373,7 +382,9 @@ class QInstanceNorm final : public NodeQModule {
 class QLayerNorm final : public NodeQModule {
  public:
   explicit QLayerNorm(const OpContext& c)
-      : NodeQModule(c), axis_(c.node.attr_int("axis", -1)), eps_(c.node.attr_float("epsilon", 1e-5)),
+      : NodeQModule(c),
+        axis_(c.node.attr_int("axis", -1)),
+        eps_(c.node.attr_float("epsilon", 1e-5)),
         stash_float_(c.node.attr_int("stash_type", 1) == 1) {}
   std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
@@ -408,7 +419,9 @@ class QGroupNorm final : public NodeQModule {
     const at::Tensor& x = in.at(0);
     if (x.dim() < 2) throw Error(describe() + ": input must be (N, C, ...)");
     const std::int64_t c = x.size(1);
-    if (c % groups_) throw Error(describe() + ": " + std::to_string(c) + " channels do not divide into " + std::to_string(groups_) + " groups");
+    if (c % groups_)
+      throw Error(describe() + ": " + std::to_string(c) + " channels do not divide into " + std::to_string(groups_) +
+                  " groups");
     at::Tensor y = normalize(x.reshape({x.size(0), groups_, -1}), {2}, eps_).first.reshape(x.sizes());
     // Opset 18 gives scale and bias per group, opset 21 per channel.
     auto expand = [&](const at::Tensor& v, const char* what) {

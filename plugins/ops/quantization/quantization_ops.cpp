@@ -26,8 +26,8 @@ std::pair<at::Tensor, at::Tensor> params(const Node& n, const at::Tensor& x, con
   if (scale.dim() != 1) throw Error(n.describe() + ": a scale of rank > 1 needs the block_size attribute");
   const std::int64_t axis = normalize_axis(axis_attr, x.dim(), n);
   if (x.size(axis) != scale.numel())
-    throw Error(n.describe() + ": scale has " + std::to_string(scale.numel()) + " values, axis " + std::to_string(axis) +
-                " of the input has " + std::to_string(x.size(axis)));
+    throw Error(n.describe() + ": scale has " + std::to_string(scale.numel()) + " values, axis " +
+                std::to_string(axis) + " of the input has " + std::to_string(x.size(axis)));
   std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim()), 1);
   shape[static_cast<std::size_t>(axis)] = scale.numel();
   return {scale.reshape(shape), zp.reshape(shape)};
@@ -60,8 +60,8 @@ class QQuantizeLinear final : public NodeQModule {
     auto [s, zp] = params(node(), x, in.at(1), zp_in, axis_, block_);
     const at::ScalarType qt = zp.scalar_type();
     auto [lo, hi] = int_range(qt, node());
-    if (narrow_ == 22) std::tie(lo, hi) = std::make_pair(-8.0, 7.0);   // int4
-    if (narrow_ == 21) std::tie(lo, hi) = std::make_pair(0.0, 15.0);   // uint4
+    if (narrow_ == 22) std::tie(lo, hi) = std::make_pair(-8.0, 7.0);    // int4
+    if (narrow_ == 21) std::tie(lo, hi) = std::make_pair(0.0, 15.0);    // uint4
     if (narrow_ == 4) std::tie(lo, hi) = std::make_pair(0.0, 65535.0);  // uint16 (held as int32)
     at::Tensor q = at::round(x.to(at::kFloat) / s.to(at::kFloat)) + zp.to(at::kFloat);
     return {at::clamp(q.to(at::kLong), static_cast<std::int64_t>(lo), static_cast<std::int64_t>(hi)).to(qt)};

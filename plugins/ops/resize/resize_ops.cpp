@@ -22,8 +22,8 @@ namespace {
 const std::vector<InputSpec> kQuantizeInput{{InputRole::kActivation, 0}};
 
 struct ResizeMode {
-  std::string mode = "nearest";           // nearest | linear | cubic
-  std::string coords = "half_pixel";      // coordinate_transformation_mode
+  std::string mode = "nearest";       // nearest | linear | cubic
+  std::string coords = "half_pixel";  // coordinate_transformation_mode
   std::string nearest = "round_prefer_floor";
   double cubic_a = -0.75;
   bool exclude_outside = false;
@@ -90,7 +90,7 @@ at::Tensor resize_axis(const at::Tensor& x, std::int64_t axis, std::int64_t out,
     } else {
       const double a = m.cubic_a;
       auto far = [a](double d) { return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a; };  // 1 <= d < 2
-      auto near = [a](double d) { return ((a + 2) * d - (a + 3)) * d * d + 1; };     // 0 <= d <= 1
+      auto near = [a](double d) { return ((a + 2) * d - (a + 3)) * d * d + 1; };       // 0 <= d <= 1
       const double c[4] = {far(r + 1), near(r), near(1 - r), far(2 - r)};
       double sum = 0;
       for (int t = 0; t < 4; ++t) {
@@ -176,7 +176,9 @@ class QResize final : public NodeQModule {
     if (present(sizes_at)) {
       if (present(scales_at)) throw Error(describe() + ": give either scales or sizes, not both");
       auto sizes = int_list(in[sizes_at], node(), "sizes");
-      if (sizes.size() != k) throw Error(describe() + ": sizes has " + std::to_string(sizes.size()) + " values for " + std::to_string(k) + " axes");
+      if (sizes.size() != k)
+        throw Error(describe() + ": sizes has " + std::to_string(sizes.size()) + " values for " + std::to_string(k) +
+                    " axes");
       for (std::size_t i = 0; i < k; ++i) {
         if (sizes[i] < 0) throw Error(describe() + ": sizes must be non-negative");
         scales[i] = static_cast<double>(sizes[i]) / static_cast<double>(x.size(axes[i]));
@@ -193,7 +195,8 @@ class QResize final : public NodeQModule {
     } else if (present(scales_at)) {
       at::Tensor s = in[scales_at].to(at::kCPU, at::kDouble).contiguous().reshape({-1});
       if (static_cast<std::size_t>(s.numel()) != k)
-        throw Error(describe() + ": scales has " + std::to_string(s.numel()) + " values for " + std::to_string(k) + " axes");
+        throw Error(describe() + ": scales has " + std::to_string(s.numel()) + " values for " + std::to_string(k) +
+                    " axes");
       for (std::size_t i = 0; i < k; ++i) {
         scales[i] = s.data_ptr<double>()[i];
         if (!(scales[i] > 0) || !std::isfinite(scales[i])) throw Error(describe() + ": scales must be positive");

@@ -26,8 +26,9 @@ class QDropout final : public NodeQModule {
     const bool training = in.size() > 2 && in[2].defined() && in[2].reshape({}).item<bool>();
     const double ratio = in.size() > 1 && in[1].defined() ? in[1].reshape({}).item<double>() : 0.5;
     if (training && ratio > 0) {
-      throw Error(describe() + ": Dropout in training mode (random masks) is not supported; export the "
-                                     "model in eval mode");
+      throw Error(describe() +
+                  ": Dropout in training mode (random masks) is not supported; export the "
+                  "model in eval mode");
     }
     return {x, at::ones(x.sizes(), x.options().dtype(at::kBool))};
   }
@@ -64,7 +65,8 @@ class QReshape final : public NodeQModule {
     std::vector<std::int64_t> shape(s.data_ptr<std::int64_t>(), s.data_ptr<std::int64_t>() + s.numel());
     for (std::size_t i = 0; i < shape.size(); ++i) {
       if (shape[i] == 0 && !allowzero_) {
-        if (static_cast<std::int64_t>(i) >= x.dim()) throw Error(describe() + ": shape has 0 at a position the input lacks");
+        if (static_cast<std::int64_t>(i) >= x.dim())
+          throw Error(describe() + ": shape has 0 at a position the input lacks");
         shape[i] = x.size(static_cast<std::int64_t>(i));
       }
     }
@@ -125,12 +127,14 @@ class QPad final : public NodeQModule {
     std::vector<std::int64_t> axes;
     if (in.size() > 3 && in[3].defined()) {
       at::Tensor a = in[3].to(at::kCPU, at::kLong).contiguous();
-      for (std::int64_t i = 0; i < a.numel(); ++i) axes.push_back(normalize_axis(a.data_ptr<std::int64_t>()[i], r, node()));
+      for (std::int64_t i = 0; i < a.numel(); ++i)
+        axes.push_back(normalize_axis(a.data_ptr<std::int64_t>()[i], r, node()));
     } else {
       for (std::int64_t i = 0; i < r; ++i) axes.push_back(i);
     }
     if (pads.size() != 2 * axes.size())
-      throw Error(describe() + ": pads has " + std::to_string(pads.size()) + " values, expected " + std::to_string(2 * axes.size()));
+      throw Error(describe() + ": pads has " + std::to_string(pads.size()) + " values, expected " +
+                  std::to_string(2 * axes.size()));
     std::vector<std::int64_t> begin(static_cast<std::size_t>(r), 0), end(static_cast<std::size_t>(r), 0);
     for (std::size_t i = 0; i < axes.size(); ++i) {
       begin[static_cast<std::size_t>(axes[i])] = pads[i];
@@ -178,7 +182,9 @@ class QPad final : public NodeQModule {
 class QSplit final : public NodeQModule {
  public:
   explicit QSplit(const OpContext& c)
-      : NodeQModule(c), axis_(c.node.attr_int("axis", 0)), split_attr_(c.node.attr_ints("split")),
+      : NodeQModule(c),
+        axis_(c.node.attr_int("axis", 0)),
+        split_attr_(c.node.attr_ints("split")),
         num_outputs_(c.node.attr_int("num_outputs", 0)) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
@@ -191,7 +197,8 @@ class QSplit final : public NodeQModule {
       // Equal parts; the last one smaller when the axis does not divide (opset 18).
       const std::int64_t parts = num_outputs_ > 0 ? num_outputs_ : static_cast<std::int64_t>(node().outputs.size());
       const std::int64_t chunk = (n + parts - 1) / parts;
-      for (std::int64_t i = 0; i < parts; ++i) sizes.push_back(std::max<std::int64_t>(0, std::min(chunk, n - i * chunk)));
+      for (std::int64_t i = 0; i < parts; ++i)
+        sizes.push_back(std::max<std::int64_t>(0, std::min(chunk, n - i * chunk)));
     }
     std::int64_t total = 0;
     for (auto v : sizes) {
@@ -212,7 +219,10 @@ class QSplit final : public NodeQModule {
 class QSlice final : public NodeQModule {
  public:
   explicit QSlice(const OpContext& c)
-      : NodeQModule(c), starts_(c.node.attr_ints("starts")), ends_(c.node.attr_ints("ends")), axes_(c.node.attr_ints("axes")) {}
+      : NodeQModule(c),
+        starts_(c.node.attr_ints("starts")),
+        ends_(c.node.attr_ints("ends")),
+        axes_(c.node.attr_ints("axes")) {}
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     at::Tensor y = in.at(0);
@@ -263,8 +273,8 @@ at::Tensor checked_indices(const at::Tensor& idx, std::int64_t n, const Node& no
   if (i.numel() > 0) {
     const auto lo = i.min().item<std::int64_t>(), hi = i.max().item<std::int64_t>();
     if (lo < -n || hi >= n)
-      throw Error(node.describe() + ": index " + std::to_string(lo < -n ? lo : hi) + " is out of range for an axis of " +
-                  std::to_string(n));
+      throw Error(node.describe() + ": index " + std::to_string(lo < -n ? lo : hi) +
+                  " is out of range for an axis of " + std::to_string(n));
   }
   return at::where(i < 0, i + n, i);
 }
@@ -341,7 +351,9 @@ std::string reduction_of(const Node& n) {
     throw Error(n.describe() + ": reduction '" + r + "' is not one of none, add, mul, max, min");
   return r;
 }
-const char* aten_reduce(const std::string& r) { return r == "add" ? "sum" : r == "mul" ? "prod" : r == "max" ? "amax" : "amin"; }
+const char* aten_reduce(const std::string& r) {
+  return r == "add" ? "sum" : r == "mul" ? "prod" : r == "max" ? "amax" : "amin";
+}
 
 class QScatterND final : public NodeQModule {
  public:
@@ -399,7 +411,8 @@ class QTranspose final : public NodeQModule {
     if (perm.empty())
       for (std::int64_t d = x.dim(); d-- > 0;) perm.push_back(d);
     if (static_cast<std::int64_t>(perm.size()) != x.dim())
-      throw Error(describe() + ": perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.dim()));
+      throw Error(describe() + ": perm has " + std::to_string(perm.size()) + " entries for rank " +
+                  std::to_string(x.dim()));
     return {x.permute(perm)};
   }
 
@@ -420,7 +433,8 @@ class QSqueeze final : public NodeQModule {
     for (auto a : axes) {
       const std::int64_t d = normalize_axis(a, x.dim(), node());
       if (x.size(d) != 1)
-        throw Error(describe() + ": cannot squeeze axis " + std::to_string(a) + " of size " + std::to_string(x.size(d)));
+        throw Error(describe() + ": cannot squeeze axis " + std::to_string(a) + " of size " +
+                    std::to_string(x.size(d)));
       drop[static_cast<std::size_t>(d)] = true;
     }
     for (std::int64_t d = 0; d < x.dim(); ++d)
@@ -479,7 +493,8 @@ class QTile final : public NodeQModule {
     const at::Tensor& x = in.at(0);
     auto repeats = int_list(in.at(1), node(), "repeats");
     if (static_cast<std::int64_t>(repeats.size()) != x.dim())
-      throw Error(describe() + ": repeats has " + std::to_string(repeats.size()) + " values for rank " + std::to_string(x.dim()));
+      throw Error(describe() + ": repeats has " + std::to_string(repeats.size()) + " values for rank " +
+                  std::to_string(x.dim()));
     for (auto v : repeats)
       if (v < 0) throw Error(describe() + ": repeats must be non-negative");
     return {x.repeat(repeats)};
@@ -638,7 +653,10 @@ class QConstant final : public QModule {
 class QDepthSpace final : public NodeQModule {
  public:
   QDepthSpace(const OpContext& c, bool to_space)
-      : NodeQModule(c), to_space_(to_space), b_(c.node.attr_int("blocksize", 0)), mode_(c.node.attr_string("mode", "DCR")) {
+      : NodeQModule(c),
+        to_space_(to_space),
+        b_(c.node.attr_int("blocksize", 0)),
+        mode_(c.node.attr_string("mode", "DCR")) {
     if (b_ < 1) throw Error(describe() + ": blocksize must be a positive integer");
     if (mode_ != "DCR" && mode_ != "CRD") throw Error(describe() + ": mode must be DCR or CRD");
   }
@@ -650,8 +668,11 @@ class QDepthSpace final : public NodeQModule {
     if (to_space_) {
       if (c % (b * b)) throw Error(describe() + ": channels must divide by blocksize^2");
       if (mode_ == "DCR")
-        return {x.reshape({n, b, b, c / (b * b), h, w}).permute({0, 3, 4, 1, 5, 2}).reshape({n, c / (b * b), h * b, w * b})};
-      return {x.reshape({n, c / (b * b), b, b, h, w}).permute({0, 1, 4, 2, 5, 3}).reshape({n, c / (b * b), h * b, w * b})};
+        return {x.reshape({n, b, b, c / (b * b), h, w})
+                    .permute({0, 3, 4, 1, 5, 2})
+                    .reshape({n, c / (b * b), h * b, w * b})};
+      return {
+          x.reshape({n, c / (b * b), b, b, h, w}).permute({0, 1, 4, 2, 5, 3}).reshape({n, c / (b * b), h * b, w * b})};
     }
     if (h % b || w % b) throw Error(describe() + ": height and width must divide by blocksize");
     return {x.reshape({n, c, h / b, b, w / b, b}).permute({0, 3, 5, 1, 2, 4}).reshape({n, c * b * b, h / b, w / b})};

@@ -48,7 +48,8 @@ class BiasCorrection final : public Pass {
     if (shift.abs().max().item<double>() == 0) return false;  // nothing quantized here
     const at::Tensor& bias = state.graph().initializers.at(state.node().inputs[static_cast<std::size_t>(k)]);
     state.set_bias(bias + shift.to(at::kCPU, bias.scalar_type()));
-    sdk::log_debug(state.node().describe() + ": bias corrected by up to " + std::to_string(shift.abs().max().item<double>()));
+    sdk::log_debug(state.node().describe() + ": bias corrected by up to " +
+                   std::to_string(shift.abs().max().item<double>()));
     return true;
   }
 };

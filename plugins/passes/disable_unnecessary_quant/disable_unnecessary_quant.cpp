@@ -16,8 +16,9 @@ namespace sparsebit::passes {
 namespace {
 
 const std::set<std::string> kHeads = {"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "Add"};
-const std::set<std::string> kActivations = {"Relu", "Clip", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish",
-                                            "Tanh", "Elu", "Selu", "Mish", "Softplus", "Gelu"};
+const std::set<std::string> kActivations = {"Relu",        "Clip",      "LeakyRelu", "PRelu", "Sigmoid",
+                                            "HardSigmoid", "HardSwish", "Tanh",      "Elu",   "Selu",
+                                            "Mish",        "Softplus",  "Gelu"};
 
 class DisableUnnecessaryQuant final : public Pass {
  public:
@@ -61,4 +62,5 @@ void register_all(Registrar& r) { r.add_pass<DisableUnnecessaryQuant>("disable_u
 }  // namespace
 }  // namespace sparsebit::passes
 
-SPARSEBIT_PLUGIN("sparsebit.passes.disable_unnecessary_quant", SPARSEBIT_PLUGIN_VERSION, sparsebit::passes::register_all)
+SPARSEBIT_PLUGIN("sparsebit.passes.disable_unnecessary_quant", SPARSEBIT_PLUGIN_VERSION,
+                 sparsebit::passes::register_all)

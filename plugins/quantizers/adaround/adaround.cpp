@@ -31,8 +31,9 @@ class AdaRoundQuantizer final : public Quantizer {
  public:
   explicit AdaRoundQuantizer(const QuantizerContext& c) : spec_(c.spec), where_(c.where) {
     if (!spec_.is_weight) {
-      throw Error(c.options.where() + ": adaround learns the rounding of weights; use it under [w] (activations: "
-                                      "uniform, lsq, pact ...)");
+      throw Error(c.options.where() +
+                  ": adaround learns the rounding of weights; use it under [w] (activations: "
+                  "uniform, lsq, pact ...)");
     }
     settings_.iterations = c.options.get_int("iterations", 20000);
     settings_.batch_size = c.options.get_int("batch_size", 32);

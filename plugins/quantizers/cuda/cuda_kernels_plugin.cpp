@@ -21,9 +21,9 @@ namespace {
 
 cuda::Layout layout_of(const ParamLayout& l) {
   cuda::Layout c;
-  c.kind = l.kind == ParamLayout::Kind::kTensor ? cuda::Layout::kTensor
+  c.kind = l.kind == ParamLayout::Kind::kTensor    ? cuda::Layout::kTensor
            : l.kind == ParamLayout::Kind::kChannel ? cuda::Layout::kChannel
-                                                    : cuda::Layout::kGroup;
+                                                   : cuda::Layout::kGroup;
   c.outer = l.outer;
   c.n = l.n;
   c.inner = l.inner;
@@ -44,13 +44,19 @@ cuda::QuantPtrs ptrs_of(const QuantArgs& a) {
   require(a.x, "x", a.x.numel());
   require(a.scale, "scale", a.layout.params());
   require(a.zero_point, "zero_point", a.layout.params());
-  return {a.x.data_ptr<float>(), a.scale.data_ptr<float>(), a.zero_point.data_ptr<float>(), a.x.numel(),
-          layout_of(a.layout), a.qmin, a.qmax};
+  return {a.x.data_ptr<float>(),
+          a.scale.data_ptr<float>(),
+          a.zero_point.data_ptr<float>(),
+          a.x.numel(),
+          layout_of(a.layout),
+          a.qmin,
+          a.qmax};
 }
 
 at::Tensor same_shape_float(const at::Tensor& t, const at::Tensor& x, const char* name) {
   if (t.sizes() != x.sizes())
-    throw Error(std::string("cuda kernels: ") + name + " has shape " + c10::str(t.sizes()) + ", x has " + c10::str(x.sizes()));
+    throw Error(std::string("cuda kernels: ") + name + " has shape " + c10::str(t.sizes()) + ", x has " +
+                c10::str(x.sizes()));
   return t.to(x.device(), at::kFloat).contiguous();
 }
 
@@ -58,7 +64,9 @@ cudaStream_t stream_of(const at::Tensor& x) { return c10::cuda::getCurrentCUDASt
 
 class CudaQuantKernels final : public QuantKernels {
  public:
-  std::string describe() const override { return "fused fake-quant, LSQ, soft rounding, min/max and histogram kernels"; }
+  std::string describe() const override {
+    return "fused fake-quant, LSQ, soft rounding, min/max and histogram kernels";
+  }
 
   at::Tensor fake_quantize(const QuantArgs& a) override {
     const c10::cuda::CUDAGuard guard(a.x.device());

@@ -89,7 +89,10 @@ struct ParamIndex {
   bool uniform4;  // the kVec elements of an item (starting at a multiple of kVec) share one parameter
   ParamIndex() = default;
   explicit ParamIndex(const Layout& l)
-      : kind(l.kind), inner(I(l.inner)), n(I(l.n)), group(I(l.kind == Layout::kGroup ? l.group : 1)),
+      : kind(l.kind),
+        inner(I(l.inner)),
+        n(I(l.n)),
+        group(I(l.kind == Layout::kGroup ? l.group : 1)),
         blocks(I(l.kind == Layout::kGroup ? (l.n + l.group - 1) / l.group : 1)),
         uniform4(l.kind == Layout::kTensor || (l.kind == Layout::kChannel && l.inner % kVec == 0)) {}
   // Parameters of the item at e (elements past numel get e's).
@@ -298,7 +301,8 @@ struct MinMaxTo {
 // any lane's parameter changes.
 constexpr int kItems = 4;
 template <typename I, class Item, class Combine, class Apply>
-__device__ __forceinline__ void reduce_items(I numel, const Item& item, Combine combine, Apply apply, float ia, float ib) {
+__device__ __forceinline__ void reduce_items(I numel, const Item& item, Combine combine, Apply apply, float ia,
+                                             float ib) {
   const I none = ~I(0);
   const unsigned lane = threadIdx.x & 31u;
   constexpr I kStep = I(32) * kVec * kItems;
@@ -492,7 +496,8 @@ __global__ void histogram_shared_kernel(const float* x, long long rows, long lon
     for (int b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
     __syncthreads();
     const float* row = x + r * cols;
-    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (long long)gridDim.x * blockDim.x)
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+         c += (long long)gridDim.x * blockDim.x)
       atomicAdd(local + bin_of(row[c], range, width, bins), 1u);
     __syncthreads();
     for (int b = threadIdx.x; b < bins; b += blockDim.x)
@@ -504,7 +509,8 @@ __global__ void histogram_shared_kernel(const float* x, long long rows, long lon
 __global__ void histogram_global_kernel(const float* x, long long rows, long long cols, double range, double width,
                                         long long bins, unsigned long long* counts) {
   const long long total = rows * cols;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x)
     atomicAdd(counts + (i / cols) * bins + bin_of(x[i], range, width, bins), 1ull);
 }
 
@@ -512,9 +518,7 @@ __global__ void histogram_global_kernel(const float* x, long long rows, long lon
 
 bool aligned(const void* p) { return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-Params params_of(const QuantPtrs& a) {
-  return {a.scale, a.zero_point, float(a.qmin), float(a.qmax)};
-}
+Params params_of(const QuantPtrs& a) { return {a.scale, a.zero_point, float(a.qmin), float(a.qmax)}; }
 
 // Calls f(aligned, index) with the 16-byte alignment (std::integral_constant<bool>) and the
 // index type (32-bit below 2^31 elements) chosen at run time.
@@ -543,8 +547,8 @@ void map(const char* name, const Inputs<kIn>& in, Out* out, const QuantPtrs& a, 
 
 }  // namespace
 
-#define SPARSEBIT_TYPES \
-  using I = decltype(index);  \
+#define SPARSEBIT_TYPES      \
+  using I = decltype(index); \
   constexpr bool A = decltype(al)::value
 
 void fake_quantize(const QuantPtrs& a, float* y, cudaStream_t stream) {
@@ -568,8 +572,8 @@ void lsq_backward(const QuantPtrs& a, const float* grad, float* grad_x, float* g
   if (a.numel == 0) return;
   dispatch(a.numel, aligned(a.x) && aligned(grad) && aligned(grad_x), [&](auto al, auto index) {
     SPARSEBIT_TYPES;
-    LsqBackwardItem<A, I> item{a.x, grad, grad_x, I(a.numel), ParamIndex<I>(a.layout), params_of(a),
-                               AddTo{grad_scale, grad_zero_point}};
+    LsqBackwardItem<A, I> item{
+        a.x, grad, grad_x, I(a.numel), ParamIndex<I>(a.layout), params_of(a), AddTo{grad_scale, grad_zero_point}};
     lsq_backward_kernel<A, I><<<reduction_blocks(a.numel), kThreads, 0, stream>>>(item);
   });
   check_launch("lsq_backward");
@@ -587,9 +591,10 @@ void soft_round_backward(const QuantPtrs& a, const float* v, float zeta, float g
 void range_per_param(const float* x, std::int64_t numel, const Layout& layout, float* lo, float* hi,
                      cudaStream_t stream) {
   if (numel == 0) return;
-  const std::int64_t params = layout.kind == Layout::kTensor    ? 1
-                              : layout.kind == Layout::kChannel ? layout.n
-                                                                : layout.outer * ((layout.n + layout.group - 1) / layout.group) * layout.inner;
+  const std::int64_t params = layout.kind == Layout::kTensor ? 1
+                              : layout.kind == Layout::kChannel
+                                  ? layout.n
+                                  : layout.outer * ((layout.n + layout.group - 1) / layout.group) * layout.inner;
   // The keys live in the output buffers themselves (same size as floats) until decoded.
   unsigned* lo_key = reinterpret_cast<unsigned*>(lo);
   unsigned* hi_key = reinterpret_cast<unsigned*>(hi);

@@ -40,7 +40,8 @@ void soft_round_backward(const QuantPtrs& a, const float* v, float zeta, float g
 
 // Per-parameter minimum and maximum (NaN where a covered element is NaN) into lo and hi
 // (layout's parameter count each).
-void range_per_param(const float* x, std::int64_t numel, const Layout& layout, float* lo, float* hi, cudaStream_t stream);
+void range_per_param(const float* x, std::int64_t numel, const Layout& layout, float* lo, float* hi,
+                     cudaStream_t stream);
 
 // counts [rows, bins] must be zeroed.
 void histogram(const float* x, std::int64_t rows, std::int64_t cols, double range, std::int64_t bins,

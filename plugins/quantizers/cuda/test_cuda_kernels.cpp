@@ -90,8 +90,10 @@ TEST_F(CudaKernels, FakeQuantizeAndIntegersAreBitExact) {
     EXPECT_TRUE(at::equal(ref, got)) << "largest difference " << (ref - got).abs().max().item<float>();
     const at::Tensor qref = quantize_to_int(x, p, c.spec);
     const at::Tensor qgot = quantize_to_int(x.cuda(), to_cuda(p), c.spec).cpu();
-    EXPECT_TRUE(at::equal(qref, qgot)) << "integers differ at " << (qref != qgot).sum().item<std::int64_t>() << " of " << x.numel();
-    EXPECT_TRUE(at::logical_or(qgot == c.spec.qmin(), qgot == c.spec.qmax()).any().item<bool>()) << "no value at a bound";
+    EXPECT_TRUE(at::equal(qref, qgot)) << "integers differ at " << (qref != qgot).sum().item<std::int64_t>() << " of "
+                                       << x.numel();
+    EXPECT_TRUE(at::logical_or(qgot == c.spec.qmin(), qgot == c.spec.qmax()).any().item<bool>())
+        << "no value at a bound";
   }
 }
 

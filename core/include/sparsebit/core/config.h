@@ -88,11 +88,11 @@ struct CalibrationConfig {
 /// `[qat]`: quantization-aware training by distillation (sparsebit/core/qat.h).
 struct QatConfig {
   int epochs = 1;
-  double lr = 1e-4;          ///< Adam learning rate
+  double lr = 1e-4;  ///< Adam learning rate
   double weight_decay = 0;
   int batch_size = 32;
-  int count = 0;              ///< training samples per epoch (0: all)
-  std::string loss = "mse";   ///< mse | kl (on softmax over axis 1 at `temperature`)
+  int count = 0;             ///< training samples per epoch (0: all)
+  std::string loss = "mse";  ///< mse | kl (on softmax over axis 1 at `temperature`)
   double temperature = 1;
   std::int64_t seed = 0;
 };
@@ -147,12 +147,17 @@ struct SPARSEBIT_API Config {
   std::optional<SparseConfig> sparse;  ///< set when the file has a [sparse] table
   bool quantization_given = false;     ///< the file has [w] or [a] (a prune run then quantizes too)
   PluginSearch plugins;
-  std::vector<ScheduleEntry> schedule{{"remove_identity", true},  {"fold_constants", true},
-                                      {"fuse_bn", true},          {"fuse_matmul_add", true},
-                                      {"fuse_hardswish", true},   {"fuse_gelu", true},
-                                      {"fuse_layernorm", true},   {"merge_transposes", true},
+  std::vector<ScheduleEntry> schedule{{"remove_identity", true},
+                                      {"fold_constants", true},
+                                      {"fuse_bn", true},
+                                      {"fuse_matmul_add", true},
+                                      {"fuse_hardswish", true},
+                                      {"fuse_gelu", true},
+                                      {"fuse_layernorm", true},
+                                      {"merge_transposes", true},
                                       {"cross_layer_equalization", false},
-                                      {"disable_unnecessary_quant", true}, {"bn_tuning", false},
+                                      {"disable_unnecessary_quant", true},
+                                      {"bn_tuning", false},
                                       {"bias_correction", false}};
 
   Config();

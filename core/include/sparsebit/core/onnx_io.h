@@ -20,8 +20,8 @@ namespace sparsebit {
 /// Model-level data kept from the source file so export is a faithful re-emit.
 struct ModelMeta {
   std::string source_path;
-  std::int64_t source_opset = 0;  ///< default-domain opset before any conversion
-  std::string skeleton;           ///< serialized ModelProto without nodes and initializers
+  std::int64_t source_opset = 0;                      ///< default-domain opset before any conversion
+  std::string skeleton;                               ///< serialized ModelProto without nodes and initializers
   std::map<std::string, std::string> metadata_props;  ///< the model's metadata_props, as imported
   std::vector<ValueInfo> value_info;  ///< declared types and shapes of intermediate values (for lifting)
 };
@@ -61,9 +61,8 @@ SPARSEBIT_API void save_onnx(const Graph& graph, const ModelMeta& meta, const st
 /// Serializes the model. With `external` given, initializers chosen by the options' external
 /// data rules are written to *external instead, referenced by `external_location` (a file name
 /// relative to the model); otherwise a model over the protobuf limit is an Error.
-SPARSEBIT_API std::string serialize_onnx(const Graph& graph, const ModelMeta& meta,
-                                         const ExportOptions& options = {}, std::string* external = nullptr,
-                                         const std::string& external_location = "");
+SPARSEBIT_API std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options = {},
+                                         std::string* external = nullptr, const std::string& external_location = "");
 /// Writes serialize_onnx's two outputs: the side file (if any) first, then the model; both atomic.
 SPARSEBIT_API void write_onnx_files(const std::string& path, const std::string& model_bytes,
                                     const std::string& external_bytes);

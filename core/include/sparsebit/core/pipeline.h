@@ -56,11 +56,11 @@ struct EvaluationResult {
 };
 
 struct QuantizeJob {
-  std::string model;   ///< float ONNX model
-  std::string calib;   ///< calibration data
+  std::string model;  ///< float ONNX model
+  std::string calib;  ///< calibration data
   Config config;
-  std::string output;  ///< the QDQ model; large initializers go to output + ".data" when needed
-  std::string report;  ///< JSON report ("": not written)
+  std::string output;          ///< the QDQ model; large initializers go to output + ".data" when needed
+  std::string report;          ///< JSON report ("": not written)
   bool external_data = false;  ///< every initializer in output + ".data"
   std::optional<EvaluationRequest> evaluation;
 };
@@ -70,18 +70,18 @@ struct QuantizeOutcome {
   CalibrationStats calibration;
   std::size_t quantized_inputs = 0;
   std::optional<PruneSummary> pruning;  ///< when [sparse] pruned first
-  QuantizationReport quantization;     ///< every quantized input and its parameters
+  QuantizationReport quantization;      ///< every quantized input and its parameters
   std::optional<EvaluationResult> evaluation;
   bool external_data_written = false;
 };
 
 struct QatJob {
   std::string model, calib, train;
-  Config config;          ///< [qat] holds epochs, lr, loss...
+  Config config;  ///< [qat] holds epochs, lr, loss...
   std::string output;
-  std::string report;     ///< "": not written
-  std::string checkpoint; ///< "": output + ".ckpt"
-  bool restart = false;   ///< discard the checkpoint and start over
+  std::string report;      ///< "": not written
+  std::string checkpoint;  ///< "": output + ".ckpt"
+  bool restart = false;    ///< discard the checkpoint and start over
 };
 
 struct QatOutcome {
@@ -93,9 +93,9 @@ struct QatOutcome {
 
 struct PruneJob {
   std::string model;
-  std::string calib;   ///< bias compensation, and calibration when the config also quantizes
-  std::string train;   ///< fine-tuning data (needed when finetune_epochs > 0)
-  Config config;       ///< needs [sparse]; [w]/[a] quantize the pruned model too
+  std::string calib;  ///< bias compensation, and calibration when the config also quantizes
+  std::string train;  ///< fine-tuning data (needed when finetune_epochs > 0)
+  Config config;      ///< needs [sparse]; [w]/[a] quantize the pruned model too
   int finetune_epochs = 0;
   std::string output;
   std::string report;  ///< "": not written
@@ -107,7 +107,7 @@ struct PruneOutcome {
   bool quantized = false;
   std::optional<CalibrationStats> calibration;
   std::optional<QuantizationReport> quantization;  ///< when the config also quantizes
-  std::vector<double> finetune_losses;  ///< mean loss per fine-tuning epoch
+  std::vector<double> finetune_losses;             ///< mean loss per fine-tuning epoch
   bool finetune_quantization_aware = false;
 };
 

@@ -24,14 +24,14 @@ struct LayerError {
 };
 
 struct ProfileOptions {
-  std::int64_t samples = 64;    ///< profiling samples (read from the data once, kept in memory)
-  bool accumulated = true;      ///< run the all-quantizers-on view
-  bool single = true;           ///< run the one-layer-at-a-time view
-  ProgressFn progress = {};     ///< single view: (layers done, layers)
+  std::int64_t samples = 64;  ///< profiling samples (read from the data once, kept in memory)
+  bool accumulated = true;    ///< run the all-quantizers-on view
+  bool single = true;         ///< run the one-layer-at-a-time view
+  ProgressFn progress = {};   ///< single view: (layers done, layers)
 };
 
 struct ProfileReport {
-  std::string model, output;    ///< model path and the output the single view measures
+  std::string model, output;  ///< model path and the output the single view measures
   std::int64_t samples = 0;
   std::vector<LayerError> accumulated;  ///< graph order
   std::vector<LayerError> single;       ///< graph order

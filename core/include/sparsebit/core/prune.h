@@ -82,7 +82,7 @@ struct PruneSummary {
   std::vector<std::string> notes;  ///< layers or channel groups left alone, and why
   std::int64_t groups = 0, groups_pruned = 0, channels_removed = 0;
   std::int64_t bias_compensated = 0;  ///< layers whose bias took the removed weights' mean contribution
-  double max_masked_difference = 0;  ///< channel pattern: |shrunk - masked| / max|masked| on the sample
+  double max_masked_difference = 0;   ///< channel pattern: |shrunk - masked| / max|masked| on the sample
   ModelStats before, after;
 };
 
@@ -105,7 +105,8 @@ SPARSEBIT_API std::vector<at::Tensor> sample_inputs(const Graph& graph, const st
 SPARSEBIT_API PruneResult prune(const Model& model, const Config& config, const Registry& registry,
                                 const std::vector<at::Tensor>& sample, Dataset* data = nullptr);
 
-SPARSEBIT_API ModelStats model_stats(const Model& model, const Registry& registry, const std::vector<at::Tensor>& sample);
+SPARSEBIT_API ModelStats model_stats(const Model& model, const Registry& registry,
+                                     const std::vector<at::Tensor>& sample);
 
 /// The report as JSON text (before/after totals and every layer).
 SPARSEBIT_API std::string prune_report_json(const PruneSummary& r);

@@ -33,14 +33,14 @@ namespace sparsebit {
 
 struct QatOptions {
   QatConfig settings;
-  std::string checkpoint;   ///< written after every epoch and resumed from ("": none)
-  std::string fingerprint;  ///< identifies the run (model, config, data); must match to resume
+  std::string checkpoint;            ///< written after every epoch and resumed from ("": none)
+  std::string fingerprint;           ///< identifies the run (model, config, data); must match to resume
   std::function<void()> after_step;  ///< called after every optimizer step (pruning keeps its zeros here)
 };
 
 struct QatEpoch {
-  int epoch = 0;            ///< 1-based
-  double loss = 0;          ///< mean distillation loss over the epoch's batches
+  int epoch = 0;    ///< 1-based
+  double loss = 0;  ///< mean distillation loss over the epoch's batches
   std::int64_t samples = 0;
   double seconds = 0;
 };
@@ -57,8 +57,9 @@ using QatProgressFn = std::function<void(int epoch, std::int64_t done, std::int6
 /// Distillation loss between student and teacher outputs: "mse" (mean squared error, averaged
 /// over the float outputs) or "kl" (KL(teacher || student) of softmax over axis 1 at
 /// `temperature`, times temperature^2, batch mean).
-SPARSEBIT_API at::Tensor distillation_loss(const std::vector<at::Tensor>& student, const std::vector<at::Tensor>& teacher,
-                                           const std::string& loss, double temperature);
+SPARSEBIT_API at::Tensor distillation_loss(const std::vector<at::Tensor>& student,
+                                           const std::vector<at::Tensor>& teacher, const std::string& loss,
+                                           double temperature);
 
 /// Trains `student` (after init_qat) to reproduce `teacher` on the data `open_train` yields
 /// (opened afresh each epoch, read in order), with Adam. See Note [QAT checkpoints].

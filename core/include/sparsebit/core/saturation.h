@@ -34,8 +34,8 @@ struct SaturationRisk {
 };
 
 struct SaturationCheck {
-  std::int64_t layers_checked = 0;     ///< layers with 8-bit activations and int8 weights
-  std::vector<SaturationRisk> at_risk; ///< those that can saturate
+  std::int64_t layers_checked = 0;      ///< layers with 8-bit activations and int8 weights
+  std::vector<SaturationRisk> at_risk;  ///< those that can saturate
 };
 
 /// Runs the check on an exported QDQ graph.

@@ -13,7 +13,8 @@ TEST(Observers, PercentileMatchesExactOrderStatistics) {
     Options o("[test]");
     o.set("alpha", alpha);
     const std::string key = alpha == 1e-3 ? "percentile_1e-3" : "percentile_1e-2";
-    expect_scale_near(observe_exact("percentile", o), reference().expected(key, symmetric8(true)), 1e-6, key + " exact");
+    expect_scale_near(observe_exact("percentile", o), reference().expected(key, symmetric8(true)), 1e-6,
+                      key + " exact");
     expect_scale_near(observe_streaming("percentile", o), reference().expected(key, symmetric8(false)), 5e-3,
                       key + " streaming");
   }

@@ -19,10 +19,10 @@ TEST(BiasCorrection, RemovesTheMeanOutputErrorOfEachChannel) {
   const std::vector<at::Tensor> calib = {at::randn({8, 8, 10, 10}) + 1, at::randn({8, 8, 10, 10}) + 1};
   const char* per_tensor = "[w]\nqscheme = \"per-tensor-symmetric\"\nbits = 4\n[a]\ndisable = true\n";
   auto config = [&](bool correct) {
-    return Config::from_string(std::string("backend = \"virtual\"\n") + per_tensor +
-                                   "[calibration]\nmode = \"layerwise\"\n[schedule]\nbias_correction = " +
-                                   (correct ? "true" : "false") + "\n",
-                               "bc.toml");
+    return Config::from_string(
+        std::string("backend = \"virtual\"\n") + per_tensor +
+            "[calibration]\nmode = \"layerwise\"\n[schedule]\nbias_correction = " + (correct ? "true" : "false") + "\n",
+        "bc.toml");
   };
   auto plain = calibrate(b.g, config(false), calib);
   auto corrected = calibrate(b.g, config(true), calib);

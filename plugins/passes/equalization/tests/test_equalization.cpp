@@ -44,7 +44,8 @@ TEST(Equalization, KeepsTheFunctionAndHelpsPerTensorWeights) {
 
   auto weight_quant_error = [&](const Graph& graph) {
     Model m{graph.clone(), ModelMeta{}};
-    Config c = Config::from_string("backend = \"virtual\"\n[w]\nqscheme = \"per-tensor-symmetric\"\n[a]\ndisable = true\n", "w.toml");
+    Config c = Config::from_string(
+        "backend = \"virtual\"\n[w]\nqscheme = \"per-tensor-symmetric\"\n[a]\ndisable = true\n", "w.toml");
     QuantModel qm(std::move(m), c, shipped_registry());
     TempDir dir;
     write_npy(x, dir / "x.npy");

@@ -48,7 +48,8 @@ TEST(Passes, FuseBatchNormIntoConvConvTransposeAndGemm) {
     b.constant("bias", at::randn({6}));
     bn_params(b, 6);
     b.add("conv", "Conv", {"x", "w", "bias"}, {"c"}, {{"group", Attribute::of_int(2)}});
-    b.add("bn", "BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"y"}, {{"epsilon", Attribute::of_float(1e-3)}});
+    b.add("bn", "BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"y"},
+          {{"epsilon", Attribute::of_float(1e-3)}});
     Graph g = apply_and_compare(b.g, "fuse_bn", at::randn({2, 4, 5, 5}));
     EXPECT_EQ(ops(g), (std::vector<std::string>{"Conv"}));
     EXPECT_EQ(g.node(0).outputs[0], "y");
@@ -57,7 +58,8 @@ TEST(Passes, FuseBatchNormIntoConvConvTransposeAndGemm) {
     Builder b({1, 4, 3, 3});
     b.constant("w", at::randn({4, 3, 2, 2}));  // group 2: 6 output channels
     bn_params(b, 6);
-    b.add("deconv", "ConvTranspose", {"x", "w"}, {"c"}, {{"group", Attribute::of_int(2)}, {"strides", Attribute::of_ints({2, 2})}});
+    b.add("deconv", "ConvTranspose", {"x", "w"}, {"c"},
+          {{"group", Attribute::of_int(2)}, {"strides", Attribute::of_ints({2, 2})}});
     b.add("bn", "BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"y"});
     Graph g = apply_and_compare(b.g, "fuse_bn", at::randn({1, 4, 3, 3}));
     EXPECT_EQ(ops(g), (std::vector<std::string>{"ConvTranspose"}));
@@ -68,7 +70,9 @@ TEST(Passes, FuseBatchNormIntoConvConvTransposeAndGemm) {
     b.constant("bias", at::randn({4}));
     bn_params(b, 4);
     b.add("fc", "Gemm", {"x", "w", "bias"}, {"f"},
-          {{"transB", Attribute::of_int(trans_b)}, {"alpha", Attribute::of_float(0.5)}, {"beta", Attribute::of_float(2.0)}});
+          {{"transB", Attribute::of_int(trans_b)},
+           {"alpha", Attribute::of_float(0.5)},
+           {"beta", Attribute::of_float(2.0)}});
     b.add("bn", "BatchNormalization", {"f", "gamma", "beta", "mean", "var"}, {"y"});
     Graph g = apply_and_compare(b.g, "fuse_bn", at::randn({3, 5}));
     EXPECT_EQ(ops(g), (std::vector<std::string>{"Gemm"}));
@@ -97,7 +101,8 @@ TEST(Passes, FuseMatMulAddNeedsATwoDimensionalInput) {
 TEST(Passes, FuseHardSwishGeluAndLayerNorm) {
   {
     Builder b({2, 8}, 14);
-    b.add("hs", "HardSigmoid", {"x"}, {"h"}, {{"alpha", Attribute::of_float(1.0 / 6)}, {"beta", Attribute::of_float(0.5)}});
+    b.add("hs", "HardSigmoid", {"x"}, {"h"},
+          {{"alpha", Attribute::of_float(1.0 / 6)}, {"beta", Attribute::of_float(0.5)}});
     b.add("mul", "Mul", {"x", "h"}, {"y"});
     Graph g = apply_and_compare(b.g, "fuse_hardswish", at::randn({2, 8}) * 4);
     EXPECT_EQ(ops(g), (std::vector<std::string>{"HardSwish"}));

@@ -58,10 +58,8 @@ TEST(AdaRound, RegularizerFollowsWarmUpAndBetaSchedule) {
   q->initialize(per_tensor(0.5));
   q->begin_reconstruction(kWeight);
   // lambda * sum(1 - |2h - 1|^beta) with h = [0.6, 0.4, 0.2, 0.8]: |2h - 1| = [0.2, 0.2, 0.6, 0.6].
-  auto expected = [](double beta) {
-    return 0.01 * (2 * (1 - std::pow(0.2, beta)) + 2 * (1 - std::pow(0.6, beta)));
-  };
-  EXPECT_EQ(q->reconstruction_penalty(0).item<double>(), 0.0);   // warm-up: first 20 steps
+  auto expected = [](double beta) { return 0.01 * (2 * (1 - std::pow(0.2, beta)) + 2 * (1 - std::pow(0.6, beta))); };
+  EXPECT_EQ(q->reconstruction_penalty(0).item<double>(), 0.0);  // warm-up: first 20 steps
   EXPECT_EQ(q->reconstruction_penalty(19).item<double>(), 0.0);
   EXPECT_NEAR(q->reconstruction_penalty(20).item<double>(), expected(20), 1e-7);  // beta starts at 20
   EXPECT_NEAR(q->reconstruction_penalty(60).item<double>(), expected(11), 1e-7);  // halfway: 2 + 18 / 2
@@ -101,8 +99,7 @@ TEST(AdaRound, HardRoundingFollowsTheLearntVariableNotTheNearestValue) {
 
 TEST(AdaRound, RefusesActivationsAndBadOptions) {
   QSpec act;
-  EXPECT_NE(error_of([&] { make_adaround(act, Options("[a.quantizer_options]")); }).find("weights"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { make_adaround(act, Options("[a.quantizer_options]")); }).find("weights"), std::string::npos);
   Options bad("[w.quantizer_options]");
   bad.set("warm_up", 1.5);
   EXPECT_NE(error_of([&] { make_adaround(int4_weight(), bad); }).find("warm_up"), std::string::npos);
@@ -112,7 +109,8 @@ TEST(AdaRound, SingleLayerReconstructionBeatsRoundToNearestAndExportsItsIntegers
   const Builder b = single_conv(7);
   at::manual_seed(8);
   const at::Tensor mix = at::randn({8, 3});
-  const std::vector<at::Tensor> calib = {correlated_inputs(8, mix), correlated_inputs(8, mix), correlated_inputs(8, mix)};
+  const std::vector<at::Tensor> calib = {correlated_inputs(8, mix), correlated_inputs(8, mix),
+                                         correlated_inputs(8, mix)};
   const at::Tensor held_out = correlated_inputs(16, mix);
   auto rtn = calibrate(b.g, w4_config("uniform", "layerwise"), calib);
   auto ada = calibrate(b.g, w4_config("adaround", "layerwise", kFewIterations), calib);
@@ -155,7 +153,9 @@ TEST(AdaRound, SingleLayerReconstructionBeatsRoundToNearestAndExportsItsIntegers
 
 TEST(AdaRound, NeedsALayerwiseModeAndSaysSo) {
   const Builder b = single_conv(1);
-  const std::string msg = error_of([&] { calibrate(b.g, w4_config("adaround", "streaming"), {at::randn({2, 8, 10, 10})}); });
+  const std::string msg = error_of([&] {
+    calibrate(b.g, w4_config("adaround", "streaming"), {at::randn({2, 8, 10, 10})});
+  });
   EXPECT_NE(msg.find("mode = \"layerwise\" or \"asym\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("'conv'"), std::string::npos) << msg;
 }

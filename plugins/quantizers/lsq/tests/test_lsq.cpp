@@ -25,7 +25,8 @@ TEST(Quantizers, LsqForwardIsUniformAndItsScaleGradientIsThePapers) {
   // dy/ds per element: round(x/s) - x/s inside, qmin or qmax outside; scaled by 1/sqrt(N qmax).
   at::Tensor v = x.detach() / scale;
   at::Tensor inside = (v >= -128) & (v <= 127);
-  at::Tensor per_elem = at::where(inside, at::round(v) - v, at::where(v < 0, at::full_like(v, -128), at::full_like(v, 127)));
+  at::Tensor per_elem =
+      at::where(inside, at::round(v) - v, at::where(v < 0, at::full_like(v, -128), at::full_like(v, 127)));
   const double expected = per_elem.sum().item<double>() / std::sqrt(1000.0 * 127);
   EXPECT_NEAR(q->parameters()[0].grad().item<double>(), expected, 1e-4 * std::abs(expected) + 1e-6);
   EXPECT_TRUE(at::equal(x.grad(), inside.to(at::kFloat)));  // straight through inside, 0 outside
@@ -55,7 +56,8 @@ TEST(Quantizers, LsqModelTrainsThroughTheQuantModel) {
   auto data = open_dataset(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", qm.graph().inputs);
   qm.calibrate(*data);
   qm.set_quant(true, true);
-  at::Tensor x = read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", 16).to(at::kFloat).div(255).unsqueeze(1);
+  at::Tensor x =
+      read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", 16).to(at::kFloat).div(255).unsqueeze(1);
   qm.forward({x})[0].pow(2).mean().backward();
   int with_grad = 0, params = 0;
   for (const auto& s : qm.slots()) {

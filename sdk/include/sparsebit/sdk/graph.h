@@ -75,10 +75,8 @@ class SPARSEBIT_API Node {
   std::int64_t attr_int(const std::string& key, std::int64_t fallback) const;
   double attr_float(const std::string& key, double fallback) const;
   std::string attr_string(const std::string& key, const std::string& fallback) const;
-  std::vector<std::int64_t> attr_ints(const std::string& key,
-                                      const std::vector<std::int64_t>& fallback = {}) const;
-  std::vector<double> attr_floats(const std::string& key,
-                                  const std::vector<double>& fallback = {}) const;
+  std::vector<std::int64_t> attr_ints(const std::string& key, const std::vector<std::int64_t>& fallback = {}) const;
+  std::vector<double> attr_floats(const std::string& key, const std::vector<double>& fallback = {}) const;
   at::Tensor attr_tensor(const std::string& key) const;
   /// True when input i exists and is not the empty name of an omitted optional input.
   bool has_input(std::size_t i) const { return i < inputs.size() && !inputs[i].empty(); }
@@ -100,7 +98,7 @@ class SPARSEBIT_API Graph {
   /// clone and clone the tensors you intend to modify in place.
   Graph clone() const;
 
-  std::vector<ValueInfo> inputs;   ///< graph inputs, without initializers
+  std::vector<ValueInfo> inputs;  ///< graph inputs, without initializers
   std::vector<ValueInfo> outputs;
   std::map<std::string, at::Tensor> initializers;
   /// ONNX element types of initializers that at::Tensor cannot hold: the tensor carries the

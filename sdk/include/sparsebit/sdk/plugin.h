@@ -40,19 +40,18 @@ struct SparsebitPluginDescriptor {
 
 #define SPARSEBIT_PLUGIN_ENTRY_SYMBOL "sparsebit_plugin_descriptor"
 
-#define SPARSEBIT_PLUGIN(NAME, VERSION, REGISTER_FN)                                        \
-  SPARSEBIT_PLUGIN_EXPORT const SparsebitPluginDescriptor* sparsebit_plugin_descriptor() { \
-    static const SparsebitPluginDescriptor descriptor{                                     \
-        ::sparsebit::sdk::kAbiVersion,                                                     \
-        static_cast<std::uint32_t>(sizeof(SparsebitPluginDescriptor)),                     \
-        NAME,                                                                              \
-        VERSION,                                                                           \
-        ::sparsebit::sdk::kSdkVersionMajor,                                                \
-        ::sparsebit::sdk::kSdkVersionMinor,                                                \
-        SPARSEBIT_FP_TORCH,                                                                \
-        SPARSEBIT_FP_CUDA,                                                                 \
-        SPARSEBIT_FP_CXX11_ABI,                                                            \
-        SPARSEBIT_FP_COMPILER,                                                             \
-        &REGISTER_FN};                                                                     \
-    return &descriptor;                                                                    \
+#define SPARSEBIT_PLUGIN(NAME, VERSION, REGISTER_FN)                                                                 \
+  SPARSEBIT_PLUGIN_EXPORT const SparsebitPluginDescriptor* sparsebit_plugin_descriptor() {                           \
+    static const SparsebitPluginDescriptor descriptor{::sparsebit::sdk::kAbiVersion,                                 \
+                                                      static_cast<std::uint32_t>(sizeof(SparsebitPluginDescriptor)), \
+                                                      NAME,                                                          \
+                                                      VERSION,                                                       \
+                                                      ::sparsebit::sdk::kSdkVersionMajor,                            \
+                                                      ::sparsebit::sdk::kSdkVersionMinor,                            \
+                                                      SPARSEBIT_FP_TORCH,                                            \
+                                                      SPARSEBIT_FP_CUDA,                                             \
+                                                      SPARSEBIT_FP_CXX11_ABI,                                        \
+                                                      SPARSEBIT_FP_COMPILER,                                         \
+                                                      &REGISTER_FN};                                                 \
+    return &descriptor;                                                                                              \
   }

@@ -66,8 +66,8 @@ struct QParams {
 
 /// Scale and zero point from an observed range (tensors of equal shape; 0-dim per tensor).
 /// Non-finite bounds are an Error naming `where`.
-SPARSEBIT_API QParams qparams_from_range(const at::Tensor& min, const at::Tensor& max,
-                                         const QSpec& spec, const std::string& where);
+SPARSEBIT_API QParams qparams_from_range(const at::Tensor& min, const at::Tensor& max, const QSpec& spec,
+                                         const std::string& where);
 
 /// Parameters shaped to broadcast against x: per-channel vectors along spec.channel_axis,
 /// per-group parameters repeated over their blocks.
@@ -79,7 +79,8 @@ SPARSEBIT_API at::Tensor quant_rows(const at::Tensor& x, const QSpec& spec);
 SPARSEBIT_API std::vector<std::int64_t> group_param_shape(const at::Tensor& x, const QSpec& spec);
 /// Inverse of quant_rows for one value per row: parameters shaped for a tensor of `shape`
 /// (0-dim per tensor, [C] per channel, group_param_shape per group).
-SPARSEBIT_API at::Tensor rows_to_params(const at::Tensor& values, const std::vector<std::int64_t>& shape, const QSpec& spec);
+SPARSEBIT_API at::Tensor rows_to_params(const at::Tensor& values, const std::vector<std::int64_t>& shape,
+                                        const QSpec& spec);
 
 /// Fake quantization per Note [Quantization arithmetic], broadcasting per-channel parameters
 /// along spec.channel_axis. Gradients: straight-through inside the clamp range, zero outside

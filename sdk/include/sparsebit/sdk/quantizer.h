@@ -20,9 +20,9 @@ namespace sparsebit {
 /// (Note [Layer reconstruction] in sparsebit/core/quant_model.h).
 struct ReconstructionSettings {
   std::int64_t iterations = 20000;
-  std::int64_t batch_size = 32;   ///< samples per step, drawn from the cached calibration data
-  double learning_rate = 1e-3;    ///< Adam
-  std::uint64_t seed = 0;         ///< for drawing the samples
+  std::int64_t batch_size = 32;  ///< samples per step, drawn from the cached calibration data
+  double learning_rate = 1e-3;   ///< Adam
+  std::uint64_t seed = 0;        ///< for drawing the samples
 };
 
 struct QuantizerContext {

@@ -39,15 +39,13 @@ class Registrar {
   }
   template <class T>
   void add_observer(const std::string& name) {
-    add_observer_factory(name, [](const ObserverContext& c) -> std::unique_ptr<Observer> {
-      return std::make_unique<T>(c);
-    });
+    add_observer_factory(name,
+                         [](const ObserverContext& c) -> std::unique_ptr<Observer> { return std::make_unique<T>(c); });
   }
   template <class T>
   void add_quantizer(const std::string& name) {
-    add_quantizer_factory(name, [](const QuantizerContext& c) -> std::unique_ptr<Quantizer> {
-      return std::make_unique<T>(c);
-    });
+    add_quantizer_factory(
+        name, [](const QuantizerContext& c) -> std::unique_ptr<Quantizer> { return std::make_unique<T>(c); });
   }
   template <class T>
   void add_pass(const std::string& name) {
@@ -55,9 +53,8 @@ class Registrar {
   }
   template <class T>
   void add_sparser(const std::string& name) {
-    add_sparser_factory(name, [](const SparserContext& c) -> std::unique_ptr<Sparser> {
-      return std::make_unique<T>(c);
-    });
+    add_sparser_factory(name,
+                        [](const SparserContext& c) -> std::unique_ptr<Sparser> { return std::make_unique<T>(c); });
   }
   template <class T>
   void add_backend(const std::string& name) {
