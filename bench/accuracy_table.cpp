@@ -1,10 +1,10 @@
 // Accuracy of a Fashion-MNIST classifier under the shipped observers and bit widths, as a
 // Markdown table (docs/ACCURACY.md is its output):
-//   accuracy_table MODEL.onnx [--calib-count 512] [--threads N]
+//   accuracy_table MODEL.onnx [--calib-count 512] [--threads N] [--observers a,b,...]
 // Rows: FP32; W8A8 with each activation observer (weights: per-channel symmetric minmax);
 // W4A8 and W4A4 with round-to-nearest (uniform quantizer, minmax). Activations are per-tensor
 // affine, the virtual backend (simulation), calibration on the first N training images,
-// evaluation on the 10,000 test images.
+// evaluation on the 10,000 test images. --observers keeps only the rows of those observers.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -35,15 +35,17 @@ struct Row {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s MODEL.onnx [--calib-count N] [--threads T]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s MODEL.onnx [--calib-count N] [--threads T] [--observers a,b,...]\n", argv[0]);
     return 2;
   }
   const std::string model = argv[1];
   int count = 512;
+  std::string only;  // ",a,b," when --observers is given
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--calib-count") count = std::stoi(argv[i + 1]);
     else if (k == "--threads") at::set_num_threads(std::stoi(argv[i + 1]));
+    else if (k == "--observers") only = "," + std::string(argv[i + 1]) + ",";
   }
   sb::sdk::set_log_level(sb::sdk::LogLevel::kWarn);
   try {
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
     std::printf("| scheme | activation observer | top-1 | vs FP32 | calibration s |\n|---|---|---|---|---|\n");
     bool fp32_printed = false;
     for (const auto& r : rows) {
+      if (!only.empty() && only.find("," + r.observer + ",") == std::string::npos) continue;
       sb::Config c;
       c.backend = "virtual";
       c.w.bits = r.wbits;

@@ -7,7 +7,8 @@
 // batch exceeds R, R doubles and every pair of bins merges exactly into one bin of the new
 // grid (bin 2m and 2m+1 become bin B/4 + m), so no count is ever smeared and memory stays
 // C x B whatever the number of samples. The resolution is at worst B/2 bins over the final
-// [-max|x|, max|x|]. Exact per-channel minimum, maximum, sum and count are kept beside it.
+// [-max|x|, max|x|]. Exact per-channel minimum, maximum, sum, count and number of exact zeros
+// are kept beside it (the zeros sit in the bin right of 0; see Note [KL and the zero spike]).
 
 #include <ATen/ATen.h>
 
@@ -34,11 +35,13 @@ class StreamingHistogram {
     lo = lo.to(at::kCPU, at::kDouble);
     hi = hi.to(at::kCPU, at::kDouble);
     at::Tensor sum = x.to(at::kDouble).sum(1).to(at::kCPU);
+    at::Tensor zeros = (x == 0).sum(1).to(at::kCPU, at::kDouble);
     if (!counts_.defined()) {
       counts_ = at::zeros({channels, bins_}, at::TensorOptions().dtype(at::kDouble));
       min_ = lo;
       max_ = hi;
       sum_ = sum;
+      zeros_ = zeros;
     } else {
       if (channels != counts_.size(0))
         throw Error("the channel count changed between batches (" + std::to_string(counts_.size(0)) + " then " +
@@ -46,6 +49,7 @@ class StreamingHistogram {
       min_ = at::minimum(min_, lo);
       max_ = at::maximum(max_, hi);
       sum_ += sum;
+      zeros_ += zeros;
     }
     count_ += x.size(1);
     const double amax = std::max(-lo.min().item<double>(), hi.max().item<double>());
@@ -70,6 +74,8 @@ class StreamingHistogram {
   const at::Tensor& min() const { return min_; }
   const at::Tensor& max() const { return max_; }
   const at::Tensor& sum() const { return sum_; }
+  /// Per channel, how many values were exactly 0 (double, [C]).
+  const at::Tensor& zeros() const { return zeros_; }
   std::int64_t count_per_channel() const { return count_; }
 
   /// The k-th smallest value (1-based) of channel c, interpolated linearly inside its bin.
@@ -96,7 +102,7 @@ class StreamingHistogram {
 
   void reset() {
     counts_ = at::Tensor();
-    min_ = max_ = sum_ = at::Tensor();
+    min_ = max_ = sum_ = zeros_ = at::Tensor();
     count_ = 0;
     range_ = 0;
   }
@@ -113,7 +119,7 @@ class StreamingHistogram {
   std::int64_t bins_;
   double range_ = 0;
   std::int64_t count_ = 0;
-  at::Tensor counts_, min_, max_, sum_;
+  at::Tensor counts_, min_, max_, sum_, zeros_;
 };
 
 /// QParams of per-row ranges (rows of quant_rows for a tensor of `shape`).

@@ -8,6 +8,16 @@
 // and keep the i whose KL(P || Q) is smallest (the first on ties). The threshold is the right
 // edge of bin i; the range is [-threshold, threshold], or [0, threshold] when nothing observed
 // was negative. Empty Q bins where P is not empty get 1e-10 of probability.
+//
+// Note [KL and the zero spike]
+// Values that are exactly 0 (a ReLU's output is half zeros or more) are left out of the
+// histogram, as NVIDIA's pytorch-quantization does with skip_zeros. Kept in, they form one spike
+// in the first bin; Q spreads each group's total evenly over its non-empty bins, so the wider
+// the groups (the larger i), the more of the spike Q moves into the bins beside it, and the
+// search ends at a small i whatever the data's shape. On the positive half of a standard normal
+// (2048 bins, 8 bits) the spike moved the threshold from 0.86 to 0.37 of the maximum and the
+// quantization SNR from 40 dB to 16 dB; on the Fashion-MNIST MobileNet fixture it cost 28 points
+// of top-1 (docs/ACCURACY.md). Zero itself is on every grid, so leaving it out loses nothing.
 
 #include <ATen/ATen.h>
 
@@ -88,6 +98,7 @@ class KlHistogramObserver final : public Observer {
           (!spec_.symmetric && !has_negative) ? (std::int64_t{1} << spec_.bits) : (std::int64_t{1} << (spec_.bits - 1));
       at::Tensor folded = hist.folded_abs(0).contiguous();
       std::vector<double> h(folded.data_ptr<double>(), folded.data_ptr<double>() + folded.numel());
+      h[0] -= hist.zeros()[0].item<double>();  // Note [KL and the zero spike]
       const double threshold = double(kl_best_bins(h, levels)) * hist.width();
       hi[c] = threshold;
       lo[c] = has_negative ? -threshold : 0.0;
