@@ -13,8 +13,8 @@ namespace {
 
 struct QuantizeArgs {
   std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs,
-      eval_fp32_outputs;
-  bool external_data = false;
+      eval_fp32_outputs, target;
+  bool external_data = false, target_strict = false;
   int batch_size = 0, calib_count = -1;
 };
 
@@ -25,6 +25,15 @@ int cmd_quantize(const QuantizeArgs& a, const GlobalOptions& g) {
   if (a.batch_size > 0) config.calibration.batch_size = a.batch_size;
   if (a.calib_count >= 0) config.calibration.count = a.calib_count;
   if (!a.device.empty()) config.calibration.device = a.device;
+  if (!a.target.empty()) {
+    sb::TargetConfig t = config.target.value_or(sb::TargetConfig{});
+    t.parse_expression(a.target, "--target");
+    config.target = t;
+  }
+  if (a.target_strict) {
+    if (!config.target) throw sb::Error("--target-strict needs a target (--target \"cosine>=0.99\" or [target])");
+    config.target->strict = true;
+  }
   if (!a.mode.empty()) {
     if (a.mode != "streaming" && a.mode != "layerwise" && a.mode != "asym")
       throw sb::Error("--mode must be streaming, layerwise or asym");
@@ -59,6 +68,15 @@ int cmd_quantize(const QuantizeArgs& a, const GlobalOptions& g) {
     }
     std::printf("%-28s %9.2f%%\n", "top-1 agreement", 100 * ev.top1_agreement);
   }
+  if (r.target) {
+    const sb::TargetReport& t = *r.target;
+    std::printf("\n%-28s %s (%s)\n", "target", t.target.c_str(), t.reached ? "reached" : "NOT reached");
+    std::printf("%-28s %.6g\n", "every layer quantized", t.before);
+    std::printf("%-28s %.6g\n", "as exported", t.after);
+    std::printf("%-28s %zu of %zu (budget %zu)%s%s\n", "layers in fallback", t.fallback_layers.size(),
+                t.quantized_layers, t.budget, t.precision.empty() ? "" : ", ", t.precision.c_str());
+    std::printf("%-28s %d\n", "evaluations", t.evaluations);
+  }
   return 0;
 }
 
@@ -89,6 +107,11 @@ Command add_quantize(CLI::App& app, const GlobalOptions& g) {
                        "Write the simulated quantized first output on --eval-data as .npy");
   quantize->add_option("--eval-fp32-outputs", a->eval_fp32_outputs,
                        "Write the FP32 first output on --eval-data as .npy");
+  quantize->add_option("--target", a->target,
+                       "Accuracy to keep, e.g. \"cosine>=0.99\", \"sqnr>=30\", \"mse<=1e-4\", \"top1-drop<=0.5\" (with "
+                       "--eval-data/--eval-labels): the most sensitive layers fall back to int16/float until it holds");
+  quantize->add_flag("--target-strict", a->target_strict,
+                     "A target not reached is an error (exit 1, nothing written) instead of a warning");
   quantize->add_flag("--external-data", a->external_data,
                      "Write initializers of 1 KiB or more to OUTPUT.data (ONNX external data); automatic above 1 GiB");
   return {quantize, [a, &g] { return cmd_quantize(*a, g); }};

@@ -277,9 +277,9 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Config c;
   c.source = source_name;
   Reader r{c.source};
-  r.check_keys(
-      root, "",
-      {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "plugins"});
+  r.check_keys(root, "",
+               {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "target",
+                "plugins"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   c.skip = r.globs(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
@@ -409,6 +409,30 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     if (!(c.qat.temperature > 0)) throw Error(r.key_path("qat", "temperature") + " must be > 0");
     c.qat.seed = r.get<std::int64_t>(*t, "qat", "seed", c.qat.seed, "an integer");
   }
+  if (auto* t = table("target")) {
+    r.check_keys(*t, "target", {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict"});
+    TargetConfig& tc = c.target.emplace();
+    tc.metric = r.get<std::string>(*t, "target", "metric", tc.metric, "a string");
+    if (tc.metric != "cosine" && tc.metric != "sqnr" && tc.metric != "mse" && tc.metric != "top1-drop")
+      throw Error(r.key_path("target", "metric") + " must be \"cosine\", \"sqnr\", \"mse\" or \"top1-drop\", got '" +
+                  printable(tc.metric, 40) + "'");
+    if (!t->get("value")) throw Error(r.key_path("target", "value") + " is required (e.g. value = 0.99 for cosine)");
+    tc.value = r.get<double>(*t, "target", "value", tc.value, "a number");
+    if (t->get("fallback")) tc.fallback = r.strings(*t, "target", "fallback");
+    for (const auto& f : tc.fallback)
+      if (f != "int16" && f != "float")
+        throw Error(r.key_path("target", "fallback") + ": '" + printable(f, 40) +
+                    "' is not a precision; use \"int16\" (16-bit activations) and/or \"float\"");
+    if (tc.fallback.empty()) throw Error(r.key_path("target", "fallback") + " needs at least one precision");
+    tc.max_fallback_layers =
+        r.get<std::int64_t>(*t, "target", "max_fallback_layers", tc.max_fallback_layers, "an integer");
+    if (tc.max_fallback_layers < 0 && t->get("max_fallback_layers"))
+      throw Error(r.key_path("target", "max_fallback_layers") + " must be 0 or more");
+    tc.holdout = r.get<std::int64_t>(*t, "target", "holdout", tc.holdout, "an integer");
+    if (tc.holdout < 0 || tc.holdout > 100000) throw Error(r.key_path("target", "holdout") + " must be 0 to 100000");
+    tc.strict = r.get<bool>(*t, "target", "strict", tc.strict, "true or false");
+    tc.check_value(r.key_path("target", "value"));
+  }
   if (auto* t = table("plugins")) {
     r.check_keys(*t, "plugins", {"paths", "enable", "disable"});
     c.plugins.paths = r.strings(*t, "plugins", "paths");
@@ -420,6 +444,41 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     c.plugins.disable = r.globs(*t, "plugins", "disable");
   }
   return c;
+}
+
+std::string TargetConfig::describe() const {
+  std::ostringstream os;
+  os << metric << (higher_is_better() ? ">=" : "<=") << value;
+  return os.str();
+}
+
+void TargetConfig::parse_expression(const std::string& text, const std::string& where) {
+  static const std::regex form(R"(\s*(cosine|sqnr|mse|top1-drop)\s*(>=|<=)\s*([-+0-9.eE]+)\s*)");
+  std::smatch m;
+  if (!std::regex_match(text, m, form))
+    throw Error(where + ": '" + printable(text, 60) +
+                "' is not a target; write METRIC>=VALUE or METRIC<=VALUE: cosine>=0.99, sqnr>=30, mse<=1e-4, "
+                "top1-drop<=0.5");
+  metric = m[1];
+  const std::string want = higher_is_better() ? ">=" : "<=";
+  if (m[2] != want) throw Error(where + ": " + metric + " takes " + want + " (" + metric + want + m[3].str() + ")");
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(m[3].str(), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != m[3].length() || !std::isfinite(v)) throw Error(where + ": '" + m[3].str() + "' is not a number");
+  value = v;
+  check_value(where);
+}
+
+void TargetConfig::check_value(const std::string& where) const {
+  const bool ok = metric == "cosine" ? value > -1 && value <= 1 : metric == "sqnr" ? true : value >= 0;
+  if (!ok)
+    throw Error(where + ": " + describe() + " can never hold" +
+                (metric == "cosine" ? " (cosine lies in [-1, 1])" : " (it is never negative)"));
 }
 
 Config Config::from_file(const std::string& path) {

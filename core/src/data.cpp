@@ -487,4 +487,40 @@ std::optional<Batch> Batcher::next() {
   return out;
 }
 
+at::Tensor read_labels(const std::string& path) {
+  at::Tensor labels = read_idx(path);
+  if (labels.dim() != 1 && !(labels.dim() == 2 && labels.size(1) == 1))
+    throw Error(path + ": is not a label file: it holds an array of shape " + c10::str(labels.sizes()) +
+                "; labels are one integer per sample (an IDX file of rank 1)");
+  return labels.to(at::kLong).reshape({-1});
+}
+
+SampleWindow::SampleWindow(std::unique_ptr<Dataset> data, const std::vector<ValueInfo>& inputs, std::int64_t first,
+                           std::int64_t count)
+    : data_(std::move(data)),
+      samples_(*data_, inputs, 1, count > 0 ? first + count : 0),
+      first_(first),
+      count_(count) {}
+
+std::string SampleWindow::describe() const {
+  return data_->describe() + " (samples " + std::to_string(first_ + 1) + " to " +
+         (count_ > 0 ? std::to_string(first_ + count_) : std::string("the last")) + ")";
+}
+
+std::optional<std::int64_t> SampleWindow::num_samples() const {
+  auto n = data_->num_samples();
+  if (!n) return std::nullopt;
+  const std::int64_t left = std::max<std::int64_t>(0, *n - first_);
+  return count_ > 0 ? std::min(left, count_) : left;
+}
+
+std::optional<Batch> SampleWindow::next() {
+  while (auto b = samples_.next()) {
+    if (read_++ < first_) continue;
+    b->batched = true;  // one sample, batch dimension included
+    return b;
+  }
+  return std::nullopt;
+}
+
 }  // namespace sparsebit

@@ -279,27 +279,31 @@ std::vector<QuantSlot*> QuantSlots::matching(const std::string& node_glob, std::
   return out;
 }
 
+void QuantSlots::set_slot_bits(QuantSlot& s, int bits) {
+  if (bits < 2 || bits > 16) throw Error("set_bits: bits must be between 2 and 16, got " + std::to_string(bits));
+  if (s.role == InputRole::kBias) throw Error(s.where() + ": a bias's precision follows its node's scales");
+  QSpec spec = s.spec;
+  spec.bits = bits;
+  for (const auto& why : {backend_->check(spec, s.role == InputRole::kWeight ? "w" : "a"),
+                          backend_->check_input(graph_->node(s.node_index), s.input_index, s.role, spec)}) {
+    if (why)
+      throw Error(s.where() + ": " + std::to_string(bits) + " bits break the rules of backend '" + backend_name_ +
+                  "': " + *why);
+  }
+  s.spec = spec;
+  // New objects for the new grid; the previous calibration no longer applies.
+  s.observer = s.make_observer(ObserverContext{s.spec, s.observer_options, s.where()});
+  s.quantizer = s.make_quantizer(QuantizerContext{s.spec, s.quantizer_options, s.where()});
+  s.calibrated = false;
+  // Biases derive from their activation and weight scales: recompute them at calibration.
+  for (auto& b : slots_)
+    if (b.role == InputRole::kBias && b.node_index == s.node_index) b.calibrated = false;
+}
+
 std::size_t QuantSlots::set_bits(const std::string& node_glob, int bits, std::optional<InputRole> role) {
   if (bits < 2 || bits > 16) throw Error("set_bits: bits must be between 2 and 16, got " + std::to_string(bits));
   auto found = matching(node_glob, role);
-  for (QuantSlot* s : found) {
-    QSpec spec = s->spec;
-    spec.bits = bits;
-    for (const auto& why : {backend_->check(spec, s->role == InputRole::kWeight ? "w" : "a"),
-                            backend_->check_input(graph_->node(s->node_index), s->input_index, s->role, spec)}) {
-      if (why)
-        throw Error(s->where() + ": " + std::to_string(bits) + " bits break the rules of backend '" + backend_name_ +
-                    "': " + *why);
-    }
-    s->spec = spec;
-    // New objects for the new grid; the previous calibration no longer applies.
-    s->observer = s->make_observer(ObserverContext{s->spec, s->observer_options, s->where()});
-    s->quantizer = s->make_quantizer(QuantizerContext{s->spec, s->quantizer_options, s->where()});
-    s->calibrated = false;
-  }
-  // Biases derive from their activation and weight scales: recompute them at calibration.
-  for (auto& s : slots_)
-    if (s.role == InputRole::kBias) s.calibrated = false;
+  for (QuantSlot* s : found) set_slot_bits(*s, bits);
   return found.size();
 }
 

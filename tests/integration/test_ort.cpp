@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "sparsebit/core/data.h"
@@ -13,6 +15,7 @@
 #include "sparsebit/core/prune.h"
 #include "sparsebit/core/qat.h"
 #include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/target.h"
 #include "sparsebit/sdk/quant.h"
 #include "test_support.h"
 
@@ -300,6 +303,57 @@ TEST(OnnxRuntime, SixteenBitActivationsExportAtOpset21) {
     // 16 bits: ORT must agree to a small fraction of an 8-bit output step (float noise only).
     Model exported = check_export(*qm, dir / "a16.onnx", dir, 0.04, scheme);
     EXPECT_EQ(exported.graph.default_opset(), 21);
+  }
+}
+
+// The accuracy target's fallbacks export as they simulate and run in ONNX Runtime: int16
+// layers as int16 Q/DQ at opset 21 beside 8-bit ones, float layers with no Q/DQ at all.
+TEST(OnnxRuntime, TargetFallbackLayersExportAndMatchTheSimulation) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  for (const char* precision : {"int16", "float"}) {
+    Config c = Config::from_file(testing::source_path("configs/w8a8_onnxruntime.toml"));
+    auto qm = calibrated_fixture(c, 128);
+    TargetData data;
+    const auto& inputs = qm->graph().inputs;
+    const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+    data.calibration = [inputs, images] { return open_dataset(images, inputs); };
+    SampleWindow held(open_dataset(images, inputs), inputs, 2000, 8);
+    Batcher one(held, inputs, 1, 0);
+    while (auto b = one.next()) data.holdout.push_back(b->inputs);
+    TargetConfig t;
+    t.parse_expression("sqnr>=200", "test");  // out of reach: the whole budget is used
+    t.fallback = {precision};
+    t.max_fallback_layers = 3;
+    TargetReport r = meet_target(*qm, t, data);
+    ASSERT_EQ(r.fallback_layers.size(), 3u) << precision;
+    EXPECT_EQ(r.precision, precision);
+    EXPECT_GT(r.after, r.before) << precision;
+    Model exported = check_export(*qm, dir / (std::string(precision) + ".onnx"), dir, 1.0, precision);
+    std::set<std::string> moved;
+    for (const auto& l : r.fallback_layers) moved.insert(l.node);
+    int wide = 0, into_moved = 0;
+    std::map<std::string, const Node*> producer;
+    for (const Node* n : exported.graph.nodes())
+      for (const auto& o : n->outputs) producer[o] = n;
+    for (const Node* n : exported.graph.nodes()) {
+      if (n->op_type == "QuantizeLinear")
+        wide += exported.graph.initializers.at(n->inputs[2]).scalar_type() == at::kShort ||
+                exported.graph.narrow_types.count(n->inputs[2]) != 0;
+      if (!moved.count(n->name)) continue;
+      for (const auto& in : n->inputs) {
+        auto p = producer.find(in);
+        into_moved += p != producer.end() && p->second->op_type == "DequantizeLinear";
+      }
+    }
+    if (std::string(precision) == "int16") {
+      EXPECT_EQ(exported.graph.default_opset(), 21);
+      EXPECT_GE(wide, 3);
+      EXPECT_GE(into_moved, 3);  // still quantized, on 16 bits
+    } else {
+      EXPECT_EQ(wide, 0);
+      EXPECT_EQ(into_moved, 0);  // no Q/DQ in front of a float layer
+    }
   }
 }
 

@@ -2,7 +2,10 @@
 // loaded, so an undeployable scheme fails in seconds, not at engine build time.
 //   virtual      simulation only: any bit width from 2 to 16, any scheme
 //   onnxruntime  W8A8 (QuantizeLinear/DequantizeLinear with int8/uint8), any scheme; weights may
-//                take ONNX Runtime's reduce range (a 7-bit grid in int8, [w] reduce_range = true)
+//                take ONNX Runtime's reduce range (a 7-bit grid in int8, [w] reduce_range = true).
+//                Activations may also take 16 bits (int16/uint16 Q/DQ at opset 21, which ONNX
+//                Runtime runs as dequantize -> float op -> quantize): the accuracy target's
+//                "int16" fallback for sensitive layers.
 //   tensorrt     W8A8; weights symmetric (per channel or per tensor), activations per-tensor
 //                symmetric: TensorRT only accepts a zero point of 0. Placement: of a residual
 //                Add only the skip branch is quantized, so TensorRT can fuse the Add into the
@@ -36,8 +39,9 @@ class VirtualBackend final : public Backend {
 
 class OnnxRuntimeBackend final : public Backend {
  public:
-  std::string description() const override { return "ONNX Runtime QDQ: W8A8, any scheme"; }
+  std::string description() const override { return "ONNX Runtime QDQ: W8A8 (or 16-bit activations), any scheme"; }
   std::optional<std::string> check(const QSpec& s, const std::string& table) const override {
+    if (!s.is_weight && s.bits == 16) return std::nullopt;
     return need_8_bits(s, table);
   }
   // QLinearConv / QGemm add an int32 bias: simulate and export exactly that.

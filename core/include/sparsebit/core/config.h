@@ -47,6 +47,13 @@
 ///     [[sparse.specific]]             # per-node ratio, first match wins (also accepted as
 ///     nodes = ["layer4*"]             #   `sparse = { ratio = 0.3 }` in a top-level [[specific]])
 ///     ratio = 0.3
+///     [target]                        # accuracy target (sparsebit/core/target.h)
+///     metric = "cosine"               #   cosine | sqnr | mse | top1-drop (needs --eval-data/--eval-labels)
+///     value = 0.99                    #   cosine, sqnr: at least; mse, top1-drop: at most
+///     fallback = ["int16", "float"]   #   precisions tried, in order, for the most sensitive layers
+///     max_fallback_layers = 8         #   default: 10% of the quantized layers (at least 1)
+///     holdout = 16                    #   calibration samples kept apart to measure the metric
+///     strict = false                  #   true: a target missed is an error and nothing is written
 ///     [plugins]
 ///     paths = []
 ///     enable = []
@@ -127,6 +134,26 @@ struct SpecificEntry {
   QuantTableConfig a;
 };
 
+/// `[target]` (or `--target "cosine>=0.99"`): the accuracy the quantized model must keep, and
+/// what may be given up to reach it (sparsebit/core/target.h).
+struct SPARSEBIT_API TargetConfig {
+  std::string metric = "cosine";  ///< cosine | sqnr | mse | top1-drop
+  double value = 0.99;
+  std::vector<std::string> fallback{"int16", "float"};
+  std::int64_t max_fallback_layers = -1;  ///< -1: 10% of the quantized layers, at least 1
+  std::int64_t holdout = 16;
+  bool strict = false;
+  /// Whether larger values of the metric are better (cosine, sqnr).
+  bool higher_is_better() const { return metric == "cosine" || metric == "sqnr"; }
+  /// "cosine>=0.99"
+  std::string describe() const;
+  /// Parses "cosine>=0.99", "sqnr>=30", "mse<=1e-3", "top1-drop<=0.5" into metric and value
+  /// (the comparison must be the one the metric takes); `where` names the source in errors.
+  void parse_expression(const std::string& text, const std::string& where);
+  /// Refuses a value the metric can never reach (cosine above 1, a negative mse).
+  void check_value(const std::string& where) const;
+};
+
 /// Passes switched on or off in `[schedule]`, in the order they run. Simplify-stage passes
 /// run before conversion, fuse-stage passes after it, each group in this order.
 struct ScheduleEntry {
@@ -145,6 +172,7 @@ struct SPARSEBIT_API Config {
   CalibrationConfig calibration;
   QatConfig qat;
   std::optional<SparseConfig> sparse;  ///< set when the file has a [sparse] table
+  std::optional<TargetConfig> target;  ///< set by a [target] table or --target
   bool quantization_given = false;     ///< the file has [w] or [a] (a prune run then quantizes too)
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},

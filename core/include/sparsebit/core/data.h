@@ -62,8 +62,27 @@ class SPARSEBIT_API Batcher {
   bool exhausted_ = false;
 };
 
+/// Samples [first, first + count) of another dataset (count 0: to its end), one sample per
+/// record. The accuracy target keeps the first calibration samples apart this way to measure
+/// the quantized model on data it was not calibrated on.
+class SPARSEBIT_API SampleWindow final : public Dataset {
+ public:
+  SampleWindow(std::unique_ptr<Dataset> data, const std::vector<ValueInfo>& inputs, std::int64_t first,
+               std::int64_t count);
+  std::string describe() const override;
+  std::optional<std::int64_t> num_samples() const override;
+  std::optional<Batch> next() override;
+
+ private:
+  std::unique_ptr<Dataset> data_;
+  Batcher samples_;
+  std::int64_t first_, count_, read_ = 0;
+};
+
 /// Reads an IDX file (optionally gzip-compressed) as a uint8/int tensor of its stored shape.
 SPARSEBIT_API at::Tensor read_idx(const std::string& path, std::int64_t max_items = 0);
+/// Reads an IDX label file: one integer per sample, as int64 of rank 1.
+SPARSEBIT_API at::Tensor read_labels(const std::string& path);
 /// Reads / writes a .npy array (little-endian, C order).
 SPARSEBIT_API at::Tensor read_npy(const std::string& path);
 SPARSEBIT_API void write_npy(const at::Tensor& t, const std::string& path);

@@ -6,7 +6,8 @@
 /// Note [Pipeline order]
 ///   claim the output files -> load the plugins -> load and lift the model (opset 13) ->
 ///   [prune] -> [BatchNorm re-estimation] -> build the QuantModel (passes, placement) ->
-///   calibrate (or QAT: calibrate, then distil) -> [evaluate] -> export -> write the files.
+///   calibrate (or QAT: calibrate, then distil) -> [accuracy target: fallback layers] ->
+///   [evaluate] -> export -> write the files.
 /// Outputs are claimed first, so an unwritable path fails before any work, and committed last:
 /// the external-data side file, then the report, then the model, so a model never refers to a
 /// side file that is not there. A failed step leaves no file behind.
@@ -29,6 +30,7 @@
 #include "sparsebit/core/prune.h"
 #include "sparsebit/core/qat.h"
 #include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/target.h"
 #include "sparsebit/sdk/export.h"
 
 namespace sparsebit {
@@ -72,6 +74,7 @@ struct QuantizeOutcome {
   std::optional<PruneSummary> pruning;  ///< when [sparse] pruned first
   QuantizationReport quantization;      ///< every quantized input and its parameters
   std::optional<EvaluationResult> evaluation;
+  std::optional<TargetReport> target;  ///< when [target] or --target asked for one
   bool external_data_written = false;
 };
 

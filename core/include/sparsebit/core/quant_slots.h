@@ -79,6 +79,8 @@ class SPARSEBIT_API QuantSlots {
   std::vector<QuantSlot*> matching(const std::string& node_glob, std::optional<InputRole> role);
   /// New bit width for the matching slots, checked against the backend; their objects are rebuilt.
   std::size_t set_bits(const std::string& node_glob, int bits, std::optional<InputRole> role);
+  /// set_bits for one slot (not a bias): checked, objects rebuilt, to be calibrated again.
+  void set_slot_bits(QuantSlot& s, int bits);
 
   void set_quant(bool weights, bool activations) { w_on_ = weights, a_on_ = activations; }
   bool weights_on() const { return w_on_; }

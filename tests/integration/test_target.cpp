@@ -1,0 +1,226 @@
+// The accuracy target (Note [Accuracy target]): the fallback search picks the layers known to be
+// sensitive and stops when the target holds; its sensitivities agree with the profiler's
+// one-layer-at-a-time view; a target out of reach ends with a warning (or, strict, an error and
+// no file); the config and the --target expression are checked.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "sparsebit/core/profiler.h"
+#include "sparsebit/core/target.h"
+#include "sparsebit/sdk/error.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+const std::string kImages = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+
+// W8A8 on the virtual backend, with two layers sabotaged to 2-bit weights: the layers a
+// fallback search must find.
+const char* kSabotaged = R"(backend = "virtual"
+[w]
+qscheme = "per-channel-symmetric"
+[a]
+qscheme = "per-tensor-affine"
+[calibration]
+count = 128
+[[specific]]
+nodes = ["/dw3/Conv", "/fc1/Gemm"]
+w = { bits = 2 }
+)";
+
+struct Fixture {
+  QuantModel qm;
+  TargetData data;
+};
+
+Fixture calibrated(const std::string& config_text, std::int64_t holdout = 16) {
+  Fixture f{QuantModel(load_onnx(testing::fixture_model()), Config::from_string(config_text, "target.toml"),
+                       testing::shipped_registry()),
+            {}};
+  const auto& inputs = f.qm.graph().inputs;
+  f.data.calibration = [inputs] {
+    return std::unique_ptr<Dataset>(new SampleWindow(open_dataset(kImages, inputs), inputs, 1000, 0));
+  };
+  f.qm.calibrate(*f.data.calibration());
+  SampleWindow held(open_dataset(kImages, inputs), inputs, 0, holdout);
+  Batcher one(held, inputs, 1, 0);
+  while (auto b = one.next()) f.data.holdout.push_back(b->inputs);
+  f.data.holdout_description = "test holdout";
+  return f;
+}
+
+TargetConfig target(const std::string& expression, std::vector<std::string> fallback, std::int64_t budget) {
+  TargetConfig t;
+  t.parse_expression(expression, "test");
+  t.fallback = std::move(fallback);
+  t.max_fallback_layers = budget;
+  return t;
+}
+
+// The cosine with exactly `floats` unquantized, measured independently of the search.
+double worst_cosine_with(QuantModel& qm, const TargetData& d, const std::set<std::string>& floats) {
+  for (const auto& n : floats) qm.set_enabled(n, false);
+  double worst = 1;
+  for (const auto& x : d.holdout) {
+    qm.set_quant(false, false);
+    at::Tensor f = qm.forward(x)[0].to(at::kDouble).reshape({-1});
+    qm.set_quant(true, true);
+    at::Tensor q = qm.forward(x)[0].to(at::kDouble).reshape({-1});
+    worst = std::min(worst, (f * q).sum().item<double>() / std::sqrt(f.pow(2).sum().item<double>() *
+                                                                      q.pow(2).sum().item<double>()));
+  }
+  qm.set_quant(false, false);
+  for (const auto& n : floats) qm.set_enabled(n, true);
+  return worst;
+}
+
+TEST(Target, PicksTheSensitiveLayersAndStopsWhenTheTargetHolds) {
+  Fixture f = calibrated(kSabotaged);
+  const double both = worst_cosine_with(f.qm, f.data, {"/dw3/Conv", "/fc1/Gemm"});
+  const double dw3 = worst_cosine_with(f.qm, f.data, {"/dw3/Conv"});
+  const double fc1 = worst_cosine_with(f.qm, f.data, {"/fc1/Gemm"});
+  const double none = worst_cosine_with(f.qm, f.data, {});
+  ASSERT_GT(both, std::max(dw3, fc1) + 1e-4) << "the fixture needs both sabotaged layers to matter";
+  // A goal that both layers in float reach and neither alone does.
+  const double goal = (both + std::max(dw3, fc1)) / 2;
+  char expr[64];
+  std::snprintf(expr, sizeof expr, "cosine>=%.9f", goal);
+  TargetReport r = meet_target(f.qm, target(expr, {"float"}, 4), f.data);
+  EXPECT_TRUE(r.reached);
+  EXPECT_NEAR(r.before, none, 1e-9);
+  EXPECT_EQ(r.precision, "float");
+  std::set<std::string> chosen;
+  for (const auto& l : r.fallback_layers) chosen.insert(l.node);
+  EXPECT_EQ(chosen, (std::set<std::string>{"/dw3/Conv", "/fc1/Gemm"}));
+  EXPECT_NEAR(r.after, both, 1e-9);
+  EXPECT_GE(r.after, goal);
+  // One measurement as is, one with the budget, then bisection over 4: at most 2 more.
+  EXPECT_LE(r.evaluations, 4);
+  EXPECT_EQ(r.ranking.size(), r.quantized_layers);
+  // The model is left as chosen: both layers export without Q/DQ on their inputs.
+  Graph g = f.qm.export_graph();
+  for (const Node* n : g.nodes())
+    if (n->name == "/dw3/Conv" || n->name == "/fc1/Gemm")
+      for (const auto& in : n->inputs) EXPECT_EQ(in.find("_dequantized"), std::string::npos) << n->name << " " << in;
+
+  // A target the quantized model already meets changes nothing: one evaluation.
+  Fixture again = calibrated(kSabotaged);
+  TargetReport met = meet_target(again.qm, target("cosine>=0.5", {"float"}, 4), again.data);
+  EXPECT_TRUE(met.reached);
+  EXPECT_EQ(met.evaluations, 1);
+  EXPECT_TRUE(met.fallback_layers.empty());
+  EXPECT_TRUE(met.precision.empty());
+}
+
+// Sensitivity reruns only the nodes after each layer from cached float values; the profiler
+// runs the whole model with one layer on. Both must give the same SQNR.
+TEST(Target, SensitivityAgreesWithTheProfilersSingleLayerView) {
+  Fixture f = calibrated(kSabotaged);
+  TargetReport r = meet_target(f.qm, target("cosine>=0.99999", {"float"}, 1), f.data);
+  auto data = open_dataset(kImages, f.qm.graph().inputs);
+  ProfileOptions opt;
+  opt.samples = 16;
+  opt.accumulated = false;
+  ProfileReport p = profile(f.qm, *data, opt);
+  ASSERT_EQ(p.single.size() + r.fallback_layers.size(), r.ranking.size());  // the profile skips float layers
+  for (const auto& e : p.single) {
+    auto it = std::find_if(r.ranking.begin(), r.ranking.end(), [&](const LayerSensitivity& s) { return s.node == e.node; });
+    ASSERT_NE(it, r.ranking.end()) << e.node;
+    EXPECT_NEAR(it->sqnr_db, e.sqnr_db, 1e-3) << e.node;
+  }
+  EXPECT_TRUE(std::is_sorted(r.ranking.begin(), r.ranking.end(), [](const auto& a, const auto& b) {
+    return a.sqnr_db < b.sqnr_db;
+  }));
+  EXPECT_TRUE(r.ranking[0].node == "/dw3/Conv" || r.ranking[0].node == "/fc1/Gemm") << r.ranking[0].node;
+}
+
+// int16: the chosen layers' activations on 16 bits move the metric towards float.
+TEST(Target, Int16FallbackRaisesTheMetric) {
+  Fixture f = calibrated(R"(backend = "virtual"
+[w]
+qscheme = "per-channel-symmetric"
+[a]
+qscheme = "per-tensor-affine"
+bits = 4
+[calibration]
+count = 128
+)");
+  TargetReport r = meet_target(f.qm, target("sqnr>=200", {"int16"}, 3), f.data);
+  EXPECT_FALSE(r.reached);
+  EXPECT_EQ(r.precision, "int16");
+  EXPECT_EQ(r.fallback_layers.size(), 3u);
+  EXPECT_GT(r.after, r.before + 3) << "dB";
+  int wide = 0;
+  for (const auto& s : f.qm.slots()) wide += s.role == InputRole::kActivation && s.spec.bits == 16;
+  EXPECT_GE(wide, 3);
+}
+
+TEST(Target, ConfigAndExpressionsAreChecked) {
+  Config c = Config::from_string(
+      "[target]\nmetric = \"sqnr\"\nvalue = 30\nfallback = [\"float\"]\nmax_fallback_layers = 2\nholdout = 8\n", "t.toml");
+  ASSERT_TRUE(c.target);
+  EXPECT_EQ(c.target->describe(), "sqnr>=30");
+  EXPECT_EQ(c.target->fallback, std::vector<std::string>{"float"});
+  EXPECT_EQ(c.target->max_fallback_layers, 2);
+  EXPECT_EQ(c.target->holdout, 8);
+  EXPECT_FALSE(Config::from_string("", "t.toml").target);
+  auto err = [](const std::string& text) { return testing::error_of([&] { Config::from_string(text, "t.toml"); }); };
+  EXPECT_NE(err("[target]\nmetric = \"cosine\"\n").find("target.value is required"), std::string::npos);
+  EXPECT_NE(err("[target]\nmetric = \"accuracy\"\nvalue = 1\n").find("target.metric"), std::string::npos);
+  EXPECT_NE(err("[target]\nvalue = 1.5\n").find("can never hold"), std::string::npos);
+  EXPECT_NE(err("[target]\nvalue = 0.9\nfallback = [\"int4\"]\n").find("'int4' is not a precision"), std::string::npos);
+  EXPECT_NE(err("[target]\nvalue = 0.9\nholdouts = 3\n").find("did you mean 'holdout'"), std::string::npos);
+
+  TargetConfig t;
+  t.parse_expression(" mse <= 1e-4 ", "--target");
+  EXPECT_EQ(t.metric, "mse");
+  EXPECT_DOUBLE_EQ(t.value, 1e-4);
+  t.parse_expression("top1-drop<=0.5", "--target");
+  EXPECT_FALSE(t.higher_is_better());
+  auto bad = [](const std::string& e) {
+    return testing::error_of([&] {
+      TargetConfig x;
+      x.parse_expression(e, "--target");
+    });
+  };
+  EXPECT_NE(bad("cosine<=0.99").find("cosine takes >="), std::string::npos);
+  EXPECT_NE(bad("mse>=0.1").find("mse takes <="), std::string::npos);
+  EXPECT_NE(bad("accuracy>=0.9").find("not a target"), std::string::npos);
+  EXPECT_NE(bad("cosine>=0.9.9").find("not a number"), std::string::npos);
+  EXPECT_NE(bad("mse<=-1").find("can never hold"), std::string::npos);
+}
+
+// Through the CLI: a target out of reach writes the best model with a warning naming the
+// metric reached; --target-strict exits 1 and writes nothing.
+TEST(Target, UnreachableTargetWarnsOrFailsWhenStrict) {
+  testing::TempDir dir;
+  testing::write_text(dir / "c.toml", kSabotaged);
+  const std::string common = "quantize " + testing::fixture_model() + " -c " + (dir / "c.toml") + " --calib " +
+                             kImages + " --calib-count 200 --target \"cosine>=1\"";
+  auto r = testing::run_cli(common + " -o " + (dir / "q.onnx") + " --report " + (dir / "r.json"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("target cosine>=1 not reached: best cosine"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "q.onnx"));
+  const std::string report = testing::read_text(dir / "r.json");
+  EXPECT_NE(report.find("\"reached\": false"), std::string::npos);
+  EXPECT_NE(report.find("\"fallback_layers\""), std::string::npos);
+
+  auto strict = testing::run_cli(common + " --target-strict -o " + (dir / "s.onnx") + " --report " + (dir / "s.json"));
+  EXPECT_EQ(strict.exit_code, 1) << strict.output;
+  EXPECT_NE(strict.output.find("not reached"), std::string::npos) << strict.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "s.onnx"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "s.json"));
+
+  auto no_labels = testing::run_cli("quantize " + testing::fixture_model() + " -c " + (dir / "c.toml") + " --calib " +
+                                    kImages + " --target \"top1-drop<=0.5\" -o " + (dir / "t.onnx"));
+  EXPECT_EQ(no_labels.exit_code, 1);
+  EXPECT_NE(no_labels.output.find("needs --eval-data and --eval-labels"), std::string::npos) << no_labels.output;
+}
+
+}  // namespace
+}  // namespace sparsebit
