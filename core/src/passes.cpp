@@ -3,14 +3,63 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <map>
+#include <set>
+
+#include "sparsebit/core/executor.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/op.h"
 
 namespace sparsebit {
+namespace {
+
+/// PassContext::channel_absmax: one float run of `graph` over the samples, each requested value
+/// reduced to its per-channel largest magnitude as it goes by.
+std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& registry, const PassData& data,
+                                       const std::vector<PassContext::ChannelRequest>& requests) {
+  c10::InferenceMode guard;
+  std::map<std::string, std::vector<std::size_t>> wanted;  // value -> request indices
+  for (std::size_t i = 0; i < requests.size(); ++i) wanted[requests[i].first].push_back(i);
+  std::vector<at::Tensor> result(requests.size());
+  auto take = [&](const std::string& name, const at::Tensor& x) {
+    auto it = wanted.find(name);
+    if (it == wanted.end() || !x.is_floating_point()) return;
+    for (auto i : it->second) {
+      std::int64_t axis = requests[i].second;
+      if (axis < 0) axis += x.dim();
+      if (axis < 0 || axis >= x.dim())
+        throw Error("channel statistics: axis " + std::to_string(requests[i].second) + " is outside the " +
+                    std::to_string(x.dim()) + "-D value '" + name + "'");
+      const at::Tensor m = x.detach().abs().transpose(0, axis).reshape({x.size(axis), -1}).amax(1).to(at::kFloat);
+      if (result[i].defined() && result[i].sizes() != m.sizes())
+        throw Error("channel statistics: value '" + name + "' changes its channel count between samples");
+      result[i] = result[i].defined() ? at::maximum(result[i], m) : m;
+    }
+  };
+  Executor executor(graph, registry);
+  auto samples = data.open();
+  Batcher batcher(*samples, graph.inputs, data.batch_size, data.count);
+  const auto nodes = graph.nodes();
+  std::int64_t seen = 0;
+  while (auto b = batcher.next()) {
+    std::map<std::string, at::Tensor> feeds;
+    for (std::size_t k = 0; k < b->inputs.size(); ++k) feeds[graph.inputs[k].name] = b->inputs[k];
+    std::set<std::string> done;  // a value read by several nodes is reduced once per batch
+    executor.run(feeds, [&](std::size_t n, std::size_t k, const at::Tensor& x) {
+      if (done.insert(nodes[n]->inputs[k]).second) take(nodes[n]->inputs[k], x);
+      return x;
+    });
+    seen += b->inputs[0].size(0);
+  }
+  if (seen == 0) throw Error("channel statistics: " + samples->describe() + " yielded no samples");
+  return result;
+}
+
+}  // namespace
 
 bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, Graph& graph, const Registry& registry,
-                QuantState* state, const std::string& config_source) {
+                QuantState* state, const std::string& config_source, const PassData& data) {
   bool any = false;
   for (const auto& entry : schedule) {
     if (!entry.enabled || entry.pass == "bn_tuning") continue;  // bn_tuning is a host step (bn_tuning.h)
@@ -34,6 +83,11 @@ bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, G
         throw Error(n.describe() + ": " + e.what());
       }
     };
+    if (stage == Pass::Stage::kSimplify && data.open) {
+      ctx.channel_absmax = [&registry, &graph, &data](const std::vector<PassContext::ChannelRequest>& requests) {
+        return channel_absmax(graph, registry, data, requests);
+      };
+    }
     try {
       auto pass = p->factory();
       if (pass->stage() != stage) continue;

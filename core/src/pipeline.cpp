@@ -139,17 +139,21 @@ std::int64_t holdout_count(const TargetConfig& t, const std::string& calib, cons
   return h;
 }
 
+/// The calibration samples: all of them, or all but the first `holdout`.
+QuantModel::DataSource calibration_source(const std::string& calib, const std::vector<ValueInfo>& inputs,
+                                          std::int64_t holdout) {
+  return [calib, inputs, holdout]() -> std::unique_ptr<Dataset> {
+    if (holdout == 0) return open_dataset(calib, inputs);
+    return std::make_unique<SampleWindow>(open_dataset(calib, inputs), inputs, holdout, 0);
+  };
+}
+
 /// Calibrates on all but the held-out samples, then meets the target.
-TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, CalibrationStats& stats,
+TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64_t holdout,
+                              const QuantModel::DataSource& calibration, CalibrationStats& stats,
                               const StepProgressFn& progress) {
   const TargetConfig& t = *job.config.target;
   const auto& inputs = qm.graph().inputs;
-  if (t.metric == "top1-drop" && (!job.evaluation || job.evaluation->labels.empty()))
-    throw Error("target " + t.describe() + " needs --eval-data and --eval-labels (top-1 accuracy on labelled data)");
-  const std::int64_t holdout = holdout_count(t, job.calib, inputs);
-  auto calibration = [&] {
-    return std::unique_ptr<Dataset>(new SampleWindow(open_dataset(job.calib, inputs), inputs, holdout, 0));
-  };
   stats = calibrate(qm, *calibration(), job.config, progress);
   TargetData data;
   const std::int64_t measured = holdout > 0 ? holdout : 16;
@@ -345,9 +349,17 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
     model = std::move(pr.pruned);
   }
   if (bn_tuning_enabled(config)) model = tune_batchnorm(model, config, registry, job.calib);
-  QuantModel qm(std::move(model), config, registry);
-  if (config.target) r.target = meet_target_step(qm, job, r.calibration, progress);
-  else r.calibration = calibrate(qm, job.calib, config, progress);
+  if (config.target && config.target->metric == "top1-drop" && (!job.evaluation || job.evaluation->labels.empty()))
+    throw Error("target " + config.target->describe() +
+                " needs --eval-data and --eval-labels (top-1 accuracy on labelled data)");
+  const std::int64_t holdout = config.target ? holdout_count(*config.target, job.calib, model.graph.inputs) : 0;
+  const auto source = calibration_source(job.calib, model.graph.inputs, holdout);
+  QuantModel qm(std::move(model), config, registry, source);
+  if (config.target) {
+    r.target = meet_target_step(qm, job, holdout, source, r.calibration, progress);
+  } else {
+    r.calibration = calibrate(qm, *source(), config, progress);
+  }
   r.quantized_inputs = qm.slots().size();
   r.quantization = qm.report(&r.calibration);
   if (job.evaluation) r.evaluation = evaluate(qm, *job.evaluation, progress);
@@ -372,7 +384,9 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   Model float_model = load_float_model(job.model, registry, job.calib);
   Executor teacher(float_model.graph, registry);
   teacher.to(config.calibration.device);
-  QuantModel qm(load_and_lift(job.model, registry, job.calib), config, registry);  // its own tensors: QAT trains them
+  Model qat_model = load_and_lift(job.model, registry, job.calib);  // its own tensors: QAT trains them
+  const auto qat_inputs = qat_model.graph.inputs;
+  QuantModel qm(std::move(qat_model), config, registry, calibration_source(job.calib, qat_inputs, 0));
   const auto& inputs = qm.graph().inputs;
   {
     auto calib = open_dataset(job.calib, inputs);
@@ -421,7 +435,8 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
   auto open_train = [&] { return open_dataset(job.train, inputs); };
   std::string bytes, external;
   if (r.quantized) {
-    QuantModel qm(std::move(pruned.pruned), config, registry);
+    const auto inputs = pruned.pruned.graph.inputs;
+    QuantModel qm(std::move(pruned.pruned), config, registry, calibration_source(job.calib, inputs, 0));
     if (job.finetune_epochs > 0) {
       auto calib = open_dataset(job.calib, inputs);
       r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));

@@ -29,7 +29,7 @@ std::string join(const std::vector<std::string>& v) {
 }
 }  // namespace
 
-QuantModel::QuantModel(Model model, Config config, const Registry& registry)
+QuantModel::QuantModel(Model model, Config config, const Registry& registry, const DataSource& calibration)
     : model_(std::make_unique<Model>(std::move(model))), config_(std::move(config)) {
   // Per-channel Q/DQ needs opset 13, and lifting later would move the inputs quantizers refer to.
   if (model_->graph.default_opset() < 13) {
@@ -60,7 +60,8 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry)
   }
 
   // Simplify-stage passes rewrite the float graph before anything is bound to its nodes.
-  run_passes(config_.schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source);
+  run_passes(config_.schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source,
+             PassData{calibration, config_.calibration.batch_size, config_.calibration.count});
   executor_ = std::make_unique<Executor>(model_->graph, registry);
   if (config_.calibration.device != "cpu") {
     at::Device dev(at::kCPU);

@@ -58,8 +58,8 @@ struct Agreement {
 
 struct Layer {
   std::size_t node = 0;
-  std::vector<std::size_t> slots;       // non-bias slots in use
-  std::vector<std::size_t> activations; // of those, the activation slots
+  std::vector<std::size_t> slots;        // non-bias slots in use
+  std::vector<std::size_t> activations;  // of those, the activation slots
   std::vector<std::size_t> biases;
   double sqnr_db = 0;
 };
@@ -285,8 +285,7 @@ class TargetSearch {
         }
         errors[l].add(reference_[x], float_outputs(q));
       }
-      if (progress)
-        progress(static_cast<std::int64_t>(x + 1), static_cast<std::int64_t>(d_.holdout.size()));
+      if (progress) progress(static_cast<std::int64_t>(x + 1), static_cast<std::int64_t>(d_.holdout.size()));
     }
     for (std::size_t l = 0; l < layers_.size(); ++l) layers_[l].sqnr_db = errors[l].sqnr_db();
     ranked_.resize(layers_.size());

@@ -71,8 +71,8 @@ double worst_cosine_with(QuantModel& qm, const TargetData& d, const std::set<std
     at::Tensor f = qm.forward(x)[0].to(at::kDouble).reshape({-1});
     qm.set_quant(true, true);
     at::Tensor q = qm.forward(x)[0].to(at::kDouble).reshape({-1});
-    worst = std::min(worst, (f * q).sum().item<double>() / std::sqrt(f.pow(2).sum().item<double>() *
-                                                                      q.pow(2).sum().item<double>()));
+    worst = std::min(
+        worst, (f * q).sum().item<double>() / std::sqrt(f.pow(2).sum().item<double>() * q.pow(2).sum().item<double>()));
   }
   qm.set_quant(false, false);
   for (const auto& n : floats) qm.set_enabled(n, true);
@@ -129,13 +129,13 @@ TEST(Target, SensitivityAgreesWithTheProfilersSingleLayerView) {
   ProfileReport p = profile(f.qm, *data, opt);
   ASSERT_EQ(p.single.size() + r.fallback_layers.size(), r.ranking.size());  // the profile skips float layers
   for (const auto& e : p.single) {
-    auto it = std::find_if(r.ranking.begin(), r.ranking.end(), [&](const LayerSensitivity& s) { return s.node == e.node; });
+    auto it =
+        std::find_if(r.ranking.begin(), r.ranking.end(), [&](const LayerSensitivity& s) { return s.node == e.node; });
     ASSERT_NE(it, r.ranking.end()) << e.node;
     EXPECT_NEAR(it->sqnr_db, e.sqnr_db, 1e-3) << e.node;
   }
-  EXPECT_TRUE(std::is_sorted(r.ranking.begin(), r.ranking.end(), [](const auto& a, const auto& b) {
-    return a.sqnr_db < b.sqnr_db;
-  }));
+  EXPECT_TRUE(std::is_sorted(r.ranking.begin(), r.ranking.end(),
+                             [](const auto& a, const auto& b) { return a.sqnr_db < b.sqnr_db; }));
   EXPECT_TRUE(r.ranking[0].node == "/dw3/Conv" || r.ranking[0].node == "/fc1/Gemm") << r.ranking[0].node;
 }
 
@@ -162,7 +162,8 @@ count = 128
 
 TEST(Target, ConfigAndExpressionsAreChecked) {
   Config c = Config::from_string(
-      "[target]\nmetric = \"sqnr\"\nvalue = 30\nfallback = [\"float\"]\nmax_fallback_layers = 2\nholdout = 8\n", "t.toml");
+      "[target]\nmetric = \"sqnr\"\nvalue = 30\nfallback = [\"float\"]\nmax_fallback_layers = 2\nholdout = 8\n",
+      "t.toml");
   ASSERT_TRUE(c.target);
   EXPECT_EQ(c.target->describe(), "sqnr>=30");
   EXPECT_EQ(c.target->fallback, std::vector<std::string>{"float"});

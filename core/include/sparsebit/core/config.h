@@ -184,6 +184,7 @@ struct SPARSEBIT_API Config {
                                       {"fuse_layernorm", true},
                                       {"merge_transposes", true},
                                       {"cross_layer_equalization", false},
+                                      {"smooth_quant", false},
                                       {"disable_unnecessary_quant", true},
                                       {"bn_tuning", false},
                                       {"bias_correction", false}};

@@ -8,17 +8,27 @@
 #include <vector>
 
 #include "sparsebit/core/config.h"
+#include "sparsebit/core/data.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/pass.h"
 
 namespace sparsebit {
 
+/// Calibration samples for simplify passes that measure activations (PassContext::channel_absmax).
+struct PassData {
+  std::function<std::unique_ptr<Dataset>()> open;  ///< opens the samples afresh; empty: none
+  int batch_size = 32;
+  int count = 0;  ///< samples read (0: all)
+};
+
 /// Runs, in schedule order, every enabled pass whose stage is `stage`: simplify passes on
 /// `graph` (validated after each), fuse passes on `state`. Errors name the pass and its plugin;
 /// `config_source` names the config in messages about missing passes and unread options.
 /// Returns whether any pass changed something.
+/// Simplify passes get calibration statistics from `data` where it can open samples.
 SPARSEBIT_API bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, Graph& graph,
-                              const Registry& registry, QuantState* state, const std::string& config_source);
+                              const Registry& registry, QuantState* state, const std::string& config_source,
+                              const PassData& data = {});
 
 /// A kLayer-stage pass made for one calibration run (the layerwise runner calls it per node).
 struct LayerPass {

@@ -110,7 +110,11 @@ struct LayerPass;
 
 class SPARSEBIT_API QuantModel {
  public:
-  QuantModel(Model model, Config config, const Registry& registry);
+  /// Opens the calibration samples afresh (for simplify passes that measure activations).
+  using DataSource = std::function<std::unique_ptr<Dataset>()>;
+  /// `calibration`, when given, serves the simplify passes' calibration statistics
+  /// (PassContext::channel_absmax: smooth_quant needs them).
+  QuantModel(Model model, Config config, const Registry& registry, const DataSource& calibration = {});
   ~QuantModel();
   QuantModel(QuantModel&&) noexcept;
 

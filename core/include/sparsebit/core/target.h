@@ -49,7 +49,7 @@ struct TargetReport {
   std::int64_t samples = 0;
   double before = 0, after = 0;  ///< the metric with every layer quantized, and as exported
   bool reached = false;
-  std::string precision;  ///< the fallback precision used ("" when none was needed)
+  std::string precision;                          ///< the fallback precision used ("" when none was needed)
   std::vector<LayerSensitivity> fallback_layers;  ///< the layers moved, most sensitive first
   std::size_t quantized_layers = 0, budget = 0;
   int evaluations = 0;  ///< whole-model measurements of a configuration

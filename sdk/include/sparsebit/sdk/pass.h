@@ -14,8 +14,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sparsebit/sdk/graph.h"
@@ -28,6 +30,13 @@ struct PassContext {
   /// Runs one node with the loaded op plugins (for constant folding); empty where the host
   /// offers none. Throws sparsebit::Error when no plugin runs the op.
   std::function<std::vector<at::Tensor>(const Node&, const std::vector<at::Tensor>&)> evaluate = {};
+  /// Calibration statistics for simplify passes that move ranges between activations and
+  /// weights (smooth_quant): for each (value name, channel axis; negative counts from the end),
+  /// the largest |x| of each channel of that float value over the calibration samples, as a 1-D
+  /// float tensor, all requests served by one pass over the data. Empty where the host has no
+  /// calibration data (`sparsebit simplify`); the pass should then say what it needs.
+  using ChannelRequest = std::pair<std::string, std::int64_t>;
+  std::function<std::vector<at::Tensor>(const std::vector<ChannelRequest>&)> channel_absmax = {};
 };
 
 /// The quantization state a kFuse pass works on.

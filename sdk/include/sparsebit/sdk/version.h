@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 7;  // 7: batchnorm.h (BatchNormalization folding)
+inline constexpr std::uint32_t kAbiVersion = 8;  // 8: PassContext::channel_absmax (calibration statistics)
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 7;
+inline constexpr std::uint32_t kSdkVersionMinor = 8;
 
 }  // namespace sparsebit::sdk
 
