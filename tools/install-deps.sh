@@ -10,6 +10,7 @@ packages=(
   nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist libonnx-testdata
   python3-torch python3-torchvision python3-onnx python3-numpy
+  python3-pil fonts-dejavu-core  # the OCR fixtures' text lines and pages (examples/ocr)
   libopenblas0-pthread  # LibTorch calls BLAS for MatMul/Gemm: without it, the ~10x slower reference libblas3
   qemu-user  # runs ONNX Runtime on an emulated x86 processor without VNNI (tests/ort/check_without_vnni.sh)
 )

@@ -131,8 +131,16 @@ CalibrationStats calibrate(QuantModel& qm, const std::string& calib, const Confi
 /// asked, or a quarter of a set smaller than twice that; 0 measures on calibration samples.
 std::int64_t holdout_count(const TargetConfig& t, const std::string& calib, const std::vector<ValueInfo>& inputs) {
   std::int64_t h = t.holdout;
-  const auto n = open_dataset(calib, inputs)->num_samples();
-  if (n && h > 0 && *n < 2 * h) {
+  if (h == 0) return 0;
+  auto data = open_dataset(calib, inputs);
+  std::optional<std::int64_t> n = data->num_samples();
+  if (!n) {  // unknown without reading (a file may hold a batch): count up to what matters
+    Batcher count(*data, inputs, 2 * h, 2 * h);
+    while (count.next()) {
+    }
+    n = count.samples_delivered();
+  }
+  if (*n < 2 * h) {
     h = *n / 4;
     spdlog::info("target: {} has {} samples; {} are kept apart to measure {}", calib, *n, h, t.metric);
   }

@@ -223,5 +223,20 @@ TEST(Target, UnreachableTargetWarnsOrFailsWhenStrict) {
   EXPECT_NE(no_labels.output.find("needs --eval-data and --eval-labels"), std::string::npos) << no_labels.output;
 }
 
+// A small folder of .npy samples (whose count the data layer cannot know without reading):
+// a quarter is kept apart, the rest calibrates.
+TEST(Target, ASmallSetKeepsAQuarterApart) {
+  testing::TempDir dir;
+  const at::Tensor images = read_idx(kImages, 12).to(at::kFloat).div(255);
+  for (int i = 0; i < 12; ++i) write_npy(images[i].unsqueeze(0), dir / ("s" + std::to_string(100 + i) + ".npy"));
+  testing::write_text(dir / "c.toml", kSabotaged);
+  auto r = testing::run_cli("-v quantize " + testing::fixture_model() + " -c " + (dir / "c.toml") + " --calib " +
+                            dir.path().string() + " --target \"cosine>=0.5\" -o " + (dir / "q.onnx"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("has 12 samples; 3 are kept apart"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("calibrated 23 quantized inputs on 9 samples"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("measuring on 3 held-out calibration samples"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace sparsebit

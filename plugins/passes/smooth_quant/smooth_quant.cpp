@@ -6,8 +6,9 @@
 // (Xiao et al., "SmoothQuant", 2023; alpha is option `alpha`, default 0.5). max|X_j| comes from
 // the calibration data (PassContext::channel_absmax). Consumers that read the same X share one
 // s (the largest weight range over them). 1/s is folded into what produced X where X has no
-// other reader: LayerNormalization or BatchNormalization (scale and bias), or a Conv / Gemm /
-// MatMul with constant weights (output channels, and bias); elsewhere a Mul by 1/s is inserted
+// other reader: LayerNormalization (or its opset-11 form, Mul by gamma then Add beta) or
+// BatchNormalization (scale and bias), or a Conv / Gemm / MatMul with constant weights (output
+// channels, and bias); elsewhere a Mul by 1/s is inserted
 // in front of the smoothed consumers, which keeps the function for any producer.
 
 #include <ATen/ATen.h>
@@ -83,6 +84,24 @@ bool fold_into_producer(Graph& g, Node* p, std::int64_t x_axis, const at::Tensor
     scale_constant(g, *p, 2, 0, inv);
     return true;
   }
+  // LayerNorm as opset-11 exporters write it: ... Mul(normalized, gamma) -> Add(., beta), with
+  // the Mul read by the Add alone.
+  if (p->op_type == "Add" && x_axis == -1 && p->inputs.size() == 2) {
+    for (std::size_t c = 0; c < 2; ++c) {
+      Node* mul = g.producer(p->inputs[1 - c]);
+      if (!vector_of(c) || !mul || mul->op_type != "Mul" || !mul->domain.empty() ||
+          g.consumers(mul->outputs[0]).size() != 1 || g.is_graph_output(mul->outputs[0]))
+        continue;
+      for (std::size_t m = 0; m < 2; ++m) {
+        if (!constant(g, *mul, m) || g.initializers.at(mul->inputs[m]).dim() != 1 ||
+            g.initializers.at(mul->inputs[m]).numel() != k)
+          continue;
+        scale_constant(g, *mul, m, 0, inv);
+        scale_constant(g, *p, c, 0, inv);
+        return true;
+      }
+    }
+  }
   // Weighted producers: their output channel axis of the weight, and the bias input.
   std::int64_t out_axis = -1;
   if (p->op_type == "Conv" && x_axis == 1 && constant(g, *p, 1)) out_axis = 0;
@@ -120,7 +139,8 @@ class SmoothQuant final : public Pass {
       if (!group.second.empty()) requests.push_back({x, group.first}), values.push_back(x);
     if (requests.empty()) return false;
     if (!ctx.channel_absmax)
-      throw Error("needs calibration data for the activation ranges: run it within quantize, qat or prune with --calib");
+      throw Error(
+          "needs calibration data for the activation ranges: run it within quantize, qat or prune with --calib");
     const std::vector<at::Tensor> ranges = ctx.channel_absmax(requests);
     bool changed = false;
     for (std::size_t r = 0; r < values.size(); ++r) {
@@ -140,8 +160,8 @@ class SmoothQuant final : public Pass {
       if (!fits) continue;
       // Dead channels on either side keep s = 1; s is bounded so no channel is scaled to nothing.
       const at::Tensor live = (ax > 0) & (aw > 0);
-      at::Tensor s = at::where(live, ax.pow(alpha) / at::where(live, aw, at::ones_like(aw)).pow(1 - alpha),
-                               at::ones_like(ax));
+      at::Tensor s =
+          at::where(live, ax.pow(alpha) / at::where(live, aw, at::ones_like(aw)).pow(1 - alpha), at::ones_like(ax));
       s = s.clamp(1e-5, 1e5);
       if ((s - 1).abs().max().item<double>() < 1e-6) continue;
       const at::Tensor inv = 1.0 / s;

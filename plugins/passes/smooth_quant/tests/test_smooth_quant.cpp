@@ -95,6 +95,25 @@ TEST(SmoothQuant, FoldsIntoLayerNormWithThePublishedScales) {
   EXPECT_LT((after.max() / after.min()).item<double>(), 0.5 * (ah.max() / ah.min()).item<double>());
 }
 
+// LayerNorm's affine tail as opset-11 exporters write it: Mul by gamma, Add beta.
+TEST(SmoothQuant, FoldsIntoTheMulAddTailOfADecomposedLayerNorm) {
+  at::manual_seed(8);
+  Builder b({4, 5, 16});
+  at::Tensor gamma = at::ones({16});
+  gamma[2] = 80;
+  b.constant("gamma", gamma);
+  b.constant("beta", at::randn({16}));
+  b.constant("w", at::randn({16, 6}));
+  b.add("scale", "Mul", {"x", "gamma"}, {"scaled"});
+  b.add("shift", "Add", {"scaled", "beta"}, {"h"});
+  b.add("proj", "MatMul", {"h", "w"}, {"y"});
+  Samples s({5, 16}, 2, at::ones({16}), 2);
+  Graph g = smoothed(b.g, s);
+  EXPECT_EQ(ops(g), ops(b.g));
+  EXPECT_NE(g.find_node("scale")->inputs[1], "gamma");
+  EXPECT_NE(g.find_node("shift")->inputs[1], "beta");
+}
+
 TEST(SmoothQuant, InsertsAMulWhereNothingCanAbsorbTheScale) {
   at::manual_seed(6);
   Builder b({4, 12});  // x feeds a Gemm (transB) straight from the graph input

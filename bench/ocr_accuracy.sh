@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Accuracy on the OCR fixtures (examples/ocr): the text recognizer (exact-match over 200 test
+# lines) and the text detector (cosine of the probability map to FP32, worst and mean page),
+# calibrated on lines / pages of several widths rendered by lines.py / pages.py, quantized W8A8
+# for ONNX Runtime (per-channel int8 weights, per-tensor int8 activations) with each observer,
+# with smooth_quant, and with an accuracy target. Prints one table per fixture.
+#
+#   bench/ocr_accuracy.sh [SPARSEBIT_BINARY] [WORK_DIR]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="${1:-$root/build/bin/sparsebit}"
+work="${2:-$(mktemp -d)}"
+py=/usr/bin/python3
+ocr="$root/examples/ocr"
+mkdir -p "$work"
+
+"$py" "$ocr/lines.py" "$work/lines_calib" --count 64 --seed 11
+"$py" "$ocr/lines.py" "$work/lines_test" --count 200 --seed 12 --width 192
+"$py" "$ocr/pages.py" "$work/pages_calib" --count 16 --seed 21
+"$py" "$ocr/pages.py" "$work/pages_test" --count 16 --seed 22 --width 192
+
+config() {  # config NAME OBSERVER [EXTRA TOML]
+  { sed "/^\[a\]/,/^\[/ s/^observer = .*/observer = \"$2\"/" "$root/configs/w8a8_onnxruntime.toml"; printf '%b\n' "${3:-}"; } \
+    > "$work/$1.toml"
+}
+
+cosine() {  # worst and mean per-sample cosine of SIM.npy to FP.npy
+  "$py" - "$1" "$2" <<'EOF'
+import sys
+import numpy as np
+q = np.load(sys.argv[1]).reshape(np.load(sys.argv[1]).shape[0], -1).astype(np.float64)
+f = np.load(sys.argv[2]).reshape(q.shape).astype(np.float64)
+c = (q * f).sum(1) / np.sqrt((q * q).sum(1) * (f * f).sum(1))
+print("%.4f %.4f" % (c.min(), c.mean()))
+EOF
+}
+
+run() {  # run MODEL NAME CALIB TEST [FLAGS...]: quantizes, prints "seconds target-summary"
+  local model=$1 name=$2 calib=$3 test=$4
+  shift 4
+  local t0=$(date +%s.%N)
+  "$bin" --quiet quantize "$model" -c "$work/$name.toml" --calib "$calib" -o "$work/$name.onnx" \
+    --eval-data "$test" --eval-outputs "$work/$name.sim.npy" --eval-fp32-outputs "$work/fp32.npy" \
+    --report "$work/$name.json" "$@" > /dev/null 2> "$work/$name.log"
+  local t1=$(date +%s.%N)
+  "$py" - "$work/$name.json" "$t0" "$t1" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r.get("target")
+s = "%.1f s" % (float(sys.argv[3]) - float(sys.argv[2]))
+if t:
+    s += " | %s %s: %s %.6g -> %.6g, %d of %d layers in %s, %d evaluations" % (
+        t["target"], "reached" if t["reached"] else "NOT reached", t["target"].split(">")[0].split("<")[0],
+        t["before"], t["after"], len(t["fallback_layers"]), t["quantized_layers"], t["precision"] or "-",
+        t["evaluations"])
+print(s)
+EOF
+}
+
+for o in minmax percentile kl_histogram mse; do config "$o" "$o"; done
+config smooth minmax '[schedule]\nsmooth_quant = true'
+config smooth_mse mse '[schedule]\nsmooth_quant = true'
+
+echo "## Text recognizer (examples/ocr/text_recognizer.onnx): exact-match on 200 lines"
+echo
+echo "| W8A8 | exact-match | quantize time, target |"
+echo "|---|---|---|"
+rec="$ocr/text_recognizer.onnx"
+first=1
+for name in minmax percentile kl_histogram mse smooth smooth_mse; do
+  info=$(run "$rec" "$name" "$work/lines_calib" "$work/lines_test")
+  if ((first)); then
+    echo "| FP32 | $("$py" "$ocr/exact_match.py" "$work/fp32.npy" "$work/lines_test/labels.txt")% | |"
+    first=0
+  fi
+  echo "| $name | $("$py" "$ocr/exact_match.py" "$work/$name.sim.npy" "$work/lines_test/labels.txt")% | $info |"
+done
+for target in "sqnr>=30" "sqnr>=45" "cosine>=0.99995"; do
+  name="target_$(echo "$target" | tr -c 'a-z0-9' '_')"
+  config "$name" mse
+  info=$(run "$rec" "$name" "$work/lines_calib" "$work/lines_test" --target "$target")
+  echo "| mse, --target \"$target\" | $("$py" "$ocr/exact_match.py" "$work/$name.sim.npy" "$work/lines_test/labels.txt")% | $info |"
+done
+
+echo
+echo "## Text detector (examples/ocr/text_detector.onnx): probability-map cosine to FP32, 16 pages"
+echo
+echo "| W8A8 | worst page | mean | quantize time, target |"
+echo "|---|---|---|---|"
+det="$ocr/text_detector.onnx"
+for name in minmax percentile kl_histogram mse smooth; do
+  info=$(run "$det" "$name" "$work/pages_calib" "$work/pages_test")
+  read -r worst mean < <(cosine "$work/$name.sim.npy" "$work/fp32.npy")
+  echo "| $name | $worst | $mean | $info |"
+done
+for target in "cosine>=0.99" "cosine>=0.9999"; do
+  name="det_target_$(echo "$target" | tr -c 'a-z0-9' '_')"
+  config "$name" mse
+  info=$(run "$det" "$name" "$work/pages_calib" "$work/pages_test" --target "$target")
+  read -r worst mean < <(cosine "$work/$name.sim.npy" "$work/fp32.npy")
+  echo "| mse, --target \"$target\" | $worst | $mean | $info |"
+done
