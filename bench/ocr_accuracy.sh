@@ -60,6 +60,7 @@ EOF
 for o in minmax percentile kl_histogram mse; do config "$o" "$o"; done
 config smooth minmax '[schedule]\nsmooth_quant = true'
 config smooth_mse mse '[schedule]\nsmooth_quant = true'
+config no_norm_rule minmax '[schedule]\nfloat_norms_and_heads = false'
 
 echo "## Text recognizer (examples/ocr/text_recognizer.onnx): exact-match on 200 lines"
 echo
@@ -67,7 +68,7 @@ echo "| W8A8 | exact-match | quantize time, target |"
 echo "|---|---|---|"
 rec="$ocr/text_recognizer.onnx"
 first=1
-for name in minmax percentile kl_histogram mse smooth smooth_mse; do
+for name in minmax percentile kl_histogram mse smooth smooth_mse no_norm_rule; do
   info=$(run "$rec" "$name" "$work/lines_calib" "$work/lines_test")
   if ((first)); then
     echo "| FP32 | $("$py" "$ocr/exact_match.py" "$work/fp32.npy" "$work/lines_test/labels.txt")% | |"
@@ -88,7 +89,7 @@ echo
 echo "| W8A8 | worst page | mean | quantize time, target |"
 echo "|---|---|---|---|"
 det="$ocr/text_detector.onnx"
-for name in minmax percentile kl_histogram mse smooth; do
+for name in minmax percentile kl_histogram mse smooth no_norm_rule; do
   info=$(run "$det" "$name" "$work/pages_calib" "$work/pages_test")
   read -r worst mean < <(cosine "$work/$name.sim.npy" "$work/fp32.npy")
   echo "| $name | $worst | $mean | $info |"

@@ -6,6 +6,14 @@
 // activations. ONNX Runtime and TensorRT compute such a chain in one kernel and round once, at
 // its end; a Q/DQ pair inside it would make the simulation round twice (and ONNX Runtime's
 // optimizer removes such pairs, so the exported model would disagree with the simulation).
+//
+// float_norms_and_heads: no quantizer inside normalization chains or in front of a model's
+// final Softmax / LogSoftmax / Sigmoid. A normalization is LayerNormalization (or Instance- or
+// GroupNormalization), or its decomposed form as exporters before opset 17 write it: ReduceMean
+// -> Sub -> Pow -> ReduceMean -> Add(eps) -> Sqrt -> Div [-> Mul(gamma) -> Add(beta)]. Its
+// variance and reciprocal have a skewed, wide range an 8-bit grid describes badly, and neither
+// ONNX Runtime nor TensorRT runs those ops in integers; the head's input (the logits) would only
+// be rounded before a float op whose output leaves the model.
 
 #include <map>
 #include <set>
@@ -57,7 +65,78 @@ class DisableUnnecessaryQuant final : public Pass {
   }
 };
 
-void register_all(Registrar& r) { r.add_pass<DisableUnnecessaryQuant>("disable_unnecessary_quant"); }
+class FloatNormsAndHeads final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kFuse; }
+
+  bool run_quant(QuantState& state, const PassContext&) override {
+    const Graph& g = state.graph();
+    std::set<const Node*> unquantized;
+    for (const Node* n : g.nodes()) {
+      if (!n->domain.empty()) continue;
+      if (n->op_type == "LayerNormalization" || n->op_type == "InstanceNormalization" ||
+          n->op_type == "GroupNormalization")
+        unquantized.insert(n);
+      if ((n->op_type == "Softmax" || n->op_type == "LogSoftmax" || n->op_type == "Sigmoid") && !n->outputs.empty() &&
+          g.is_graph_output(n->outputs[0]))
+        unquantized.insert(n);
+      if (n->op_type == "Div") add_decomposed_norm(g, *n, unquantized);
+    }
+    bool changed = false;
+    for (const Node* n : unquantized)
+      for (std::size_t i = 0; i < n->inputs.size(); ++i)
+        if (state.is_quantized(*n, i)) {
+          state.set_fake_fused(*n, i, true);
+          changed = true;
+        }
+    return changed;
+  }
+
+ private:
+  static const Node* made_by(const Graph& g, const std::string& value, const char* op) {
+    const Node* p = g.producer(value);
+    return p && p->domain.empty() && p->op_type == op ? p : nullptr;
+  }
+  static bool has_constant(const Graph& g, const Node& n) {
+    for (const auto& in : n.inputs)
+      if (g.initializers.count(in)) return true;
+    return false;
+  }
+  static const Node* only_reader(const Graph& g, const Node& n, const char* op) {
+    const auto readers = g.consumers(n.outputs[0]);
+    if (readers.size() != 1 || g.is_graph_output(n.outputs[0])) return nullptr;
+    const Node* r = readers[0].first;
+    return r->domain.empty() && r->op_type == op ? r : nullptr;
+  }
+
+  /// Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(Pow(Sub)), eps))) and its affine tail.
+  static void add_decomposed_norm(const Graph& g, const Node& div, std::set<const Node*>& out) {
+    if (div.inputs.size() != 2) return;
+    const Node* sub = made_by(g, div.inputs[0], "Sub");
+    const Node* sqrt = made_by(g, div.inputs[1], "Sqrt");
+    if (!sub || !sqrt) return;
+    const Node* eps = made_by(g, sqrt->inputs[0], "Add");
+    if (!eps || eps->inputs.size() != 2) return;
+    const Node* var = made_by(g, eps->inputs[0], "ReduceMean");
+    if (!var) var = made_by(g, eps->inputs[1], "ReduceMean");
+    if (!var) return;
+    const Node* square = made_by(g, var->inputs[0], "Pow");
+    if (!square) square = made_by(g, var->inputs[0], "Mul");
+    if (!square || square->inputs[0] != sub->outputs[0]) return;
+    const Node* mean = made_by(g, sub->inputs[1], "ReduceMean");
+    if (!mean || mean->inputs[0] != sub->inputs[0]) return;
+    out.insert({mean, sub, square, var, eps, sqrt, &div});
+    if (const Node* gamma = only_reader(g, div, "Mul"); gamma && has_constant(g, *gamma)) {
+      out.insert(gamma);
+      if (const Node* beta = only_reader(g, *gamma, "Add"); beta && has_constant(g, *beta)) out.insert(beta);
+    }
+  }
+};
+
+void register_all(Registrar& r) {
+  r.add_pass<DisableUnnecessaryQuant>("disable_unnecessary_quant");
+  r.add_pass<FloatNormsAndHeads>("float_norms_and_heads");
+}
 
 }  // namespace
 }  // namespace sparsebit::passes

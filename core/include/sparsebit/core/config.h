@@ -186,6 +186,7 @@ struct SPARSEBIT_API Config {
                                       {"cross_layer_equalization", false},
                                       {"smooth_quant", false},
                                       {"disable_unnecessary_quant", true},
+                                      {"float_norms_and_heads", true},
                                       {"bn_tuning", false},
                                       {"bias_correction", false}};
 

@@ -1,0 +1,82 @@
+// float_norms_and_heads: a decomposed LayerNorm (as opset-11 exporters write it) and a final
+// Softmax lose their quantizers; the MatMul reading the normalized value keeps its own, and
+// the model's quantized outputs get closer to the float ones.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "pass_testing.h"
+
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/quant_model.h"
+
+namespace sparsebit::testing {
+namespace {
+
+/// x -> ReduceMean -> Sub -> Pow -> ReduceMean -> Add(eps) -> Sqrt -> Div -> Mul(gamma) ->
+/// Add(beta) -> MatMul -> Softmax -> y.
+Builder decomposed_layernorm() {
+  at::manual_seed(9);
+  Builder b({4, 6, 16}, 13);
+  b.constant("two", at::full({}, 2.0));
+  b.constant("eps", at::full({}, 1e-5));
+  b.constant("gamma", at::rand({16}) + 0.5);
+  b.constant("beta", at::randn({16}) * 0.1);
+  b.constant("w", at::randn({16, 10}) * 0.5);
+  const auto axes = std::map<std::string, Attribute>{{"axes", Attribute::of_ints({-1})}};
+  b.add("mean", "ReduceMean", {"x"}, {"mu"}, axes);
+  b.add("sub", "Sub", {"x", "mu"}, {"centered"});
+  b.add("pow", "Pow", {"centered", "two"}, {"squared"});
+  b.add("var", "ReduceMean", {"squared"}, {"variance"}, axes);
+  b.add("eps_add", "Add", {"variance", "eps"}, {"variance_eps"});
+  b.add("sqrt", "Sqrt", {"variance_eps"}, {"std"});
+  b.add("div", "Div", {"centered", "std"}, {"normalized"});
+  b.add("gamma_mul", "Mul", {"normalized", "gamma"}, {"scaled"});
+  b.add("beta_add", "Add", {"scaled", "beta"}, {"h"});
+  b.add("proj", "MatMul", {"h", "w"}, {"logits"});
+  b.add("softmax", "Softmax", {"logits"}, {"y"}, {{"axis", Attribute::of_int(-1)}});
+  return b;
+}
+
+struct Result {
+  std::set<std::string> quantized;  // nodes with an activation quantizer in use
+  double sqnr_db = 0;
+};
+
+Result quantize(bool rule) {
+  Builder b = decomposed_layernorm();
+  TempDir dir;
+  at::Tensor x = at::randn({4, 6, 16}) * 3 + 1;
+  write_npy(x, dir / "x.npy");
+  Config c = Config::from_file(source_path("configs/w8a8_onnxruntime.toml"));
+  for (auto& e : c.schedule)
+    if (e.pass == "float_norms_and_heads") e.enabled = rule;
+  QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, shipped_registry());
+  auto data = open_dataset(dir.path().string(), qm.graph().inputs);
+  qm.calibrate(*data);
+  Result r;
+  for (const auto& s : qm.slots())
+    if (s.role == InputRole::kActivation && s.active()) r.quantized.insert(s.node_name);
+  qm.set_quant(false, false);
+  const at::Tensor f = qm.forward({x})[0].to(at::kDouble);
+  qm.set_quant(true, true);
+  const at::Tensor q = qm.forward({x})[0].to(at::kDouble);
+  r.sqnr_db = 10 * std::log10(f.pow(2).sum().item<double>() / (q - f).pow(2).sum().item<double>());
+  return r;
+}
+
+TEST(FloatNormsAndHeads, KeepsTheNormalizationChainAndTheHeadInFloat) {
+  const Result on = quantize(true), off = quantize(false);
+  for (const char* n : {"mean", "sub", "pow", "var", "eps_add", "sqrt", "div", "gamma_mul", "beta_add", "softmax"})
+    EXPECT_FALSE(on.quantized.count(n)) << n;
+  EXPECT_TRUE(on.quantized.count("proj"));  // the MatMul still reads an 8-bit normalized value
+  // Without the rule the chain's Adds and the head's input carry quantizers of their own.
+  EXPECT_TRUE(off.quantized.count("eps_add") || off.quantized.count("beta_add"));
+  EXPECT_TRUE(off.quantized.count("softmax"));
+  EXPECT_GT(on.sqnr_db, off.sqnr_db) << "dB";
+}
+
+}  // namespace
+}  // namespace sparsebit::testing
