@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "sparsebit/core/profiler.h"
@@ -221,6 +223,47 @@ TEST(Target, UnreachableTargetWarnsOrFailsWhenStrict) {
                                     kImages + " --target \"top1-drop<=0.5\" -o " + (dir / "t.onnx"));
   EXPECT_EQ(no_labels.exit_code, 1);
   EXPECT_NE(no_labels.output.find("needs --eval-data and --eval-labels"), std::string::npos) << no_labels.output;
+}
+
+// top1-drop measures accuracy on labelled evaluation data: FP32 minus simulated top-1, in points.
+TEST(Target, Top1DropIsMeasuredOnTheLabelledEvaluationData) {
+  testing::TempDir dir;
+  const std::string t10k = std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz";
+  const at::Tensor images = read_idx(t10k, 300).to(at::kFloat).div(255).unsqueeze(1);
+  write_npy(images, dir / "eval.npy");
+  const at::Tensor labels = read_idx(std::string(FASHION_MNIST_DIR) + "/t10k-labels-idx1-ubyte.gz", 300);
+  {
+    std::ofstream f(dir / "labels.idx", std::ios::binary);  // IDX: magic 0x801, count, uint8 labels
+    const unsigned char header[8] = {0, 0, 8, 1, 0, 0, 300 >> 8, 300 & 0xff};
+    f.write(reinterpret_cast<const char*>(header), 8);
+    const at::Tensor bytes = labels.to(at::kByte).contiguous();
+    f.write(static_cast<const char*>(bytes.data_ptr()), 300);
+  }
+  testing::write_text(dir / "c.toml", kSabotaged);
+  auto r = testing::run_cli("quantize " + testing::fixture_model() + " -c " + (dir / "c.toml") + " --calib " + kImages +
+                            " --calib-count 200 --target \"top1-drop<=0\" --eval-data " + (dir / "eval.npy") +
+                            " --eval-labels " + (dir / "labels.idx") + " -o " + (dir / "q.onnx") + " --report " +
+                            (dir / "r.json"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const auto report = nlohmann::json::parse(testing::read_text(dir / "r.json"));
+  const auto& t = report.at("target");
+  EXPECT_EQ(t.at("samples"), 300);
+  EXPECT_EQ(t.at("measured_on"), dir / "eval.npy");
+  // "before" is the drop with every layer quantized, recomputed here from a model calibrated
+  // on the same samples (the 16 held out are skipped).
+  Config config = Config::from_string(kSabotaged, "c.toml");
+  config.calibration.count = 200;
+  QuantModel qm(load_onnx(testing::fixture_model()), config, testing::shipped_registry());
+  SampleWindow calib(open_dataset(kImages, qm.graph().inputs), qm.graph().inputs, 16, 0);
+  qm.calibrate(calib);
+  qm.set_quant(false, false);
+  const at::Tensor fp = qm.forward({images})[0].argmax(1);
+  qm.set_quant(true, true);
+  const at::Tensor q = qm.forward({images})[0].argmax(1);
+  const at::Tensor y = labels.to(at::kLong);
+  const double drop = 100.0 * ((fp == y).sum().item<double>() - (q == y).sum().item<double>()) / 300;
+  EXPECT_NEAR(t.at("before").get<double>(), drop, 1e-9);
+  EXPECT_LE(t.at("after").get<double>(), t.at("before").get<double>());
 }
 
 // A small folder of .npy samples (whose count the data layer cannot know without reading):
