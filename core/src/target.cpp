@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -241,7 +240,6 @@ class TargetSearch {
     Executor& ex = qm_.executor();
     QuantSlots& qs = qm_.quant_slots();
     std::vector<Agreement> errors(layers_.size());
-    std::vector<std::size_t> first_use(layers_.size());
     for (std::size_t x = 0; x < d_.holdout.size(); ++x) {
       std::map<std::string, at::Tensor> values;  // this sample's float values
       for (std::size_t i = 0; i < g.inputs.size(); ++i) values[g.inputs[i].name] = d_.holdout[x].at(i);

@@ -13,7 +13,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
