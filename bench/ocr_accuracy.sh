@@ -17,21 +17,24 @@ mkdir -p "$work"
 "$py" "$ocr/lines.py" "$work/lines_calib" --count 64 --seed 11
 "$py" "$ocr/lines.py" "$work/lines_test" --count 200 --seed 12 --width 192
 "$py" "$ocr/pages.py" "$work/pages_calib" --count 16 --seed 21
-"$py" "$ocr/pages.py" "$work/pages_test" --count 16 --seed 22 --width 192
+"$py" "$ocr/pages.py" "$work/pages_test" --count 16 --seed 22 --width 192 --masks
 
 config() {  # config NAME OBSERVER [EXTRA TOML]
   { sed "/^\[a\]/,/^\[/ s/^observer = .*/observer = \"$2\"/" "$root/configs/w8a8_onnxruntime.toml"; printf '%b\n' "${3:-}"; } \
     > "$work/$1.toml"
 }
 
-cosine() {  # worst and mean per-sample cosine of SIM.npy to FP.npy
-  "$py" - "$1" "$2" <<'EOF'
-import sys
+cosine() {  # SIM.npy FP.npy MASK_DIR: worst and mean per-page cosine of SIM to FP, and the IoU of
+  # SIM > 0.5 with the pages' ground-truth text masks (MASK_DIR, in file order)
+  "$py" - "$1" "$2" "$3" <<'EOF'
+import glob, sys
 import numpy as np
 q = np.load(sys.argv[1]).reshape(np.load(sys.argv[1]).shape[0], -1).astype(np.float64)
 f = np.load(sys.argv[2]).reshape(q.shape).astype(np.float64)
+m = np.stack([np.load(p) for p in sorted(glob.glob(sys.argv[3] + "/*.npy"))]).reshape(q.shape) > 0.5
 c = (q * f).sum(1) / np.sqrt((q * q).sum(1) * (f * f).sum(1))
-print("%.4f %.4f" % (c.min(), c.mean()))
+p = q > 0.5
+print("%.4f %.4f %.3f" % (c.min(), c.mean(), (p & m).sum() / (p | m).sum()))
 EOF
 }
 
@@ -76,7 +79,7 @@ for name in minmax percentile kl_histogram mse smooth smooth_mse no_norm_rule; d
   fi
   echo "| $name | $("$py" "$ocr/exact_match.py" "$work/$name.sim.npy" "$work/lines_test/labels.txt")% | $info |"
 done
-for target in "sqnr>=30" "sqnr>=45" "cosine>=0.99995"; do
+for target in "sqnr>=35" "cosine>=0.999" "cosine>=0.9999"; do
   name="target_$(echo "$target" | tr -c 'a-z0-9' '_')"
   config "$name" mse
   info=$(run "$rec" "$name" "$work/lines_calib" "$work/lines_test" --target "$target")
@@ -84,20 +87,29 @@ for target in "sqnr>=30" "sqnr>=45" "cosine>=0.99995"; do
 done
 
 echo
-echo "## Text detector (examples/ocr/text_detector.onnx): probability-map cosine to FP32, 16 pages"
+echo "## Text detector (examples/ocr/text_detector.onnx): probability-map cosine to FP32 and text IoU, 16 pages"
 echo
-echo "| W8A8 | worst page | mean | quantize time, target |"
-echo "|---|---|---|---|"
+echo "| W8A8 | worst page | mean | IoU (p > 0.5) with the text masks | quantize time, target |"
+echo "|---|---|---|---|---|"
 det="$ocr/text_detector.onnx"
+masks="$work/pages_test/masks"
+first=1
 for name in minmax percentile kl_histogram mse smooth no_norm_rule; do
   info=$(run "$det" "$name" "$work/pages_calib" "$work/pages_test")
-  read -r worst mean < <(cosine "$work/$name.sim.npy" "$work/fp32.npy")
-  echo "| $name | $worst | $mean | $info |"
+  if ((first)); then
+    read -r worst mean iou < <(cosine "$work/fp32.npy" "$work/fp32.npy" "$masks")
+    echo "| FP32 | | | $iou | |"
+    first=0
+  fi
+  read -r worst mean iou < <(cosine "$work/$name.sim.npy" "$work/fp32.npy" "$masks")
+  echo "| $name | $worst | $mean | $iou | $info |"
 done
-for target in "cosine>=0.99" "cosine>=0.9999"; do
-  name="det_target_$(echo "$target" | tr -c 'a-z0-9' '_')"
-  config "$name" mse
-  info=$(run "$det" "$name" "$work/pages_calib" "$work/pages_test" --target "$target")
-  read -r worst mean < <(cosine "$work/$name.sim.npy" "$work/fp32.npy")
-  echo "| mse, --target \"$target\" | $worst | $mean | $info |"
+for observer in minmax mse; do
+  for target in "cosine>=0.99" "cosine>=0.999"; do
+    name="det_target_${observer}_$(echo "$target" | tr -c 'a-z0-9' '_')"
+    config "$name" "$observer"
+    info=$(run "$det" "$name" "$work/pages_calib" "$work/pages_test" --target "$target")
+    read -r worst mean iou < <(cosine "$work/$name.sim.npy" "$work/fp32.npy" "$masks")
+    echo "| $observer, --target \"$target\" | $worst | $mean | $iou | $info |"
+  done
 done

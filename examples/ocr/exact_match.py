@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Exact-match accuracy of the text recognizer's outputs: greedy CTC decoding of a
-[N, T, 37] .npy of log-probabilities (as `sparsebit quantize --eval-outputs` writes them)
+[N, T, 63] .npy of probabilities (as `sparsebit quantize --eval-outputs` writes them)
 against a labels.txt of N lines. Prints the percentage; --json prints {"exact_match": ...}.
 
     python3 examples/ocr/exact_match.py sim.npy test/labels.txt
@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-CHARSET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+CHARSET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 BLANK = len(CHARSET)
 
 

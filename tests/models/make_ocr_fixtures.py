@@ -3,7 +3,7 @@
 trained and exported at opset 11 with dynamic batch and width) in the layout of make_models.py
 (NAME/model.onnx, NAME/calib, NAME/eval, NAME/input_name), with data rendered by lines.py and
 pages.py: calibration samples of many widths, one per .npy file, and an evaluation batch at a
-width they do not share.
+width they do not share (with four copies perturbed by 1e-6, the noise floor of check_model.mjs).
 
     /usr/bin/python3 tests/models/make_ocr_fixtures.py OUT_DIR
 """
@@ -31,6 +31,9 @@ def lay_out(out, name, model, input_name, calib, eval_batch):
     for i, x in enumerate(calib):
         np.save(os.path.join(d, "calib", "%03d.npy" % i), x)
     np.save(os.path.join(d, "eval", "000.npy"), eval_batch)
+    for seed in range(2, 6):  # the noise floor of check_model.mjs: 1e-6 relative perturbations
+        noise = np.random.default_rng(seed).standard_normal(eval_batch.shape).astype(np.float32)
+        np.save(os.path.join(d, "eval", "%03d.npy" % (seed - 1)), eval_batch * (1 + noise * np.float32(1e-6)))
 
 
 def main():
