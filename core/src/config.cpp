@@ -416,7 +416,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     if (tc.metric != "cosine" && tc.metric != "sqnr" && tc.metric != "mse" && tc.metric != "top1-drop")
       throw Error(r.key_path("target", "metric") + " must be \"cosine\", \"sqnr\", \"mse\" or \"top1-drop\", got '" +
                   printable(tc.metric, 40) + "'");
-    if (!t->get("value")) throw Error(r.key_path("target", "value") + " is required (e.g. value = 0.99 for cosine)");
+    tc.has_value = t->get("value") != nullptr;
     tc.value = r.get<double>(*t, "target", "value", tc.value, "a number");
     if (t->get("fallback")) tc.fallback = r.strings(*t, "target", "fallback");
     for (const auto& f : tc.fallback)
@@ -431,7 +431,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     tc.holdout = r.get<std::int64_t>(*t, "target", "holdout", tc.holdout, "an integer");
     if (tc.holdout < 0 || tc.holdout > 100000) throw Error(r.key_path("target", "holdout") + " must be 0 to 100000");
     tc.strict = r.get<bool>(*t, "target", "strict", tc.strict, "true or false");
-    tc.check_value(r.key_path("target", "value"));
+    if (tc.has_value) tc.check_value(r.key_path("target", "value"));
   }
   if (auto* t = table("plugins")) {
     r.check_keys(*t, "plugins", {"paths", "enable", "disable"});
@@ -471,6 +471,7 @@ void TargetConfig::parse_expression(const std::string& text, const std::string& 
   }
   if (used != m[3].length() || !std::isfinite(v)) throw Error(where + ": '" + m[3].str() + "' is not a number");
   value = v;
+  has_value = true;
   check_value(where);
 }
 

@@ -344,6 +344,10 @@ EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, cons
 
 QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progress) {
   const Config& config = job.config;
+  if (config.target && !config.target->has_value)
+    throw Error(
+        "[target] sets no value: add target.value (e.g. metric = \"cosine\", value = 0.99) or pass --target "
+        "\"cosine>=0.99\"");
   JobFiles files(job.output, job.report);
   Registry registry;
   registry.load(config.plugins);

@@ -87,9 +87,8 @@ class TargetSearch {
     collect_layers();
     report_.target = t_.describe();
     report_.quantized_layers = layers_.size();
-    report_.budget = t_.max_fallback_layers >= 0
-                         ? static_cast<std::size_t>(t_.max_fallback_layers)
-                         : std::max<std::size_t>(1, (layers_.size() + 9) / 10);  // 10%, rounded up
+    report_.budget = t_.max_fallback_layers >= 0 ? static_cast<std::size_t>(t_.max_fallback_layers)
+                                                 : std::max<std::size_t>(1, layers_.size() / 10);  // at most 10%
     report_.budget = std::min(report_.budget, layers_.size());
     cache_references();
     state_.assign(layers_.size(), kQuantized);

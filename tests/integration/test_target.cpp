@@ -173,7 +173,10 @@ TEST(Target, ConfigAndExpressionsAreChecked) {
   EXPECT_EQ(c.target->holdout, 8);
   EXPECT_FALSE(Config::from_string("", "t.toml").target);
   auto err = [](const std::string& text) { return testing::error_of([&] { Config::from_string(text, "t.toml"); }); };
-  EXPECT_NE(err("[target]\nmetric = \"cosine\"\n").find("target.value is required"), std::string::npos);
+  // A table without a value only sets the search; --target brings the metric and value.
+  const Config search = Config::from_string("[target]\nholdout = 4\nfallback = [\"float\"]\n", "t.toml");
+  ASSERT_TRUE(search.target);
+  EXPECT_FALSE(search.target->has_value);
   EXPECT_NE(err("[target]\nmetric = \"accuracy\"\nvalue = 1\n").find("target.metric"), std::string::npos);
   EXPECT_NE(err("[target]\nvalue = 1.5\n").find("can never hold"), std::string::npos);
   EXPECT_NE(err("[target]\nvalue = 0.9\nfallback = [\"int4\"]\n").find("'int4' is not a precision"), std::string::npos);
@@ -223,6 +226,23 @@ TEST(Target, UnreachableTargetWarnsOrFailsWhenStrict) {
                                     kImages + " --target \"top1-drop<=0.5\" -o " + (dir / "t.onnx"));
   EXPECT_EQ(no_labels.exit_code, 1);
   EXPECT_NE(no_labels.output.find("needs --eval-data and --eval-labels"), std::string::npos) << no_labels.output;
+
+  // A [target] table without a value takes the metric and value from --target, and is refused
+  // without one.
+  testing::write_text(dir / "search.toml",
+                      std::string(kSabotaged) + "\n[target]\nholdout = 8\nfallback = [\"float\"]\n");
+  const std::string with_table = "quantize " + testing::fixture_model() + " -c " + (dir / "search.toml") + " --calib " +
+                                 kImages + " --calib-count 40";
+  auto merged = testing::run_cli(with_table + " --target \"cosine>=0.5\" -o " + (dir / "m.onnx") + " --report " +
+                                 (dir / "m.json"));
+  EXPECT_EQ(merged.exit_code, 0) << merged.output;
+  const auto m = nlohmann::json::parse(testing::read_text(dir / "m.json")).at("target");
+  EXPECT_EQ(m.at("target"), "cosine>=0.5");
+  EXPECT_EQ(m.at("samples"), 8);
+  auto valueless = testing::run_cli(with_table + " -o " + (dir / "v.onnx"));
+  EXPECT_EQ(valueless.exit_code, 1);
+  EXPECT_NE(valueless.output.find("[target] sets no value"), std::string::npos) << valueless.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "v.onnx"));
 }
 
 // top1-drop measures accuracy on labelled evaluation data: FP32 minus simulated top-1, in points.

@@ -14,6 +14,14 @@
 // variance and reciprocal have a skewed, wide range an 8-bit grid describes badly, and neither
 // ONNX Runtime nor TensorRT runs those ops in integers; the head's input (the logits) would only
 // be rounded before a float op whose output leaves the model.
+//
+// float_attention_scores: no quantizer on an attention's scores, from the MatMul of queries and
+// keys through its scale (Mul / Div by a constant), additive biases and masks (Add, Where) and
+// shape ops (Reshape, Unsqueeze, Squeeze) to the Softmax's input. The MatMul's inputs and the
+// Softmax's output stay quantized. TensorRT's fused attention keeps the scores in higher
+// precision and quantizes the probabilities; ONNX Runtime runs DQ -> MatMul -> Softmax -> Q with
+// a float MatMul output. The scores span a wide, model-dependent range that 8 bits serve badly,
+// right before the exponential that magnifies their rounding.
 
 #include <map>
 #include <set>
@@ -133,9 +141,54 @@ class FloatNormsAndHeads final : public Pass {
   }
 };
 
+class FloatAttentionScores final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kFuse; }
+
+  bool run_quant(QuantState& state, const PassContext&) override {
+    const Graph& g = state.graph();
+    bool changed = false;
+    for (const Node* softmax : g.nodes()) {
+      if (!softmax->domain.empty() || softmax->op_type != "Softmax" || softmax->inputs.empty()) continue;
+      std::vector<std::pair<const Node*, std::size_t>> chain{{softmax, 0}};  // (reader, input) of the scores
+      if (!scores_chain(g, softmax->inputs[0], chain)) continue;
+      for (const auto& [node, input] : chain)
+        if (state.is_quantized(*node, input)) {
+          state.set_fake_fused(*node, input, true);
+          changed = true;
+        }
+    }
+    return changed;
+  }
+
+ private:
+  /// Walks from `value` back to the MatMul that makes it, through the ops attention puts between
+  /// the scores and the Softmax, recording each (node, input) that reads the scores on the way.
+  static bool scores_chain(const Graph& g, const std::string& value,
+                           std::vector<std::pair<const Node*, std::size_t>>& chain, int depth = 0) {
+    const Node* p = g.producer(value);
+    if (!p || !p->domain.empty() || p->inputs.empty() || depth > 8) return false;
+    if (p->op_type == "MatMul") return true;
+    std::vector<std::size_t> operands;  // which inputs may carry the scores
+    if (p->op_type == "Mul" || p->op_type == "Add") operands = {0, 1};
+    else if (p->op_type == "Div") operands = {0};
+    else if (p->op_type == "Where") operands = {2, 1};
+    else if (p->op_type == "Reshape" || p->op_type == "Unsqueeze" || p->op_type == "Squeeze") operands = {0};
+    for (std::size_t i : operands) {
+      if (i >= p->inputs.size() || g.initializers.count(p->inputs[i])) continue;
+      const std::size_t mark = chain.size();
+      chain.emplace_back(p, i);
+      if (scores_chain(g, p->inputs[i], chain, depth + 1)) return true;
+      chain.resize(mark);
+    }
+    return false;
+  }
+};
+
 void register_all(Registrar& r) {
   r.add_pass<DisableUnnecessaryQuant>("disable_unnecessary_quant");
   r.add_pass<FloatNormsAndHeads>("float_norms_and_heads");
+  r.add_pass<FloatAttentionScores>("float_attention_scores");
 }
 
 }  // namespace

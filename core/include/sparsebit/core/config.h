@@ -139,6 +139,9 @@ struct SpecificEntry {
 struct SPARSEBIT_API TargetConfig {
   std::string metric = "cosine";  ///< cosine | sqnr | mse | top1-drop
   double value = 0.99;
+  /// False for a [target] table that sets only the search (fallback, budget, holdout) and
+  /// leaves metric and value to --target; quantize refuses it without one.
+  bool has_value = true;
   std::vector<std::string> fallback{"int16", "float"};
   std::int64_t max_fallback_layers = -1;  ///< -1: 10% of the quantized layers, at least 1
   std::int64_t holdout = 16;
@@ -187,6 +190,7 @@ struct SPARSEBIT_API Config {
                                       {"smooth_quant", false},
                                       {"disable_unnecessary_quant", true},
                                       {"float_norms_and_heads", true},
+                                      {"float_attention_scores", false},
                                       {"bn_tuning", false},
                                       {"bias_correction", false}};
 
