@@ -77,6 +77,7 @@ EOF
 for o in minmax percentile kl_histogram mse; do config "$o" "$o"; done
 config smooth minmax '[schedule]\nsmooth_quant = true'
 config smooth_mse mse '[schedule]\nsmooth_quant = true'
+config smooth_dw minmax '[schedule]\nsmooth_quant = true\n[passes.smooth_quant]\ndepthwise = true'
 config no_norm_rule minmax '[schedule]\nfloat_norms_and_heads = false'
 config float_scores minmax '[schedule]\nfloat_attention_scores = true'
 
@@ -86,7 +87,7 @@ echo "| W8A8 | exact-match, 200 lines | 1000 lines | quantize time | target |"
 echo "|---|---|---|---|---|"
 rec="$ocr/text_recognizer.onnx"
 first=1
-for name in minmax percentile kl_histogram mse smooth smooth_mse no_norm_rule float_scores; do
+for name in minmax percentile kl_histogram mse smooth smooth_mse smooth_dw no_norm_rule float_scores; do
   info=$(run "$rec" "$name" "$work/lines_calib" "$work/lines_test")
   if ((first)); then
     echo "| FP32 | $(exact "$work/fp32.npy") | |"
@@ -109,7 +110,7 @@ echo "|---|---|---|---|---|---|"
 det="$ocr/text_detector.onnx"
 masks="$work/pages_test/masks"
 first=1
-for name in minmax percentile kl_histogram mse smooth no_norm_rule; do
+for name in minmax percentile kl_histogram mse smooth smooth_dw no_norm_rule; do
   info=$(run "$det" "$name" "$work/pages_calib" "$work/pages_test")
   if ((first)); then
     read -r worst mean iou < <(cosine "$work/fp32.npy" "$work/fp32.npy" "$masks")
