@@ -120,12 +120,15 @@ for name in minmax percentile kl_histogram mse smooth smooth_dw no_norm_rule; do
   read -r worst mean iou < <(cosine "$work/$name.sim.npy" "$work/fp32.npy" "$masks")
   echo "| $name | $worst | $mean | $iou | $info |"
 done
-for observer in minmax mse; do
+for base in minmax mse smooth_dw; do
   for target in "cosine>=0.99" "cosine>=0.999"; do
-    name="det_target_${observer}_$(echo "$target" | tr -c 'a-z0-9' '_')"
-    config "$name" "$observer"
+    name="det_target_${base}_$(echo "$target" | tr -c 'a-z0-9' '_')"
+    case $base in
+      smooth_dw) config "$name" minmax '[schedule]\nsmooth_quant = true\n[passes.smooth_quant]\ndepthwise = true' ;;
+      *) config "$name" "$base" ;;
+    esac
     info=$(run "$det" "$name" "$work/pages_calib" "$work/pages_test" --target "$target")
     read -r worst mean iou < <(cosine "$work/$name.sim.npy" "$work/fp32.npy" "$masks")
-    echo "| $observer, --target \"$target\" | $worst | $mean | $iou | $info |"
+    echo "| $base, --target \"$target\" | $worst | $mean | $iou | $info |"
   done
 done
