@@ -2,6 +2,7 @@
 use (PP-LCNet / MobileNetV3: depthwise-separable convolutions, hard-swish, squeeze-excitation)
 and the training loop both fixtures share (one process, data rendered by worker processes).
 """
+import argparse
 import time
 
 import numpy as np
@@ -88,8 +89,9 @@ def train(model, make_batch, loss_fn, evaluate, a):
     model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=a.steps, pct_start=0.05)
+    prefetch = {"prefetch_factor": 8} if a.workers else {}  # only valid with worker processes
     loader = torch.utils.data.DataLoader(Batches(make_batch, a.seed), batch_size=None, num_workers=a.workers,
-                                         prefetch_factor=8 if a.workers else None)
+                                         **prefetch)
     start = time.time()
     for step, b in enumerate(loader):
         model.train()
@@ -108,3 +110,35 @@ def train(model, make_batch, loss_fn, evaluate, a):
         if last:
             break
     model.cpu().eval()
+
+
+def parse_args(doc, steps, lr):
+    """The options both training scripts take; seeds torch with --seed before the model is built."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="the ONNX file to write")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--minutes", type=float, default=60)
+    ap.add_argument("--lr", type=float, default=lr)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--every", type=int, default=500)
+    ap.add_argument("--save", help="also write the trained weights here (.npz)")
+    ap.add_argument("--export-from", help="skip training: export these weights (.npz)")
+    a = ap.parse_args()
+    torch.manual_seed(a.seed)
+    return a
+
+
+def train_or_load(model, make_batch, loss_fn, evaluate, a):
+    """Trains `model` (saving the weights with --save), or loads --export-from and evaluates it."""
+    if a.export_from:
+        load_state(model, a.export_from)
+        model.eval()
+        print(evaluate(model, torch.device("cpu")))
+    else:
+        train(model, make_batch, loss_fn, evaluate, a)
+        if a.save:
+            save_state(model, a.save)
+    return model

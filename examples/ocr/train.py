@@ -16,15 +16,13 @@ The bundled model was trained on one GPU with --device cuda --workers 8 --steps 
 --minutes 7.5 (the time limit stopped it at step 15,055; 128 lines a step); --save STATE.npz keeps the weights and --export-from STATE.npz exports them (opset 11)
 with this file's torch.
 """
-import argparse
-
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import lines
-from ocr_blocks import ConvBNAct, DepthwiseSeparable, load_state, save_state, train
+from ocr_blocks import ConvBNAct, DepthwiseSeparable, parse_args, train_or_load
 
 BLANK = len(lines.CHARSET)
 
@@ -128,29 +126,8 @@ def exact_match(model, dev):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", help="the ONNX file to write")
-    ap.add_argument("--steps", type=int, default=8000)
-    ap.add_argument("--minutes", type=float, default=60)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--every", type=int, default=500)
-    ap.add_argument("--save", help="also write the trained weights here (.npz)")
-    ap.add_argument("--export-from", help="skip training: export these weights (.npz)")
-    a = ap.parse_args()
-    torch.manual_seed(a.seed)
-    model = Recognizer()
-    if a.export_from:
-        load_state(model, a.export_from)
-        model.eval()
-        print(exact_match(model, torch.device("cpu")))
-    else:
-        train(model, make_batch, ctc_loss, exact_match, a)
-        if a.save:
-            save_state(model, a.save)
+    a = parse_args(__doc__, steps=8000, lr=1e-3)
+    model = train_or_load(Recognizer(), make_batch, ctc_loss, exact_match, a)
     if not a.out:
         return
     example = torch.from_numpy(lines.render("EXPORT123", np.random.default_rng(1))[None])

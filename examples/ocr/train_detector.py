@@ -15,15 +15,13 @@ The bundled model was trained on one GPU with --device cuda --workers 6 (10000 s
 pages); --save STATE.npz keeps the weights and --export-from STATE.npz exports them (opset 11)
 with this file's torch.
 """
-import argparse
-
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import pages
-from ocr_blocks import ConvBNAct, InvertedResidual, load_state, save_state, train
+from ocr_blocks import ConvBNAct, InvertedResidual, parse_args, train_or_load
 
 
 def up(x, factor):
@@ -78,29 +76,8 @@ def iou(model, dev):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", help="the ONNX file to write")
-    ap.add_argument("--steps", type=int, default=5000)
-    ap.add_argument("--minutes", type=float, default=60)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--every", type=int, default=500)
-    ap.add_argument("--save", help="also write the trained weights here (.npz)")
-    ap.add_argument("--export-from", help="skip training: export these weights (.npz)")
-    a = ap.parse_args()
-    torch.manual_seed(a.seed)
-    model = Detector()
-    if a.export_from:
-        load_state(model, a.export_from)
-        model.eval()
-        print(iou(model, torch.device("cpu")))
-    else:
-        train(model, make_batch, bce_dice, iou, a)
-        if a.save:
-            save_state(model, a.save)
+    a = parse_args(__doc__, steps=5000, lr=2e-3)
+    model = train_or_load(Detector(), make_batch, bce_dice, iou, a)
     if not a.out:
         return
     example = torch.from_numpy(pages.page(np.random.default_rng(1), 128)[0][None])
