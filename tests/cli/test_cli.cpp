@@ -164,7 +164,7 @@ TEST_F(Cli, PluginsAndInspectJson) {
   EXPECT_EQ(j["inputs"][0]["shape"][0], "batch");
   EXPECT_EQ(j["inputs"][0]["shape"][3], 28);
   for (const auto& op : j["ops"]) EXPECT_TRUE(op["qmodule"].get<bool>()) << op.dump();
-  r = run_cli("inspect " + std::string(ONNX_TESTDATA_DIR) + "/node/test_det_2d/model.onnx");
+  r = run_cli("inspect " + std::string(ONNX_TESTDATA_DIR) + "/node/test_nllloss_NC/model.onnx");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("MISSING"), std::string::npos) << r.output;
 }
@@ -180,8 +180,8 @@ TEST_F(Cli, NotOnnxAndTruncatedOnnx) {
 }
 
 TEST_F(Cli, OpWithoutQModule) {
-  expect_failure(run_cli(quantize(std::string(ONNX_TESTDATA_DIR) + "/node/test_det_2d/model.onnx", calib_)),
-                 {"no QModule for op Det", "node '", "sparsebit plugins"});
+  expect_failure(run_cli(quantize(std::string(ONNX_TESTDATA_DIR) + "/node/test_nllloss_NC/model.onnx", calib_)),
+                 {"no QModule for op NegativeLogLikelihoodLoss", "node '", "sparsebit plugins"});
 }
 
 TEST_F(Cli, UnknownConfigKey) {

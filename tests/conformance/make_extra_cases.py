@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes backend-test cases (ONNX's test-data layout) for ops whose opsets are newer than the
-installed ONNX test data (Gelu-20, Mish-18, GroupNormalization-18/21), with PyTorch computing
-the expected outputs:
+installed ONNX test data (Gelu-20, Mish-18, GroupNormalization-18/21) and for options ONNX's own
+recurrent tests leave out (both directions, sequence_lens, layout 1, GRU's linear_before_reset,
+clip, activations with parameters), with PyTorch (or, where PyTorch has no such option, a plain
+numpy loop over the spec's equations) computing the expected outputs:
 
     /usr/bin/python3 tests/conformance/make_extra_cases.py tests/conformance/extra
 """
@@ -33,6 +35,118 @@ def case(root, name, op, opset, inputs, outputs, **attrs):
                 f.write(numpy_helper.from_array(np.ascontiguousarray(a, dtype=np.float32)).SerializeToString())
 
 
+def write(root, name, node, opset, inputs, outputs):
+    """A one-node model; inputs and outputs are lists of (name, array); an input named "" is an
+    omitted optional input."""
+    folder = os.path.join(root, name)
+    os.makedirs(os.path.join(folder, "test_data_set_0"), exist_ok=True)
+    info = lambda n, a: helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype)
+                                                      if hasattr(helper, "np_dtype_to_tensor_dtype")
+                                                      else {np.dtype("float32"): TensorProto.FLOAT,
+                                                            np.dtype("int32"): TensorProto.INT32}[a.dtype], list(a.shape))
+    graph = helper.make_graph([node], name, [info(n, a) for n, a in inputs if n],
+                              [info(n, a) for n, a in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    with open(os.path.join(folder, "model.onnx"), "wb") as f:
+        f.write(model.SerializeToString())
+    for kind, arrays in (("input", [(n, a) for n, a in inputs if n]), ("output", outputs)):
+        for i, (_, a) in enumerate(arrays):
+            with open(os.path.join(folder, "test_data_set_0", f"{kind}_{i}.pb"), "wb") as f:
+                f.write(numpy_helper.from_array(np.ascontiguousarray(a)).SerializeToString())
+
+
+def onnx_gates(w, torch_order, onnx_order, hidden):
+    """PyTorch stacks gates as i,f,g,o (LSTM) / r,z,n (GRU); ONNX as i,o,f,c / z,r,h."""
+    parts = dict(zip(torch_order, torch.split(w, hidden, 0)))
+    return torch.cat([parts[k] for k in onnx_order], 0)
+
+
+def recurrent_weights(layer, kind, hidden, directions):
+    order = {"LSTM": ("ifgo", "iofg"), "GRU": ("rzn", "zrn"), "RNN": ("i", "i")}[kind]
+    ws, rs, bs = [], [], []
+    for d in range(directions):
+        sfx = "_l0" + ("_reverse" if d else "")
+        g = lambda n: onnx_gates(getattr(layer, n + sfx).detach(), *order, hidden)
+        ws.append(g("weight_ih"))
+        rs.append(g("weight_hh"))
+        bs.append(torch.cat([g("bias_ih"), g("bias_hh")]))
+    return [torch.stack(t).numpy() for t in (ws, rs, bs)]
+
+
+def recurrent_cases(root):
+    torch.manual_seed(1)
+    batch, seq, inp, hidden = 3, 5, 4, 6
+    lens = torch.tensor([5, 2, 4])
+    x = torch.randn(batch, seq, inp)
+    pack = lambda t: torch.nn.utils.rnn.pack_padded_sequence(t, lens, batch_first=True, enforce_sorted=False)
+    unpack = lambda p: torch.nn.utils.rnn.pad_packed_sequence(p, batch_first=True, total_length=seq)[0]
+
+    # LSTM, both directions, layout 1 (batch first), sequence_lens and initial states
+    lstm = torch.nn.LSTM(inp, hidden, bidirectional=True, batch_first=True)
+    h0, c0 = torch.randn(2, batch, hidden), torch.randn(2, batch, hidden)
+    with torch.no_grad():
+        y, (h, c) = lstm(pack(x), (h0, c0))
+    y = unpack(y).reshape(batch, seq, 2, hidden)
+    w, r, b = recurrent_weights(lstm, "LSTM", hidden, 2)
+    node = helper.make_node("LSTM", ["x", "w", "r", "b", "lens", "h0", "c0"], ["y", "yh", "yc"],
+                            hidden_size=hidden, direction="bidirectional", layout=1)
+    t = lambda a: a.transpose(0, 1).contiguous().numpy()
+    write(root, "test_lstm_bidirectional_seq_lens_layout1", node, 14,
+          [("x", x.numpy()), ("w", w), ("r", r), ("b", b), ("lens", lens.int().numpy()), ("h0", t(h0)), ("c0", t(c0))],
+          [("y", y.numpy()), ("yh", t(h)), ("yc", t(c))])
+
+    # GRU, both directions, layout 0, linear_before_reset = 1 (PyTorch's GRU), sequence_lens
+    gru = torch.nn.GRU(inp, hidden, bidirectional=True)
+    h0 = torch.randn(2, batch, hidden)
+    with torch.no_grad():
+        y, h = gru(pack(x), h0)
+    y = unpack(y).reshape(batch, seq, 2, hidden).permute(1, 2, 0, 3).contiguous()
+    w, r, b = recurrent_weights(gru, "GRU", hidden, 2)
+    node = helper.make_node("GRU", ["x", "w", "r", "b", "lens", "h0"], ["y", "yh"],
+                            hidden_size=hidden, direction="bidirectional", linear_before_reset=1)
+    write(root, "test_gru_bidirectional_linear_before_reset", node, 14,
+          [("x", x.transpose(0, 1).contiguous().numpy()), ("w", w), ("r", r), ("b", b), ("lens", lens.int().numpy()),
+           ("h0", h0.numpy())],
+          [("y", y.numpy()), ("yh", h.numpy())])
+
+    # RNN with Relu, reverse direction: PyTorch's forward RNN over the time-reversed input
+    rnn = torch.nn.RNN(inp, hidden, nonlinearity="relu")
+    xs = x.transpose(0, 1).contiguous()
+    with torch.no_grad():
+        y, h = rnn(xs.flip(0))
+    w, r, b = recurrent_weights(rnn, "RNN", hidden, 1)
+    node = helper.make_node("RNN", ["x", "w", "r", "b"], ["y", "yh"], hidden_size=hidden, direction="reverse",
+                            activations=["Relu"])
+    write(root, "test_rnn_reverse_relu", node, 14, [("x", xs.numpy()), ("w", w), ("r", r), ("b", b)],
+          [("y", y.flip(0).unsqueeze(1).numpy()), ("yh", h.numpy())])
+
+    # LSTM with clip, input_forget and parameterised activations (no PyTorch equivalent): the
+    # spec's equations in numpy
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 0.8, (1, 4 * hidden, inp)).astype(np.float32)
+    r = rng.normal(0, 0.8, (1, 4 * hidden, hidden)).astype(np.float32)
+    xs = xs.numpy()
+    f = lambda v: np.clip(0.3 * v + 0.4, 0, 1)  # HardSigmoid(alpha 0.3, beta 0.4)
+    g = lambda v: 1.5 * np.tanh(0.7 * v)  # ScaledTanh(alpha 1.5, beta 0.7)
+    hh = lambda v: np.where(v >= 0, v, 0.2 * v)  # LeakyRelu(alpha 0.2)
+    clip = 2.0
+    h, c, ys = np.zeros((batch, hidden), np.float32), np.zeros((batch, hidden), np.float32), []
+    for step in range(seq):
+        pre = np.clip(xs[step] @ w[0].T + h @ r[0].T, -clip, clip)
+        i, o, _, cc = np.split(pre, 4, axis=1)
+        i = f(i)
+        c = (1 - i) * c + i * g(cc)
+        h = f(o) * hh(c)
+        ys.append(h)
+    node = helper.make_node("LSTM", ["x", "w", "r"], ["y", "yh", "yc"], hidden_size=hidden, clip=clip,
+                            input_forget=1, activations=["HardSigmoid", "ScaledTanh", "LeakyRelu"],
+                            activation_alpha=[0.3, 1.5, 0.2], activation_beta=[0.4, 0.7])
+    write(root, "test_lstm_clip_input_forget_activations", node, 14, [("x", xs), ("w", w), ("r", r)],
+          [("y", np.stack(ys)[:, None].astype(np.float32)), ("yh", h[None].astype(np.float32)),
+           ("yc", c[None].astype(np.float32))])
+
+
 def main(root):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 5, generator=g) * 3
@@ -47,6 +161,7 @@ def main(root):
     y = F.group_norm(x, 3, gw.repeat_interleave(2), gb.repeat_interleave(2), eps=1e-3)
     case(root, "test_group_normalization_per_group", "GroupNormalization", 18,
          [x.numpy(), gw.numpy(), gb.numpy()], [y.numpy()], num_groups=3, epsilon=1e-3)
+    recurrent_cases(root)
 
 
 if __name__ == "__main__":

@@ -173,13 +173,13 @@ TEST(Pipeline, GradientsFlowThroughTheSimulatedModel) {
 }
 
 TEST(Pipeline, OpWithoutQModuleNamesOpNodeAndThePluginsCommand) {
-  Model m = load_onnx(std::string(ONNX_TESTDATA_DIR) + "/node/test_det_2d/model.onnx");
+  Model m = load_onnx(std::string(ONNX_TESTDATA_DIR) + "/node/test_nllloss_NC/model.onnx");
   try {
     QuantModel qm(std::move(m), config_for("w8a8_tensorrt.toml"), testing::shipped_registry());
     FAIL();
   } catch (const Error& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("no QModule for op Det"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("no QModule for op NegativeLogLikelihoodLoss"), std::string::npos) << msg;
     EXPECT_NE(msg.find("node '"), std::string::npos) << msg;
     EXPECT_NE(msg.find("sparsebit plugins"), std::string::npos) << msg;
   }
@@ -325,6 +325,51 @@ TEST(Pipeline, ConvTransposeWeightsArePerChannelAlongAxisOne) {
   ASSERT_EQ(scale.numel(), 3);
   EXPECT_GT(scale[2].item<float>(), 5 * scale[0].item<float>());
   EXPECT_GT(scale[2].item<float>(), 5 * scale[1].item<float>());
+}
+
+TEST(Pipeline, RecurrentWeightsArePerGateRowAndTensorRTKeepsTheLayerFloat) {
+  // A bidirectional LSTM: W [2, 4 * 3, 5], R [2, 4 * 3, 3]; one scale per stacked gate row
+  // (axis 1), shared by the two directions, from max |w| over them.
+  auto model = [] {
+    Model m;
+    m.graph.opset_imports[""] = 14;
+    m.graph.inputs.push_back({"x", 1, true, {{-1, "t"}, {-1, "n"}, {5, ""}}, ""});
+    m.graph.outputs.push_back({"y", 1, true, {{-1, "t"}, {2, ""}, {-1, "n"}, {3, ""}}, ""});
+    at::manual_seed(3);
+    at::Tensor w = at::randn({2, 12, 5});
+    w.select(1, 7).mul_(20);  // one gate row of the second direction is 20x larger
+    m.graph.initializers["w"] = w;
+    m.graph.initializers["r"] = at::randn({2, 12, 3});
+    Node n;
+    n.name = "lstm";
+    n.op_type = "LSTM";
+    n.inputs = {"x", "w", "r"};
+    n.outputs = {"y"};
+    n.attributes["hidden_size"] = Attribute::of_int(3);
+    n.attributes["direction"] = Attribute::of_string("bidirectional");
+    m.graph.append(n);
+    return m;
+  };
+  testing::TempDir dir;
+  write_npy(at::randn({6, 4, 5}), dir / "x.npy");
+  QuantModel qm(model(), config_for("w8a8_onnxruntime.toml"), testing::shipped_registry());
+  auto data = open_dataset(dir / "x.npy", qm.graph().inputs);
+  qm.calibrate(*data);
+  int weights = 0, activations = 0;
+  for (const auto& s : qm.slots()) {
+    if (!s.active()) continue;
+    if (s.role == InputRole::kActivation) ++activations;
+    if (s.role != InputRole::kWeight) continue;
+    ++weights;
+    EXPECT_EQ(s.spec.channel_axis, 1) << s.where();
+    at::Tensor expected = qm.graph().initializers.at(s.tensor).abs().amax({0, 2}) / 127.5;  // ORT: 2 max|w| / 255
+    EXPECT_TRUE(at::allclose(s.quantizer->qparams().scale.reshape({-1}), expected, 1e-6, 0)) << s.where();
+  }
+  EXPECT_EQ(weights, 2);
+  EXPECT_EQ(activations, 1);
+  QuantModel trt(model(), config_for("w8a8_tensorrt.toml"), testing::shipped_registry());
+  for (const auto& s : trt.slots())
+    EXPECT_FALSE(s.active()) << s.where() << ": TensorRT runs recurrent layers in float";
 }
 
 TEST(Pipeline, SkipGlobsKeepNodesInFloat) {

@@ -10,6 +10,9 @@
 //                symmetric: TensorRT only accepts a zero point of 0. Placement: of a residual
 //                Add only the skip branch is quantized, so TensorRT can fuse the Add into the
 //                convolution that produces the other branch and run the block in INT8.
+//                Recurrent layers (LSTM, GRU, RNN) stay float: TensorRT has no INT8 recurrent
+//                kernel, and its ONNX parser slices their weights gate by gate from the
+//                initializers, not from a DequantizeLinear output.
 
 #include <map>
 #include <set>
@@ -82,6 +85,10 @@ class TensorRTBackend final : public Backend {
       auto it = producer.find(value);
       return it != producer.end() && it->second->domain.empty() && fusable.count(it->second->op_type) != 0;
     };
+    static const std::set<std::string> recurrent = {"LSTM", "GRU", "RNN"};
+    for (const Node* n : g.nodes())
+      if (n->domain.empty() && recurrent.count(n->op_type) != 0)
+        for (std::size_t i = 0; i < 3; ++i) state.set_fake_fused(*n, i, true);
     for (const Node* n : g.nodes()) {
       if (n->op_type != "Add" || !n->domain.empty() || n->inputs.size() != 2) continue;
       if (g.initializers.count(n->inputs[0]) || g.initializers.count(n->inputs[1])) continue;  // a bias add

@@ -98,6 +98,48 @@ class QSoftmax final : public NodeQModule {
   std::int64_t axis_;
 };
 
+// Hardmax: 1 at the first maximum along the axis, 0 elsewhere (a one-hot argmax, so it
+// neither needs nor keeps a quantizer).
+class QHardmax final : public NodeQModule {
+ public:
+  explicit QHardmax(const OpContext& c)
+      : NodeQModule(c), opset_(c.opset), axis_(c.node.attr_int("axis", c.opset >= 13 ? -1 : 1)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    std::int64_t axis = normalize_axis(axis_, x.dim(), node());
+    at::Tensor v = x;
+    if (opset_ < 13) {  // over the flattened tail from `axis`, as Softmax before opset 13
+      std::int64_t outer = 1;
+      for (std::int64_t d = 0; d < axis; ++d) outer *= x.size(d);
+      v = x.reshape({outer, -1});
+      axis = 1;
+    }
+    at::Tensor y = at::zeros_like(v).scatter_(axis, at::argmax(v, axis, /*keepdim=*/true), 1);
+    return {y.reshape(x.sizes())};
+  }
+
+ private:
+  std::int64_t opset_;
+  std::int64_t axis_;
+};
+
+// Shrink: x - bias above lambd, x + bias below -lambd, 0 between.
+class QShrink final : public QModule {
+ public:
+  explicit QShrink(const OpContext& c) : lambd_(c.node.attr_float("lambd", 0.5)), bias_(c.node.attr_float("bias", 0)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    at::Tensor xf = x.to(at::kDouble);
+    at::Tensor y = at::where(xf < -lambd_, xf + bias_, at::where(xf > lambd_, xf - bias_, at::zeros_like(xf)));
+    return {y.to(x.scalar_type())};
+  }
+
+ private:
+  double lambd_, bias_;
+};
+
 /// Activation given by a function of its input and the node's attributes.
 class QActivation final : public QModule {
  public:
@@ -178,6 +220,8 @@ void register_all(Registrar& r) {
   r.add_op<QHardSigmoid>("HardSigmoid");
   r.add_op<QClip>("Clip");
   r.add_op<QSoftmax>("Softmax");
+  r.add_op<QHardmax>("Hardmax");
+  r.add_op<QShrink>("Shrink");
   r.add_op<QAdd>("Add");
   r.add_op<QMul>("Mul");
   r.add_op<QPRelu>("PRelu");

@@ -346,6 +346,7 @@ void register_all(Registrar& r) {
   r.add_op<QTopK>("TopK");
   r.add_op<QCumSum>("CumSum");
   r.add_op<QEinsum>("Einsum");
+  add_unary(r, "Det", [](const at::Tensor& x) { return at::linalg_det(x); });
 }
 
 }  // namespace

@@ -437,6 +437,55 @@ class QGroupNorm final : public NodeQModule {
   double eps_;
 };
 
+// LRN: each value divided by (bias + alpha / size * sum of squares over the `size` channels
+// around it)^beta. Kept float: no backend has an integer kernel for it.
+class QLRN final : public NodeQModule {
+ public:
+  explicit QLRN(const OpContext& c)
+      : NodeQModule(c),
+        size_(c.node.attr_int("size", 0)),
+        alpha_(c.node.attr_float("alpha", 1e-4)),
+        beta_(c.node.attr_float("beta", 0.75)),
+        bias_(c.node.attr_float("bias", 1.0)) {
+    if (size_ < 1) throw Error(describe() + ": size must be a positive integer");
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    if (x.dim() < 3) throw Error(describe() + ": input must be N x C x D1 ..., got rank " + std::to_string(x.dim()));
+    const std::int64_t before = (size_ - 1) / 2, after = size_ - 1 - before;
+    // Channel window sums as differences of a cumulative sum over the zero-padded channels.
+    at::Tensor sq = x.pow(2).movedim(1, -1);
+    at::Tensor padded = at::constant_pad_nd(sq, {before + 1, after}, 0);
+    at::Tensor cum = padded.cumsum(-1);
+    const std::int64_t c = x.size(1);
+    at::Tensor window = cum.narrow(-1, size_, c) - cum.narrow(-1, 0, c);
+    return {x / (window.movedim(-1, 1) * (alpha_ / static_cast<double>(size_)) + bias_).pow(beta_)};
+  }
+
+ private:
+  std::int64_t size_;
+  double alpha_, beta_, bias_;
+};
+
+// MeanVarianceNormalization: (x - mean) / (std + 1e-9) over `axes` (ONNX's function body).
+class QMeanVarianceNorm final : public NodeQModule {
+ public:
+  explicit QMeanVarianceNorm(const OpContext& c) : NodeQModule(c), axes_(c.node.attr_ints("axes", {0, 2, 3})) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    std::vector<std::int64_t> axes;
+    for (auto a : axes_) axes.push_back(normalize_axis(a, x.dim(), node()));
+    at::Tensor mean = x.mean(axes, /*keepdim=*/true);
+    at::Tensor var = (x * x).mean(axes, /*keepdim=*/true) - mean * mean;
+    return {(x - mean) / (at::sqrt(var) + 1e-9)};
+  }
+
+ private:
+  std::vector<std::int64_t> axes_;
+};
+
 void register_all(Registrar& r) {
   r.add_op<QConv>("Conv");
   r.add_op<QConvTranspose>("ConvTranspose");
@@ -450,6 +499,8 @@ void register_all(Registrar& r) {
   r.add_op<QInstanceNorm>("InstanceNormalization");
   r.add_op<QLayerNorm>("LayerNormalization");
   r.add_op<QGroupNorm>("GroupNormalization");
+  r.add_op<QLRN>("LRN");
+  r.add_op<QMeanVarianceNorm>("MeanVarianceNormalization");
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -684,6 +686,114 @@ class QDepthSpace final : public NodeQModule {
   std::string mode_;
 };
 
+// Compress: the slices along `axis` (of the flattened input when absent) whose condition is
+// true; a condition shorter than the axis leaves the rest out.
+class QCompress final : public NodeQModule {
+ public:
+  explicit QCompress(const OpContext& c) : NodeQModule(c), has_axis_(c.node.has_attr("axis")) {
+    if (has_axis_) axis_ = c.node.attr_int("axis", 0);
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    at::Tensor x = has_axis_ ? in.at(0) : in.at(0).reshape({-1});
+    const std::int64_t axis = has_axis_ ? normalize_axis(axis_, x.dim(), node()) : 0;
+    at::Tensor cond = in.at(1).reshape({-1}).to(at::kBool);
+    if (cond.numel() > x.size(axis))
+      throw Error(describe() + ": condition has " + std::to_string(cond.numel()) + " entries for an axis of " +
+                  std::to_string(x.size(axis)));
+    return {x.index_select(axis, at::nonzero(cond).reshape({-1}).to(x.device()))};
+  }
+
+ private:
+  bool has_axis_;
+  std::int64_t axis_ = 0;
+};
+
+// ReverseSequence: reverses the first sequence_lens[b] steps along time_axis of each batch
+// entry b (batch_axis), leaving the steps past its length in place.
+class QReverseSequence final : public NodeQModule {
+ public:
+  explicit QReverseSequence(const OpContext& c)
+      : NodeQModule(c), batch_axis_(c.node.attr_int("batch_axis", 1)), time_axis_(c.node.attr_int("time_axis", 0)) {
+    if (!((batch_axis_ == 0 && time_axis_ == 1) || (batch_axis_ == 1 && time_axis_ == 0)))
+      throw Error(describe() + ": batch_axis and time_axis must be 0 and 1 (in either order)");
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    if (x.dim() < 2) throw Error(describe() + ": input must have rank 2 or more");
+    const std::int64_t steps = x.size(time_axis_), batch = x.size(batch_axis_);
+    at::Tensor lens = in.at(1).to(at::kCPU, at::kLong).reshape({-1});
+    if (lens.numel() != batch)
+      throw Error(describe() + ": sequence_lens has " + std::to_string(lens.numel()) + " entries for a batch of " +
+                  std::to_string(batch));
+    if ((lens < 0).any().item<bool>() || (lens > steps).any().item<bool>())
+      throw Error(describe() + ": sequence_lens must lie in 0.." + std::to_string(steps));
+    at::Tensor t = at::arange(steps, at::kLong).unsqueeze(1);  // [time, batch]
+    at::Tensor index = at::where(t < lens, lens - 1 - t, t);
+    if (batch_axis_ == 0) index = index.t();
+    std::vector<std::int64_t> shape(index.sizes().begin(), index.sizes().end());
+    shape.resize(static_cast<std::size_t>(x.dim()), 1);
+    return {at::take_along_dim(x, index.reshape(shape).to(x.device()).expand(x.sizes()), time_axis_)};
+  }
+
+ private:
+  std::int64_t batch_axis_, time_axis_;
+};
+
+// EyeLike: ones on the k-th diagonal of a matrix shaped like the input.
+class QEyeLike final : public NodeQModule {
+ public:
+  explicit QEyeLike(const OpContext& c) : NodeQModule(c), k_(c.node.attr_int("k", 0)) {
+    if (c.node.has_attr("dtype")) dtype_ = scalar_type_of(c.node.attr_int("dtype", 1), c.node);
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    if (x.dim() != 2) throw Error(describe() + ": input must be 2-D, got rank " + std::to_string(x.dim()));
+    at::Tensor rows = at::arange(x.size(0), x.options().dtype(at::kLong)).unsqueeze(1);
+    at::Tensor cols = at::arange(x.size(1), x.options().dtype(at::kLong)).unsqueeze(0);
+    return {(cols - rows == k_).to(dtype_ ? *dtype_ : x.scalar_type())};
+  }
+
+ private:
+  std::int64_t k_;
+  std::optional<at::ScalarType> dtype_;
+};
+
+// Unique: distinct values (or slices along `axis`), sorted or in order of first occurrence,
+// with the index of each one's first occurrence, the inverse mapping and the counts.
+class QUnique final : public NodeQModule {
+ public:
+  explicit QUnique(const OpContext& c)
+      : NodeQModule(c), sorted_(c.node.attr_int("sorted", 1) != 0), has_axis_(c.node.has_attr("axis")) {
+    if (has_axis_) axis_ = c.node.attr_int("axis", 0);
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    at::Tensor x = has_axis_ ? in.at(0) : in.at(0).reshape({-1});
+    const std::int64_t axis = has_axis_ ? normalize_axis(axis_, x.dim(), node()) : 0;
+    auto [y, inverse, counts] = at::unique_dim(x, axis, /*sorted=*/true, /*return_inverse=*/true,
+                                               /*return_counts=*/true);
+    const std::int64_t n = x.size(axis), u = y.size(axis);
+    at::Tensor first = at::full({u}, n, inverse.options())
+                           .scatter_reduce(0, inverse, at::arange(n, inverse.options()), "amin", /*include_self=*/true);
+    if (!sorted_) {  // order of first occurrence
+      at::Tensor order = at::argsort(first);
+      at::Tensor rank = at::empty_like(order).scatter_(0, order, at::arange(u, order.options()));
+      y = y.index_select(axis, order);
+      first = first.index_select(0, order);
+      counts = counts.index_select(0, order);
+      inverse = rank.index_select(0, inverse);
+    }
+    return {y, first, inverse, counts};
+  }
+
+ private:
+  bool sorted_, has_axis_;
+  std::int64_t axis_ = 0;
+};
+
 void register_all(Registrar& r) {
   r.add_op<QIdentity>("Identity");
   r.add_op<QDropout>("Dropout");
@@ -713,6 +823,10 @@ void register_all(Registrar& r) {
   r.add_op<QNonZero>("NonZero");
   r.add_op<QOneHot>("OneHot");
   r.add_op<QTrilu>("Trilu");
+  r.add_op<QCompress>("Compress");
+  r.add_op<QReverseSequence>("ReverseSequence");
+  r.add_op<QEyeLike>("EyeLike");
+  r.add_op<QUnique>("Unique");
   r.add_op<QConstant>("Constant");
   r.add_op_factory("DepthToSpace", "", [](const OpContext& c) { return std::make_unique<QDepthSpace>(c, true); });
   r.add_op_factory("SpaceToDepth", "", [](const OpContext& c) { return std::make_unique<QDepthSpace>(c, false); });
