@@ -2,8 +2,8 @@
 """Writes backend-test cases (ONNX's test-data layout) for ops whose opsets are newer than the
 installed ONNX test data (Gelu-20, Mish-18, GroupNormalization-18/21) and for options ONNX's own
 recurrent tests leave out (both directions, sequence_lens, layout 1, GRU's linear_before_reset,
-clip, activations with parameters), with PyTorch (or, where PyTorch has no such option, a plain
-numpy loop over the spec's equations) computing the expected outputs:
+clip, activations with parameters) and for DFT's input form of opset 20, with PyTorch (or, where PyTorch has no such option, a plain
+numpy loop over the spec's equations, or numpy's FFT) computing the expected outputs:
 
     /usr/bin/python3 tests/conformance/make_extra_cases.py tests/conformance/extra
 """
@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper, mapping, numpy_helper
 
 
 def case(root, name, op, opset, inputs, outputs, **attrs):
@@ -40,10 +40,7 @@ def write(root, name, node, opset, inputs, outputs):
     omitted optional input."""
     folder = os.path.join(root, name)
     os.makedirs(os.path.join(folder, "test_data_set_0"), exist_ok=True)
-    info = lambda n, a: helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype)
-                                                      if hasattr(helper, "np_dtype_to_tensor_dtype")
-                                                      else {np.dtype("float32"): TensorProto.FLOAT,
-                                                            np.dtype("int32"): TensorProto.INT32}[a.dtype], list(a.shape))
+    info = lambda n, a: helper.make_tensor_value_info(n, mapping.NP_TYPE_TO_TENSOR_TYPE[a.dtype], list(a.shape))
     graph = helper.make_graph([node], name, [info(n, a) for n, a in inputs if n],
                               [info(n, a) for n, a in outputs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -147,6 +144,23 @@ def recurrent_cases(root):
            ("yc", c[None].astype(np.float32))])
 
 
+def signal_cases(root):
+    """DFT at opset 20 (axis as an input, counted over the full rank) with a dft_length that pads
+    and onesided output; numpy's FFT gives the expected values."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 12, 3, 1)).astype(np.float32)
+    y = np.fft.rfft(x[..., 0].astype(np.float64), n=16, axis=1)
+    node = helper.make_node("DFT", ["x", "n", "axis"], ["y"], onesided=1)
+    write(root, "test_dft_opset20_axis_input_onesided_padded", node, 20,
+          [("x", x), ("n", np.array(16, np.int64)), ("axis", np.array(-3, np.int64))],
+          [("y", np.stack([y.real, y.imag], -1).astype(np.float32))])
+    z = rng.standard_normal((1, 10, 2)).astype(np.float32)
+    y = np.fft.ifft(z[..., 0] + 1j * z[..., 1], n=8, axis=1)  # truncated to 8, inverse
+    node = helper.make_node("DFT", ["x", "n"], ["y"], axis=1, inverse=1)
+    write(root, "test_dft_inverse_truncated", node, 17, [("x", z), ("n", np.array(8, np.int64))],
+          [("y", np.stack([y.real, y.imag], -1).astype(np.float32))])
+
+
 def main(root):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 5, generator=g) * 3
@@ -162,6 +176,7 @@ def main(root):
     case(root, "test_group_normalization_per_group", "GroupNormalization", 18,
          [x.numpy(), gw.numpy(), gb.numpy()], [y.numpy()], num_groups=3, epsilon=1e-3)
     recurrent_cases(root)
+    signal_cases(root)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,12 @@ struct ActivationSpec {
 };
 
 const ActivationSpec kActivations[] = {
-    {"relu", 0, 0, 0},     {"tanh", 0, 0, 0},          {"sigmoid", 0, 0, 0},   {"affine", 2, 1.0, 0.0},
-    {"leakyrelu", 1, 0.01, 0}, {"thresholdedrelu", 1, 1.0, 0}, {"scaledtanh", 2, 1.0, 1.0},
-    {"hardsigmoid", 2, 0.2, 0.5}, {"elu", 1, 1.0, 0},  {"softsign", 0, 0, 0},  {"softplus", 0, 0, 0},
+    {"relu", 0, 0, 0},           {"tanh", 0, 0, 0},
+    {"sigmoid", 0, 0, 0},        {"affine", 2, 1.0, 0.0},
+    {"leakyrelu", 1, 0.01, 0},   {"thresholdedrelu", 1, 1.0, 0},
+    {"scaledtanh", 2, 1.0, 1.0}, {"hardsigmoid", 2, 0.2, 0.5},
+    {"elu", 1, 1.0, 0},          {"softsign", 0, 0, 0},
+    {"softplus", 0, 0, 0},
 };
 
 Activation make_activation(const std::string& name, double a, double b) {
@@ -56,7 +59,7 @@ Activation make_activation(const std::string& name, double a, double b) {
 }
 
 struct Cell {
-  std::int64_t gates;                          // 1 (RNN), 3 (GRU), 4 (LSTM)
+  std::int64_t gates;                            // 1 (RNN), 3 (GRU), 4 (LSTM)
   std::vector<std::string> default_activations;  // per direction
 };
 
