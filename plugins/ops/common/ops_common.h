@@ -77,6 +77,23 @@ inline at::Tensor pad_spatial(const at::Tensor& x, const std::vector<std::int64_
   return at::constant_pad_nd(x, torch_pads, value);
 }
 
+/// ONNX Conv on ATen (any float type): resolves auto_pad against the input and pads asymmetric
+/// cases explicitly, which ATen's symmetric padding cannot express.
+inline at::Tensor onnx_conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, Window win,
+                            std::int64_t group, const Node& n) {
+  if (x.dim() < 3 || w.dim() != x.dim())
+    throw Error(n.describe() + ": input of rank " + std::to_string(x.dim()) + " and weight of rank " +
+                std::to_string(w.dim()) + " do not fit (expected N,C,spatial... and M,C/group,k...)");
+  std::vector<std::int64_t> k(w.sizes().begin() + 2, w.sizes().end());
+  auto pads = win.resolve(spatial_sizes(x), k);
+  at::Tensor input = x;
+  std::vector<std::int64_t> padding(k.size(), 0);
+  if (symmetric(pads)) padding.assign(pads.begin(), pads.begin() + static_cast<long>(k.size()));
+  else input = pad_spatial(x, pads, 0.0);
+  return at::convolution(input, w, b, win.strides, padding, win.dilations, false,
+                         std::vector<std::int64_t>(k.size(), 0), group);
+}
+
 /// Values of a small integer tensor (axes, shapes, K, ...) read on the host.
 inline std::vector<std::int64_t> int_list(const at::Tensor& t, const Node& n, const char* what) {
   if (t.is_floating_point() || t.is_complex())

@@ -25,21 +25,8 @@ class QConv final : public NodeQModule {
     return {{InputRole::kActivation, 0}, {InputRole::kWeight, 0}, {InputRole::kBias, 0}};
   }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
-    const at::Tensor& x = in.at(0);
-    const at::Tensor& w = in.at(1);
     at::Tensor b = in.size() > 2 ? in[2] : at::Tensor();
-    if (x.dim() < 3 || w.dim() != x.dim())
-      throw Error(describe() + ": input of rank " + std::to_string(x.dim()) + " and weight of rank " +
-                  std::to_string(w.dim()) + " do not fit (expected N,C,spatial... and M,C/group,k...)");
-    std::vector<std::int64_t> k(w.sizes().begin() + 2, w.sizes().end());
-    Window win = win_;
-    auto pads = win.resolve(spatial_sizes(x), k);
-    at::Tensor input = x;
-    std::vector<std::int64_t> padding(k.size(), 0);
-    if (symmetric(pads)) padding.assign(pads.begin(), pads.begin() + static_cast<long>(k.size()));
-    else input = pad_spatial(x, pads, 0.0);
-    return {at::convolution(input, w, b, win.strides, padding, win.dilations, false,
-                            std::vector<std::int64_t>(k.size(), 0), group_)};
+    return {onnx_conv(in.at(0), in.at(1), b, win_, group_, node())};
   }
 
  private:

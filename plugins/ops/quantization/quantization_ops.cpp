@@ -1,7 +1,16 @@
 // QuantizeLinear and DequantizeLinear, so that QDQ models (our exports, or models quantized
 // elsewhere) run through the executor. Arithmetic per Note [Quantization arithmetic].
+//
+// Also the integer-arithmetic ops of models quantized by other tools (ONNX Runtime's QOperator
+// format, dynamic quantization): DynamicQuantizeLinear, MatMulInteger, ConvInteger,
+// QLinearMatMul, QLinearConv, so such a model can be inspected, run and profiled. Products are
+// accumulated in double, exact for any sum an int32 accumulator holds; requantization rounds half
+// to even with the float32 multiplier s_a * s_b / s_y, as ONNX's reference computes it.
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
@@ -90,9 +99,140 @@ class QDequantizeLinear final : public NodeQModule {
   std::int64_t block_;
 };
 
+// A zero point or scale of an integer-arithmetic op as a tensor broadcasting against its
+// operand: a scalar, or one value per row (axis -2, rows = true) or column / output channel.
+at::Tensor per_axis(const at::Tensor& v, const at::Tensor& operand, std::int64_t axis, const Node& n,
+                    const char* what) {
+  if (!v.defined()) return at::zeros({}, at::kDouble);
+  at::Tensor d = v.to(at::kDouble);
+  if (d.numel() == 1) return d.reshape({});
+  const std::int64_t a = axis < 0 ? axis + operand.dim() : axis;
+  if (d.dim() != 1 || a < 0 || a >= operand.dim() || d.numel() != operand.size(a))
+    throw Error(n.describe() + ": " + what + " has shape " + c10::str(d.sizes()) + ", expected a scalar or " +
+                std::to_string(a >= 0 && a < operand.dim() ? operand.size(a) : 0) + " values along axis " +
+                std::to_string(a) + " of " + c10::str(operand.sizes()));
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(operand.dim()), 1);
+  shape[static_cast<std::size_t>(a)] = d.numel();
+  return d.reshape(shape);
+}
+
+at::Tensor input_or_undefined(const std::vector<at::Tensor>& in, std::size_t i) {
+  return i < in.size() && in[i].defined() ? in[i] : at::Tensor();
+}
+
+// round half to even of acc * (s_a * s_b / s_y) in float32, plus the output zero point, saturated.
+at::Tensor requantize(const at::Tensor& acc, const at::Tensor& multiplier, const at::Tensor& y_zp, const Node& n) {
+  auto [lo, hi] = int_range(y_zp.scalar_type(), n);
+  at::Tensor y = at::round(acc * multiplier.to(at::kDouble)) + y_zp.to(at::kDouble);
+  return at::clamp(y, lo, hi).to(y_zp.scalar_type());
+}
+
+// DynamicQuantizeLinear: uint8 over [min(0, min x), max(0, max x)], with its scale and zero point.
+class QDynamicQuantizeLinear final : public NodeQModule {
+ public:
+  explicit QDynamicQuantizeLinear(const OpContext& c) : NodeQModule(c) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    at::Tensor x = in.at(0).to(at::kFloat);
+    const float lo = std::min(0.f, x.numel() ? x.min().item<float>() : 0.f);
+    const float hi = std::max(0.f, x.numel() ? x.max().item<float>() : 0.f);
+    const float scale = (hi - lo) / 255.f;
+    const float zp = scale > 0 ? std::nearbyint(std::clamp(-lo / scale, 0.f, 255.f)) : 0.f;
+    at::Tensor q = scale > 0 ? at::clamp(at::round(x / scale) + zp, 0, 255) : at::full_like(x, zp);
+    return {q.to(at::kByte), at::full({}, scale, x.options()), at::full({}, zp, x.options()).to(at::kByte)};
+  }
+};
+
+// MatMulInteger: (A - a_zero_point) x (B - b_zero_point) in int32; zero points per row of A /
+// per column of B or scalars.
+class QMatMulInteger final : public NodeQModule {
+ public:
+  explicit QMatMulInteger(const OpContext& c) : NodeQModule(c) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& a = in.at(0);
+    const at::Tensor& b = in.at(1);
+    at::Tensor ad = a.to(at::kDouble) - per_axis(input_or_undefined(in, 2), a, -2, node(), "a_zero_point");
+    at::Tensor bd = b.to(at::kDouble) - per_axis(input_or_undefined(in, 3), b, -1, node(), "b_zero_point");
+    return {at::matmul(ad, bd).to(at::kInt)};
+  }
+};
+
+// ConvInteger: Conv over (x - x_zero_point) and (w - w_zero_point, per output channel or
+// scalar), padding with the zero point (0 after the shift), in int32.
+class QConvInteger final : public NodeQModule {
+ public:
+  explicit QConvInteger(const OpContext& c) : NodeQModule(c), win_(c.node), group_(c.node.attr_int("group", 1)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const at::Tensor& w = in.at(1);
+    at::Tensor xd = x.to(at::kDouble) - per_axis(input_or_undefined(in, 2), x, 1, node(), "x_zero_point");
+    at::Tensor wd = w.to(at::kDouble) - per_axis(input_or_undefined(in, 3), w, 0, node(), "w_zero_point");
+    return {at::round(onnx_conv(xd, wd, at::Tensor(), win_, group_, node())).to(at::kInt)};
+  }
+
+ private:
+  Window win_;
+  std::int64_t group_;
+};
+
+// QLinearMatMul: MatMulInteger, then requantized to y's scale and zero point.
+class QLinearMatMul final : public NodeQModule {
+ public:
+  explicit QLinearMatMul(const OpContext& c) : NodeQModule(c) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& a = in.at(0);
+    const at::Tensor& b = in.at(3);
+    at::Tensor ad = a.to(at::kDouble) - per_axis(in.at(2), a, -2, node(), "a_zero_point");
+    at::Tensor bd = b.to(at::kDouble) - per_axis(in.at(5), b, -1, node(), "b_zero_point");
+    at::Tensor acc = at::matmul(ad, bd);
+    at::Tensor m = (per_axis(in.at(1), a, -2, node(), "a_scale").to(at::kFloat) *
+                    per_axis(in.at(4), b, -1, node(), "b_scale").to(at::kFloat)) /
+                   in.at(6).to(at::kFloat).reshape({});
+    return {requantize(acc, m, in.at(7).reshape({}), node())};
+  }
+};
+
+// QLinearConv: ConvInteger plus the int32 bias, requantized (w_scale per output channel or
+// scalar).
+class QLinearConv final : public NodeQModule {
+ public:
+  explicit QLinearConv(const OpContext& c) : NodeQModule(c), win_(c.node), group_(c.node.attr_int("group", 1)) {}
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& x = in.at(0);
+    const at::Tensor& w = in.at(3);
+    at::Tensor xd = x.to(at::kDouble) - per_axis(in.at(2), x, 1, node(), "x_zero_point");
+    at::Tensor wd = w.to(at::kDouble) - per_axis(in.at(5), w, 0, node(), "w_zero_point");
+    at::Tensor bias = in.size() > 8 && in[8].defined() ? in[8].to(at::kDouble) : at::Tensor();
+    at::Tensor acc = onnx_conv(xd, wd, bias, win_, group_, node());
+    std::vector<std::int64_t> channel(static_cast<std::size_t>(acc.dim()), 1);
+    channel[1] = -1;
+    at::Tensor ws = in.at(4).to(at::kFloat).reshape({-1});
+    if (ws.numel() != 1 && ws.numel() != acc.size(1))
+      throw Error(describe() + ": w_scale has " + std::to_string(ws.numel()) + " values for " +
+                  std::to_string(acc.size(1)) + " output channels");
+    at::Tensor m = in.at(1).to(at::kFloat).reshape({}) *
+                   ws.reshape(ws.numel() == 1 ? std::vector<std::int64_t>{} : channel) /
+                   in.at(6).to(at::kFloat).reshape({});
+    return {requantize(acc, m, in.at(7).reshape({}), node())};
+  }
+
+ private:
+  Window win_;
+  std::int64_t group_;
+};
+
 void register_all(Registrar& r) {
   r.add_op<QQuantizeLinear>("QuantizeLinear");
   r.add_op<QDequantizeLinear>("DequantizeLinear");
+  r.add_op<QDynamicQuantizeLinear>("DynamicQuantizeLinear");
+  r.add_op<QMatMulInteger>("MatMulInteger");
+  r.add_op<QConvInteger>("ConvInteger");
+  r.add_op<QLinearMatMul>("QLinearMatMul");
+  r.add_op<QLinearConv>("QLinearConv");
 }
 
 }  // namespace

@@ -99,8 +99,8 @@ class QSTFT final : public NodeQModule {
     if (length < 1) throw Error(describe() + ": give a window or a frame_length");
     if (step < 1) throw Error(describe() + ": frame_step must be positive");
     if (signal.size(1) < length)
-      throw Error(describe() + ": the signal (" + std::to_string(signal.size(1)) + " samples) is shorter than a frame (" +
-                  std::to_string(length) + ")");
+      throw Error(describe() + ": the signal (" + std::to_string(signal.size(1)) +
+                  " samples) is shorter than a frame (" + std::to_string(length) + ")");
     if (onesided_ && signal.size(2) != 1) throw Error(describe() + ": onesided needs a real signal ([..., 1])");
     at::Tensor z = as_complex(signal, node()).unfold(1, length, step);  // [batch, frames, length]
     if (window.defined()) z = z * window.to(z.device(), at::kDouble);
@@ -155,7 +155,8 @@ class QMelWeightMatrix final : public NodeQModule {
     const std::int64_t dft = scalar_int(in.at(1), node(), "dft_length");
     const std::int64_t rate = scalar_int(in.at(2), node(), "sample_rate");
     const double low = in.at(3).reshape({-1})[0].item<double>(), high = in.at(4).reshape({-1})[0].item<double>();
-    if (mels < 1 || dft < 1 || rate < 1) throw Error(describe() + ": num_mel_bins, dft_length and sample_rate must be positive");
+    if (mels < 1 || dft < 1 || rate < 1)
+      throw Error(describe() + ": num_mel_bins, dft_length and sample_rate must be positive");
     if (!(low >= 0 && high > low && high <= rate / 2.0))
       throw Error(describe() + ": need 0 <= lower_edge_hertz < upper_edge_hertz <= sample_rate / 2");
     auto mel = [](double f) { return 2595.0 * std::log10(1.0 + f / 700.0); };
@@ -164,7 +165,8 @@ class QMelWeightMatrix final : public NodeQModule {
     std::vector<std::int64_t> point(static_cast<std::size_t>(mels + 2));
     for (std::int64_t i = 0; i < mels + 2; ++i) {
       const double hz = 700.0 * (std::pow(10.0, (mel_low + static_cast<double>(i) * step) / 2595.0) - 1.0);
-      point[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(std::floor(static_cast<double>(dft + 1) * hz / rate));
+      point[static_cast<std::size_t>(i)] =
+          static_cast<std::int64_t>(std::floor(static_cast<double>(dft + 1) * hz / rate));
     }
     at::Tensor w = at::zeros({bins, mels}, at::kDouble);
     auto a = w.accessor<double, 2>();

@@ -47,9 +47,8 @@ class QNonMaxSuppression final : public NodeQModule {
       corners = at::stack({b[1] - b[3] / 2, b[0] - b[2] / 2, b[1] + b[3] / 2, b[0] + b[2] / 2}, 2);
     } else {
       auto b = boxes.unbind(2);
-      corners = at::stack({at::minimum(b[0], b[2]), at::minimum(b[1], b[3]), at::maximum(b[0], b[2]),
-                           at::maximum(b[1], b[3])},
-                          2);
+      corners = at::stack(
+          {at::minimum(b[0], b[2]), at::minimum(b[1], b[3]), at::maximum(b[0], b[2]), at::maximum(b[1], b[3])}, 2);
     }
     corners = corners.contiguous();
     std::vector<std::int64_t> out;
@@ -142,8 +141,10 @@ class QRoiAlign final : public NodeQModule {
         roi_w = std::max(roi_w, 1.0);
         roi_h = std::max(roi_h, 1.0);
       }
-      const std::int64_t grid_h = sampling_ratio_ > 0 ? sampling_ratio_ : static_cast<std::int64_t>(std::ceil(roi_h / out_h_));
-      const std::int64_t grid_w = sampling_ratio_ > 0 ? sampling_ratio_ : static_cast<std::int64_t>(std::ceil(roi_w / out_w_));
+      const std::int64_t grid_h =
+          sampling_ratio_ > 0 ? sampling_ratio_ : static_cast<std::int64_t>(std::ceil(roi_h / out_h_));
+      const std::int64_t grid_w =
+          sampling_ratio_ > 0 ? sampling_ratio_ : static_cast<std::int64_t>(std::ceil(roi_w / out_w_));
       auto ya = axis(y0, roi_h / out_h_, out_h_, grid_h, height);
       auto xa = axis(x0, roi_w / out_w_, out_w_, grid_w, width);
       at::Tensor fm = x[b];  // [C, H, W]
@@ -212,8 +213,7 @@ class QRoiAlign final : public NodeQModule {
 // (bilinear, bicubic) and of opset 20 (linear, cubic).
 class QGridSample final : public NodeQModule {
  public:
-  explicit QGridSample(const OpContext& c)
-      : NodeQModule(c), align_corners_(c.node.attr_int("align_corners", 0) != 0) {
+  explicit QGridSample(const OpContext& c) : NodeQModule(c), align_corners_(c.node.attr_int("align_corners", 0) != 0) {
     const std::string mode = c.node.attr_string("mode", c.opset >= 20 ? "linear" : "bilinear");
     if (mode == "bilinear" || mode == "linear") mode_ = 0;
     else if (mode == "nearest") mode_ = 1;
