@@ -16,6 +16,7 @@
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
 
 namespace sparsebit {
 
@@ -366,7 +367,16 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector
 // Batcher
 
 Batcher::Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64_t batch_size, std::int64_t limit)
-    : data_(data), inputs_(inputs), batch_size_(batch_size), limit_(limit) {}
+    : data_(data), inputs_(inputs), batch_size_(batch_size), limit_(limit) {
+  // A model exported with a fixed batch (1 for most detectors with NonMaxSuppression, TF and
+  // Paddle exports) cannot take larger batches: its Reshapes name the batch size.
+  for (const auto& in : inputs)
+    if (in.has_shape && !in.shape.empty() && in.shape[0].value > 0 && in.shape[0].value < batch_size_) {
+      batch_size_ = in.shape[0].value;
+      sdk::log_debug("input '" + in.name + "' has a fixed batch of " + std::to_string(batch_size_) +
+                     "; batches take that many samples");
+    }
+}
 
 namespace {
 

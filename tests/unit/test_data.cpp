@@ -57,6 +57,20 @@ TEST(Data, NpyRoundTripAndSingleSamplesAndBatches) {
   EXPECT_EQ(sizes, (std::vector<std::int64_t>{4, 2}));
 }
 
+// A model exported with a fixed batch of one: a batch of 4 asked for becomes batches of one
+// sample, also from a file that holds several.
+TEST(Data, FixedBatchDimensionCapsTheBatchSize) {
+  testing::TempDir dir;
+  write_npy(at::rand({3, 1, 28, 28}), dir / "a.npy");
+  write_npy(at::rand({1, 28, 28}), dir / "b.npy");
+  std::vector<ValueInfo> in = image_input();
+  in[0].shape[0] = {1, ""};
+  auto d = open_dataset(dir.path().string(), in);
+  std::vector<std::int64_t> sizes;
+  EXPECT_EQ(drain(*d, in, 4, 0, &sizes), 4);
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{1, 1, 1, 1}));
+}
+
 // Text lines of different widths, one per file, for a model with a symbolic width: a batch
 // holds samples of one width only, and every sample is delivered once, in order.
 TEST(Data, SamplesOfDifferentSizesNeverShareABatch) {
