@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Lays out the bundled OCR models (examples/ocr: the text recognizer and the text detector,
-trained and exported at opset 11 with dynamic batch and width) in the layout of make_models.py
+"""Lays out the bundled OCR models (examples/ocr: the text recognizer, the CRNN recognizer with
+its bidirectional LSTMs, and the text detector, trained and exported at opset 11 with dynamic batch and width) in the layout of make_models.py
 (NAME/model.onnx, NAME/calib, NAME/eval, NAME/input_name), with data rendered by lines.py and
 pages.py: calibration samples of many widths, one per .npy file, and an evaluation batch at a
 width they do not share (with four copies perturbed by 1e-6, the noise floor of check_model.mjs).
@@ -42,6 +42,7 @@ def main():
     calib = [lines.render(lines.random_text(rng), rng) for _ in range(24)]
     test = np.stack([lines.render(lines.random_text(rng), rng, width=196) for _ in range(8)])
     lay_out(out, "ocr_recognizer", "text_recognizer.onnx", "line", calib, test)
+    lay_out(out, "ocr_crnn", "crnn_recognizer.onnx", "line", calib, test)
     calib = [pages.page(rng)[0] for _ in range(12)]
     test = np.stack([pages.page(rng, 200)[0] for _ in range(4)])
     lay_out(out, "ocr_detector", "text_detector.onnx", "page", calib, test)
