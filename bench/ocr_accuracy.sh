@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Accuracy on the OCR fixtures (examples/ocr): the text recognizer (exact-match over 200 and 1000 test
-# lines) and the text detector (cosine of the probability map to FP32, worst and mean page, and
+# Accuracy on the OCR fixtures (examples/ocr): the text recognizer and the CRNN recognizer
+# (exact-match over 200 and 1000 test lines) and the text detector (cosine of the probability map to FP32, worst and mean page, and
 # IoU of the thresholded map with the text masks),
 # calibrated on lines / pages of several widths rendered by lines.py / pages.py, quantized W8A8
 # for ONNX Runtime (per-channel int8 weights, per-tensor int8 activations) with each observer,
@@ -103,6 +103,23 @@ for target in "sqnr>=35" "cosine>=0.999" "cosine>=0.9999"; do
   config "$name" mse
   info=$(run "$rec" "$name" "$work/lines_calib" "$work/lines_test" --target "$target")
   echo "| mse, --target \"$target\" | $(exact "$work/$name.sim.npy") | $info |"
+done
+
+echo
+echo "## CRNN recognizer (examples/ocr/crnn_recognizer.onnx: CNN + two bidirectional LSTMs + CTC): exact-match on 200 and 1000 lines"
+echo
+echo "| W8A8 | exact-match, 200 lines | 1000 lines | quantize time |"
+echo "|---|---|---|---|"
+crnn="$ocr/crnn_recognizer.onnx"
+cp "$root/configs/w8a8_tensorrt.toml" "$work/crnn_tensorrt.toml"  # LSTMs float, convolutions INT8
+first=1
+for name in minmax percentile kl_histogram mse crnn_tensorrt; do
+  info=$(run "$crnn" "$name" "$work/lines_calib" "$work/lines_test")
+  if ((first)); then
+    echo "| FP32 | $(exact "$work/fp32.npy") | |"
+    first=0
+  fi
+  echo "| $name | $(exact "$work/$name.sim.npy") | $info |"
 done
 
 echo
