@@ -4,12 +4,14 @@
 
 #include <cstdio>
 #include <iostream>
+#include <functional>
 #include <map>
 #include <optional>
 
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/graph_dump.h"
+#include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/saturation.h"
@@ -59,14 +61,18 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
   sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{0});
   sb::Registry registry;
   registry.load(plugin_search(config_path));
-  std::map<std::string, std::pair<int, std::string>> histogram;  // op -> (count, plugin)
-  for (const auto* n : model.graph.nodes()) {
-    std::string op = (n->domain.empty() ? "" : n->domain + ":") + n->op_type;
-    auto& h = histogram[op];
-    ++h.first;
-    const auto* e = registry.op(n->op_type, n->domain);
-    h.second = e ? e->plugin : "";
-  }
+  std::map<std::string, std::pair<int, std::string>> histogram;            // op -> (count, plugin)
+  std::function<void(const sb::Graph&)> count = [&](const sb::Graph& g) {  // subgraphs' nodes count too
+    for (const auto* n : g.nodes()) {
+      std::string op = (n->domain.empty() ? "" : n->domain + ":") + n->op_type;
+      auto& h = histogram[op];
+      ++h.first;
+      const auto* e = registry.op(n->op_type, n->domain);
+      h.second = sb::is_control_flow(*n) ? "core (control flow)" : e ? e->plugin : "";
+      for (const sb::Graph* sub : n->subgraphs()) count(*sub);
+    }
+  };
+  count(model.graph);
   // Bit widths below 8 recorded by our exporter (Note [Narrow export]).
   json narrow = json::object();
   if (auto it = model.meta.metadata_props.find("sparsebit.bits"); it != model.meta.metadata_props.end()) {

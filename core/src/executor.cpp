@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <set>
 
 #include "sparsebit/core/onnx_io.h"
@@ -19,11 +20,59 @@ std::string dtype_name(const at::Tensor& t) {
   }
 }
 
+bool is_control_flow(const Node& n) {
+  return n.domain.empty() && (n.op_type == "If" || n.op_type == "Loop" || n.op_type == "Scan");
+}
+
+namespace {
+// The module of a control-flow node: quantizes nothing; the executor runs the node itself.
+class ControlFlowModule final : public QModule {
+ public:
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>&) override {
+    throw Error("internal: control flow runs in the executor");
+  }
+};
+
+std::int64_t scalar_of(const at::Tensor& t, const Node& n, const char* what) {
+  if (!t.defined() || t.numel() != 1) throw Error(n.describe() + ": " + what + " must hold exactly one value");
+  return t.reshape({}).to(at::kCPU).to(at::kLong).item<std::int64_t>();
+}
+}  // namespace
+
+struct Executor::ControlFlow {
+  std::map<std::string, std::unique_ptr<Executor>> bodies;  ///< attribute name -> executor
+  std::vector<std::string> implicit;                        ///< enclosing values the bodies read
+};
+
+Executor::~Executor() = default;
+
 Executor::Executor(const Graph& graph, const Registry& registry) : graph_(graph) {
   constants_ = graph.initializers;
   std::vector<std::string> missing;
   std::set<std::string> missing_ops;
-  for (const Node* n : graph.nodes()) {
+  const auto all = graph.nodes();
+  for (std::size_t index = 0; index < all.size(); ++index) {
+    const Node* n = all[index];
+    if (is_control_flow(*n)) {
+      auto cf = std::make_unique<ControlFlow>();
+      for (const auto& kv : n->attributes)
+        if (kv.second.kind == Attribute::Kind::kGraph && kv.second.graph)
+          cf->bodies[kv.first] = std::make_unique<Executor>(*kv.second.graph, registry);
+      const std::vector<std::string> needed = n->op_type == "If"
+                                                  ? std::vector<std::string>{"then_branch", "else_branch"}
+                                                  : std::vector<std::string>{"body"};
+      for (const auto& b : needed)
+        if (!cf->bodies.count(b)) throw Error(n->describe() + ": the subgraph attribute '" + b + "' is missing");
+      if (n->op_type == "Scan" && graph.default_opset() < 9)
+        throw Error(n->describe() +
+                    ": Scan-8 (with a batch axis and sequence_lens) is not supported; re-export at "
+                    "opset 9 or newer");
+      cf->implicit = n->implicit_inputs();
+      control_[index] = std::move(cf);
+      modules_.push_back({std::make_unique<ControlFlowModule>(), "core (control flow)"});
+      continue;
+    }
     const auto* entry = registry.op(n->op_type, n->domain);
     if (!entry) {
       std::string op = (n->domain.empty() ? "" : n->domain + ":") + n->op_type;
@@ -77,6 +126,8 @@ void Executor::to(const std::string& device) {
     at::globalContext().setAllowTF32CuBLAS(false);
   }
   for (auto& kv : constants_) kv.second = kv.second.to(d);
+  for (auto& [index, cf] : control_)
+    for (auto& [name, body] : cf->bodies) body->to(device);
 }
 
 std::map<std::string, int> Executor::use_counts() const {
@@ -84,10 +135,140 @@ std::map<std::string, int> Executor::use_counts() const {
   for (const Node* n : graph_.nodes())
     for (const auto& in : n->inputs)
       if (!in.empty() && !constants_.count(in)) ++counts[in];
+  for (const auto& [index, cf] : control_)
+    for (const auto& in : cf->implicit)
+      if (!constants_.count(in)) ++counts[in];
   return counts;
 }
 
-std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<at::Tensor>& inputs) {
+const std::vector<std::string>& Executor::implicit_inputs(std::size_t index) const {
+  static const std::vector<std::string> none;
+  auto it = control_.find(index);
+  return it == control_.end() ? none : it->second->implicit;
+}
+
+std::map<std::string, at::Tensor> Executor::scope_of(std::size_t index,
+                                                     const std::map<std::string, at::Tensor>& values) const {
+  std::map<std::string, at::Tensor> scope;
+  for (const auto& name : implicit_inputs(index)) {
+    if (auto c = constants_.find(name); c != constants_.end()) scope[name] = c->second;
+    else if (auto v = values.find(name); v != values.end()) scope[name] = v->second;
+  }
+  return scope;
+}
+
+std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std::vector<at::Tensor>& inputs,
+                                                   const std::map<std::string, at::Tensor>& scope) {
+  const Node& n = graph_.node(index);
+  ControlFlow& cf = *control_.at(index);
+  for (const auto& name : cf.implicit)
+    if (!scope.count(name)) throw Error(n.describe() + ": its subgraphs read '" + name + "', which was not given");
+  auto input = [&](std::size_t i) { return i < inputs.size() ? inputs[i] : at::Tensor(); };
+  auto check_outputs = [&](const std::vector<at::Tensor>& out, std::size_t want, const char* what) {
+    if (out.size() != want)
+      throw Error(n.describe() + ": its " + what + " gives " + std::to_string(out.size()) + " outputs, " +
+                  std::to_string(want) + " expected");
+  };
+  if (n.op_type == "If") {
+    const bool taken = scalar_of(input(0), n, "the condition") != 0;
+    auto out = cf.bodies.at(taken ? "then_branch" : "else_branch")->run({}, {}, &scope);
+    check_outputs(out, n.outputs.size(), taken ? "then_branch" : "else_branch");
+    return out;
+  }
+  Executor& body = *cf.bodies.at("body");
+  const Graph& bg = body.graph();
+  std::vector<at::Tensor> result;
+  if (n.op_type == "Loop") {
+    const bool has_trips = input(0).defined(), has_cond = input(1).defined();
+    if (!has_trips && !has_cond)
+      throw Error(n.describe() + ": a Loop with neither a trip count nor a condition never ends");
+    const std::int64_t trips = has_trips ? scalar_of(input(0), n, "the trip count M") : -1;
+    const std::size_t carried_count = inputs.size() > 2 ? inputs.size() - 2 : 0;
+    if (bg.inputs.size() != 2 + carried_count || bg.outputs.size() < 1 + carried_count)
+      throw Error(n.describe() + ": its body takes " + std::to_string(bg.inputs.size()) + " inputs and gives " +
+                  std::to_string(bg.outputs.size()) + " outputs for " + std::to_string(carried_count) +
+                  " loop-carried values (expected 2 + N inputs, 1 + N + K outputs)");
+    const std::size_t scan_count = bg.outputs.size() - 1 - carried_count;
+    std::vector<at::Tensor> carried(inputs.begin() + 2, inputs.end());
+    std::vector<std::vector<at::Tensor>> scans(scan_count);
+    at::Tensor cond = has_cond ? input(1) : at::ones({}, at::kBool);
+    bool going = scalar_of(cond, n, "the condition") != 0;
+    for (std::int64_t i = 0; going && (trips < 0 || i < trips); ++i) {
+      std::map<std::string, at::Tensor> feeds{{bg.inputs[0].name, at::full({}, i, at::kLong)},
+                                              {bg.inputs[1].name, cond}};
+      for (std::size_t j = 0; j < carried_count; ++j) feeds[bg.inputs[2 + j].name] = carried[j];
+      auto out = body.run(feeds, {}, &scope);
+      cond = out[0];
+      going = scalar_of(cond, n, "the body's condition output") != 0;
+      for (std::size_t j = 0; j < carried_count; ++j) carried[j] = out[1 + j];
+      for (std::size_t k = 0; k < scan_count; ++k) scans[k].push_back(out[1 + carried_count + k]);
+    }
+    result = carried;
+    for (auto& s : scans) result.push_back(s.empty() ? at::empty({0}) : at::stack(s, 0));
+  } else {  // Scan (opset 9 and later)
+    const std::int64_t m = n.attr_int("num_scan_inputs", 0);
+    if (m < 1 || m > static_cast<std::int64_t>(inputs.size()))
+      throw Error(n.describe() + ": num_scan_inputs must lie in 1.." + std::to_string(inputs.size()));
+    const std::size_t states = inputs.size() - static_cast<std::size_t>(m);
+    if (bg.inputs.size() != inputs.size() || bg.outputs.size() < states)
+      throw Error(n.describe() + ": its body takes " + std::to_string(bg.inputs.size()) + " inputs for " +
+                  std::to_string(inputs.size()) + " node inputs");
+    const std::size_t scan_out = bg.outputs.size() - states;
+    auto per = [&](const char* key, std::size_t count) {
+      auto v = n.attr_ints(key, std::vector<std::int64_t>(count, 0));
+      if (v.size() != count)
+        throw Error(n.describe() + ": " + key + " has " + std::to_string(v.size()) + " entries, " +
+                    std::to_string(count) + " expected");
+      return v;
+    };
+    const auto in_axes = per("scan_input_axes", static_cast<std::size_t>(m));
+    const auto in_dirs = per("scan_input_directions", static_cast<std::size_t>(m));
+    const auto out_axes = per("scan_output_axes", scan_out);
+    const auto out_dirs = per("scan_output_directions", scan_out);
+    std::vector<at::Tensor> seqs;
+    std::vector<std::int64_t> axes;
+    std::int64_t length = -1;
+    for (std::size_t k = 0; k < static_cast<std::size_t>(m); ++k) {
+      const at::Tensor& x = inputs[states + k];
+      std::int64_t axis = in_axes[k] < 0 ? in_axes[k] + x.dim() : in_axes[k];
+      if (axis < 0 || axis >= x.dim()) throw Error(n.describe() + ": scan_input_axes is out of range");
+      if (length >= 0 && x.size(axis) != length)
+        throw Error(n.describe() + ": scan inputs differ in length along their scan axes");
+      length = x.size(axis);
+      seqs.push_back(x);
+      axes.push_back(axis);
+    }
+    std::vector<at::Tensor> state(inputs.begin(), inputs.begin() + static_cast<long>(states));
+    std::vector<std::vector<at::Tensor>> scans(scan_out);
+    for (std::int64_t t = 0; t < length; ++t) {
+      std::map<std::string, at::Tensor> feeds;
+      for (std::size_t j = 0; j < states; ++j) feeds[bg.inputs[j].name] = state[j];
+      for (std::size_t k = 0; k < seqs.size(); ++k)
+        feeds[bg.inputs[states + k].name] = seqs[k].select(axes[k], in_dirs[k] ? length - 1 - t : t);
+      auto out = body.run(feeds, {}, &scope);
+      for (std::size_t j = 0; j < states; ++j) state[j] = out[j];
+      for (std::size_t k = 0; k < scan_out; ++k) scans[k].push_back(out[states + k]);
+    }
+    result = state;
+    for (std::size_t k = 0; k < scan_out; ++k) {
+      if (scans[k].empty()) {
+        result.push_back(at::empty({0}));
+        continue;
+      }
+      if (out_dirs[k]) std::reverse(scans[k].begin(), scans[k].end());
+      const std::int64_t rank = scans[k][0].dim() + 1;
+      std::int64_t axis = out_axes[k] < 0 ? out_axes[k] + rank : out_axes[k];
+      if (axis < 0 || axis >= rank) throw Error(n.describe() + ": scan_output_axes is out of range");
+      result.push_back(at::stack(scans[k], axis));
+    }
+  }
+  check_outputs(result, n.outputs.size(), "body");
+  return result;
+}
+
+std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<at::Tensor>& inputs,
+                                           const std::map<std::string, at::Tensor>& scope) {
+  if (control_.count(index)) return run_control_flow(index, inputs, scope);
   const Node& n = graph_.node(index);
   BoundModule& bound = modules_[index];
   std::vector<at::Tensor> out;
@@ -115,13 +296,22 @@ std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<
   return out;
 }
 
-std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& feeds, const InputHook& hook) {
+std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& feeds, const InputHook& hook,
+                                      const std::map<std::string, at::Tensor>* outer) {
   std::map<std::string, at::Tensor> live;
   for (const auto& in : graph_.inputs) {
     auto it = feeds.find(in.name);
     if (it == feeds.end()) throw Error("no value given for graph input '" + in.name + "'");
     live[in.name] = it->second;
   }
+  // A value from the graph's constants, the values computed so far, or enclosing scopes.
+  auto lookup = [&](const std::string& name, const Node& reader) -> at::Tensor {
+    if (auto c = constants_.find(name); c != constants_.end()) return c->second;
+    if (auto it = live.find(name); it != live.end()) return it->second;
+    if (outer)
+      if (auto it = outer->find(name); it != outer->end()) return it->second;
+    throw Error(reader.describe() + ": input '" + name + "' was not computed");
+  };
   auto counts = use_counts();
   std::set<std::string> outputs;
   for (const auto& o : graph_.outputs) outputs.insert(o.name);
@@ -134,26 +324,26 @@ std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& f
     for (std::size_t k = 0; k < n.inputs.size(); ++k) {
       const std::string& name = n.inputs[k];
       if (name.empty()) continue;
-      auto c = constants_.find(name);
-      if (c != constants_.end()) {
-        inputs[k] = c->second;
-      } else {
-        auto it = live.find(name);
-        if (it == live.end()) throw Error(n.describe() + ": input '" + name + "' was not computed");
-        inputs[k] = it->second;
-      }
+      inputs[k] = lookup(name, n);
       if (hook) inputs[k] = hook(i, k, inputs[k]);
     }
-    auto out = run_node(i, inputs);
+    std::map<std::string, at::Tensor> scope;  // what a control-flow node's bodies read
+    if (auto cf = control_.find(i); cf != control_.end())
+      for (const auto& name : cf->second->implicit) scope[name] = lookup(name, n);
+    auto out = run_node(i, inputs, scope);
     inputs.clear();
+    scope.clear();
     for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
       if (!n.outputs[k].empty()) live[n.outputs[k]] = std::move(out[k]);
     last_peak_live_ = std::max(last_peak_live_, live.size());
-    for (const auto& name : n.inputs) {
+    auto release = [&](const std::string& name) {
       auto it = counts.find(name);
-      if (it == counts.end()) continue;
+      if (it == counts.end()) return;
       if (--it->second == 0 && !outputs.count(name)) live.erase(name);
-    }
+    };
+    for (const auto& name : n.inputs) release(name);
+    if (auto cf = control_.find(i); cf != control_.end())
+      for (const auto& name : cf->second->implicit) release(name);
     // Outputs nobody reads (and that are not graph outputs) are released at once.
     for (const auto& name : n.outputs)
       if (!name.empty() && !counts.count(name) && !outputs.count(name)) live.erase(name);
@@ -166,8 +356,16 @@ std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& f
       continue;
     }
     auto it = live.find(o.name);
-    if (it == live.end()) throw Error("graph output '" + o.name + "' was not computed");
-    result.push_back(it->second);
+    if (it != live.end()) {
+      result.push_back(it->second);
+      continue;
+    }
+    if (outer)  // a subgraph output that passes an enclosing value through
+      if (auto e = outer->find(o.name); e != outer->end()) {
+        result.push_back(e->second);
+        continue;
+      }
+    throw Error("graph output '" + o.name + "' was not computed");
   }
   return result;
 }

@@ -135,7 +135,7 @@ std::vector<at::Tensor> LayerwiseRunner::quantized_outputs(std::size_t i, const 
   auto inputs = raw_inputs(i, values);
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (inputs[k].defined()) inputs[k] = slots_.apply(i, k, inputs[k], /*force=*/true);
-  return ex_.run_node(i, inputs);
+  return ex_.run_node(i, inputs, ex_.scope_of(i, values));
 }
 
 int LayerwiseRunner::bias_input(std::size_t i) const {
@@ -332,7 +332,7 @@ CalibrationStats LayerwiseRunner::run() {
         if (!n.outputs[k].empty()) values[n.outputs[k]] = std::move(out[k]);
     };
     for (std::size_t b = 0; b < fp_.size(); ++b) {
-      auto out = ex_.run_node(i, raw_inputs(i, fp_[b]));
+      auto out = ex_.run_node(i, raw_inputs(i, fp_[b]), ex_.scope_of(i, fp_[b]));
       store(fp_[b], out);
     }
     for (std::size_t b = 0; b < fp_.size(); ++b) {

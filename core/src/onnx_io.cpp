@@ -195,6 +195,76 @@ onnx::ModelProto convert_isolated(const onnx::ModelProto& proto, std::int64_t op
   return converted;
 }
 
+/// Reads a GraphProto's initializers, inputs, outputs and nodes into `g` (whose opset_imports
+/// are set); graph-valued attributes become subgraphs read the same way (Note [Subgraphs]).
+/// Node names are made unique across all nesting levels through `used_names`.
+void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, const std::string& name,
+                std::set<std::string>& used_names, bool main) {
+  for (const auto& init : gp.initializer()) {
+    g.initializers[init.name()] = tensor_from_proto(init, base, name + ": initializer '" + init.name() + "'");
+    if (init.data_type() == kInt4 || init.data_type() == kUint4 || init.data_type() == onnx::TensorProto::UINT16)
+      g.narrow_types[init.name()] = init.data_type();
+  }
+  if (gp.sparse_initializer_size() > 0) throw Error(name + ": sparse initializers are not supported");
+  for (const auto& in : gp.input()) {
+    if (!g.initializers.count(in.name())) g.inputs.push_back(value_info_from_proto(in));
+  }
+  for (const auto& out : gp.output()) {
+    const auto& type = out.type();  // sequence and optional types are reported where they are used
+    if (main && (type.value_case() == onnx::TypeProto::VALUE_NOT_SET ||
+                 (type.has_tensor_type() && type.tensor_type().elem_type() == 0))) {
+      throw Error(
+          name + ": graph output '" + printable(out.name()) +
+          "' declares no tensor element type; the model is malformed (re-export it, or fix its outputs' types)");
+    }
+    g.outputs.push_back(value_info_from_proto(out));
+  }
+
+  std::map<std::string, std::int32_t> known_types;  // element types the file states
+  for (const auto& init : gp.initializer()) known_types[init.name()] = init.data_type();
+  for (const auto& in : gp.input())
+    if (in.type().has_tensor_type() && !known_types.count(in.name()))
+      known_types[in.name()] = in.type().tensor_type().elem_type();
+  const std::int64_t opset = g.default_opset();
+
+  std::size_t index = 0;
+  for (const auto& np : gp.node()) {
+    Node n;
+    n.op_type = np.op_type();
+    n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
+    n.name = np.name().empty() ? n.op_type + "_" + std::to_string(index) : np.name();
+    ++index;
+    if (!used_names.insert(n.name).second) {  // names must be unique for globs and messages
+      std::string base_name = n.name;
+      for (int k = 1; !used_names.insert(n.name).second; ++k) n.name = base_name + "_" + std::to_string(k);
+    }
+    n.inputs.assign(np.input().begin(), np.input().end());
+    n.outputs.assign(np.output().begin(), np.output().end());
+    n.doc_string = np.doc_string();
+    verify_node(np, n, opset, known_types, name);
+    for (const auto& a : np.attribute()) {
+      if (a.type() == onnx::AttributeProto::GRAPH) {
+        Graph sub;
+        sub.opset_imports = g.opset_imports;
+        read_graph(a.g(), sub, base, name, used_names, /*main=*/false);
+        try {
+          sub.topological_sort();
+        } catch (const Error& e) {
+          throw Error(name + ": in '" + a.name() + "' of " + n.describe() + ": " + e.what());
+        }
+        n.attributes[a.name()] = Attribute::of_graph(std::move(sub));
+        continue;
+      }
+      n.attributes[a.name()] = attribute_from_proto(a, base, name + ": " + n.describe());
+    }
+    if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1) {
+      g.initializers[n.outputs[0]] = constant_value(n);
+      continue;
+    }
+    g.append(std::move(n));
+  }
+}
+
 Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const ImportOptions& options) {
   if (!proto.has_graph()) throw Error(name + ": the ONNX model has no graph");
   Model model;
@@ -225,58 +295,8 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   const fs::path base = fs::path(name).parent_path();
   Graph& g = model.graph;
   for (const auto& o : proto.opset_import()) g.opset_imports[o.domain() == "ai.onnx" ? "" : o.domain()] = o.version();
-  const auto& gp = proto.graph();
-  for (const auto& init : gp.initializer()) {
-    g.initializers[init.name()] = tensor_from_proto(init, base, name + ": initializer '" + init.name() + "'");
-    if (init.data_type() == kInt4 || init.data_type() == kUint4 || init.data_type() == onnx::TensorProto::UINT16)
-      g.narrow_types[init.name()] = init.data_type();
-  }
-  if (gp.sparse_initializer_size() > 0) throw Error(name + ": sparse initializers are not supported");
-  for (const auto& in : gp.input()) {
-    if (!g.initializers.count(in.name())) g.inputs.push_back(value_info_from_proto(in));
-  }
-  for (const auto& out : gp.output()) {
-    const auto& type = out.type();  // sequence and optional types are reported where they are used
-    if (type.value_case() == onnx::TypeProto::VALUE_NOT_SET ||
-        (type.has_tensor_type() && type.tensor_type().elem_type() == 0)) {
-      throw Error(
-          name + ": graph output '" + printable(out.name()) +
-          "' declares no tensor element type; the model is malformed (re-export it, or fix its outputs' types)");
-    }
-    g.outputs.push_back(value_info_from_proto(out));
-  }
-
-  std::map<std::string, std::int32_t> known_types;  // element types the file states
-  for (const auto& init : gp.initializer()) known_types[init.name()] = init.data_type();
-  for (const auto& in : gp.input())
-    if (in.type().has_tensor_type() && !known_types.count(in.name()))
-      known_types[in.name()] = in.type().tensor_type().elem_type();
-  const std::int64_t opset = g.default_opset();
-
   std::set<std::string> used_names;
-  std::size_t index = 0;
-  for (const auto& np : gp.node()) {
-    Node n;
-    n.op_type = np.op_type();
-    n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
-    n.name = np.name().empty() ? n.op_type + "_" + std::to_string(index) : np.name();
-    ++index;
-    if (!used_names.insert(n.name).second) {  // names must be unique for globs and messages
-      std::string base_name = n.name;
-      for (int k = 1; !used_names.insert(n.name).second; ++k) n.name = base_name + "_" + std::to_string(k);
-    }
-    n.inputs.assign(np.input().begin(), np.input().end());
-    n.outputs.assign(np.output().begin(), np.output().end());
-    n.doc_string = np.doc_string();
-    verify_node(np, n, opset, known_types, name);
-    for (const auto& a : np.attribute())
-      n.attributes[a.name()] = attribute_from_proto(a, base, name + ": " + n.describe());
-    if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1) {
-      g.initializers[n.outputs[0]] = constant_value(n);
-      continue;
-    }
-    g.append(std::move(n));
-  }
+  read_graph(proto.graph(), g, base, name, used_names, /*main=*/true);
   try {
     g.topological_sort();
     g.validate();
@@ -356,6 +376,45 @@ Model load_onnx(const std::string& path, const ImportOptions& options) {
   return load_onnx_from_bytes(bytes, path, options);
 }
 
+namespace {
+/// Writes the nodes of `graph` into `gp` (subgraphs as GraphProto attributes, with their own
+/// inputs, outputs and initializers), collecting the names of node outputs in `names`.
+void write_nodes(const Graph& graph, onnx::GraphProto* gp, std::set<std::string>& names) {
+  for (const auto* n : graph.nodes()) {
+    auto* np = gp->add_node();
+    np->set_name(n->name);
+    np->set_op_type(n->op_type);
+    if (!n->domain.empty()) np->set_domain(n->domain);
+    for (auto& s : n->inputs) np->add_input(s);
+    for (auto& s : n->outputs) {
+      np->add_output(s);
+      names.insert(s);
+    }
+    if (!n->doc_string.empty()) np->set_doc_string(n->doc_string);
+    for (const auto& kv : n->attributes) {
+      if (kv.second.kind != Attribute::Kind::kGraph) {
+        attribute_to_proto(kv.first, kv.second, np->add_attribute());
+        continue;
+      }
+      auto* ap = np->add_attribute();
+      ap->set_name(kv.first);
+      ap->set_type(onnx::AttributeProto::GRAPH);
+      const Graph& sub = *kv.second.graph;
+      auto* sp = ap->mutable_g();
+      sp->set_name(n->name + "_" + kv.first);
+      for (const auto& v : sub.inputs) value_info_to_proto(v, sp->add_input());
+      for (const auto& v : sub.outputs) value_info_to_proto(v, sp->add_output());
+      for (const auto& init : sub.initializers) {
+        auto narrow = sub.narrow_types.find(init.first);
+        tensor_to_proto(init.second, init.first, sp->add_initializer(),
+                        narrow == sub.narrow_types.end() ? 0 : narrow->second);
+      }
+      write_nodes(sub, sp, names);
+    }
+  }
+}
+}  // namespace
+
 std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options,
                            std::string* external, const std::string& external_location) {
   onnx::ModelProto proto;
@@ -395,19 +454,7 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
                     narrow == graph.narrow_types.end() ? 0 : narrow->second);
   }
   std::set<std::string> names;
-  for (const auto* n : graph.nodes()) {
-    auto* np = gp->add_node();
-    np->set_name(n->name);
-    np->set_op_type(n->op_type);
-    if (!n->domain.empty()) np->set_domain(n->domain);
-    for (auto& s : n->inputs) np->add_input(s);
-    for (auto& s : n->outputs) {
-      np->add_output(s);
-      names.insert(s);
-    }
-    if (!n->doc_string.empty()) np->set_doc_string(n->doc_string);
-    for (const auto& kv : n->attributes) attribute_to_proto(kv.first, kv.second, np->add_attribute());
-  }
+  write_nodes(graph, gp, names);
   // Drop shape annotations of tensors that no longer exist.
   auto* vi = gp->mutable_value_info();
   for (int i = vi->size() - 1; i >= 0; --i)

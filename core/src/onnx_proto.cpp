@@ -352,6 +352,7 @@ void attribute_to_proto(const std::string& key, const Attribute& a, onnx::Attrib
       for (auto& s : a.strings) p->add_strings(s);
       break;
     case Attribute::Kind::kOpaque: break;
+    case Attribute::Kind::kGraph: throw Error("internal: subgraph attributes are written by write_nodes()");
   }
 }
 

@@ -344,7 +344,13 @@ const std::map<std::string, std::vector<Step>>& rules() {
 void lift_node(Lifter& l, Node& n, std::int64_t from) {
   for (const auto& a : n.attributes)
     if (a.second.kind == Attribute::Kind::kOpaque)
-      l.refuse(n, "attribute '" + a.first + "' holds a subgraph or another kind the lifter cannot rewrite");
+      l.refuse(n, "attribute '" + a.first + "' holds a list of subgraphs or another kind the lifter cannot rewrite");
+  // If and Loop kept their meaning from opset 1 and 11; their bodies are lifted by lift_graph().
+  if (n.op_type == "If" || n.op_type == "Loop") return;
+  if (n.op_type == "Scan") {
+    if (from < 9) l.refuse(n, "Scan-8 (a batch axis and sequence_lens) differs from Scan-9; re-export at opset 9+");
+    return;
+  }
   // Upsample was deprecated at 10: one found in a newer model is still read as Upsample-9.
   std::int64_t version = n.op_type == "Upsample" ? std::min<std::int64_t>(from, 9) : from;
   for (;;) {
@@ -374,6 +380,23 @@ std::string describe_sample(const std::vector<at::Tensor>& sample) {
 
 }  // namespace
 
+/// Lifts the default-domain nodes of `g` and, in the same way, of every subgraph in it. Names
+/// are unique across nesting levels, so facts about enclosing values hold inside bodies; values
+/// computed inside a body have none, and rules fall back to what needs no facts or refuse.
+void lift_graph(Graph& g, const ValueFacts& facts, std::int64_t target, LiftReport& report, std::int64_t from) {
+  Lifter l(g, facts, target, report);
+  for (Node* n : g.nodes()) {
+    if (!n->domain.empty()) continue;
+    lift_node(l, *n, from);
+    for (auto& kv : n->attributes) {
+      if (kv.second.kind != Attribute::Kind::kGraph || !kv.second.graph) continue;
+      lift_graph(*kv.second.graph, facts, target, report, from);
+      kv.second.graph->topological_sort();
+    }
+  }
+  g.opset_imports[""] = target;
+}
+
 LiftReport lift_opset(Graph& graph, std::int64_t target, const ValueFacts& facts) {
   LiftReport report;
   report.from = graph.default_opset();
@@ -383,10 +406,7 @@ LiftReport lift_opset(Graph& graph, std::int64_t target, const ValueFacts& facts
     throw Error("opset " + std::to_string(report.from) + " is older than the lifting rules start (" +
                 std::to_string(kMinLiftableOpset) + ")");
   Graph lifted = graph.clone();  // all or nothing: the caller's graph changes only on success
-  Lifter l(lifted, facts, target, report);
-  for (Node* n : lifted.nodes())
-    if (n->domain.empty()) lift_node(l, *n, report.from);
-  lifted.opset_imports[""] = target;
+  lift_graph(lifted, facts, target, report, report.from);
   lifted.topological_sort();
   lifted.validate();
   graph = std::move(lifted);

@@ -255,7 +255,7 @@ class TargetSearch {
       };
       const std::map<std::string, at::Tensor> none;
       for (std::size_t i = 0; i < nodes.size(); ++i) {
-        auto out = ex.run_node(i, inputs_of(*nodes[i], none));
+        auto out = ex.run_node(i, inputs_of(*nodes[i], none), ex.scope_of(i, values));
         for (std::size_t k = 0; k < nodes[i]->outputs.size() && k < out.size(); ++k)
           if (!nodes[i]->outputs[k].empty()) values[nodes[i]->outputs[k]] = out[k];
       }
@@ -266,12 +266,16 @@ class TargetSearch {
           const Node& n = *nodes[i];
           bool touched = i == start;
           for (const auto& name : n.inputs) touched = touched || changed.count(name);
+          for (const auto& name : ex.implicit_inputs(i)) touched = touched || changed.count(name);
           if (!touched) continue;
           auto in = inputs_of(n, changed);
           if (i == start)
             for (std::size_t k = 0; k < in.size(); ++k)
               if (in[k].defined()) in[k] = qs.apply(i, k, in[k], /*force=*/true);
-          auto out = ex.run_node(i, in);
+          auto scope = ex.scope_of(i, values);
+          for (auto& [name, v] : scope)
+            if (auto c = changed.find(name); c != changed.end()) v = c->second;
+          auto out = ex.run_node(i, in, scope);
           for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
             if (!n.outputs[k].empty()) changed[n.outputs[k]] = out[k];
         }

@@ -54,6 +54,13 @@ Attribute Attribute::of_tensor(at::Tensor v) {
   return a;
 }
 
+Attribute Attribute::of_graph(Graph g) {
+  Attribute a;
+  a.kind = Kind::kGraph;
+  a.graph = std::make_shared<Graph>(std::move(g));
+  return a;
+}
+
 const char* Attribute::kind_name() const {
   switch (kind) {
     case Kind::kFloat: return "float";
@@ -63,7 +70,8 @@ const char* Attribute::kind_name() const {
     case Kind::kFloats: return "floats";
     case Kind::kInts: return "ints";
     case Kind::kStrings: return "strings";
-    case Kind::kOpaque: return "graph/sparse/type";
+    case Kind::kOpaque: return "graphs/sparse/type";
+    case Kind::kGraph: return "graph";
   }
   return "?";
 }
@@ -74,6 +82,20 @@ const char* Attribute::kind_name() const {
 std::string Node::describe() const {
   return "node '" + printable(name) + "' (" + (domain.empty() ? "" : printable(domain) + ":") + printable(op_type) +
          ")";
+}
+
+std::vector<const Graph*> Node::subgraphs() const {
+  std::vector<const Graph*> out;
+  for (const auto& kv : attributes)
+    if (kv.second.kind == Attribute::Kind::kGraph && kv.second.graph) out.push_back(kv.second.graph.get());
+  return out;
+}
+
+std::vector<std::string> Node::implicit_inputs() const {
+  std::set<std::string> names;
+  for (const Graph* g : subgraphs())
+    for (auto& name : g->outer_reads()) names.insert(name);
+  return {names.begin(), names.end()};
 }
 
 namespace {
@@ -144,6 +166,14 @@ struct Graph::Impl {
     used.insert(n.name);
     for (auto& v : n.inputs) used.insert(v);
     for (auto& v : n.outputs) used.insert(v);
+    for (const Graph* g : n.subgraphs()) index_subgraph(*g);
+  }
+  // Names of every nesting level are taken (Note [Subgraphs]).
+  void index_subgraph(const Graph& g) const {
+    for (auto& v : g.inputs) used.insert(v.name);
+    for (auto& v : g.outputs) used.insert(v.name);
+    for (auto& kv : g.initializers) used.insert(kv.first);
+    for (const Node* n : g.nodes()) index_names(*n);
   }
   std::list<Node>::iterator find(const Node* n) {
     auto it = where.find(n);
@@ -185,6 +215,10 @@ Graph Graph::clone() const {
   g.narrow_types = narrow_types;
   g.opset_imports = opset_imports;
   g.impl_->nodes = impl_->nodes;
+  for (auto& n : g.impl_->nodes)
+    for (auto& kv : n.attributes)
+      if (kv.second.kind == Attribute::Kind::kGraph && kv.second.graph)
+        kv.second.graph = std::make_shared<Graph>(kv.second.graph->clone());
   g.impl_->reindex();
   return g;
 }
@@ -268,10 +302,38 @@ bool Graph::is_graph_input(const std::string& value) const {
   return std::any_of(inputs.begin(), inputs.end(), [&](const ValueInfo& v) { return v.name == value; });
 }
 
+namespace {
+bool defines(const Graph& g, const std::string& name) {
+  if (g.initializers.count(name) || g.is_graph_input(name)) return true;
+  for (const Node* n : g.nodes())
+    for (auto& o : n->outputs)
+      if (o == name) return true;
+  return false;
+}
+
+// Renames reads of an enclosing scope's value inside the subgraphs of `n`, down to where a
+// level defines the name itself.
+void rename_in_subgraphs(Node& n, const std::string& from, const std::string& to) {
+  for (auto& kv : n.attributes) {
+    if (kv.second.kind != Attribute::Kind::kGraph || !kv.second.graph || defines(*kv.second.graph, from)) continue;
+    Graph& g = *kv.second.graph;
+    for (Node* inner : g.nodes()) {
+      for (auto& in : inner->inputs)
+        if (in == from) in = to;
+      rename_in_subgraphs(*inner, from, to);
+    }
+    for (auto& o : g.outputs)
+      if (o.name == from) o.name = to;
+  }
+}
+}  // namespace
+
 void Graph::replace_all_uses(const std::string& from, const std::string& to) {
-  for (auto& n : impl_->nodes)
+  for (auto& n : impl_->nodes) {
     for (auto& in : n.inputs)
       if (in == from) in = to;
+    rename_in_subgraphs(n, from, to);
+  }
   for (auto& o : outputs)
     if (o.name == from) o.name = to;
 }
@@ -306,13 +368,16 @@ void Graph::topological_sort() {
       if (!o.empty()) producer_of[o] = i;
   std::vector<std::size_t> waiting(at.size(), 0);
   std::vector<std::vector<std::size_t>> readers(at.size());
-  for (std::size_t i = 0; i < at.size(); ++i)
-    for (auto& in : at[i]->inputs) {
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    std::vector<std::string> reads = at[i]->inputs;
+    for (auto& in : at[i]->implicit_inputs()) reads.push_back(in);  // Note [Subgraphs]
+    for (auto& in : reads) {
       auto p = in.empty() ? producer_of.end() : producer_of.find(in);
       if (p == producer_of.end()) continue;  // graph inputs, initializers, unknown names
       ++waiting[i];
       readers[p->second].push_back(i);
     }
+  }
   std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
   for (std::size_t i = 0; i < at.size(); ++i)
     if (waiting[i] == 0) ready.push(i);
@@ -339,10 +404,14 @@ std::size_t Graph::prune_dead() {
   // One pass from the back: in topological order every reader of a node's outputs comes after
   // it, so when a node is reached its outputs' read counts are final.
   std::unordered_map<std::string, std::size_t> reads;
+  std::unordered_map<const Node*, std::vector<std::string>> implicit;  // Note [Subgraphs]
   for (auto& o : outputs) ++reads[o.name];
-  for (auto& n : impl_->nodes)
+  for (auto& n : impl_->nodes) {
     for (auto& in : n.inputs)
       if (!in.empty()) ++reads[in];
+    if (!n.subgraphs().empty())
+      for (auto& in : implicit[&n] = n.implicit_inputs()) ++reads[in];
+  }
   std::size_t removed = 0;
   for (auto it = impl_->nodes.end(); it != impl_->nodes.begin();) {
     --it;
@@ -353,6 +422,8 @@ std::size_t Graph::prune_dead() {
     if (used) continue;
     for (auto& in : it->inputs)
       if (!in.empty()) --reads[in];
+    if (auto im = implicit.find(&*it); im != implicit.end())
+      for (auto& in : im->second) --reads[in];
     impl_->where.erase(&*it);
     it = impl_->nodes.erase(it);
     ++removed;
@@ -366,25 +437,59 @@ std::size_t Graph::prune_dead() {
   return removed;
 }
 
-void Graph::validate() const {
+namespace {
+// Validates `g` in a scope where `outer` (null for a main graph) is visible; `where` prefixes
+// messages about a subgraph ("in 'then_branch' of node 'if1' (If): ").
+void validate_scope(const Graph& g, const std::unordered_set<std::string>* outer, const std::string& where) {
   std::unordered_map<std::string, std::string> defined;  // name -> who defines it
   auto define = [&](const std::string& name, const std::string& who) {
     if (name.empty()) return;
     auto [it, fresh] = defined.emplace(name, who);
     if (!fresh && it->second != who)
-      throw Error("tensor '" + name + "' is defined twice: by " + it->second + " and by " + who);
+      throw Error(where + "tensor '" + name + "' is defined twice: by " + it->second + " and by " + who);
   };
-  for (auto& v : inputs) define(v.name, "graph input");
-  for (auto& kv : initializers)
+  for (auto& v : g.inputs) define(v.name, "graph input");
+  for (auto& kv : g.initializers)
     if (!defined.count(kv.first)) define(kv.first, "initializer");
+  const auto nodes = g.nodes();
+  for (const Node* n : nodes)
+    for (auto& o : n->outputs) define(o, n->describe());
+  auto visible = [&](const std::string& name) { return defined.count(name) || (outer && outer->count(name)); };
+  for (const Node* n : nodes) {
+    for (auto& in : n->inputs)
+      if (!in.empty() && !visible(in))
+        throw Error(where + n->describe() + " reads tensor '" + in +
+                    "' that no node, graph input or initializer produces");
+    if (n->subgraphs().empty()) continue;
+    std::unordered_set<std::string> scope = outer ? *outer : std::unordered_set<std::string>{};
+    for (auto& kv : defined) scope.insert(kv.first);
+    for (auto& kv : n->attributes)
+      if (kv.second.kind == Attribute::Kind::kGraph && kv.second.graph)
+        validate_scope(*kv.second.graph, &scope, where + "in '" + kv.first + "' of " + n->describe() + ": ");
+  }
+  for (auto& o : g.outputs)
+    if (!visible(o.name)) throw Error(where + "graph output '" + o.name + "' is never produced");
+}
+}  // namespace
+
+void Graph::validate() const { validate_scope(*this, nullptr, ""); }
+
+std::vector<std::string> Graph::outer_reads() const {
+  std::unordered_set<std::string> defined;
+  for (auto& v : inputs) defined.insert(v.name);
+  for (auto& kv : initializers) defined.insert(kv.first);
   for (auto& n : impl_->nodes)
-    for (auto& o : n.outputs) define(o, n.describe());
-  for (auto& n : impl_->nodes)
-    for (auto& in : n.inputs)
-      if (!in.empty() && !defined.count(in))
-        throw Error(n.describe() + " reads tensor '" + in + "' that no node, graph input or initializer produces");
-  for (auto& o : outputs)
-    if (!defined.count(o.name)) throw Error("graph output '" + o.name + "' is never produced");
+    for (auto& o : n.outputs) defined.insert(o);
+  std::set<std::string> out;
+  auto read = [&](const std::string& name) {
+    if (!name.empty() && !defined.count(name)) out.insert(name);
+  };
+  for (auto& n : impl_->nodes) {
+    for (auto& in : n.inputs) read(in);
+    for (auto& in : n.implicit_inputs()) read(in);
+  }
+  for (auto& o : outputs) read(o.name);  // a body output may pass an outer value through
+  return {out.begin(), out.end()};
 }
 
 }  // namespace sparsebit

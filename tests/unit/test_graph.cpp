@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/graph.h"
@@ -82,6 +83,85 @@ TEST(Graph, UniqueNameAvoidsEveryUsedName) {
   Graph g = chain();
   EXPECT_EQ(g.unique_name("y"), "y_1");
   EXPECT_EQ(g.unique_name("fresh"), "fresh");
+}
+
+// x -> Relu -> y; If(c) whose then-branch reads y and whose else-branch reads x from the
+// enclosing graph (Note [Subgraphs]).
+Graph with_if() {
+  Graph g;
+  g.inputs.push_back({"x", 1, false, {}, ""});
+  g.inputs.push_back({"c", 9, false, {}, ""});
+  g.outputs.push_back({"z", 1, false, {}, ""});
+  g.opset_imports[""] = 13;
+  Graph then_branch, else_branch;
+  then_branch.outputs.push_back({"t", 1, false, {}, ""});
+  then_branch.append(make_node("t_neg", "Neg", {"y"}, {"t"}));
+  else_branch.outputs.push_back({"e", 1, false, {}, ""});
+  else_branch.append(make_node("e_abs", "Abs", {"x"}, {"e"}));
+  Node cond = make_node("if", "If", {"c"}, {"z"});
+  cond.attributes["then_branch"] = Attribute::of_graph(std::move(then_branch));
+  cond.attributes["else_branch"] = Attribute::of_graph(std::move(else_branch));
+  g.append(std::move(cond));  // before the producer of what its branch reads
+  g.append(make_node("relu", "Relu", {"x"}, {"y"}));
+  return g;
+}
+
+TEST(Graph, SubgraphReadsAreImplicitInputsOfTheirNode) {
+  Graph g = with_if();
+  const Node& cond = *g.find_node("if");
+  EXPECT_EQ(cond.implicit_inputs(), (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(cond.subgraphs().size(), 2u);
+  g.topological_sort();  // the If reads y implicitly: it moves after the Relu
+  EXPECT_EQ(g.node(0).name, "relu");
+  EXPECT_EQ(g.node(1).name, "if");
+  EXPECT_NO_THROW(g.validate());
+  EXPECT_EQ(g.prune_dead(), 0u);  // y is read only inside the then-branch, yet kept
+  g.replace_all_uses("y", "y2");
+  g.find_node("relu")->outputs[0] = "y2";
+  EXPECT_EQ(g.find_node("if")->subgraphs()[1]->node(0).inputs[0], "y2");  // then_branch sorts after else_branch
+  EXPECT_NO_THROW(g.validate());
+  const std::string fresh = g.unique_name("t");  // a name used only inside a branch is taken too
+  EXPECT_NE(fresh, "t");
+  Graph copy = g.clone();  // deep: editing the copy's branch leaves the original's alone
+  copy.find_node("if")->attributes.at("then_branch").graph->node(0).op_type = "Abs";
+  EXPECT_EQ(g.find_node("if")->attributes.at("then_branch").graph->node(0).op_type, "Neg");
+}
+
+TEST(Graph, ValidateNamesTheBranchAndNodeOfAnUnresolvedRead) {
+  Graph g = with_if();
+  g.topological_sort();
+  g.find_node("if")->attributes.at("else_branch").graph->node(0).inputs[0] = "nowhere";
+  try {
+    g.validate();
+    FAIL();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("in 'else_branch' of node 'if' (If)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("node 'e_abs' (Abs) reads tensor 'nowhere'"), std::string::npos) << msg;
+  }
+}
+
+// ONNX's own If and Loop models: imported with their bodies, written back, read again, and run
+// by the executor against the expected outputs.
+TEST(OnnxIO, SubgraphsRoundTripAndRun) {
+  for (const char* test : {"test_if", "test_loop11", "test_scan9_sum"}) {
+    const std::string dir = std::string(ONNX_TESTDATA_DIR) + "/node/" + test;
+    Model m = load_onnx(dir + "/model.onnx");
+    Model back = load_onnx_from_bytes(serialize_onnx(m.graph, m.meta), test);
+    ASSERT_EQ(back.graph.num_nodes(), m.graph.num_nodes()) << test;
+    std::size_t bodies = 0;
+    for (const Node* n : back.graph.nodes()) bodies += n->subgraphs().size();
+    EXPECT_GT(bodies, 0u) << test;
+    Executor ex(back.graph, testing::shipped_registry());
+    std::map<std::string, at::Tensor> feeds;
+    for (std::size_t i = 0; i < back.graph.inputs.size(); ++i)
+      feeds[back.graph.inputs[i].name] = load_tensor_pb(dir + "/test_data_set_0/input_" + std::to_string(i) + ".pb");
+    auto out = ex.run(feeds);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      at::Tensor want = load_tensor_pb(dir + "/test_data_set_0/output_" + std::to_string(i) + ".pb");
+      EXPECT_TRUE(at::allclose(out[i].to(want.scalar_type()), want)) << test << " output " << i;
+    }
+  }
 }
 
 TEST(OnnxIO, RoundTripKeepsNodesAttributesAndInitializers) {

@@ -4,6 +4,13 @@
 /// op runs on the shapes that arrive) and frees each intermediate tensor as soon as its last
 /// reader has run.
 ///
+/// Note [Control flow]
+/// If, Loop and Scan run in the executor itself, not in a plugin: each holds an executor per
+/// subgraph, and runs it with the values its bodies read from enclosing scopes (its implicit
+/// inputs, Note [Subgraphs] in graph.h) visible. Those values count as reads of the node for
+/// release. Body nodes run in float: the input hook sees the nodes of the graph it was given
+/// only, so quantizers and observers act outside bodies.
+///
 /// Note [Release by out-degree]
 /// Before a run, every non-constant value gets a count of the node inputs that read it (a
 /// node reading it twice counts twice). After a node runs, the count of each of its inputs
@@ -24,11 +31,15 @@ namespace sparsebit {
 
 class Registry;
 
-/// A node's QModule plus where it came from (for messages).
+/// A node's QModule plus where it came from (for messages). Control-flow nodes get a module of
+/// the core's that quantizes nothing (Note [Control flow]).
 struct BoundModule {
   std::unique_ptr<QModule> module;
   std::string plugin;
 };
+
+/// If, Loop or Scan of the default domain: run by the executor (Note [Control flow]).
+SPARSEBIT_API bool is_control_flow(const Node& n);
 
 class SPARSEBIT_API Executor {
  public:
@@ -41,11 +52,22 @@ class SPARSEBIT_API Executor {
   /// sees (fake-quantized, observed, ...). May be empty.
   using InputHook = std::function<at::Tensor(std::size_t node, std::size_t input, const at::Tensor& value)>;
 
-  /// Runs the graph on `feeds` (graph input name -> tensor), returns the graph outputs in order.
-  std::vector<at::Tensor> run(const std::map<std::string, at::Tensor>& feeds, const InputHook& hook = {});
+  ~Executor();
 
-  /// Runs node `index` alone; errors name the node and the plugin.
-  std::vector<at::Tensor> run_node(std::size_t index, const std::vector<at::Tensor>& inputs);
+  /// Runs the graph on `feeds` (graph input name -> tensor), returns the graph outputs in order.
+  /// `outer`: values of enclosing scopes a subgraph reads (Note [Control flow]).
+  std::vector<at::Tensor> run(const std::map<std::string, at::Tensor>& feeds, const InputHook& hook = {},
+                              const std::map<std::string, at::Tensor>* outer = nullptr);
+
+  /// Runs node `index` alone; errors name the node and the plugin. A control-flow node whose
+  /// bodies read enclosing values needs them in `scope`.
+  std::vector<at::Tensor> run_node(std::size_t index, const std::vector<at::Tensor>& inputs,
+                                   const std::map<std::string, at::Tensor>& scope = {});
+
+  /// Enclosing values the subgraphs of control-flow node `index` read (empty for other nodes).
+  const std::vector<std::string>& implicit_inputs(std::size_t index) const;
+  /// Those values for a node-by-node run: from the constants, else from `values`.
+  std::map<std::string, at::Tensor> scope_of(std::size_t index, const std::map<std::string, at::Tensor>& values) const;
 
   /// Number of node inputs reading each non-constant value (see Note [Release by out-degree]).
   std::map<std::string, int> use_counts() const;
@@ -65,8 +87,13 @@ class SPARSEBIT_API Executor {
   std::size_t last_peak_live() const { return last_peak_live_; }
 
  private:
+  struct ControlFlow;
+  std::vector<at::Tensor> run_control_flow(std::size_t index, const std::vector<at::Tensor>& inputs,
+                                           const std::map<std::string, at::Tensor>& scope);
+
   const Graph& graph_;
   std::vector<BoundModule> modules_;
+  std::map<std::size_t, std::unique_ptr<ControlFlow>> control_;  ///< node index -> its subgraph executors
   std::map<std::string, at::Tensor> constants_;
   std::size_t last_peak_live_ = 0;
 };

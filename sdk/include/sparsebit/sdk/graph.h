@@ -22,10 +22,13 @@
 
 namespace sparsebit {
 
-/// One ONNX attribute. Kinds the IR does not interpret (graphs, sparse tensors, type protos)
-/// are kept as the serialized AttributeProto and written back unchanged.
+class Graph;
+
+/// One ONNX attribute. A graph-valued attribute (If's branches, Loop's and Scan's body) is a
+/// Graph of its own (Note [Subgraphs]); kinds the IR does not interpret (lists of graphs, sparse
+/// tensors, type protos) are kept as the serialized AttributeProto and written back unchanged.
 struct SPARSEBIT_API Attribute {
-  enum class Kind { kFloat, kInt, kString, kTensor, kFloats, kInts, kStrings, kOpaque };
+  enum class Kind { kFloat, kInt, kString, kTensor, kFloats, kInts, kStrings, kOpaque, kGraph };
   Kind kind = Kind::kInt;
   double f = 0;
   std::int64_t i = 0;
@@ -34,7 +37,8 @@ struct SPARSEBIT_API Attribute {
   std::vector<double> floats;
   std::vector<std::int64_t> ints;
   std::vector<std::string> strings;
-  std::string opaque;  ///< serialized onnx::AttributeProto for Kind::kOpaque
+  std::string opaque;            ///< serialized onnx::AttributeProto for Kind::kOpaque
+  std::shared_ptr<Graph> graph;  ///< Kind::kGraph (Graph::clone() copies it deeply)
 
   static Attribute of_int(std::int64_t v);
   static Attribute of_float(double v);
@@ -42,6 +46,7 @@ struct SPARSEBIT_API Attribute {
   static Attribute of_ints(std::vector<std::int64_t> v);
   static Attribute of_floats(std::vector<double> v);
   static Attribute of_tensor(at::Tensor v);
+  static Attribute of_graph(Graph g);
   const char* kind_name() const;
 };
 
@@ -82,10 +87,24 @@ class SPARSEBIT_API Node {
   bool has_input(std::size_t i) const { return i < inputs.size() && !inputs[i].empty(); }
   /// "node 'conv1' (Conv)" for messages.
   std::string describe() const;
+  /// The subgraphs among its attributes (If: then_branch, else_branch; Loop, Scan: body).
+  std::vector<const Graph*> subgraphs() const;
+  /// Names its subgraphs read from enclosing scopes (Note [Subgraphs]), sorted: values the node
+  /// needs besides `inputs`.
+  std::vector<std::string> implicit_inputs() const;
 };
 
 /// A graph: nodes kept in a valid topological order, graph inputs/outputs, initializers.
 /// Node pointers stay valid until the node is erased.
+///
+/// Note [Subgraphs]
+/// A subgraph (an attribute of kind kGraph) is a Graph whose nodes may read, besides its own
+/// inputs, initializers and node outputs, any value visible where its node sits (ONNX's outer
+/// scope). Such reads are the node's implicit inputs: topological_sort() orders the node after
+/// their producers, prune_dead() keeps them, validate() checks they resolve (and validates each
+/// subgraph in its scope), replace_all_uses() renames them inside subgraphs too, and
+/// unique_name() avoids every name of every nesting level. consumers() lists explicit inputs
+/// only: a pass that rewrites a value should check implicit_inputs() of control-flow nodes.
 class SPARSEBIT_API Graph {
  public:
   Graph();
@@ -143,8 +162,12 @@ class SPARSEBIT_API Graph {
   /// Removes nodes whose outputs nobody reads and initializers nobody uses; returns how many
   /// nodes were removed.
   std::size_t prune_dead();
-  /// Checks every input name has a producer and every name has one producer; throws Error.
+  /// Checks every input name has a producer and every name has one producer, also inside
+  /// subgraphs; throws Error.
   void validate() const;
+  /// Names read by this graph's nodes (implicitly too) that it does not define itself: what a
+  /// subgraph takes from enclosing scopes.
+  std::vector<std::string> outer_reads() const;
 
  private:
   struct Impl;
