@@ -82,7 +82,7 @@ Model tune_batchnorm(const Model& model, const Config& config, const Registry& r
         constants.at(s.var).copy_((sumsq / count - mean * mean).clamp_min(0));
       }
     });
-    samples += b->inputs[0].size(0);
+    samples += b->rows;
   }
   if (samples == 0) throw Error("bn_tuning: " + calib + " yielded no samples");
 

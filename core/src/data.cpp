@@ -367,15 +367,23 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector
 // Batcher
 
 Batcher::Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64_t batch_size, std::int64_t limit)
-    : data_(data), inputs_(inputs), batch_size_(batch_size), limit_(limit) {
-  // A model exported with a fixed batch (1 for most detectors with NonMaxSuppression, TF and
-  // Paddle exports) cannot take larger batches: its Reshapes name the batch size.
-  for (const auto& in : inputs)
+    : data_(data), inputs_(inputs), lead_(std::string::npos), batch_size_(batch_size), limit_(limit) {
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const ValueInfo& in = inputs[i];
+    scalar_.push_back(in.has_shape && in.shape.empty());
+    if (!scalar_.back() && lead_ == std::string::npos) lead_ = i;
+    // A model exported with a fixed batch (1 for most detectors with NonMaxSuppression, TF and
+    // Paddle exports) cannot take larger batches: its Reshapes name the batch size.
     if (in.has_shape && !in.shape.empty() && in.shape[0].value > 0 && in.shape[0].value < batch_size_) {
       batch_size_ = in.shape[0].value;
       sdk::log_debug("input '" + in.name + "' has a fixed batch of " + std::to_string(batch_size_) +
                      "; batches take that many samples");
     }
+  }
+  if (std::count(scalar_.begin(), scalar_.end(), true) > 0 && batch_size_ > 1) {
+    batch_size_ = 1;  // a scalar input has no batch dimension to stack samples along
+    sdk::log_debug("the model takes a 0-d input; batches take one sample");
+  }
 }
 
 namespace {
@@ -384,6 +392,14 @@ namespace {
 at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source, bool batched) {
   const std::string what = source + " (for model input '" + in.name + "')";
   if (!t.defined()) throw Error(what + ": no tensor");
+  if (in.has_shape && in.shape.empty()) {  // a 0-d input: one value per record
+    if (in.elem_type != 0 && onnx_type_of(t.scalar_type()) != in.elem_type)
+      throw Error(what + ": data is " + dtype_name(t) + ", the model input is " + onnx_type_name(in.elem_type) +
+                  "; convert the data (e.g. numpy .astype) before calibrating");
+    if (t.numel() != 1)
+      throw Error(what + ": the model input is a scalar (0-d), the data has shape " + c10::str(t.sizes()));
+    return t.reshape({});
+  }
   if (t.dim() == 0) {
     throw Error(what +
                 ": holds a 0-d array (one scalar); a sample needs the model input's dimensions, at least a "
@@ -438,12 +454,15 @@ at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source,
 }  // namespace
 
 std::optional<Batch> Batcher::next() {
-  auto pending_rows = [&]() -> std::int64_t { return pending_.empty() ? 0 : pending_[0].size(0); };
+  auto pending_rows = [&]() -> std::int64_t {
+    if (pending_.empty()) return 0;
+    return lead_ == std::string::npos ? 1 : pending_[lead_].size(0);
+  };
   // Samples of other sizes (symbolic dims: text lines of different widths) never share a batch:
   // a record whose sizes differ from the pending ones waits for the next batch.
   auto same_sizes = [&](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
     for (std::size_t i = 0; i < a.size(); ++i)
-      if (a[i].sizes().slice(1) != b[i].sizes().slice(1)) return false;
+      if (scalar_[i] ? !at::equal(a[i], b[i]) : a[i].sizes().slice(1) != b[i].sizes().slice(1)) return false;
     return true;
   };
   while (pending_rows() < batch_size_ && (limit_ == 0 || delivered_ + pending_rows() < limit_)) {
@@ -466,8 +485,8 @@ std::optional<Batch> Batcher::next() {
       }
       for (std::size_t i = 0; i < inputs_.size(); ++i)
         conformed.push_back(conform(rec->inputs[i], inputs_[i], rec->source, rec->batched));
-      for (std::size_t i = 1; i < conformed.size(); ++i)
-        if (conformed[i].size(0) != conformed[0].size(0))
+      for (std::size_t i = 0; i < conformed.size(); ++i)
+        if (!scalar_[i] && conformed[i].size(0) != conformed[lead_].size(0))
           throw Error(rec->source + ": inputs have different batch sizes");
       source = rec->source;
     }
@@ -479,7 +498,8 @@ std::optional<Batch> Batcher::next() {
       held_source_ = std::move(source);
       break;
     } else {
-      for (std::size_t i = 0; i < pending_.size(); ++i) pending_[i] = at::cat({pending_[i], conformed[i]}, 0);
+      for (std::size_t i = 0; i < pending_.size(); ++i)
+        if (!scalar_[i]) pending_[i] = at::cat({pending_[i], conformed[i]}, 0);
       if (pending_source_ != source) pending_source_ += ", " + source;
     }
   }
@@ -488,11 +508,17 @@ std::optional<Batch> Batcher::next() {
   if (rows <= 0) return std::nullopt;
   Batch out;
   out.source = pending_source_;
-  for (auto& p : pending_) {
+  out.rows = rows;
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    at::Tensor& p = pending_[i];
+    if (scalar_[i]) {
+      out.inputs.push_back(p);
+      continue;
+    }
     out.inputs.push_back(p.narrow(0, 0, rows).contiguous());
     p = p.narrow(0, rows, p.size(0) - rows);
   }
-  if (pending_rows() == 0) pending_.clear();
+  if (lead_ == std::string::npos || pending_rows() == 0) pending_.clear();
   delivered_ += rows;
   return out;
 }

@@ -316,7 +316,7 @@ CalibrationStats LayerwiseRunner::run() {
     for (std::size_t k = 0; k < gin.size(); ++k) feeds[gin[k].name] = b->inputs[k].to(device);
     if (asym_) q_.push_back(feeds);  // shares the tensors until the streams diverge
     fp_.push_back(std::move(feeds));
-    rows_.push_back(b->inputs[0].dim() > 0 ? b->inputs[0].size(0) : 1);
+    rows_.push_back(b->rows);
     stats.samples += rows_.back();
     ++stats.batches;
   }

@@ -50,7 +50,7 @@ std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& regis
       if (done.insert(nodes[n]->inputs[k]).second) take(nodes[n]->inputs[k], x);
       return x;
     });
-    seen += b->inputs[0].size(0);
+    seen += b->rows;
   }
   if (seen == 0) throw Error("channel statistics: " + samples->describe() + " yielded no samples");
   return result;

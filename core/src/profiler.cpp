@@ -57,7 +57,7 @@ ProfileReport profile(QuantModel& qm, Dataset& data, const ProfileOptions& optio
   std::vector<std::vector<at::Tensor>> batches;
   while (auto b = batcher.next()) {
     for (auto& t : b->inputs) t = t.to(device);
-    report.samples += b->inputs[0].size(0);
+    report.samples += b->rows;
     batches.push_back(std::move(b->inputs));
   }
   if (batches.empty()) throw Error("profile: " + data.describe() + " yielded no samples");

@@ -210,7 +210,7 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
     if (step.after_step) step.after_step();
     loss_sum += value;
     ++batches;
-    e.samples += b->inputs[0].size(0);
+    e.samples += b->rows;
     if (progress) progress(epoch, e.samples, total, loss_sum / double(batches));
   }
   e.loss = batches ? loss_sum / double(batches) : 0;

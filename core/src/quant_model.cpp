@@ -250,7 +250,7 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
       slots_->observe(n, k, x);
       return x;
     });
-    stats.samples += b->inputs[0].size(0);
+    stats.samples += b->rows;
     ++stats.batches;
     if (progress) progress(stats.samples, total);
   }

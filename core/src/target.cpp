@@ -358,7 +358,7 @@ class TargetSearch {
         if (edges.count({n, k})) qs.observe(n, k, x);
         return x;
       });
-      seen += b->inputs[0].size(0);
+      seen += b->rows;
     }
     if (seen == 0) throw Error("target: the calibration data yielded no samples for the 16-bit observers");
     for (auto i : wide)

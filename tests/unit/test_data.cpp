@@ -71,6 +71,48 @@ TEST(Data, FixedBatchDimensionCapsTheBatchSize) {
   EXPECT_EQ(sizes, (std::vector<std::int64_t>{1, 1, 1, 1}));
 }
 
+// Writes an int64 or float tensor as an onnx.TensorProto file.
+void write_pb(const at::Tensor& t, const fs::path& path) {
+  onnx::TensorProto p;
+  for (auto d : t.sizes()) p.add_dims(d);
+  at::Tensor flat = t.reshape({-1}).contiguous();
+  if (t.scalar_type() == at::kLong) {
+    p.set_data_type(onnx::TensorProto::INT64);
+    for (std::int64_t i = 0; i < flat.numel(); ++i) p.add_int64_data(flat[i].item<std::int64_t>());
+  } else {
+    p.set_data_type(onnx::TensorProto::FLOAT);
+    for (std::int64_t i = 0; i < flat.numel(); ++i) p.add_float_data(flat[i].item<float>());
+  }
+  std::ofstream(path, std::ios::binary) << p.SerializeAsString();
+}
+
+// A model input declared 0-d (a voice-activity detector's sample rate): each record's value
+// passes as it is, one sample per batch, whatever its position among the inputs.
+TEST(Data, ScalarInputsPassAsTheyAreOneSamplePerBatch) {
+  testing::TempDir dir;
+  for (int i = 0; i < 3; ++i) {
+    const fs::path set = dir / ("test_data_set_" + std::to_string(i));
+    fs::create_directories(set);
+    write_pb(at::full({}, 8000 * (i + 1), at::kLong), set / "input_0.pb");
+    write_pb(at::full({1, 4}, static_cast<float>(i)), set / "input_1.pb");
+  }
+  std::vector<ValueInfo> in{{"sr", 7, true, {}, ""}, {"x", 1, true, {{-1, "n"}, {4, ""}}, ""}};
+  auto d = open_dataset(dir.path().string(), in);
+  Batcher b(*d, in, 32, 0);
+  std::vector<std::int64_t> rates;
+  while (auto x = b.next()) {
+    EXPECT_EQ(x->inputs[0].dim(), 0);
+    EXPECT_EQ(x->rows, 1);
+    EXPECT_EQ(x->inputs[1].sizes(), (std::vector<std::int64_t>{1, 4}));
+    rates.push_back(x->inputs[0].item<std::int64_t>());
+  }
+  EXPECT_EQ(rates, (std::vector<std::int64_t>{8000, 16000, 24000}));
+  write_pb(at::full({2}, 1, at::kLong), dir.path() / "test_data_set_0" / "input_0.pb");
+  auto bad = open_dataset(dir.path().string(), in);
+  EXPECT_NE(expect_error([&] { Batcher(*bad, in, 4, 0).next(); }).find("the model input is a scalar (0-d)"),
+            std::string::npos);
+}
+
 // Text lines of different widths, one per file, for a model with a symbolic width: a batch
 // holds samples of one width only, and every sample is delivered once, in order.
 TEST(Data, SamplesOfDifferentSizesNeverShareABatch) {

@@ -25,6 +25,8 @@ struct Batch {
   /// True when dim 0 is known to count samples (IDX); otherwise a tensor one rank short of
   /// the model input is taken as a single sample.
   bool batched = false;
+  /// Samples in a batch the Batcher delivers (the size of dim 0 of its batched inputs).
+  std::int64_t rows = 0;
 };
 
 class SPARSEBIT_API Dataset {
@@ -45,6 +47,8 @@ SPARSEBIT_API std::unique_ptr<Dataset> open_dataset(const std::string& path, con
 /// `limit` samples (0: no limit). A batch holds samples of one size only: where consecutive
 /// samples differ in a dim the model leaves open (symbolic width, length), the batch before the
 /// change is delivered smaller. The last batch may be smaller too. Validates every record.
+/// A model input with a fixed batch size caps the batch; one declared 0-d (a scalar such as a
+/// sample rate) takes each record's value as it is, one sample per batch.
 class SPARSEBIT_API Batcher {
  public:
   Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64_t batch_size, std::int64_t limit);
@@ -54,6 +58,8 @@ class SPARSEBIT_API Batcher {
  private:
   Dataset& data_;
   std::vector<ValueInfo> inputs_;
+  std::vector<bool> scalar_;  ///< inputs the model declares 0-d (a sample rate): passed as they are
+  std::size_t lead_;          ///< the first input with a batch dimension (npos: none)
   std::int64_t batch_size_, limit_, delivered_ = 0;
   std::vector<at::Tensor> pending_;
   std::string pending_source_;
