@@ -10,8 +10,9 @@ the same data and decoding as train.py's recognizer.
 
     /usr/bin/python3 examples/ocr/train_crnn.py --out examples/ocr/crnn_recognizer.onnx [--device cuda]
 
-The bundled model was trained on one GPU with --device cuda --workers 12 --steps 12000 (12,000
-steps of 128 lines in 191 s; exact-match 0.926 on the 256 lines it evaluates on); --save
+The bundled model (0.82 M parameters, 3.3 MB) was trained on one GPU with --device cuda --workers 12
+--steps 12000 (12,000 steps of 128 lines in 168 s; exact-match 0.918 on the 256 lines it
+evaluates on); --save
 STATE.npz keeps the weights and --export-from STATE.npz exports them with this file's torch.
 """
 import numpy as np
@@ -25,7 +26,7 @@ from train import BLANK, ctc_loss, exact_match, make_batch
 
 
 class Crnn(nn.Module):
-    def __init__(self, hidden=128):
+    def __init__(self, hidden=96):
         super().__init__()
 
         def conv(i, o):
@@ -34,10 +35,10 @@ class Crnn(nn.Module):
         self.cnn = nn.Sequential(
             *conv(1, 32), nn.MaxPool2d(2),                 # 16 x W/2
             *conv(32, 64), nn.MaxPool2d(2),                # 8 x W/4
-            *conv(64, 128), *conv(128, 128), nn.MaxPool2d((2, 1)),  # 4
-            *conv(128, 192), *conv(192, 192), nn.MaxPool2d((2, 1)),  # 2
-            *conv(192, 192), nn.MaxPool2d((2, 1)))         # 1 x W/4
-        self.rnn = nn.LSTM(192, hidden, num_layers=2, bidirectional=True, batch_first=True)
+            *conv(64, 96), *conv(96, 96), nn.MaxPool2d((2, 1)),  # 4
+            *conv(96, 128), nn.MaxPool2d((2, 1)),          # 2
+            *conv(128, 128), nn.MaxPool2d((2, 1)))         # 1 x W/4
+        self.rnn = nn.LSTM(128, hidden, num_layers=2, bidirectional=True, batch_first=True)
         self.head = nn.Linear(2 * hidden, BLANK + 1)
 
     def forward(self, x):
