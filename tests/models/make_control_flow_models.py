@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from fixture_layout import write_layout
+
 
 class IfLoopNet(nn.Module):
     def __init__(self):
@@ -41,12 +43,6 @@ class IfLoopNet(nn.Module):
         return self.head(f)
 
 
-def save(folder, arrays):
-    os.makedirs(folder, exist_ok=True)
-    for i, a in enumerate(arrays):
-        np.save(os.path.join(folder, f"{i:03d}.npy"), a)
-
-
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -61,14 +57,7 @@ def main():
     rng = np.random.default_rng(3)
     calib = [(rng.random((1, 3, s, s), dtype=np.float32) * level).astype(np.float32)
              for s in (16, 24, 32) for level in (0.2, 1.0, 2.0)]
-    save(os.path.join(folder, "calib"), calib)
-    evaluation = [rng.random((2, 3, 20, 20), dtype=np.float32) * np.float32(1.5)]
-    for seed in range(2, 6):  # the noise floor of check_model.mjs: 1e-6 relative perturbations
-        noise = np.random.default_rng(seed).standard_normal(evaluation[0].shape).astype(np.float32)
-        evaluation.append(evaluation[0] * (1 + noise * np.float32(1e-6)))
-    save(os.path.join(folder, "eval"), evaluation)
-    with open(os.path.join(folder, "input_name"), "w") as f:
-        f.write("image")
+    write_layout(folder, calib, rng.random((2, 3, 20, 20), dtype=np.float32) * np.float32(1.5), "image")
     print(f"if_loop_net: {path}")
 
 

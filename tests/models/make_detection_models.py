@@ -25,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 
+from fixture_layout import write_layout
+
 ALL = ["nms_head", "grid_sample"]
 
 
@@ -67,12 +69,6 @@ class GridSampleNet(nn.Module):
         return self.head(F.grid_sample(f, grid, mode="bilinear", padding_mode="border", align_corners=False))
 
 
-def save(folder, arrays):
-    os.makedirs(folder, exist_ok=True)
-    for i, a in enumerate(arrays):
-        np.save(os.path.join(folder, f"{i:03d}.npy"), a)
-
-
 def export(name, out):
     torch.manual_seed(ALL.index(name))
     folder = os.path.join(out, name)
@@ -88,14 +84,7 @@ def export(name, out):
     axes = {"image": {0: "batch", 2: "h", 3: "w"}} if name == "grid_sample" else None
     torch.onnx.export(model, torch.from_numpy(make(1, sizes[0])), path, opset_version=opset, input_names=["image"],
                       output_names=["y"], dynamic_axes=axes)
-    save(os.path.join(folder, "calib"), [make(1, s) for s in sizes + sizes])
-    evaluation = [make(batch, eval_size)]
-    for seed in range(2, 6):  # the noise floor of check_model.mjs: 1e-6 relative perturbations
-        noise = np.random.default_rng(seed).standard_normal(evaluation[0].shape).astype(np.float32)
-        evaluation.append(evaluation[0] * (1 + noise * np.float32(1e-6)))
-    save(os.path.join(folder, "eval"), evaluation)
-    with open(os.path.join(folder, "input_name"), "w") as f:
-        f.write("image")
+    write_layout(folder, [make(1, s) for s in sizes + sizes], make(batch, eval_size), "image")
     print(f"{name}: {path}")
 
 

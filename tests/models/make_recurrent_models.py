@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from fixture_layout import write_layout
+
 ALL = ["lstm_classifier", "gru_classifier", "crnn_ctc"]
 
 
@@ -65,12 +67,6 @@ class Crnn(nn.Module):
         return torch.log_softmax(self.head(y.transpose(0, 1)), -1)  # [batch, width / 4, classes]
 
 
-def save(folder, arrays):
-    os.makedirs(folder, exist_ok=True)
-    for i, a in enumerate(arrays):
-        np.save(os.path.join(folder, f"{i:03d}.npy"), a)
-
-
 def export(name, out):
     torch.manual_seed(ALL.index(name))
     folder = os.path.join(out, name)
@@ -94,14 +90,7 @@ def export(name, out):
     path = os.path.join(folder, "model.onnx")
     torch.onnx.export(model, torch.from_numpy(make(1, lengths[0])), path, opset_version=opset, input_names=["x"],
                       output_names=["y"], dynamic_axes={"x": axes})
-    save(os.path.join(folder, "calib"), [make(1, n) for n in lengths])
-    evaluation = [make(2, eval_length)]
-    for seed in range(2, 6):  # the noise floor of check_model.mjs: 1e-6 relative perturbations
-        noise = np.random.default_rng(seed).standard_normal(evaluation[0].shape).astype(np.float32)
-        evaluation.append(evaluation[0] * (1 + noise * np.float32(1e-6)))
-    save(os.path.join(folder, "eval"), evaluation)
-    with open(os.path.join(folder, "input_name"), "w") as f:
-        f.write("x")
+    write_layout(folder, [make(1, n) for n in lengths], make(2, eval_length), "x")
     print(f"{name}: {path}")
 
 
