@@ -7,6 +7,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/tools/install-deps.sh"
+# The build, the exported test models and the sanitizer build take about 8 GB at their peak.
+free_kb=$(df -Pk "$root" | awk 'NR==2 {print $4}')
+if (( free_kb < 8 * 1024 * 1024 )); then
+  echo "warning: $((free_kb / 1024)) MiB free under $root; the full suite needs about 8 GiB" >&2
+fi
 "$root/tools/build.sh"
 ctest --test-dir "$root/build" --output-on-failure -j"$(nproc)" --timeout 1200
 if [[ "${SPARSEBIT_SKIP_SANITIZERS:-0}" != 1 ]]; then

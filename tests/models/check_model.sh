@@ -5,6 +5,8 @@
 #   tests/models/check_model.sh SPARSEBIT_BINARY MODELS_DIR NAME [CONFIG]
 #
 # MODELS_DIR/NAME is what make_models.py wrote. Results go to MODELS_DIR/NAME/result.json.
+# The written ONNX files (a ViT-B/16 leaves ~400 MB) are removed once checked, so that the whole
+# suite fits a small disk; SPARSEBIT_KEEP_TEST_OUTPUTS=1 keeps them. A failed check keeps them.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -27,3 +29,4 @@ node "$here/check_model.mjs" --name "$name" --float "$reference" --qdq "$out/qdq
   --simplified "$out/simplified.onnx" \
   --input "$input=$dir/eval/000.npy" --fp32 "$out/fp32.npy" --sim "$out/simulated.npy" \
   --report "$out/report.json" --result "$dir/result.json"
+[[ "${SPARSEBIT_KEEP_TEST_OUTPUTS:-0}" == 1 ]] || rm -f "$out/qdq.onnx" "$out/simplified.onnx"
