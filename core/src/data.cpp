@@ -369,9 +369,30 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector
 Batcher::Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64_t batch_size, std::int64_t limit)
     : data_(data), inputs_(inputs), lead_(std::string::npos), batch_size_(batch_size), limit_(limit) {
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const ValueInfo& in = inputs[i];
-    scalar_.push_back(in.has_shape && in.shape.empty());
+    scalar_.push_back(inputs[i].has_shape && inputs[i].shape.empty());
     if (!scalar_.back() && lead_ == std::string::npos) lead_ = i;
+  }
+  // dim 0 declared unlike the first input's (fixed 2 against a symbolic batch, or another
+  // symbol): the input is not batched along dim 0.
+  auto dim0 = [&](std::size_t i) -> const Dim* {
+    const ValueInfo& in = inputs[i];
+    return in.has_shape && !in.shape.empty() ? &in.shape[0] : nullptr;
+  };
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Dim *a = dim0(i), *b = lead_ == std::string::npos ? nullptr : dim0(lead_);
+    const bool other = a && b && i != lead_ &&
+                       (a->value > 0 || b->value > 0 ? a->value != b->value
+                                                     : !a->param.empty() && !b->param.empty() && a->param != b->param);
+    other_axis_.push_back(other);
+    if (other && !whole_records_) {
+      whole_records_ = true;
+      sdk::log_debug("input '" + inputs[i].name +
+                     "' is not batched along dim 0; each calibration record is one batch, taken as it is");
+    }
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const ValueInfo& in = inputs[i];
+    if (other_axis_[i]) continue;
     // A model exported with a fixed batch (1 for most detectors with NonMaxSuppression, TF and
     // Paddle exports) cannot take larger batches: its Reshapes name the batch size.
     if (in.has_shape && !in.shape.empty() && in.shape[0].value > 0 && in.shape[0].value < batch_size_) {
@@ -486,13 +507,14 @@ std::optional<Batch> Batcher::next() {
       for (std::size_t i = 0; i < inputs_.size(); ++i)
         conformed.push_back(conform(rec->inputs[i], inputs_[i], rec->source, rec->batched));
       for (std::size_t i = 0; i < conformed.size(); ++i)
-        if (!scalar_[i] && conformed[i].size(0) != conformed[lead_].size(0))
+        if (!scalar_[i] && !other_axis_[i] && conformed[i].size(0) != conformed[lead_].size(0))
           throw Error(rec->source + ": inputs have different batch sizes");
       source = rec->source;
     }
     if (pending_.empty()) {
       pending_ = conformed;
       pending_source_ = source;
+      if (whole_records_) break;
     } else if (!same_sizes(pending_, conformed)) {
       held_ = std::move(conformed);
       held_source_ = std::move(source);
@@ -502,6 +524,16 @@ std::optional<Batch> Batcher::next() {
         if (!scalar_[i]) pending_[i] = at::cat({pending_[i], conformed[i]}, 0);
       if (pending_source_ != source) pending_source_ += ", " + source;
     }
+  }
+  if (whole_records_) {
+    if (pending_.empty() || (limit_ > 0 && delivered_ >= limit_)) return std::nullopt;
+    Batch out;
+    out.source = pending_source_;
+    out.rows = pending_rows();
+    out.inputs = std::move(pending_);
+    pending_.clear();
+    delivered_ += out.rows;
+    return out;
   }
   std::int64_t rows = std::min(pending_rows(), batch_size_);
   if (limit_ > 0) rows = std::min(rows, limit_ - delivered_);

@@ -25,6 +25,24 @@ bool is_control_flow(const Node& n) {
 }
 
 namespace {
+void append_flat(Graph& g, std::vector<FlatNode>& out) {
+  const auto nodes = g.nodes();
+  for (Node* n : nodes) out.push_back({n, &g});
+  for (Node* n : nodes) {
+    if (!is_control_flow(*n)) continue;
+    for (auto& kv : n->attributes)  // name order, as Executor::number walks its bodies
+      if (kv.second.kind == Attribute::Kind::kGraph && kv.second.graph) append_flat(*kv.second.graph, out);
+  }
+}
+}  // namespace
+
+std::vector<FlatNode> flat_nodes(Graph& g) {
+  std::vector<FlatNode> out;
+  append_flat(g, out);
+  return out;
+}
+
+namespace {
 // The module of a control-flow node: quantizes nothing; the executor runs the node itself.
 class ControlFlowModule final : public QModule {
  public:
@@ -43,11 +61,54 @@ std::int64_t scalar_of(const at::Tensor& t, const Node& n, const char* what) {
 struct Executor::ControlFlow {
   std::map<std::string, std::unique_ptr<Executor>> bodies;  ///< attribute name -> executor
   std::vector<std::string> implicit;                        ///< enclosing values the bodies read
+  std::size_t first = 0, last = 0;                          ///< flat numbers of the nested nodes
 };
 
 Executor::~Executor() = default;
 
-Executor::Executor(const Graph& graph, const Registry& registry) : graph_(graph) {
+Executor::Executor(const Graph& graph, const Registry& registry) : Executor(graph, registry, nullptr) { number(flat_); }
+
+void Executor::number(std::vector<FlatEntry>& flat) {
+  base_ = flat.size();
+  for (std::size_t i = 0; i < modules_.size(); ++i) flat.push_back({this, i});
+  for (auto& [index, cf] : control_) {
+    cf->first = flat.size();
+    for (auto& [name, body] : cf->bodies) body->number(flat);
+    cf->last = flat.size();
+  }
+}
+
+const Node& Executor::flat_node(std::size_t flat) const {
+  const FlatEntry& e = flat_.at(flat);
+  return e.owner->graph_.node(e.index);
+}
+
+const BoundModule& Executor::flat_module(std::size_t flat) const {
+  const FlatEntry& e = flat_.at(flat);
+  return e.owner->modules_[e.index];
+}
+
+const at::Tensor* Executor::flat_constant(std::size_t flat, const std::string& name) const {
+  for (const Executor* e = flat_.at(flat).owner; e; e = e->parent_)
+    if (auto it = e->constants_.find(name); it != e->constants_.end()) return &it->second;
+  return nullptr;
+}
+
+std::pair<std::size_t, std::size_t> Executor::nested_range(std::size_t index) const {
+  auto it = control_.find(index);
+  return it == control_.end() ? std::pair<std::size_t, std::size_t>{0, 0}
+                              : std::pair<std::size_t, std::size_t>{it->second->first, it->second->last};
+}
+
+std::size_t Executor::enclosing_node(std::size_t flat) const {
+  if (flat >= base_ && flat < base_ + modules_.size()) return flat - base_;
+  for (const auto& [index, cf] : control_)
+    if (flat >= cf->first && flat < cf->last) return index;
+  throw Error("internal: node " + std::to_string(flat) + " is not nested in this graph");
+}
+
+Executor::Executor(const Graph& graph, const Registry& registry, const Executor* parent)
+    : graph_(graph), parent_(parent) {
   constants_ = graph.initializers;
   std::vector<std::string> missing;
   std::set<std::string> missing_ops;
@@ -58,7 +119,7 @@ Executor::Executor(const Graph& graph, const Registry& registry) : graph_(graph)
       auto cf = std::make_unique<ControlFlow>();
       for (const auto& kv : n->attributes)
         if (kv.second.kind == Attribute::Kind::kGraph && kv.second.graph)
-          cf->bodies[kv.first] = std::make_unique<Executor>(*kv.second.graph, registry);
+          cf->bodies[kv.first] = std::unique_ptr<Executor>(new Executor(*kv.second.graph, registry, this));
       const std::vector<std::string> needed = n->op_type == "If"
                                                   ? std::vector<std::string>{"then_branch", "else_branch"}
                                                   : std::vector<std::string>{"body"};
@@ -158,7 +219,8 @@ std::map<std::string, at::Tensor> Executor::scope_of(std::size_t index,
 }
 
 std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std::vector<at::Tensor>& inputs,
-                                                   const std::map<std::string, at::Tensor>& scope) {
+                                                   const std::map<std::string, at::Tensor>& scope,
+                                                   const InputHook& hook) {
   const Node& n = graph_.node(index);
   ControlFlow& cf = *control_.at(index);
   for (const auto& name : cf.implicit)
@@ -171,7 +233,7 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
   };
   if (n.op_type == "If") {
     const bool taken = scalar_of(input(0), n, "the condition") != 0;
-    auto out = cf.bodies.at(taken ? "then_branch" : "else_branch")->run({}, {}, &scope);
+    auto out = cf.bodies.at(taken ? "then_branch" : "else_branch")->run({}, hook, &scope);
     check_outputs(out, n.outputs.size(), taken ? "then_branch" : "else_branch");
     return out;
   }
@@ -197,7 +259,7 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
       std::map<std::string, at::Tensor> feeds{{bg.inputs[0].name, at::full({}, i, at::kLong)},
                                               {bg.inputs[1].name, cond}};
       for (std::size_t j = 0; j < carried_count; ++j) feeds[bg.inputs[2 + j].name] = carried[j];
-      auto out = body.run(feeds, {}, &scope);
+      auto out = body.run(feeds, hook, &scope);
       cond = out[0];
       going = scalar_of(cond, n, "the body's condition output") != 0;
       for (std::size_t j = 0; j < carried_count; ++j) carried[j] = out[1 + j];
@@ -245,7 +307,7 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
       for (std::size_t j = 0; j < states; ++j) feeds[bg.inputs[j].name] = state[j];
       for (std::size_t k = 0; k < seqs.size(); ++k)
         feeds[bg.inputs[states + k].name] = seqs[k].select(axes[k], in_dirs[k] ? length - 1 - t : t);
-      auto out = body.run(feeds, {}, &scope);
+      auto out = body.run(feeds, hook, &scope);
       for (std::size_t j = 0; j < states; ++j) state[j] = out[j];
       for (std::size_t k = 0; k < scan_out; ++k) scans[k].push_back(out[states + k]);
     }
@@ -267,8 +329,8 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
 }
 
 std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<at::Tensor>& inputs,
-                                           const std::map<std::string, at::Tensor>& scope) {
-  if (control_.count(index)) return run_control_flow(index, inputs, scope);
+                                           const std::map<std::string, at::Tensor>& scope, const InputHook& hook) {
+  if (control_.count(index)) return run_control_flow(index, inputs, scope, hook);
   const Node& n = graph_.node(index);
   BoundModule& bound = modules_[index];
   std::vector<at::Tensor> out;
@@ -325,12 +387,12 @@ std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& f
       const std::string& name = n.inputs[k];
       if (name.empty()) continue;
       inputs[k] = lookup(name, n);
-      if (hook) inputs[k] = hook(i, k, inputs[k]);
+      if (hook) inputs[k] = hook(base_ + i, k, inputs[k]);
     }
     std::map<std::string, at::Tensor> scope;  // what a control-flow node's bodies read
     if (auto cf = control_.find(i); cf != control_.end())
       for (const auto& name : cf->second->implicit) scope[name] = lookup(name, n);
-    auto out = run_node(i, inputs, scope);
+    auto out = run_node(i, inputs, scope, hook);
     inputs.clear();
     scope.clear();
     for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)

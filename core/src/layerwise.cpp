@@ -48,6 +48,7 @@ class LayerwiseRunner {
  private:
   /// Node i's inputs as stored: constants, cached values of `values`, undefined where omitted.
   std::vector<at::Tensor> raw_inputs(std::size_t i, const Values& values) const;
+  void finish_nested(std::size_t i);
   void reconstruct(std::size_t i, QuantSlot& w, CalibrationStats& stats);
   void run_layer_passes(std::size_t i, CalibrationStats& stats);
   void release(std::size_t i);
@@ -135,7 +136,25 @@ std::vector<at::Tensor> LayerwiseRunner::quantized_outputs(std::size_t i, const 
   auto inputs = raw_inputs(i, values);
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (inputs[k].defined()) inputs[k] = slots_.apply(i, k, inputs[k], /*force=*/true);
-  return ex_.run_node(i, inputs, ex_.scope_of(i, values));
+  Executor::InputHook in_bodies;  // nodes nested under a control-flow node: their own quantizers
+  if (auto [first, last] = ex_.nested_range(i); first < last)
+    in_bodies = [this](std::size_t n, std::size_t k, const at::Tensor& x) { return slots_.apply(n, k, x, true); };
+  return ex_.run_node(i, inputs, ex_.scope_of(i, values), in_bodies);
+}
+
+// Note [Calibrating control-flow bodies]
+// The nodes nested under an If, Loop or Scan run inside it, not one by one: their activation
+// observers are fed while the node runs over the float stream (at every iteration of a loop),
+// and their quantizers are set when it has seen every batch, before the node's quantized output
+// is computed. They learn no reconstruction and run no layer passes: both need a node's inputs
+// and outputs cached over all batches, which a loop body's change at every iteration.
+void LayerwiseRunner::finish_nested(std::size_t i) {
+  const auto [first, last] = ex_.nested_range(i);
+  for (std::size_t j = first; j < last; ++j)
+    if (const QuantSlot* w = slots_.finish_node(j))
+      sdk::log_warn(w->where() + " (inside " + nodes_[i]->describe() + "): quantizer '" + w->quantizer_name +
+                    "' learns by layer reconstruction, which control-flow bodies do not run; its weight is "
+                    "rounded to nearest");
 }
 
 int LayerwiseRunner::bias_input(std::size_t i) const {
@@ -331,8 +350,15 @@ CalibrationStats LayerwiseRunner::run() {
       for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
         if (!n.outputs[k].empty()) values[n.outputs[k]] = std::move(out[k]);
     };
+    const auto [first, last] = ex_.nested_range(i);
+    Executor::InputHook observe_nested;  // Note [Calibrating control-flow bodies]
+    if (first < last)
+      observe_nested = [this](std::size_t n, std::size_t k, const at::Tensor& x) {
+        slots_.observe(n, k, x);
+        return x;
+      };
     for (std::size_t b = 0; b < fp_.size(); ++b) {
-      auto out = ex_.run_node(i, raw_inputs(i, fp_[b]), ex_.scope_of(i, fp_[b]));
+      auto out = ex_.run_node(i, raw_inputs(i, fp_[b]), ex_.scope_of(i, fp_[b]), observe_nested);
       store(fp_[b], out);
     }
     for (std::size_t b = 0; b < fp_.size(); ++b) {
@@ -341,13 +367,14 @@ CalibrationStats LayerwiseRunner::run() {
         if (inputs[k].defined()) slots_.observe(i, k, inputs[k]);
     }
     if (QuantSlot* reconstructed = slots_.finish_node(i)) reconstruct(i, *reconstructed, stats);
+    finish_nested(i);
     run_layer_passes(i, stats);
 
     if (asym_) {
       for (std::size_t b = 0; b < q_.size(); ++b) {
         // Where the node sees exactly what the float stream gave it, its output is shared too.
         auto raw = raw_inputs(i, q_[b]);
-        bool same = true;
+        bool same = first == last;  // quantizers inside bodies change the output
         for (std::size_t k = 0; k < raw.size() && same; ++k) {
           if (!raw[k].defined()) continue;
           if (!ex_.constants().count(n.inputs[k]) && !raw[k].is_same(fp_[b].at(n.inputs[k]))) same = false;

@@ -40,14 +40,13 @@ std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& regis
   Executor executor(graph, registry);
   auto samples = data.open();
   Batcher batcher(*samples, graph.inputs, data.batch_size, data.count);
-  const auto nodes = graph.nodes();
   std::int64_t seen = 0;
   while (auto b = batcher.next()) {
     std::map<std::string, at::Tensor> feeds;
     for (std::size_t k = 0; k < b->inputs.size(); ++k) feeds[graph.inputs[k].name] = b->inputs[k];
     std::set<std::string> done;  // a value read by several nodes is reduced once per batch
     executor.run(feeds, [&](std::size_t n, std::size_t k, const at::Tensor& x) {
-      if (done.insert(nodes[n]->inputs[k]).second) take(nodes[n]->inputs[k], x);
+      if (const std::string& name = executor.flat_node(n).inputs[k]; done.insert(name).second) take(name, x);
       return x;
     });
     seen += b->rows;

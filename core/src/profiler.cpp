@@ -63,7 +63,9 @@ ProfileReport profile(QuantModel& qm, Dataset& data, const ProfileOptions& optio
   if (batches.empty()) throw Error("profile: " + data.describe() + " yielded no samples");
 
   // Layers: nodes with a quantizer that is on; their first output is what the accumulated view measures.
-  const auto nodes = g.nodes();
+  // Nodes by flat number: a layer may sit inside a control-flow body (Note [Flat node numbering]).
+  std::vector<const Node*> nodes;
+  for (std::size_t i = 0; i < qm.executor().flat_size(); ++i) nodes.push_back(&qm.executor().flat_node(i));
   std::vector<std::size_t> layers;
   std::map<std::size_t, std::vector<std::size_t>> slots_of;  // node -> its active slots
   for (std::size_t i = 0; i < qm.slots().size(); ++i) {
@@ -104,7 +106,9 @@ ProfileReport profile(QuantModel& qm, Dataset& data, const ProfileOptions& optio
       for (std::size_t b = 0; b < batches.size(); ++b) {
         std::set<std::string> seen;
         auto out = qm.forward(batches[b], [&](const std::string& name, const at::Tensor& x) {
-          if (measured.count(name) && seen.insert(name).second) sums[name].add(ref_values[b].at(name), x);
+          // A branch the float run did not take has no reference.
+          if (measured.count(name) && ref_values[b].count(name) && seen.insert(name).second)
+            sums[name].add(ref_values[b].at(name), x);
         });
         for (std::size_t k = 0; k < g.outputs.size(); ++k)
           if (measured.count(g.outputs[k].name) && seen.insert(g.outputs[k].name).second)

@@ -6,6 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "qdq_export.h"
 
 #include "sparsebit/core/opset_lift.h"
@@ -25,18 +28,20 @@ namespace {
 // exactly clamp(round(x / s) + zp, qmin, qmax), per tensor or per channel alike. Weights are
 // stored already quantized. metadata_props["sparsebit.bits"] maps each such quantized tensor to
 // its bit width (JSON), and `sparsebit inspect` reads it back.
-std::string clip_to_grid(Graph& g, const Node* consumer, const QuantSlot& s, const std::string& quantized,
+// Names come from the top-level graph `g` (unique across nesting levels); the nodes and
+// initializers go to `h`, the graph of `consumer` (g itself or a control-flow body).
+std::string clip_to_grid(Graph& g, Graph& h, const Node* consumer, const QuantSlot& s, const std::string& quantized,
                          at::ScalarType qtype) {
   const std::string lo = g.unique_name(s.tensor + "_qmin"), hi = g.unique_name(s.tensor + "_qmax");
-  g.initializers[lo] = at::scalar_tensor(s.spec.qmin(), at::kInt).to(qtype);
-  g.initializers[hi] = at::scalar_tensor(s.spec.qmax(), at::kInt).to(qtype);
+  h.initializers[lo] = at::scalar_tensor(s.spec.qmin(), at::kInt).to(qtype);
+  h.initializers[hi] = at::scalar_tensor(s.spec.qmax(), at::kInt).to(qtype);
   Node clip;
   clip.op_type = "Clip";
   clip.name = g.unique_name(s.tensor + "_clip_to_" + std::to_string(s.spec.bits) + "bit");
   const std::string out = g.unique_name(quantized + "_" + std::to_string(s.spec.bits) + "bit");
   clip.inputs = {quantized, lo, hi};
   clip.outputs = {out};
-  g.insert_before(consumer, std::move(clip));
+  h.insert_before(consumer, std::move(clip));
   return out;
 }
 
@@ -157,9 +162,16 @@ Graph export_qdq(const QdqExportInput& in) {
                   "; export at 8 bits (or keep the node in float with `skip`)");
     }
   }
-  const auto consumers = g.nodes();  // indices match slots' node_index (the 13+ rules add no node)
-  if (consumers.size() != in.graph.num_nodes()) throw Error("internal: lifting for export changed the node count");
+  // Nodes of every nesting level by the slots' node_index (the 13+ rules add no node), with the
+  // graph each sits in: Q/DQ of a node inside a control-flow body go into that body.
+  const auto consumers = flat_nodes(g);
+  if (consumers.size() != in.executor.flat_size()) throw Error("internal: lifting for export changed the node count");
   std::map<std::string, std::string> made;  // dedupe key -> dequantized tensor name
+  auto constant = [&](const QuantSlot& s) -> const at::Tensor& {
+    const at::Tensor* t = in.executor.flat_constant(s.node_index, s.tensor);
+    if (!t) throw Error(s.where() + ": internal: its constant is missing");
+    return *t;
+  };
 
   for (const auto& s : in.slots.all()) {
     if (!in.slots.usable(s)) continue;
@@ -177,8 +189,8 @@ Graph export_qdq(const QdqExportInput& in) {
       // The simulated weights, baked as floats: exactly what forward() computes.
       c10::InferenceMode guard;
       const std::string baked = g.unique_name(s.tensor + "_" + s.quantizer_name);
-      g.initializers[baked] = s.quantizer->forward(in.executor.constants().at(s.tensor)).detach().to(at::kCPU);
-      consumers[s.node_index]->inputs[s.input_index] = baked;
+      consumers[s.node_index].graph->initializers[baked] = s.quantizer->forward(constant(s)).detach().to(at::kCPU);
+      consumers[s.node_index].node->inputs[s.input_index] = baked;
       continue;
     }
     const QParams p = is_bias ? s.bias_params : s.quantizer->qparams();
@@ -190,10 +202,11 @@ Graph export_qdq(const QdqExportInput& in) {
                                                                         : at::kByte;
     at::Tensor scale = p.scale.detach().to(at::kCPU, at::kFloat).contiguous();
     at::Tensor zp = p.zero_point.detach().to(at::kCPU, at::kInt).to(qtype).contiguous();
-    std::string key = s.tensor + "|" + s.spec.describe() + "|" +
-                      std::string(static_cast<const char*>(scale.data_ptr()), scale.nbytes()) +
+    Node* consumer = consumers[s.node_index].node;
+    Graph& h = *consumers[s.node_index].graph;
+    std::string key = std::to_string(reinterpret_cast<std::uintptr_t>(&h)) + "|" + s.tensor + "|" + s.spec.describe() +
+                      "|" + std::string(static_cast<const char*>(scale.data_ptr()), scale.nbytes()) +
                       std::string(static_cast<const char*>(zp.data_ptr()), zp.nbytes());
-    Node* consumer = consumers[s.node_index];
     auto done = made.find(key);
     if (done != made.end()) {
       consumer->inputs[s.input_index] = done->second;
@@ -201,13 +214,13 @@ Graph export_qdq(const QdqExportInput& in) {
     }
     const std::string base = s.tensor;
     const std::string scale_name = g.unique_name(base + "_scale");
-    g.initializers[scale_name] = scale;
+    h.initializers[scale_name] = scale;
     const std::string zp_name = g.unique_name(base + "_zero_point");
-    g.initializers[zp_name] = zp;
+    h.initializers[zp_name] = zp;
     const std::int32_t narrow = s.role == InputRole::kWeight && s.spec.bits == 4 ? (s.spec.symmetric ? 22 : 21)
                                 : wide && !s.spec.symmetric                      ? 4
                                                                                  : 0;
-    if (narrow) g.narrow_types[zp_name] = narrow;
+    if (narrow) h.narrow_types[zp_name] = narrow;
     auto axis_attrs = [&](Node& n) {
       if (s.spec.group_size > 0) {  // Note [Per-group quantization]: blocked Q/DQ, opset 21
         n.attributes["axis"] = Attribute::of_int(s.spec.group_axis);
@@ -222,13 +235,13 @@ Graph export_qdq(const QdqExportInput& in) {
       // integers are those of what its quantizer computes (exactly on the grid of p), so
       // quantizers that choose their own rounding (AdaRound) export what they simulated.
       quantized = g.unique_name(base + "_quantized");
-      at::Tensor value = in.executor.constants().at(s.tensor);
+      at::Tensor value = constant(s);
       if (!is_bias) {
         c10::InferenceMode guard;
         value = s.quantizer->forward(value);
       }
-      g.initializers[quantized] = quantize_to_int(value.detach().to(at::kCPU), p, s.spec).to(qtype);
-      if (narrow) g.narrow_types[quantized] = narrow;
+      h.initializers[quantized] = quantize_to_int(value.detach().to(at::kCPU), p, s.spec).to(qtype);
+      if (narrow) h.narrow_types[quantized] = narrow;
     } else {
       Node q;
       q.op_type = "QuantizeLinear";
@@ -237,9 +250,9 @@ Graph export_qdq(const QdqExportInput& in) {
       q.inputs = {s.tensor, scale_name, zp_name};
       q.outputs = {quantized};
       axis_attrs(q);
-      g.insert_before(consumer, std::move(q));
+      h.insert_before(consumer, std::move(q));
       if (s.spec.bits < 8 && !narrow)
-        quantized = clip_to_grid(g, consumer, s, quantized, qtype);  // Note [Narrow export]
+        quantized = clip_to_grid(g, h, consumer, s, quantized, qtype);  // Note [Narrow export]
     }
     Node dq;
     dq.op_type = "DequantizeLinear";
@@ -248,7 +261,7 @@ Graph export_qdq(const QdqExportInput& in) {
     dq.inputs = {quantized, scale_name, zp_name};
     dq.outputs = {dequantized};
     axis_attrs(dq);
-    g.insert_before(consumer, std::move(dq));
+    h.insert_before(consumer, std::move(dq));
     consumer->inputs[s.input_index] = dequantized;
     made[key] = dequantized;
   }
@@ -259,7 +272,13 @@ Graph export_qdq(const QdqExportInput& in) {
     throw Error("backend '" + in.backend_name + "' (plugin '" + in.backend_plugin +
                 "') export adjustment: " + e.what());
   }
-  g.prune_dead();  // float weights now read by nobody
+  // Float weights now read by nobody, in the bodies (innermost first: flat order lists a body
+  // after the graph around it) and in the main graph.
+  std::vector<Graph*> graphs;
+  for (const FlatNode& f : flat_nodes(g))
+    if (std::find(graphs.begin(), graphs.end(), f.graph) == graphs.end()) graphs.push_back(f.graph);
+  for (auto it = graphs.rbegin(); it != graphs.rend(); ++it) (*it)->prune_dead();
+  g.prune_dead();
   g.topological_sort();
   g.validate();
   if (in.backend.checks_u8s8_saturation()) {  // Note [u8s8 saturation]

@@ -130,9 +130,8 @@ std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& input
   std::map<std::string, at::Tensor> feeds;
   for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = inputs[i];
   if (!slots_->weights_on() && !slots_->activations_on() && !on_value) return executor_->run(feeds);
-  const auto nodes = model_->graph.nodes();
-  return executor_->run(feeds, [this, &on_value, &nodes](std::size_t n, std::size_t k, const at::Tensor& x) {
-    if (on_value) on_value(nodes[n]->inputs[k], x);
+  return executor_->run(feeds, [this, &on_value](std::size_t n, std::size_t k, const at::Tensor& x) {
+    if (on_value) on_value(executor_->flat_node(n).inputs[k], x);
     return slots_->apply(n, k, x);
   });
 }
@@ -266,6 +265,8 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
 
 void QuantModel::set_constant_input(std::size_t node, std::size_t input, const at::Tensor& value) {
   Graph& g = model_->graph;
+  if (node >= g.num_nodes())
+    throw Error(executor_->flat_node(node).describe() + ": constants inside control-flow bodies stay as they are");
   Node& n = g.node(node);
   if (!n.has_input(input) || !g.initializers.count(n.inputs[input]))
     throw Error(n.describe() + ": input " + std::to_string(input) + " is not a constant");

@@ -62,8 +62,7 @@ QuantSlot slot_for(const Node& n, std::size_t node, std::size_t input, InputRole
 class QuantSlots::State final : public QuantState {
  public:
   explicit State(QuantSlots& slots) : slots_(slots) {
-    std::size_t i = 0;
-    for (const Node* n : slots.graph_->nodes()) index_[n] = i++;
+    for (std::size_t i = 0; i < slots.executor_->flat_size(); ++i) index_[&slots.executor_->flat_node(i)] = i;
   }
   const Graph& graph() const override { return *slots_.graph_; }
   bool is_quantized(const Node& node, std::size_t input) const override {
@@ -75,7 +74,7 @@ class QuantSlots::State final : public QuantState {
   }
   bool quantize_activation(const Node& node, std::size_t input) override {
     const std::size_t i = index_of(node);
-    if (!node.has_input(input) || slots_.graph_->initializers.count(node.inputs[input]) ||
+    if (!node.has_input(input) || slots_.is_constant(i, node.inputs[input]) ||
         matches_any(node.name, slots_.config_->skip))
       return false;
     if (QuantSlot* s = slots_.at(i, input)) {
@@ -104,22 +103,23 @@ QuantSlots::QuantSlots(const Graph& graph, const Executor& executor, const Confi
       backend_plugin_(std::move(backend_plugin)),
       config_(&config),
       registry_(&registry) {
-  const auto nodes = graph.nodes();
-  slot_of_.assign(nodes.size(), {});
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    const Node& n = *nodes[i];
+  // Nodes of every nesting level (Note [Flat node numbering]): Conv/MatMul in a branch or a
+  // loop body are quantized like any other, their observers fed at every iteration.
+  slot_of_.assign(executor.flat_size(), {});
+  for (std::size_t i = 0; i < executor.flat_size(); ++i) {
+    const Node& n = executor.flat_node(i);
     slot_of_[i].assign(n.inputs.size(), -1);
     if (matches_any(n.name, config.skip)) {
       sdk::log_debug(n.describe() + " kept in float (skip)");
       continue;
     }
-    const auto specs = executor.modules()[i].module->input_specs();
+    const auto specs = executor.flat_module(i).module->input_specs();
     std::vector<std::size_t> bias_inputs;
     for (std::size_t k = 0; k < n.inputs.size() && k < specs.size(); ++k) {
       if (specs[k].role == InputRole::kFloat || !n.has_input(k)) continue;
       // A constant in an activation position (a bias Add, a Concat with a fixed tensor) stays
       // in float: it has no calibration data, and the backend folds it.
-      if (specs[k].role == InputRole::kActivation && graph.initializers.count(n.inputs[k])) continue;
+      if (specs[k].role == InputRole::kActivation && is_constant(i, n.inputs[k])) continue;
       if (specs[k].role == InputRole::kBias) bias_inputs.push_back(k);
       else add(i, k, specs[k].role, specs[k].channel_axis);
     }
@@ -139,7 +139,7 @@ QuantState& QuantSlots::state() {
 void QuantSlots::finish_building() {
   for (const auto& s : slots_) {
     if (!s.active()) continue;
-    if (auto why = backend_->check_input(graph_->node(s.node_index), s.input_index, s.role, s.spec)) {
+    if (auto why = backend_->check_input(executor_->flat_node(s.node_index), s.input_index, s.role, s.spec)) {
       throw Error(s.where() + ": backend '" + backend_name_ + "' cannot deploy " + s.spec.describe() + ": " + *why +
                   " (change the config, or keep the node in float with `skip`)");
     }
@@ -179,10 +179,19 @@ void QuantSlots::probe_options(const QuantTableConfig& cfg, bool is_weight) {
   qz->factory(QuantizerContext{spec, cfg.quantizer_options, "config check"});
 }
 
+bool QuantSlots::is_constant(std::size_t node, const std::string& name) const {
+  return graph_->initializers.count(name) || executor_->flat_constant(node, name);
+}
+
+const at::Tensor& QuantSlots::constant(std::size_t node, const std::string& name) const {
+  if (const at::Tensor* t = executor_->flat_constant(node, name)) return *t;
+  return graph_->initializers.at(name);
+}
+
 int QuantSlots::add(std::size_t i, std::size_t k, InputRole role, std::int64_t weight_axis) {
-  const Node& n = graph_->node(i);
+  const Node& n = executor_->flat_node(i);
   if (!n.has_input(k) || slot_of_[i][k] >= 0) return slot_of_[i][k];
-  if (role == InputRole::kWeight && !graph_->initializers.count(n.inputs[k])) {
+  if (role == InputRole::kWeight && !is_constant(i, n.inputs[k])) {
     sdk::log_debug(n.describe() + ": weight input '" + n.inputs[k] + "' is computed, quantized as an activation");
     role = InputRole::kActivation;
   }
@@ -191,7 +200,7 @@ int QuantSlots::add(std::size_t i, std::size_t k, InputRole role, std::int64_t w
   if (cfg.disable) return -1;
   used_tables_.insert(&cfg);
   std::int64_t axis = is_weight ? weight_axis : 1;
-  if (is_weight && axis < 0) axis += graph_->initializers.at(n.inputs[k]).dim();
+  if (is_weight && axis < 0) axis += constant(i, n.inputs[k]).dim();
   QuantSlot s = slot_for(n, i, k, role);
   s.spec = cfg.spec(is_weight, axis);
   s.observer_name = cfg.observer;
@@ -228,7 +237,7 @@ int QuantSlots::add(std::size_t i, std::size_t k, InputRole role, std::int64_t w
 }
 
 void QuantSlots::add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs) {
-  const Node& n = graph_->node(node);
+  const Node& n = executor_->flat_node(node);
   int act = -1, weight = -1;
   for (std::size_t k = 0; k < slot_of_[node].size(); ++k) {
     int idx = slot_of_[node][k];
@@ -238,8 +247,7 @@ void QuantSlots::add_bias_slots(std::size_t node, const std::vector<std::size_t>
   }
   if (act < 0 || weight < 0) return;  // no unique activation x weight product to scale by
   for (std::size_t k : bias_inputs) {
-    auto init = graph_->initializers.find(n.inputs[k]);
-    if (init == graph_->initializers.end() || init->second.dim() != 1) continue;
+    if (!is_constant(node, n.inputs[k]) || constant(node, n.inputs[k]).dim() != 1) continue;
     QuantSlot s = slot_for(n, node, k, InputRole::kBias);
     s.spec.bits = 32;
     s.spec.symmetric = true;
@@ -285,7 +293,7 @@ void QuantSlots::set_slot_bits(QuantSlot& s, int bits) {
   QSpec spec = s.spec;
   spec.bits = bits;
   for (const auto& why : {backend_->check(spec, s.role == InputRole::kWeight ? "w" : "a"),
-                          backend_->check_input(graph_->node(s.node_index), s.input_index, s.role, spec)}) {
+                          backend_->check_input(executor_->flat_node(s.node_index), s.input_index, s.role, spec)}) {
     if (why)
       throw Error(s.where() + ": " + std::to_string(bits) + " bits break the rules of backend '" + backend_name_ +
                   "': " + *why);
@@ -336,11 +344,14 @@ void QuantSlots::observe(std::size_t node, std::size_t input, const at::Tensor& 
     return;
   }
   plugin_call(s, true, "observe", [&] { s.observer->observe(x); });
+  ++s.observed;
 }
 
 void QuantSlots::reset_observers() {
-  for (auto& s : slots_)
+  for (auto& s : slots_) {
     if (s.observer) s.observer->reset();
+    s.observed = 0;
+  }
 }
 
 /// Scale and zero point from an observer must have one value per tensor, per channel or per
@@ -355,7 +366,7 @@ void QuantSlots::check_qparams(const QuantSlot& s, const QParams& p, const char*
   if (!s.spec.per_channel && s.spec.group_size == 0 && p.scale.numel() != 1)
     fail("returned " + std::to_string(p.scale.numel()) + " scales for a per-tensor scheme");
   if (s.spec.per_channel && s.spec.group_size == 0 && s.role == InputRole::kWeight) {
-    const at::Tensor& w = executor_->constants().at(s.tensor);
+    const at::Tensor& w = constant(s.node_index, s.tensor);
     if (s.spec.channel_axis < w.dim() && p.scale.numel() != w.size(s.spec.channel_axis))
       fail("returned " + std::to_string(p.scale.numel()) + " scales for " +
            std::to_string(w.size(s.spec.channel_axis)) + " channels");
@@ -363,14 +374,23 @@ void QuantSlots::check_qparams(const QuantSlot& s, const QParams& p, const char*
 }
 
 void QuantSlots::finish(QuantSlot& s) {
+  if (s.role == InputRole::kActivation && s.observed == 0 && s.node_index >= graph_->num_nodes()) {
+    // A branch the calibration data never took (or a loop that never iterated) has no range.
+    sdk::log_warn(s.where() +
+                  ": the calibration data never ran this part of a control-flow body; it stays in "
+                  "float (calibrate with data that takes every branch to quantize it)");
+    s.enabled = false;
+    return;
+  }
   if (s.role == InputRole::kWeight) {
     plugin_call(s, true, "reset", [&] { s.observer->reset(); });
-    plugin_call(s, true, "observe", [&] { s.observer->observe(executor_->constants().at(s.tensor)); });
+    plugin_call(s, true, "observe", [&] { s.observer->observe(constant(s.node_index, s.tensor)); });
   }
   const QParams p = plugin_call(s, true, "compute", [&] { return s.observer->compute(); });
   check_qparams(s, p, "compute");
   plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(p); });
   s.observer->reset();  // statistics are no longer needed
+  s.observed = 0;
   s.calibrated = true;
 }
 
@@ -379,7 +399,7 @@ void QuantSlots::finish_bias(QuantSlot& s) {
   s.fake_fused = false;  // decided afresh from the current activation and weight slots
   const QuantSlot& act = slots_[static_cast<std::size_t>(s.bias_activation)];
   const QuantSlot& w = slots_[static_cast<std::size_t>(s.bias_weight)];
-  const at::Tensor& bias = executor_->constants().at(s.tensor);
+  const at::Tensor& bias = constant(s.node_index, s.tensor);
   const at::Tensor w_scale = w.calibrated ? w.quantizer->qparams().scale.to(at::kCPU, at::kFloat) : at::Tensor();
   if (!act.active() || !w.active() || !act.calibrated || !w.calibrated || act.spec.per_channel ||
       w.spec.group_size > 0 || (w.spec.per_channel && w_scale.numel() != bias.numel())) {

@@ -156,7 +156,7 @@ class TargetSearch {
   bool better(double a, double b) const { return t_.higher_is_better() ? a > b : a < b; }
 
   LayerSensitivity sensitivity(std::size_t l) const {
-    const Node* n = qm_.graph().nodes()[layers_[l].node];
+    const Node* n = &qm_.executor().flat_node(layers_[l].node);
     return {n->name, n->op_type, layers_[l].sqnr_db};
   }
 
@@ -260,7 +260,14 @@ class TargetSearch {
           if (!nodes[i]->outputs[k].empty()) values[nodes[i]->outputs[k]] = out[k];
       }
       for (std::size_t l = 0; l < layers_.size(); ++l) {
-        const std::size_t start = layers_[l].node;
+        // A layer inside a control-flow body: its enclosing top-level node runs again with the
+        // layer's quantizers on (Note [Flat node numbering]).
+        const std::size_t layer = layers_[l].node, start = ex.enclosing_node(layer);
+        Executor::InputHook in_body;
+        if (layer != start)
+          in_body = [&](std::size_t n, std::size_t k, const at::Tensor& v) {
+            return n == layer ? qs.apply(n, k, v, /*force=*/true) : v;
+          };
         std::map<std::string, at::Tensor> changed;
         for (std::size_t i = start; i < nodes.size(); ++i) {
           const Node& n = *nodes[i];
@@ -269,13 +276,13 @@ class TargetSearch {
           for (const auto& name : ex.implicit_inputs(i)) touched = touched || changed.count(name);
           if (!touched) continue;
           auto in = inputs_of(n, changed);
-          if (i == start)
+          if (i == start && layer == start)
             for (std::size_t k = 0; k < in.size(); ++k)
               if (in[k].defined()) in[k] = qs.apply(i, k, in[k], /*force=*/true);
           auto scope = ex.scope_of(i, values);
           for (auto& [name, v] : scope)
             if (auto c = changed.find(name); c != changed.end()) v = c->second;
-          auto out = ex.run_node(i, in, scope);
+          auto out = ex.run_node(i, in, scope, i == start ? in_body : Executor::InputHook());
           for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
             if (!n.outputs[k].empty()) changed[n.outputs[k]] = out[k];
         }

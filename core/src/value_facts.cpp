@@ -187,12 +187,11 @@ std::vector<at::Tensor> run_sample(const Graph& graph, const Registry& registry,
   Executor ex(graph, registry);
   std::map<std::string, at::Tensor> feeds;
   for (std::size_t i = 0; i < sample.size(); ++i) feeds[graph.inputs[i].name] = sample[i];
-  const auto nodes = graph.nodes();
   c10::InferenceMode guard;
   Executor::InputHook hook;
   if (facts) {
     hook = [&](std::size_t node, std::size_t input, const at::Tensor& v) {
-      const std::string& name = nodes[node]->inputs[input];
+      const std::string& name = ex.flat_node(node).inputs[input];
       if (!facts->count(name)) (*facts)[name] = fact_of(v);
       return v;
     };

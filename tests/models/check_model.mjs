@@ -1,5 +1,5 @@
 // Checks one exported model against ONNX Runtime (CPU, all graph optimizations):
-//   node check_model.mjs --name N --float F.onnx --qdq Q.onnx --input name=X.npy
+//   node check_model.mjs --name N --float F.onnx --qdq Q.onnx --input name=X.npy [--input name2=Y.npy ...]
 //        --fp32 OURS_FP32.npy --sim OURS_SIMULATED.npy --report REPORT.json --result OUT.json
 //        [--threads N]
 // FP32 parity: max |ours - ORT| / max |ORT| over the first output, must be <= 1e-4.
@@ -22,13 +22,22 @@ import { readNpy } from '../ort/npy.mjs';
 
 const args = process.argv.slice(2);
 const opt = {};
-for (let i = 0; i < args.length; i += 2) opt[args[i].replace(/^--/, '')] = args[i + 1];
-for (const k of ['name', 'float', 'qdq', 'input', 'fp32', 'sim', 'report', 'result'])
+const inputs = [];  // --input may repeat: one name=FILE.npy per model input
+for (let i = 0; i < args.length; i += 2) {
+  const key = args[i].replace(/^--/, '');
+  if (key === 'input') inputs.push(args[i + 1]);
+  else opt[key] = args[i + 1];
+}
+for (const k of ['name', 'float', 'qdq', 'fp32', 'sim', 'report', 'result'])
   if (!opt[k]) throw new Error(`missing --${k}`);
+if (inputs.length === 0) throw new Error('missing --input');
 
-const [inputName, inputFile] = opt.input.split('=');
-const x = readNpy(inputFile);
-const feeds = { [inputName]: new ort.Tensor(x.type, x.data, x.shape) };
+const feeds = {};
+for (const spec of inputs) {
+  const [inputName, inputFile] = spec.split('=');
+  const x = readNpy(inputFile);
+  feeds[inputName] = new ort.Tensor(x.type, x.data, x.shape);
+}
 
 async function run(model, level = 'all') {
   const session = await ort.InferenceSession.create(model, {

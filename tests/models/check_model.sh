@@ -18,7 +18,14 @@ config="${4:-$root/configs/w8a8_onnxruntime.toml}"
 out="$dir/out"
 mkdir -p "$out"
 
-input=$(cat "$dir/input_name")
+# One input: eval/000.npy. Several (the ONNX test-data layout, eval/test_data_set_*/input_<i>.pb):
+# ONNX Runtime reads the first set from eval_npy/<input name>.npy.
+inputs=()
+if [[ -f "$dir/eval/000.npy" ]]; then
+  inputs=(--input "$(cat "$dir/input_name")=$dir/eval/000.npy")
+else
+  for f in "$dir"/eval_npy/*.npy; do inputs+=(--input "$(basename "$f" .npy)=$f"); done
+fi
 "$bin" -q quantize "$dir/model.onnx" -c "$config" --calib "$dir/calib" -o "$out/qdq.onnx" \
   --report "$out/report.json" --eval-data "$dir/eval" \
   --eval-outputs "$out/simulated.npy" --eval-fp32-outputs "$out/fp32.npy"
@@ -27,6 +34,6 @@ reference="$dir/model.onnx"  # what ONNX Runtime runs as the float model: the or
 [[ -f "$dir/reference.onnx" ]] && reference="$dir/reference.onnx"  # fixture gives one it can run
 node "$here/check_model.mjs" --name "$name" --float "$reference" --qdq "$out/qdq.onnx" \
   --simplified "$out/simplified.onnx" \
-  --input "$input=$dir/eval/000.npy" --fp32 "$out/fp32.npy" --sim "$out/simulated.npy" \
+  "${inputs[@]}" --fp32 "$out/fp32.npy" --sim "$out/simulated.npy" \
   --report "$out/report.json" --result "$dir/result.json"
 [[ "${SPARSEBIT_KEEP_TEST_OUTPUTS:-0}" == 1 ]] || rm -f "$out/qdq.onnx" "$out/simplified.onnx"

@@ -113,6 +113,32 @@ TEST(Data, ScalarInputsPassAsTheyAreOneSamplePerBatch) {
             std::string::npos);
 }
 
+// A recurrent state [layers, batch, hidden] beside a batch-first input (a voice-activity
+// detector's h and c): the batch is not dim 0 of every input, so each record is one batch, as it is.
+TEST(Data, StateInputsBatchedAlongAnotherAxisTakeWholeRecords) {
+  testing::TempDir dir;
+  for (int i = 0; i < 3; ++i) {
+    const fs::path set = dir / ("test_data_set_" + std::to_string(i));
+    fs::create_directories(set);
+    write_pb(at::full({3, 16}, static_cast<float>(i)), set / "input_0.pb");
+    write_pb(at::full({2, 3, 8}, static_cast<float>(-i)), set / "input_1.pb");
+  }
+  std::vector<ValueInfo> in{{"x", 1, true, {{-1, "batch"}, {-1, "samples"}}, ""},
+                            {"h", 1, true, {{2, ""}, {-1, "batch"}, {8, ""}}, ""}};
+  auto d = open_dataset(dir.path().string(), in);
+  Batcher b(*d, in, 32, 0);
+  int records = 0;
+  while (auto x = b.next()) {
+    EXPECT_EQ(x->rows, 3);
+    EXPECT_EQ(x->inputs[0].sizes(), (std::vector<std::int64_t>{3, 16}));
+    EXPECT_EQ(x->inputs[1].sizes(), (std::vector<std::int64_t>{2, 3, 8}));
+    EXPECT_EQ(x->inputs[1][0][0][0].item<float>(), -static_cast<float>(records));
+    ++records;
+  }
+  EXPECT_EQ(records, 3);
+  EXPECT_EQ(b.samples_delivered(), 9);
+}
+
 // Text lines of different widths, one per file, for a model with a symbolic width: a batch
 // holds samples of one width only, and every sample is delivered once, in order.
 TEST(Data, SamplesOfDifferentSizesNeverShareABatch) {

@@ -75,6 +75,17 @@ class TensorRTBackend final : public Backend {
     return std::nullopt;
   }
 
+  static bool is_control_flow(const Node& n) {
+    return n.domain.empty() && (n.op_type == "If" || n.op_type == "Loop" || n.op_type == "Scan");
+  }
+  static void keep_float(QuantState& state, const Graph& body) {
+    for (const Node* n : body.nodes()) {
+      for (std::size_t i = 0; i < n->inputs.size(); ++i) state.set_fake_fused(*n, i, true);
+      if (is_control_flow(*n))
+        for (const Graph* inner : n->subgraphs()) keep_float(state, *inner);
+    }
+  }
+
   void place(QuantState& state) const override {
     static const std::set<std::string> fusable = {"Conv", "ConvTranspose", "Gemm", "MatMul"};
     const Graph& g = state.graph();
@@ -89,6 +100,11 @@ class TensorRTBackend final : public Backend {
     for (const Node* n : g.nodes())
       if (n->domain.empty() && recurrent.count(n->op_type) != 0)
         for (std::size_t i = 0; i < 3; ++i) state.set_fake_fused(*n, i, true);
+    // Bodies of If/Loop/Scan stay float: the parser builds them as conditional and loop layers,
+    // and INT8 Q/DQ fusion inside those is not part of TensorRT's documented explicit quantization.
+    for (const Node* n : g.nodes())
+      if (is_control_flow(*n))
+        for (const Graph* body : n->subgraphs()) keep_float(state, *body);
     for (const Node* n : g.nodes()) {
       if (n->op_type != "Add" || !n->domain.empty() || n->inputs.size() != 2) continue;
       if (g.initializers.count(n->inputs[0]) || g.initializers.count(n->inputs[1])) continue;  // a bias add

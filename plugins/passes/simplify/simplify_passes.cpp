@@ -1,6 +1,7 @@
 // Simplify-stage passes (they run before conversion and keep the float function):
 //   remove_identity   Identity and inference-mode Dropout disappear
-//   fold_constants    nodes whose inputs are all constant become initializers (shape arithmetic too)
+//   fold_constants    nodes whose inputs are all constant become initializers (shape arithmetic too),
+//                     inside control-flow bodies as well
 //   fuse_bn           Conv / ConvTranspose / Gemm followed by BatchNormalization become one node;
 //                     the weight quantizer is built after folding, so its per-channel scales see
 //                     the folded weights
@@ -85,15 +86,36 @@ class FoldConstants final : public Pass {
   Stage stage() const override { return Stage::kSimplify; }
   bool run(Graph& g, const PassContext& ctx) override {
     if (!ctx.evaluate) return false;
-    const std::int64_t limit = ctx.options.get_int("max_elements", 1 << 24);
+    return fold(g, {}, ctx, ctx.options.get_int("max_elements", 1 << 24));
+  }
+
+ private:
+  // Folds in `g` and, recursively, in its control-flow bodies, where the initializers of the
+  // enclosing graphs (`outer`, innermost last) count as constants too: an exporter that writes
+  // a body's weights as Constant -> Unsqueeze -> Concat leaves them computed otherwise.
+  static bool fold(Graph& g, std::vector<const Graph*> outer, const PassContext& ctx, std::int64_t limit) {
+    auto value = [&](const std::string& name) -> const at::Tensor* {
+      if (auto it = g.initializers.find(name); it != g.initializers.end()) return &it->second;
+      for (auto o = outer.rbegin(); o != outer.rend(); ++o)
+        if (auto it = (*o)->initializers.find(name); it != (*o)->initializers.end()) return &it->second;
+      return nullptr;
+    };
     bool changed = false;
     for (Node* n : g.nodes()) {
       if (!n->domain.empty() || n->outputs.empty()) continue;
+      if (n->op_type == "If" || n->op_type == "Loop" || n->op_type == "Scan") {
+        std::vector<const Graph*> inner = outer;
+        inner.push_back(&g);
+        for (auto& kv : n->attributes)
+          if (kv.second.kind == Attribute::Kind::kGraph && kv.second.graph)
+            changed = fold(*kv.second.graph, inner, ctx, limit) || changed;
+        continue;
+      }
       bool all_constant = true;
-      for (const auto& in : n->inputs) all_constant = all_constant && (in.empty() || g.initializers.count(in));
+      for (const auto& in : n->inputs) all_constant = all_constant && (in.empty() || value(in));
       if (!all_constant) continue;
       std::vector<at::Tensor> inputs;
-      for (const auto& in : n->inputs) inputs.push_back(in.empty() ? at::Tensor() : g.initializers.at(in));
+      for (const auto& in : n->inputs) inputs.push_back(in.empty() ? at::Tensor() : *value(in));
       std::vector<at::Tensor> out;
       try {
         out = ctx.evaluate(*n, inputs);

@@ -48,7 +48,9 @@ SPARSEBIT_API std::unique_ptr<Dataset> open_dataset(const std::string& path, con
 /// samples differ in a dim the model leaves open (symbolic width, length), the batch before the
 /// change is delivered smaller. The last batch may be smaller too. Validates every record.
 /// A model input with a fixed batch size caps the batch; one declared 0-d (a scalar such as a
-/// sample rate) takes each record's value as it is, one sample per batch.
+/// sample rate) takes each record's value as it is, one sample per batch. An input whose dim 0
+/// is declared other than the first input's (a recurrent state [layers, batch, hidden]) has its
+/// batch elsewhere: then every record is one batch, taken as it is.
 class SPARSEBIT_API Batcher {
  public:
   Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64_t batch_size, std::int64_t limit);
@@ -58,8 +60,10 @@ class SPARSEBIT_API Batcher {
  private:
   Dataset& data_;
   std::vector<ValueInfo> inputs_;
-  std::vector<bool> scalar_;  ///< inputs the model declares 0-d (a sample rate): passed as they are
-  std::size_t lead_;          ///< the first input with a batch dimension (npos: none)
+  std::vector<bool> scalar_;      ///< inputs the model declares 0-d (a sample rate): passed as they are
+  std::size_t lead_;              ///< the first input with a batch dimension (npos: none)
+  std::vector<bool> other_axis_;  ///< inputs whose dim 0 is not the batch (a recurrent state)
+  bool whole_records_ = false;    ///< some input is other_axis_: records are batches as they are
   std::int64_t batch_size_, limit_, delivered_ = 0;
   std::vector<at::Tensor> pending_;
   std::string pending_source_;

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sparsebit/sdk/graph.h"
@@ -41,6 +42,14 @@ struct BoundModule {
 /// If, Loop or Scan of the default domain: run by the executor (Note [Control flow]).
 SPARSEBIT_API bool is_control_flow(const Node& n);
 
+/// A node of some nesting level and the graph that holds it.
+struct FlatNode {
+  Node* node;
+  Graph* graph;
+};
+/// Every node of `g` and of its control-flow bodies, in flat order (Note [Flat node numbering]).
+SPARSEBIT_API std::vector<FlatNode> flat_nodes(Graph& g);
+
 class SPARSEBIT_API Executor {
  public:
   /// Creates a QModule for every node from the registry. Nodes whose op no plugin provides
@@ -48,8 +57,9 @@ class SPARSEBIT_API Executor {
   /// reference to `graph`, which must outlive it; the registry need not.
   Executor(const Graph& graph, const Registry& registry);
 
-  /// Called for every present input of every node before it runs; returns the tensor the node
-  /// sees (fake-quantized, observed, ...). May be empty.
+  /// Called for every present input of every node before it runs, body nodes included, with the
+  /// node's flat number (Note [Flat node numbering]); returns the tensor the node sees
+  /// (fake-quantized, observed, ...). May be empty.
   using InputHook = std::function<at::Tensor(std::size_t node, std::size_t input, const at::Tensor& value)>;
 
   ~Executor();
@@ -60,9 +70,9 @@ class SPARSEBIT_API Executor {
                               const std::map<std::string, at::Tensor>* outer = nullptr);
 
   /// Runs node `index` alone; errors name the node and the plugin. A control-flow node whose
-  /// bodies read enclosing values needs them in `scope`.
+  /// bodies read enclosing values needs them in `scope`; `hook` acts on its body nodes.
   std::vector<at::Tensor> run_node(std::size_t index, const std::vector<at::Tensor>& inputs,
-                                   const std::map<std::string, at::Tensor>& scope = {});
+                                   const std::map<std::string, at::Tensor>& scope = {}, const InputHook& hook = {});
 
   /// Enclosing values the subgraphs of control-flow node `index` read (empty for other nodes).
   const std::vector<std::string>& implicit_inputs(std::size_t index) const;
@@ -73,7 +83,20 @@ class SPARSEBIT_API Executor {
   std::map<std::string, int> use_counts() const;
 
   const Graph& graph() const { return graph_; }
+  /// The modules of the graph's own nodes (index = node index).
   const std::vector<BoundModule>& modules() const { return modules_; }
+
+  // -- nodes of every nesting level, by flat number (Note [Flat node numbering]) --------------
+  std::size_t flat_size() const { return flat_.size(); }
+  const Node& flat_node(std::size_t flat) const;
+  const BoundModule& flat_module(std::size_t flat) const;
+  /// The constant `name` as flat node `flat` sees it (its graph's, else an enclosing one's), or null.
+  const at::Tensor* flat_constant(std::size_t flat, const std::string& name) const;
+  /// The flat numbers [first, last) of the nodes nested under node `index` (empty for nodes
+  /// without subgraphs).
+  std::pair<std::size_t, std::size_t> nested_range(std::size_t index) const;
+  /// The node of this graph under which flat node `flat` is nested (itself for a node of this graph).
+  std::size_t enclosing_node(std::size_t flat) const;
   /// Constants (initializers) on the executor's device.
   const std::map<std::string, at::Tensor>& constants() const { return constants_; }
   /// Replaces the executor's copy of constant `name` (the graph's initializer is unchanged).
@@ -88,10 +111,20 @@ class SPARSEBIT_API Executor {
 
  private:
   struct ControlFlow;
+  struct FlatEntry {
+    const Executor* owner;
+    std::size_t index;  ///< in owner's graph
+  };
+  Executor(const Graph& graph, const Registry& registry, const Executor* parent);
+  /// Numbers this executor's nodes from `flat.size()` on, then its bodies' (Note [Flat node numbering]).
+  void number(std::vector<FlatEntry>& flat);
   std::vector<at::Tensor> run_control_flow(std::size_t index, const std::vector<at::Tensor>& inputs,
-                                           const std::map<std::string, at::Tensor>& scope);
+                                           const std::map<std::string, at::Tensor>& scope, const InputHook& hook);
 
   const Graph& graph_;
+  const Executor* parent_ = nullptr;  ///< the executor whose control-flow node runs this body
+  std::size_t base_ = 0;              ///< flat number of this graph's node 0
+  std::vector<FlatEntry> flat_;       ///< the top-level executor's numbering (empty in bodies)
   std::vector<BoundModule> modules_;
   std::map<std::size_t, std::unique_ptr<ControlFlow>> control_;  ///< node index -> its subgraph executors
   std::map<std::string, at::Tensor> constants_;

@@ -39,8 +39,9 @@ struct SPARSEBIT_API QuantSlot {
   std::unique_ptr<Observer> observer;
   std::unique_ptr<Quantizer> quantizer;
   bool calibrated = false;
-  bool fake_fused = false;  ///< bypassed by a fuse pass: neither simulated nor exported
-  bool enabled = true;      ///< switched off by the user (QuantModel::set_enabled)
+  std::int64_t observed = 0;  ///< tensors observed since the last reset (activations)
+  bool fake_fused = false;    ///< bypassed by a fuse pass: neither simulated nor exported
+  bool enabled = true;        ///< switched off by the user (QuantModel::set_enabled)
   bool active() const { return enabled && !fake_fused; }
   ObserverFactory make_observer;  ///< to rebuild the objects when the scheme changes
   QuantizerFactory make_quantizer;
@@ -54,7 +55,8 @@ struct SPARSEBIT_API QuantSlot {
 
 class SPARSEBIT_API QuantSlots {
  public:
-  /// Makes the slots of every node of `graph` (skip globs, the modules' input specs, the
+  /// Makes the slots of every node of `graph` and of its control-flow bodies, numbered as the
+  /// executor numbers them (Note [Flat node numbering]) (skip globs, the modules' input specs, the
   /// config's tables, biases where `backend` quantizes them). `graph`, `executor` and `backend`
   /// must outlive this object; `config` and `registry` are used until finish_building().
   QuantSlots(const Graph& graph, const Executor& executor, const Config& config, const Backend& backend,
@@ -70,7 +72,7 @@ class SPARSEBIT_API QuantSlots {
 
   const std::vector<QuantSlot>& all() const { return slots_; }
   std::vector<QuantSlot>& all() { return slots_; }
-  /// The slot of node `node`'s input `input`, or null.
+  /// The slot of node `node`'s input `input` (`node` a flat number), or null.
   QuantSlot* at(std::size_t node, std::size_t input);
   const QuantSlot* at(std::size_t node, std::size_t input) const;
   /// Whether the slot is simulated and exported (a bias only while both factors of its scale are).
@@ -106,6 +108,9 @@ class SPARSEBIT_API QuantSlots {
   int add(std::size_t node, std::size_t input, InputRole role, std::int64_t weight_axis);
   void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
   const QuantTableConfig& table_for(const Node& n, bool is_weight) const;
+  /// Whether `name` is a constant where flat node `node` reads it, and its current value.
+  bool is_constant(std::size_t node, const std::string& name) const;
+  const at::Tensor& constant(std::size_t node, const std::string& name) const;
   void probe_options(const QuantTableConfig& cfg, bool is_weight);
   void check_qparams(const QuantSlot& s, const QParams& p, const char* call) const;
 

@@ -35,6 +35,33 @@ TEST(Passes, FoldConstantsFoldsShapeArithmetic) {
   EXPECT_FALSE(g.initializers.count("w")) << "initializers nothing reads any more are dropped";
 }
 
+TEST(Passes, FoldConstantsFoldsInsideControlFlowBodies) {
+  // y = If(c, x @ Unsqueeze(w)[0] ..., x): the weight is computed from an enclosing constant and
+  // a body constant, as exporters write recurrent weights inside branches.
+  Builder b({2, 4});
+  b.constant("w", at::randn({4, 4}));
+  b.constant("c", at::ones({}, at::kBool));
+  Graph then_branch;
+  then_branch.opset_imports = b.g.opset_imports;
+  then_branch.outputs.push_back({"yt", 1, false, {}, ""});
+  then_branch.initializers["axes"] = at::zeros({1}, at::kLong);
+  then_branch.append(make_node("unsq", "Unsqueeze", {"w", "axes"}, {"w3"}));
+  then_branch.append(make_node("sq", "Squeeze", {"w3", "axes"}, {"w2"}));
+  then_branch.append(make_node("mm", "MatMul", {"x", "w2"}, {"yt"}));
+  Graph else_branch;
+  else_branch.opset_imports = b.g.opset_imports;
+  else_branch.outputs.push_back({"ye", 1, false, {}, ""});
+  else_branch.append(make_node("neg", "Neg", {"x"}, {"ye"}));
+  b.add("if", "If", {"c"}, {"y"},
+        {{"then_branch", Attribute::of_graph(std::move(then_branch))},
+         {"else_branch", Attribute::of_graph(std::move(else_branch))}});
+  Graph g = apply_and_compare(b.g, "fold_constants", at::randn({2, 4}));
+  const Graph& folded = *g.find_node("if")->attributes.at("then_branch").graph;
+  EXPECT_EQ(ops(folded), (std::vector<std::string>{"MatMul"}));
+  EXPECT_TRUE(at::equal(folded.initializers.at(folded.node(0).inputs[1]), b.g.initializers.at("w")));
+  EXPECT_FALSE(folded.initializers.count("axes")) << "a body's initializers nothing reads are dropped";
+}
+
 TEST(Passes, FuseBatchNormIntoConvConvTransposeAndGemm) {
   auto bn_params = [](Builder& b, std::int64_t c) {
     b.constant("gamma", at::rand({c}) + 0.5);
