@@ -40,14 +40,14 @@ bool eight_bit_activation(const Graph& g, const std::map<std::string, const Node
   return t == at::kByte || t == at::kChar;
 }
 
-}  // namespace
-
-SaturationCheck check_u8s8_saturation(const Graph& qdq) {
+// The layers of `qdq` and, recursively, of its If/Loop/Scan bodies (the exporter puts a body
+// layer's Q/DQ and quantized weight inside the body, next to it).
+void check_graph(const Graph& qdq, SaturationCheck& check) {
   std::map<std::string, const Node*> producer;
   for (const Node* n : qdq.nodes())
     for (const auto& o : n->outputs) producer[o] = n;
-  SaturationCheck check;
   for (const Node* n : qdq.nodes()) {
+    for (const Graph* body : n->subgraphs()) check_graph(*body, check);
     if (!n->domain.empty() || (n->op_type != "Conv" && n->op_type != "MatMul" && n->op_type != "Gemm") ||
         !n->has_input(1))
       continue;
@@ -72,6 +72,13 @@ SaturationCheck check_u8s8_saturation(const Graph& qdq) {
     r.pairs_over = (sums * kMaxActivation > kPairLimit).sum().item<std::int64_t>();
     if (r.pairs_over > 0) check.at_risk.push_back(std::move(r));
   }
+}
+
+}  // namespace
+
+SaturationCheck check_u8s8_saturation(const Graph& qdq) {
+  SaturationCheck check;
+  check_graph(qdq, check);
   return check;
 }
 

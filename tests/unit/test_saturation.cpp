@@ -65,6 +65,24 @@ TEST(Saturation, GemmPairsAlongKOnBothSidesOfTheBound) {
       saturation_warning(check_u8s8_saturation(layer("Gemm", fits, {{"transB", Attribute::of_int(1)}}))).empty());
 }
 
+TEST(Saturation, LayersInsideControlFlowBodiesAreChecked) {
+  // The over-the-bound Gemm of the test above, as the then-branch of an If.
+  Graph branch = layer("Gemm", ints({64, 64, 1, 1, -65, -64, 0, 0}, {2, 4}), {{"transB", Attribute::of_int(1)}});
+  Graph g;
+  g.opset_imports[""] = 13;
+  g.inputs = {ValueInfo{"c", 9, false, {}, ""}};
+  g.outputs = {ValueInfo{"z", 1, false, {}, ""}};
+  Graph other = branch.clone();
+  Node cond = testing::make_node("if", "If", {"c"}, {"z"});
+  cond.attributes["then_branch"] = Attribute::of_graph(std::move(branch));
+  cond.attributes["else_branch"] = Attribute::of_graph(std::move(other));
+  g.append(std::move(cond));
+  const SaturationCheck c = check_u8s8_saturation(g);
+  EXPECT_EQ(c.layers_checked, 2);
+  ASSERT_EQ(c.at_risk.size(), 2u);
+  EXPECT_EQ(c.at_risk[0].worst_pair, 129);
+}
+
 TEST(Saturation, ConvPairsInputChannelsAtEachKernelPosition) {
   // W[0, c, 0, k]: in ONNX order (c major) the pairs are (100, 0) twice; ONNX Runtime's
   // channels-last filters pair the two channels at kernel position 0: 100 + 100.
