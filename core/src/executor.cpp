@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <set>
@@ -21,7 +22,8 @@ std::string dtype_name(const at::Tensor& t) {
 }
 
 bool is_control_flow(const Node& n) {
-  return n.domain.empty() && (n.op_type == "If" || n.op_type == "Loop" || n.op_type == "Scan");
+  return n.domain.empty() &&
+         (n.op_type == "If" || n.op_type == "Loop" || n.op_type == "Scan" || n.op_type == "SequenceMap");
 }
 
 namespace {
@@ -40,6 +42,17 @@ std::vector<FlatNode> flat_nodes(Graph& g) {
   std::vector<FlatNode> out;
   append_flat(g, out);
   return out;
+}
+
+at::Tensor sequence_of(const std::vector<at::Tensor>& items, at::ScalarType dtype) {
+  // Without ATen's one-time "prototype" warning about nested tensors: it says nothing to a user
+  // of the model.
+  struct Quiet final : c10::WarningHandler {
+    void process(const c10::SourceLocation&, const std::string&, bool) override {}
+  };
+  static Quiet quiet;
+  c10::Warning::WarningHandlerGuard guard(&quiet);
+  return at::_nested_tensor_from_tensor_list(items, dtype);
 }
 
 namespace {
@@ -240,7 +253,35 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
   Executor& body = *cf.bodies.at("body");
   const Graph& bg = body.graph();
   std::vector<at::Tensor> result;
-  if (n.op_type == "Loop") {
+  if (n.op_type == "SequenceMap") {  // the body once per element of the sequences (Note [Sequence values])
+    if (inputs.empty() || !input(0).defined() || !input(0).is_nested())
+      throw Error(n.describe() + ": its first input must be a sequence");
+    if (bg.inputs.size() != inputs.size())
+      throw Error(n.describe() + ": its body takes " + std::to_string(bg.inputs.size()) + " inputs for " +
+                  std::to_string(inputs.size()) + " node inputs");
+    std::vector<std::vector<at::Tensor>> items(inputs.size());
+    for (std::size_t j = 0; j < inputs.size(); ++j)
+      if (inputs[j].defined() && inputs[j].is_nested()) items[j] = inputs[j].unbind();
+    const std::size_t length = items[0].size();
+    for (std::size_t j = 1; j < inputs.size(); ++j)
+      if (!items[j].empty() && items[j].size() != length)
+        throw Error(n.describe() + ": its sequences differ in length");
+    std::vector<std::vector<at::Tensor>> outs(bg.outputs.size());
+    for (std::size_t i = 0; i < length; ++i) {
+      std::map<std::string, at::Tensor> feeds;
+      for (std::size_t j = 0; j < inputs.size(); ++j)
+        feeds[bg.inputs[j].name] = inputs[j].defined() && inputs[j].is_nested() ? items[j][i] : inputs[j];
+      auto out = body.run(feeds, hook, &scope);
+      for (std::size_t k = 0; k < out.size() && k < outs.size(); ++k) outs[k].push_back(out[k]);
+    }
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      // An empty result keeps the element type the body declares (float when it declares none).
+      const at::ScalarType dtype = !outs[k].empty()               ? outs[k][0].scalar_type()
+                                   : bg.outputs[k].elem_type == 7 ? at::kLong
+                                                                  : at::kFloat;
+      result.push_back(sequence_of(outs[k], dtype));
+    }
+  } else if (n.op_type == "Loop") {
     const bool has_trips = input(0).defined(), has_cond = input(1).defined();
     if (!has_trips && !has_cond)
       throw Error(n.describe() + ": a Loop with neither a trip count nor a condition never ends");
@@ -344,7 +385,9 @@ std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<
     const std::string what = c10e ? c10e->what_without_backtrace() : e.what();
     std::string shapes;
     for (auto& t : inputs)
-      shapes += (shapes.empty() ? "" : ", ") + (t.defined() ? c10::str(t.sizes()) : std::string("none"));
+      shapes += (shapes.empty() ? "" : ", ") + (!t.defined()    ? std::string("none")
+                                                : t.is_nested() ? std::string("a sequence")
+                                                                : c10::str(t.sizes()));
     throw Error(n.describe() + " failed in plugin '" + bound.plugin + "' on inputs of shapes (" + shapes +
                 "): " + what);
   }

@@ -302,17 +302,24 @@ void LayerwiseRunner::release(std::size_t i) {
 void LayerwiseRunner::account(CalibrationStats& stats) const {
   std::size_t tensors = 0;
   std::int64_t bytes = 0;
+  auto size_of = [](const at::Tensor& t) {  // a sequence counts its elements
+    std::int64_t n = 0;
+    if (!t.defined()) return n;
+    if (!t.is_nested()) return static_cast<std::int64_t>(t.nbytes());
+    for (const auto& e : t.unbind()) n += static_cast<std::int64_t>(e.nbytes());
+    return n;
+  };
   for (std::size_t b = 0; b < fp_.size(); ++b) {
     for (const auto& [name, t] : fp_[b]) {
       ++tensors;
-      bytes += static_cast<std::int64_t>(t.nbytes());
+      bytes += size_of(t);
     }
     if (!asym_) continue;
     for (const auto& [name, t] : q_[b]) {
       auto f = fp_[b].find(name);
       if (f != fp_[b].end() && f->second.is_same(t)) continue;  // shared, counted once
       ++tensors;
-      bytes += static_cast<std::int64_t>(t.nbytes());
+      bytes += size_of(t);
     }
   }
   stats.peak_cached_tensors = std::max(stats.peak_cached_tensors, tensors);

@@ -1,4 +1,5 @@
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/executor.h"
 #include "sparsebit/core/opset_lift.h"
 
 #include <ATen/ATen.h>
@@ -199,7 +200,12 @@ onnx::ModelProto convert_isolated(const onnx::ModelProto& proto, std::int64_t op
 /// are set); graph-valued attributes become subgraphs read the same way (Note [Subgraphs]).
 /// Node names are made unique across all nesting levels through `used_names`.
 void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, const std::string& name,
-                std::set<std::string>& used_names, bool main) {
+                std::set<std::string>& used_names, bool main, std::map<std::string, std::string>& types) {
+  auto keep_type = [&](const onnx::ValueInfoProto& v) {
+    if (v.type().has_sequence_type() || v.type().has_optional_type()) types[v.name()] = v.type().SerializeAsString();
+  };
+  for (const auto& v : gp.input()) keep_type(v);
+  for (const auto& v : gp.output()) keep_type(v);
   for (const auto& init : gp.initializer()) {
     g.initializers[init.name()] = tensor_from_proto(init, base, name + ": initializer '" + init.name() + "'");
     if (init.data_type() == kInt4 || init.data_type() == kUint4 || init.data_type() == onnx::TensorProto::UINT16)
@@ -246,7 +252,7 @@ void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, cons
       if (a.type() == onnx::AttributeProto::GRAPH) {
         Graph sub;
         sub.opset_imports = g.opset_imports;
-        read_graph(a.g(), sub, base, name, used_names, /*main=*/false);
+        read_graph(a.g(), sub, base, name, used_names, /*main=*/false, types);
         try {
           sub.topological_sort();
         } catch (const Error& e) {
@@ -296,7 +302,7 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   Graph& g = model.graph;
   for (const auto& o : proto.opset_import()) g.opset_imports[o.domain() == "ai.onnx" ? "" : o.domain()] = o.version();
   std::set<std::string> used_names;
-  read_graph(proto.graph(), g, base, name, used_names, /*main=*/true);
+  read_graph(proto.graph(), g, base, name, used_names, /*main=*/true, model.meta.value_types);
   try {
     g.topological_sort();
     g.validate();
@@ -379,7 +385,15 @@ Model load_onnx(const std::string& path, const ImportOptions& options) {
 namespace {
 /// Writes the nodes of `graph` into `gp` (subgraphs as GraphProto attributes, with their own
 /// inputs, outputs and initializers), collecting the names of node outputs in `names`.
-void write_nodes(const Graph& graph, onnx::GraphProto* gp, std::set<std::string>& names) {
+// A graph or body input/output: its tensor type, or the sequence/optional type it was imported with.
+void write_value_info(const ValueInfo& v, onnx::ValueInfoProto* p, const std::map<std::string, std::string>& types) {
+  value_info_to_proto(v, p);
+  if (auto t = types.find(v.name); t != types.end() && !p->mutable_type()->ParseFromString(t->second))
+    throw Error("internal: bad type of '" + v.name + "'");
+}
+
+void write_nodes(const Graph& graph, onnx::GraphProto* gp, std::set<std::string>& names,
+                 const std::map<std::string, std::string>& types) {
   for (const auto* n : graph.nodes()) {
     auto* np = gp->add_node();
     np->set_name(n->name);
@@ -402,14 +416,14 @@ void write_nodes(const Graph& graph, onnx::GraphProto* gp, std::set<std::string>
       const Graph& sub = *kv.second.graph;
       auto* sp = ap->mutable_g();
       sp->set_name(n->name + "_" + kv.first);
-      for (const auto& v : sub.inputs) value_info_to_proto(v, sp->add_input());
-      for (const auto& v : sub.outputs) value_info_to_proto(v, sp->add_output());
+      for (const auto& v : sub.inputs) write_value_info(v, sp->add_input(), types);
+      for (const auto& v : sub.outputs) write_value_info(v, sp->add_output(), types);
       for (const auto& init : sub.initializers) {
         auto narrow = sub.narrow_types.find(init.first);
         tensor_to_proto(init.second, init.first, sp->add_initializer(),
                         narrow == sub.narrow_types.end() ? 0 : narrow->second);
       }
-      write_nodes(sub, sp, names);
+      write_nodes(sub, sp, names, types);
     }
   }
 }
@@ -441,8 +455,8 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
 
   auto* gp = proto.mutable_graph();
   if (gp->name().empty()) gp->set_name("graph");
-  for (const auto& v : graph.inputs) value_info_to_proto(v, gp->add_input());
-  for (const auto& v : graph.outputs) value_info_to_proto(v, gp->add_output());
+  for (const auto& v : graph.inputs) write_value_info(v, gp->add_input(), meta.value_types);
+  for (const auto& v : graph.outputs) write_value_info(v, gp->add_output(), meta.value_types);
   std::int64_t total = 0;
   for (const auto& kv : graph.initializers) total += static_cast<std::int64_t>(kv.second.nbytes());
   const bool to_side_file = external != nullptr && (options.external_data || total > options.external_threshold_bytes);
@@ -454,7 +468,7 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
                     narrow == graph.narrow_types.end() ? 0 : narrow->second);
   }
   std::set<std::string> names;
-  write_nodes(graph, gp, names);
+  write_nodes(graph, gp, names, meta.value_types);
   // Drop shape annotations of tensors that no longer exist.
   auto* vi = gp->mutable_value_info();
   for (int i = vi->size() - 1; i >= 0; --i)
@@ -527,6 +541,33 @@ at::Tensor load_tensor_pb(const std::string& path, std::string* name) {
   if (!p.ParseFromString(bytes)) throw Error(path + ": not a serialized onnx.TensorProto");
   if (name) *name = p.name();
   return tensor_from_proto(p, fs::path(path).parent_path(), path);
+}
+
+at::Tensor load_value_pb(const std::string& path, const std::string& type) {
+  onnx::TypeProto t;
+  if (type.empty() || !t.ParseFromString(type) || (!t.has_sequence_type() && !t.has_optional_type()))
+    return load_tensor_pb(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot be opened");
+  const std::string bytes = read_all(in);
+  const fs::path base = fs::path(path).parent_path();
+  auto sequence = [&](const onnx::SequenceProto& s, const onnx::TypeProto& of) {
+    std::vector<at::Tensor> items;
+    for (const auto& e : s.tensor_values()) items.push_back(tensor_from_proto(e, base, path));
+    const std::int32_t elem = of.sequence_type().elem_type().tensor_type().elem_type();
+    return sequence_of(items,
+                       items.empty() ? proto::scalar_type_of(elem == 0 ? 1 : elem, path) : items[0].scalar_type());
+  };
+  if (t.has_sequence_type()) {
+    onnx::SequenceProto s;
+    if (!s.ParseFromString(bytes)) throw Error(path + ": not a serialized onnx.SequenceProto");
+    return sequence(s, t);
+  }
+  onnx::OptionalProto o;
+  if (!o.ParseFromString(bytes)) throw Error(path + ": not a serialized onnx.OptionalProto");
+  if (o.has_tensor_value()) return tensor_from_proto(o.tensor_value(), base, path);
+  if (o.has_sequence_value()) return sequence(o.sequence_value(), t.optional_type().elem_type());
+  return {};
 }
 
 }  // namespace sparsebit

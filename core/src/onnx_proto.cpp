@@ -44,9 +44,7 @@ std::string onnx_type_name(std::int32_t t) {
   }
 }
 
-namespace {
-
-at::ScalarType scalar_type_of(std::int32_t t, const std::string& what) {
+at::ScalarType proto::scalar_type_of(std::int32_t t, const std::string& what) {
   switch (t) {
     case onnx::TensorProto::FLOAT: return at::kFloat;
     case onnx::TensorProto::UINT8: return at::kByte;
@@ -63,8 +61,6 @@ at::ScalarType scalar_type_of(std::int32_t t, const std::string& what) {
                   ", which the executor does not support (LibTorch has no such dtype)");
   }
 }
-
-}  // namespace
 
 std::int32_t onnx_type_of(at::ScalarType t) {
   switch (t) {

@@ -24,6 +24,8 @@ void tensor_to_proto(const at::Tensor& t, const std::string& name, onnx::TensorP
 Attribute attribute_from_proto(const onnx::AttributeProto& a, const std::filesystem::path& base,
                                const std::string& where);
 void attribute_to_proto(const std::string& key, const Attribute& a, onnx::AttributeProto* p);
+/// ATen type of an ONNX element type; `what` names the value in the error for the others.
+at::ScalarType scalar_type_of(std::int32_t t, const std::string& what);
 ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v);
 void value_info_to_proto(const ValueInfo& v, onnx::ValueInfoProto* p);
 

@@ -42,9 +42,10 @@ const std::set<std::string> kUnchanged = {
     "Mod", "Mul", "Multinomial", "Neg", "NonMaxSuppression", "NonZero", "Not", "OneHot", "Or", "PRelu", "Pow",
     "QLinearConv", "QLinearMatMul", "QuantizeLinear", "RNN", "RandomNormal", "RandomNormalLike", "RandomUniform",
     "RandomUniformLike", "Range", "Reciprocal", "Relu", "Reshape", "ReverseSequence", "Round", "ScatterElements",
-    "ScatterND", "Selu", "Shape", "Shrink", "Sigmoid", "Sign", "Sin", "Sinh", "Size", "Softplus", "Softsign",
-    "SpaceToDepth", "Sqrt", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Tile", "Transpose", "Trilu", "Unique",
-    "Where", "Xor"};
+    "ScatterND", "Selu", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
+    "SequenceLength", "ConcatFromSequence", "SplitToSequence", "Shape", "Shrink", "Sigmoid", "Sign", "Sin", "Sinh",
+    "Size", "Softplus", "Softsign", "SpaceToDepth", "Sqrt", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Tile",
+    "Transpose", "Trilu", "Unique", "Where", "Xor"};
 // clang-format on
 
 class Lifter;

@@ -24,7 +24,7 @@ std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& regis
   std::vector<at::Tensor> result(requests.size());
   auto take = [&](const std::string& name, const at::Tensor& x) {
     auto it = wanted.find(name);
-    if (it == wanted.end() || !x.is_floating_point()) return;
+    if (it == wanted.end() || !x.defined() || x.is_nested() || !x.is_floating_point()) return;
     for (auto i : it->second) {
       std::int64_t axis = requests[i].second;
       if (axis < 0) axis += x.dim();

@@ -34,11 +34,11 @@ Shapes run_shapes(const Graph& graph, const Registry& registry, const std::vecto
   Shapes shapes;
   c10::InferenceMode guard;
   auto result = ex.run(feeds, [&](std::size_t node, std::size_t input, const at::Tensor& v) {
-    if (v.defined()) shapes[ex.flat_node(node).inputs[input]] = v.sizes().vec();
+    if (v.defined() && !v.is_nested()) shapes[ex.flat_node(node).inputs[input]] = v.sizes().vec();
     return v;
   });
   for (std::size_t i = 0; i < result.size() && i < graph.outputs.size(); ++i)
-    if (result[i].defined()) shapes[graph.outputs[i].name] = result[i].sizes().vec();
+    if (result[i].defined() && !result[i].is_nested()) shapes[graph.outputs[i].name] = result[i].sizes().vec();
   if (outputs) *outputs = std::move(result);
   return shapes;
 }

@@ -320,7 +320,7 @@ at::Tensor QuantSlots::apply(std::size_t node, std::size_t input, const at::Tens
   if (!slot) return x;
   QuantSlot& s = *slot;
   const bool on = force || (s.role == InputRole::kWeight ? w_on_ : a_on_);
-  if (!on || !usable(s) || !x.is_floating_point()) return x;
+  if (!on || !usable(s) || !x.defined() || x.is_nested() || !x.is_floating_point()) return x;
   if (!s.calibrated) throw Error(s.where() + ": quantization is on but the model was not calibrated");
   if (s.role == InputRole::kBias) return force || (w_on_ && a_on_) ? fake_quantize(x, s.bias_params, s.spec) : x;
   at::Tensor y = plugin_call(s, false, "forward", [&] { return s.quantizer->forward(x); });
@@ -336,8 +336,8 @@ void QuantSlots::observe(std::size_t node, std::size_t input, const at::Tensor& 
   QuantSlot* slot = at(node, input);
   if (!slot) return;
   QuantSlot& s = *slot;
-  if (s.role != InputRole::kActivation || !s.active()) return;
-  if (!x.is_floating_point()) {
+  if (s.role != InputRole::kActivation || !s.active() || !x.defined()) return;
+  if (x.is_nested() || !x.is_floating_point()) {
     // Integer or bool data (indices, masks, shape arithmetic) has nothing to quantize.
     sdk::log_debug(s.where() + ": carries " + std::string(c10::toString(x.scalar_type())) + " data, left unquantized");
     s.enabled = false;

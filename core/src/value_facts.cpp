@@ -33,6 +33,7 @@ ValueFact fact_of(const ValueInfo& v) {
 
 ValueFact fact_of(const at::Tensor& t) {
   ValueFact f;
+  if (!t.defined() || t.is_nested()) return f;  // an empty optional, a sequence: no tensor facts
   f.rank = t.dim();
   f.dims = t.sizes().vec();
   try {

@@ -2,7 +2,8 @@
 """Writes backend-test cases (ONNX's test-data layout) for ops whose opsets are newer than the
 installed ONNX test data (Gelu-20, Mish-18, GroupNormalization-18/21) and for options ONNX's own
 recurrent tests leave out (both directions, sequence_lens, layout 1, GRU's linear_before_reset,
-clip, activations with parameters) and for DFT's input form of opset 20, with PyTorch (or, where PyTorch has no such option, a plain
+clip, activations with parameters), for DFT's input form of opset 20 and for the sequence ops
+the test data has no cases for, with PyTorch (or, where PyTorch has no such option, a plain
 numpy loop over the spec's equations, or numpy's FFT) computing the expected outputs:
 
     /usr/bin/python3 tests/conformance/make_extra_cases.py tests/conformance/extra
@@ -36,12 +37,12 @@ def case(root, name, op, opset, inputs, outputs, **attrs):
 
 
 def write(root, name, node, opset, inputs, outputs):
-    """A one-node model; inputs and outputs are lists of (name, array); an input named "" is an
-    omitted optional input."""
+    """A model of one node (or a list of nodes); inputs and outputs are lists of (name, array); an
+    input named "" is an omitted optional input."""
     folder = os.path.join(root, name)
     os.makedirs(os.path.join(folder, "test_data_set_0"), exist_ok=True)
     info = lambda n, a: helper.make_tensor_value_info(n, mapping.NP_TYPE_TO_TENSOR_TYPE[a.dtype], list(a.shape))
-    graph = helper.make_graph([node], name, [info(n, a) for n, a in inputs if n],
+    graph = helper.make_graph(node if isinstance(node, list) else [node], name, [info(n, a) for n, a in inputs if n],
                               [info(n, a) for n, a in outputs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
@@ -50,7 +51,8 @@ def write(root, name, node, opset, inputs, outputs):
     for kind, arrays in (("input", [(n, a) for n, a in inputs if n]), ("output", outputs)):
         for i, (_, a) in enumerate(arrays):
             with open(os.path.join(folder, "test_data_set_0", f"{kind}_{i}.pb"), "wb") as f:
-                f.write(numpy_helper.from_array(np.ascontiguousarray(a)).SerializeToString())
+                # np.ascontiguousarray would make a 0-d array 1-D
+                f.write(numpy_helper.from_array(np.array(a, order="C")).SerializeToString())
 
 
 def onnx_gates(w, torch_order, onnx_order, hidden):
@@ -161,6 +163,30 @@ def signal_cases(root):
           [("y", np.stack([y.real, y.imag], -1).astype(np.float32))])
 
 
+def sequence_cases(root):
+    """SplitToSequence, SequenceErase, SequenceAt and ConcatFromSequence, which the installed test
+    data has no cases for, chained between tensors; numpy slicing gives the expected values."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    nodes = [helper.make_node("SplitToSequence", ["x", "chunk"], ["s"], axis=0),  # rows 2, 2, 1
+             helper.make_node("SequenceErase", ["s"], ["t"]),  # the last chunk
+             helper.make_node("SequenceLength", ["t"], ["n"]),
+             helper.make_node("ConcatFromSequence", ["t"], ["y"], axis=0)]
+    write(root, "test_split_to_sequence_chunks_erase_concat", nodes, 11,
+          [("x", x), ("chunk", np.array(2, np.int64))], [("y", x[:4]), ("n", np.array(2, np.int64))])
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    nodes = [helper.make_node("SplitToSequence", ["x", "sizes"], ["s"], axis=1),
+             helper.make_node("SequenceAt", ["s", "at"], ["y"]),
+             helper.make_node("ConcatFromSequence", ["s"], ["z"], axis=-1)]
+    write(root, "test_split_to_sequence_sizes_at_concat", nodes, 11,
+          [("x", x), ("sizes", np.array([1, 2, 3], np.int64)), ("at", np.array(-2, np.int64))],
+          [("y", x[:, 1:3]), ("z", x)])
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["s"], axis=1, keepdims=0),  # four [3] columns
+             helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0, new_axis=1)]
+    write(root, "test_split_to_sequence_keepdims0_stack", nodes, 11, [("x", x)], [("y", x.T.copy())])
+
+
 def main(root):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 5, generator=g) * 3
@@ -177,6 +203,7 @@ def main(root):
          [x.numpy(), gw.numpy(), gb.numpy()], [y.numpy()], num_groups=3, epsilon=1e-3)
     recurrent_cases(root)
     signal_cases(root)
+    sequence_cases(root)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ the layout of make_models.py (NAME/model.onnx, NAME/calib, NAME/eval, NAME/input
   count is the input height / 8 (a residual refinement convolution per iteration, the
   loop-carried feature map), then a convolution head; torch.jit.script, opset 13, dynamic batch
   and size.
+- strip_list_net: a convolution per horizontal strip of the feature map, one strip per loop step,
+  appended to a list and concatenated (torch.onnx writes SequenceEmpty, SequenceInsert in a Loop
+  that carries the sequence, ConcatFromSequence); opset 13.
 - vad_like: shaped like a published voice-activity detector (opset 16): inputs `input` [batch,
   samples], `sr` (int64, 0-d), LSTM states `h`, `c` [2, batch, 64]; the whole network sits in the
   two branches of an If on sr == 16000 (per rate: a fixed Fourier-basis Conv1d and its magnitude,
@@ -23,6 +26,7 @@ size none of them has and takes the 3x3 branch.
 """
 import os
 import sys
+from typing import List
 
 import numpy as np
 import torch
@@ -50,6 +54,35 @@ class IfLoopNet(nn.Module):
         for _ in range(x.shape[2] // 8):
             f = f + 0.5 * torch.relu(self.refine(f))
         return self.head(f)
+
+
+class StripListNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.strip = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        f = torch.relu(self.stem(x))
+        parts: List[torch.Tensor] = []
+        for i in range(f.shape[2] // 4):
+            parts.append(torch.relu(self.strip(f[:, :, i * 4:(i + 1) * 4])))
+        return self.head(torch.cat(parts, 2))
+
+
+def make_strip_list_net(out):
+    torch.manual_seed(2)
+    folder = os.path.join(out, "strip_list_net")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "model.onnx")
+    torch.onnx.export(torch.jit.script(StripListNet().eval()), torch.rand(1, 3, 16, 16), path, opset_version=13,
+                      input_names=["image"], output_names=["y"],
+                      dynamic_axes={"image": {0: "batch", 2: "h", 3: "w"}, "y": {0: "batch", 2: "h", 3: "w"}})
+    rng = np.random.default_rng(7)
+    calib = [rng.random((2, 3, s, s), dtype=np.float32) for s in (16, 24, 32) for _ in range(2)]
+    write_layout(folder, calib, rng.random((2, 3, 20, 20), dtype=np.float32), "image")
+    print(f"strip_list_net: {path}")
 
 
 class RateBranch(nn.Module):
@@ -162,6 +195,7 @@ def main():
              for level in (0.2, 1.0, 2.0) for s in (16, 24, 32)]
     write_layout(folder, calib, rng.random((2, 3, 20, 20), dtype=np.float32) * np.float32(2.5), "image")
     print(f"if_loop_net: {path}")
+    make_strip_list_net(out)
     make_vad_like(out)
 
 

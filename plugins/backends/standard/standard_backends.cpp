@@ -76,7 +76,8 @@ class TensorRTBackend final : public Backend {
   }
 
   static bool is_control_flow(const Node& n) {
-    return n.domain.empty() && (n.op_type == "If" || n.op_type == "Loop" || n.op_type == "Scan");
+    return n.domain.empty() &&
+           (n.op_type == "If" || n.op_type == "Loop" || n.op_type == "Scan" || n.op_type == "SequenceMap");
   }
   static void keep_float(QuantState& state, const Graph& body) {
     for (const Node* n : body.nodes()) {

@@ -125,8 +125,9 @@ class FoldConstants final : public Pass {
       }
       bool fits = out.size() >= n->outputs.size();
       for (std::size_t i = 0; i < n->outputs.size() && fits; ++i)
-        fits = n->outputs[i].empty() || (out[i].defined() && out[i].numel() <= limit);
-      // A graph output stays computed by a node, so that the model's outputs keep their producers.
+        fits = n->outputs[i].empty() || (out[i].defined() && !out[i].is_nested() && out[i].numel() <= limit);
+      // A sequence (a nested tensor, SequenceEmpty's) is no initializer; a graph output stays
+      // computed by a node, so that the model's outputs keep their producers.
       for (const auto& o : n->outputs) fits = fits && !g.is_graph_output(o);
       if (!fits) continue;
       for (std::size_t i = 0; i < n->outputs.size(); ++i)

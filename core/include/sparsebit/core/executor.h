@@ -131,6 +131,10 @@ class SPARSEBIT_API Executor {
   std::size_t last_peak_live_ = 0;
 };
 
+/// A sequence value as the executor carries it (Note [Sequence values] in
+/// plugins/ops/sequence/sequence_ops.cpp): a nested tensor of `items`, all of one rank.
+SPARSEBIT_API at::Tensor sequence_of(const std::vector<at::Tensor>& items, at::ScalarType dtype);
+
 /// Element type name of a tensor in ONNX terms ("float", "int64", ...).
 SPARSEBIT_API std::string dtype_name(const at::Tensor& t);
 

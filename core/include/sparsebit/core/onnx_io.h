@@ -24,6 +24,9 @@ struct ModelMeta {
   std::string skeleton;                               ///< serialized ModelProto without nodes and initializers
   std::map<std::string, std::string> metadata_props;  ///< the model's metadata_props, as imported
   std::vector<ValueInfo> value_info;  ///< declared types and shapes of intermediate values (for lifting)
+  /// Serialized TypeProto of the sequence- and optional-typed inputs and outputs of the graph and
+  /// its bodies, by name (ValueInfo describes tensors only); written back on export.
+  std::map<std::string, std::string> value_types;
 };
 
 struct Model {
@@ -72,6 +75,10 @@ SPARSEBIT_API std::int64_t onnx_library_max_opset();
 
 /// Reads a serialized onnx.TensorProto file (the ONNX test-data layout). Sets *name if given.
 SPARSEBIT_API at::Tensor load_tensor_pb(const std::string& path, std::string* name = nullptr);
+/// A value of the ONNX test-data layout: a TensorProto, or, where `type` (a serialized TypeProto,
+/// as in ModelMeta::value_types) says so, a SequenceProto (a sequence value, Note [Sequence
+/// values]) or an OptionalProto (its element; undefined when it holds none).
+SPARSEBIT_API at::Tensor load_value_pb(const std::string& path, const std::string& type);
 
 /// ONNX element type name ("float", "int64", ...) for messages.
 SPARSEBIT_API std::string onnx_type_name(std::int32_t elem_type);
