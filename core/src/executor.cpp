@@ -138,10 +138,6 @@ Executor::Executor(const Graph& graph, const Registry& registry, const Executor*
                                                   : std::vector<std::string>{"body"};
       for (const auto& b : needed)
         if (!cf->bodies.count(b)) throw Error(n->describe() + ": the subgraph attribute '" + b + "' is missing");
-      if (n->op_type == "Scan" && graph.default_opset() < 9)
-        throw Error(n->describe() +
-                    ": Scan-8 (with a batch axis and sequence_lens) is not supported; re-export at "
-                    "opset 9 or newer");
       cf->implicit = n->implicit_inputs();
       control_[index] = std::move(cf);
       modules_.push_back({std::make_unique<ControlFlowModule>(), "core (control flow)"});
@@ -308,14 +304,20 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
     }
     result = carried;
     for (auto& s : scans) result.push_back(s.empty() ? at::empty({0}) : at::stack(s, 0));
-  } else {  // Scan (opset 9 and later)
+  } else {  // Scan; Scan-8 (opset < 9) puts a batch on axis 0 and runs each entry apart, along axis 1
+    const bool batched = graph_.default_opset() < 9;
+    if (batched && input(0).defined())
+      throw Error(n.describe() +
+                  ": Scan-8's sequence_lens (sequences of several lengths in one batch) is not "
+                  "supported; re-export at opset 9 or newer");
+    const std::vector<at::Tensor> operands(inputs.begin() + (batched ? 1 : 0), inputs.end());
     const std::int64_t m = n.attr_int("num_scan_inputs", 0);
-    if (m < 1 || m > static_cast<std::int64_t>(inputs.size()))
-      throw Error(n.describe() + ": num_scan_inputs must lie in 1.." + std::to_string(inputs.size()));
-    const std::size_t states = inputs.size() - static_cast<std::size_t>(m);
-    if (bg.inputs.size() != inputs.size() || bg.outputs.size() < states)
+    if (m < 1 || m > static_cast<std::int64_t>(operands.size()))
+      throw Error(n.describe() + ": num_scan_inputs must lie in 1.." + std::to_string(operands.size()));
+    const std::size_t states = operands.size() - static_cast<std::size_t>(m);
+    if (bg.inputs.size() != operands.size() || bg.outputs.size() < states)
       throw Error(n.describe() + ": its body takes " + std::to_string(bg.inputs.size()) + " inputs for " +
-                  std::to_string(inputs.size()) + " node inputs");
+                  std::to_string(operands.size()) + " node inputs");
     const std::size_t scan_out = bg.outputs.size() - states;
     auto per = [&](const char* key, std::size_t count) {
       auto v = n.attr_ints(key, std::vector<std::int64_t>(count, 0));
@@ -325,44 +327,61 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
       return v;
     };
     const auto in_axes = per("scan_input_axes", static_cast<std::size_t>(m));
-    const auto in_dirs = per("scan_input_directions", static_cast<std::size_t>(m));
+    const auto in_dirs = per(batched ? "directions" : "scan_input_directions", static_cast<std::size_t>(m));
     const auto out_axes = per("scan_output_axes", scan_out);
     const auto out_dirs = per("scan_output_directions", scan_out);
-    std::vector<at::Tensor> seqs;
-    std::vector<std::int64_t> axes;
-    std::int64_t length = -1;
-    for (std::size_t k = 0; k < static_cast<std::size_t>(m); ++k) {
-      const at::Tensor& x = inputs[states + k];
-      std::int64_t axis = in_axes[k] < 0 ? in_axes[k] + x.dim() : in_axes[k];
-      if (axis < 0 || axis >= x.dim()) throw Error(n.describe() + ": scan_input_axes is out of range");
-      if (length >= 0 && x.size(axis) != length)
-        throw Error(n.describe() + ": scan inputs differ in length along their scan axes");
-      length = x.size(axis);
-      seqs.push_back(x);
-      axes.push_back(axis);
-    }
-    std::vector<at::Tensor> state(inputs.begin(), inputs.begin() + static_cast<long>(states));
-    std::vector<std::vector<at::Tensor>> scans(scan_out);
-    for (std::int64_t t = 0; t < length; ++t) {
-      std::map<std::string, at::Tensor> feeds;
-      for (std::size_t j = 0; j < states; ++j) feeds[bg.inputs[j].name] = state[j];
-      for (std::size_t k = 0; k < seqs.size(); ++k)
-        feeds[bg.inputs[states + k].name] = seqs[k].select(axes[k], in_dirs[k] ? length - 1 - t : t);
-      auto out = body.run(feeds, hook, &scope);
-      for (std::size_t j = 0; j < states; ++j) state[j] = out[j];
-      for (std::size_t k = 0; k < scan_out; ++k) scans[k].push_back(out[states + k]);
-    }
-    result = state;
-    for (std::size_t k = 0; k < scan_out; ++k) {
-      if (scans[k].empty()) {
-        result.push_back(at::empty({0}));
-        continue;
+    auto scan = [&](const std::vector<at::Tensor>& xs) {  // one Scan-9 run
+      std::vector<at::Tensor> seqs;
+      std::vector<std::int64_t> axes;
+      std::int64_t length = -1;
+      for (std::size_t k = 0; k < static_cast<std::size_t>(m); ++k) {
+        const at::Tensor& x = xs[states + k];
+        std::int64_t axis = in_axes[k] < 0 ? in_axes[k] + x.dim() : in_axes[k];
+        if (axis < 0 || axis >= x.dim()) throw Error(n.describe() + ": scan_input_axes is out of range");
+        if (length >= 0 && x.size(axis) != length)
+          throw Error(n.describe() + ": scan inputs differ in length along their scan axes");
+        length = x.size(axis);
+        seqs.push_back(x);
+        axes.push_back(axis);
       }
-      if (out_dirs[k]) std::reverse(scans[k].begin(), scans[k].end());
-      const std::int64_t rank = scans[k][0].dim() + 1;
-      std::int64_t axis = out_axes[k] < 0 ? out_axes[k] + rank : out_axes[k];
-      if (axis < 0 || axis >= rank) throw Error(n.describe() + ": scan_output_axes is out of range");
-      result.push_back(at::stack(scans[k], axis));
+      std::vector<at::Tensor> state(xs.begin(), xs.begin() + static_cast<long>(states));
+      std::vector<std::vector<at::Tensor>> scans(scan_out);
+      for (std::int64_t t = 0; t < length; ++t) {
+        std::map<std::string, at::Tensor> feeds;
+        for (std::size_t j = 0; j < states; ++j) feeds[bg.inputs[j].name] = state[j];
+        for (std::size_t k = 0; k < seqs.size(); ++k)
+          feeds[bg.inputs[states + k].name] = seqs[k].select(axes[k], in_dirs[k] ? length - 1 - t : t);
+        auto out = body.run(feeds, hook, &scope);
+        for (std::size_t j = 0; j < states; ++j) state[j] = out[j];
+        for (std::size_t k = 0; k < scan_out; ++k) scans[k].push_back(out[states + k]);
+      }
+      std::vector<at::Tensor> outs = state;
+      for (std::size_t k = 0; k < scan_out; ++k) {
+        if (scans[k].empty()) {
+          outs.push_back(at::empty({0}));
+          continue;
+        }
+        if (out_dirs[k]) std::reverse(scans[k].begin(), scans[k].end());
+        const std::int64_t rank = scans[k][0].dim() + 1;
+        std::int64_t axis = out_axes[k] < 0 ? out_axes[k] + rank : out_axes[k];
+        if (axis < 0 || axis >= rank) throw Error(n.describe() + ": scan_output_axes is out of range");
+        outs.push_back(at::stack(scans[k], axis));
+      }
+      return outs;
+    };
+    if (!batched) {
+      result = scan(operands);
+    } else {
+      const std::int64_t entries = operands[states].dim() > 0 ? operands[states].size(0) : 0;
+      if (entries == 0) throw Error(n.describe() + ": Scan-8 needs a batch axis with at least one entry");
+      std::vector<std::vector<at::Tensor>> per_entry(states + scan_out);
+      for (std::int64_t b = 0; b < entries; ++b) {
+        std::vector<at::Tensor> xs;
+        for (const auto& x : operands) xs.push_back(x.select(0, b));
+        auto outs = scan(xs);
+        for (std::size_t k = 0; k < outs.size(); ++k) per_entry[k].push_back(outs[k]);
+      }
+      for (auto& p : per_entry) result.push_back(at::stack(p, 0));
     }
   }
   check_outputs(result, n.outputs.size(), "body");

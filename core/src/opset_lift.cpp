@@ -348,8 +348,11 @@ void lift_node(Lifter& l, Node& n, std::int64_t from) {
       l.refuse(n, "attribute '" + a.first + "' holds a list of subgraphs or another kind the lifter cannot rewrite");
   // If and Loop kept their meaning from opset 1 and 11; their bodies are lifted by lift_graph().
   if (n.op_type == "If" || n.op_type == "Loop") return;
-  if (n.op_type == "Scan") {
-    if (from < 9) l.refuse(n, "Scan-8 (a batch axis and sequence_lens) differs from Scan-9; re-export at opset 9+");
+  if (n.op_type == "Scan") {  // Scan-8 is rewritten by lift_graph() once its body is lifted
+    if (from < 9 && n.has_input(0))
+      l.refuse(n,
+               "Scan-8 with sequence_lens (sequences of several lengths in one batch) has no Scan-9 form; "
+               "re-export at opset 9 or newer");
     return;
   }
   // Upsample was deprecated at 10: one found in a newer model is still read as Upsample-9.
@@ -384,6 +387,65 @@ std::string describe_sample(const std::vector<at::Tensor>& sample) {
 /// Lifts the default-domain nodes of `g` and, in the same way, of every subgraph in it. Names
 /// are unique across nesting levels, so facts about enclosing values hold inside bodies; values
 /// computed inside a body have none, and rules fall back to what needs no facts or refuse.
+// Scan-8 runs its body over axis 1 of every scan input, for each batch entry (axis 0) apart;
+// Scan-9 has no batch axis. So Scan-8 (without sequence_lens) becomes a Loop over the batch whose
+// body takes entry i of every state and scan input (Gather on axis 0) and runs a Scan-9 over
+// them with the original body; the Loop stacks the final states and the scan outputs of all
+// entries along axis 0, which is Scan-8's layout. Called once the original body is lifted.
+void scan8_to_loop(Lifter& l, Node& n) {
+  Graph& g = l.graph();
+  const std::int64_t m = n.attr_int("num_scan_inputs", 0);
+  const std::size_t states = n.inputs.size() - 1 - static_cast<std::size_t>(m);
+  if (m < 1 || n.inputs.size() < 1 + static_cast<std::size_t>(m)) l.refuse(n, "num_scan_inputs is out of range");
+  std::shared_ptr<Graph> original = n.attributes.at("body").graph;
+  auto node = [](const std::string& name, const char* op, std::vector<std::string> in, std::vector<std::string> out) {
+    Node x;
+    x.name = name;
+    x.op_type = op;
+    x.inputs = std::move(in);
+    x.outputs = std::move(out);
+    return x;
+  };
+  // The batch size: dim 0 of the first scan input.
+  const std::string shape = g.unique_name(n.name + "_input_shape"), batch = g.unique_name(n.name + "_batch");
+  g.insert_before(&n, node(g.unique_name(n.name + "_Shape"), "Shape", {n.inputs[1 + states]}, {shape}));
+  Node first = node(g.unique_name(n.name + "_Gather"), "Gather",
+                    {shape, l.constant(n, "zero", at::scalar_tensor(0, at::kLong))}, {batch});
+  g.insert_before(&n, std::move(first));
+
+  Graph body;
+  body.opset_imports = g.opset_imports;
+  body.opset_imports[""] = l.target();
+  const std::string iter = g.unique_name(n.name + "_entry"), cond_in = g.unique_name(n.name + "_cond_in"),
+                    cond_out = g.unique_name(n.name + "_cond_out");
+  body.inputs = {{iter, 7, true, {}, ""}, {cond_in, 9, true, {}, ""}};
+  body.outputs = {{cond_out, 9, true, {}, ""}};
+  body.append(node(g.unique_name(n.name + "_keep_going"), "Identity", {cond_in}, {cond_out}));
+  Node scan = node(g.unique_name(n.name + "_per_entry"), "Scan", {}, {});
+  for (std::size_t j = 1; j < n.inputs.size(); ++j) {  // entry i of every state and scan input
+    const std::string entry = g.unique_name(n.inputs[j] + "_entry");
+    body.append(node(g.unique_name(n.name + "_take_" + std::to_string(j)), "Gather", {n.inputs[j], iter}, {entry}));
+    scan.inputs.push_back(entry);
+  }
+  for (std::size_t k = 0; k < original->outputs.size(); ++k) {
+    const std::string out = g.unique_name(n.outputs.at(k) + "_entry");
+    scan.outputs.push_back(out);
+    body.outputs.push_back({out, original->outputs[k].elem_type, false, {}, ""});
+  }
+  scan.attributes["num_scan_inputs"] = Attribute::of_int(m);
+  if (n.has_attr("directions")) scan.attributes["scan_input_directions"] = n.attributes.at("directions");
+  scan.attributes["body"].kind = Attribute::Kind::kGraph;
+  scan.attributes["body"].graph = original;
+  body.append(std::move(scan));
+
+  n.op_type = "Loop";
+  n.inputs = {batch, ""};
+  n.attributes.clear();
+  n.attributes["body"] = Attribute::of_graph(std::move(body));
+  l.note(n, "Scan-8 -> Loop over the batch of a Scan-9 (" + std::to_string(states) + " states, " + std::to_string(m) +
+                " scan inputs)");
+}
+
 void lift_graph(Graph& g, const ValueFacts& facts, std::int64_t target, LiftReport& report, std::int64_t from) {
   Lifter l(g, facts, target, report);
   for (Node* n : g.nodes()) {
@@ -394,6 +456,7 @@ void lift_graph(Graph& g, const ValueFacts& facts, std::int64_t target, LiftRepo
       lift_graph(*kv.second.graph, facts, target, report, from);
       kv.second.graph->topological_sort();
     }
+    if (n->op_type == "Scan" && from < 9) scan8_to_loop(l, *n);
   }
   g.opset_imports[""] = target;
 }

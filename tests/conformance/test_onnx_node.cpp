@@ -47,8 +47,6 @@ const std::map<std::string, std::string> kKnownFailures = {
     {"test_castlike_FLOAT_to_STRING_expanded", "string tensors: LibTorch has no string dtype"},
     {"test_castlike_STRING_to_FLOAT", "string tensors: LibTorch has no string dtype"},
     {"test_castlike_STRING_to_FLOAT_expanded", "string tensors: LibTorch has no string dtype"},
-    {"test_scan_sum",
-     "Scan-8 (a batch axis and sequence_lens, replaced by Scan-9 in 2018) is refused with a message naming the node"},
     {"test_loop16_seq_none",
      "a sequence whose elements differ in rank (a 0-d tensor, then 1-D slices): sequences travel as nested tensors, "
      "whose elements share one rank"},

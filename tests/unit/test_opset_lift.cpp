@@ -208,6 +208,41 @@ TEST(OpsetLift, ScatterDropoutAndGroupNormalization) {
   EXPECT_EQ(g.initializers.at(g.node(0).inputs[1]).numel(), 6);
 }
 
+// Scan-8 over a batch of two, the sequence scanned in reverse: a running sum per batch entry
+// (state) and its values per step (scan output). Run as Scan-8 and lifted to a Loop over the
+// batch around a Scan-9, both against the sums computed by hand.
+TEST(OpsetLift, Scan8BecomesALoopOverTheBatchOfAScan9) {
+  Graph body;
+  body.inputs = {{"acc", 1, false, {}, ""}, {"step", 1, false, {}, ""}};
+  body.outputs = {{"acc_next", 1, false, {}, ""}, {"seen", 1, false, {}, ""}};
+  body.append(testing::make_node("add", "Add", {"acc", "step"}, {"acc_next"}));
+  body.append(testing::make_node("copy", "Identity", {"acc_next"}, {"seen"}));
+  Graph g;
+  g.opset_imports[""] = 8;
+  g.inputs = {{"init", 1, true, {{2, ""}, {3, ""}}, ""}, {"x", 1, true, {{2, ""}, {4, ""}, {3, ""}}, ""}};
+  g.outputs = {{"total", 1, false, {}, ""}, {"partial", 1, false, {}, ""}};
+  Node scan = testing::make_node("scan", "Scan", {"", "init", "x"}, {"total", "partial"});
+  scan.attributes["num_scan_inputs"] = Attribute::of_int(1);
+  scan.attributes["directions"] = Attribute::of_ints({1});
+  scan.attributes["body"] = Attribute::of_graph(std::move(body));
+  g.append(std::move(scan));
+  const at::Tensor init = at::randn({2, 3}), x = at::randn({2, 4, 3});
+  const at::Tensor partial = init.unsqueeze(1) + x.flip(1).cumsum(1);  // steps t = 3, 2, 1, 0
+  auto check = [&](const Graph& graph, const char* what) {
+    Executor ex(graph, testing::shipped_registry());
+    auto out = ex.run({{"init", init}, {"x", x}});
+    EXPECT_TRUE(at::allclose(out[0], partial.select(1, 3), 1e-5, 1e-6)) << what;
+    EXPECT_TRUE(at::allclose(out[1], partial, 1e-5, 1e-6)) << what;
+  };
+  check(g, "Scan-8");
+  Graph lifted = g.clone();
+  lift_opset(lifted, 13);
+  std::vector<std::string> ops;
+  for (const Node* n : lifted.nodes()) ops.push_back(n->op_type);
+  EXPECT_EQ(ops, (std::vector<std::string>{"Shape", "Gather", "Loop"}));
+  check(lifted, "lifted to 13");
+}
+
 TEST(OpsetLift, WhatCannotBeLiftedIsRefusedNamingNodeAndOpAndTheGraphIsUnchanged) {
   auto x = at::randn({2, 3});
   Graph mask = single(9, {make("Dropout", {"x"}, {"y", "mask"}), make("Mul", {"y", "mask"}, {"z"})}, x, {"z"}).g;

@@ -84,8 +84,8 @@ class QSequenceAt final : public SequenceOp {
   using SequenceOp::SequenceOp;
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     auto items = elements(in.at(0), node(), "input_sequence");
-    return {items.at(static_cast<std::size_t>(
-        position(in.at(1), static_cast<std::int64_t>(items.size()), false, node())))};
+    return {
+        items.at(static_cast<std::size_t>(position(in.at(1), static_cast<std::int64_t>(items.size()), false, node())))};
   }
 };
 
