@@ -34,6 +34,8 @@ import torch
 import torch.nn as nn
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
+from fixture_layout import write_layout
+
 TORCH_OPSETS = (9, 10, 11, 12)
 PADDLE_OPSETS = (9, 11)
 ALL = [f"torch_ocr_opset{o}" for o in TORCH_OPSETS] + [f"paddle_style_opset{o}" for o in PADDLE_OPSETS] + ["onnx_testdata"]
@@ -150,12 +152,6 @@ def paddle_style(opset, path):
     return "x", (8, 4)
 
 
-def save(folder, arrays):
-    os.makedirs(folder, exist_ok=True)
-    for i, a in enumerate(arrays):
-        np.save(os.path.join(folder, f"{i:03d}.npy"), a)
-
-
 def onnx_testdata(out):
     for suite in ("pytorch-converted", "pytorch-operator"):
         for test in sorted(os.listdir(os.path.join(TESTDATA, suite))):
@@ -177,15 +173,9 @@ def onnx_testdata(out):
                 tensor.ParseFromString(f.read())
             x = numpy_helper.to_array(tensor).astype(np.float32)
             rng = np.random.default_rng(len(test))
-            save(os.path.join(folder, "calib"),
-                 [x + rng.standard_normal(x.shape).astype(np.float32) * np.float32(0.1) * np.abs(x).max() for _ in range(8)])
-            evaluation = [x]
-            for seed in range(2, 6):
-                noise = np.random.default_rng(seed).standard_normal(x.shape).astype(np.float32)
-                evaluation.append(x * (1 + noise * np.float32(1e-6)))
-            save(os.path.join(folder, "eval"), evaluation)
-            with open(os.path.join(folder, "input_name"), "w") as f:
-                f.write(inputs[0].name)
+            calib = [x + rng.standard_normal(x.shape).astype(np.float32) * np.float32(0.1) * np.abs(x).max()
+                     for _ in range(8)]
+            write_layout(folder, calib, x, inputs[0].name)
             print(f"onnx_{test} (opset {model.opset_import[0].version}): {folder}")
 
 
@@ -199,14 +189,8 @@ def export(name, out):
     input_name, lead = (export_torch if name.startswith("torch") else paddle_style)(opset, path)
     rng = np.random.default_rng(100 + opset)
     # One text line per file, widths differ: the batcher must keep them apart.
-    save(os.path.join(folder, "calib"), [rng.random((1, *lead, w), dtype=np.float32) for w in CALIB_WIDTHS])
-    evaluation = [rng.random((2, *lead, EVAL_WIDTH), dtype=np.float32)]
-    for seed in range(2, 6):  # the noise floor of check_model.mjs: 1e-6 relative perturbations
-        noise = np.random.default_rng(seed).standard_normal(evaluation[0].shape).astype(np.float32)
-        evaluation.append(evaluation[0] * (1 + noise * np.float32(1e-6)))
-    save(os.path.join(folder, "eval"), evaluation)
-    with open(os.path.join(folder, "input_name"), "w") as f:
-        f.write(input_name)
+    calib = [rng.random((1, *lead, w), dtype=np.float32) for w in CALIB_WIDTHS]
+    write_layout(folder, calib, rng.random((2, *lead, EVAL_WIDTH), dtype=np.float32), input_name)
     print(f"{name}: {path}")
 
 
