@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "sparsebit/core/atomic_file.h"
+#include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/sdk/error.h"
 
 using namespace sparsebit::cli;
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   }
   try {
     setup_logging(g);
+    sb::install_caching_cpu_allocator();  // Note [Caching CPU allocator]
     std::string command = "sparsebit";
     for (int i = 1; i < argc && command.size() < 300; ++i) command += std::string(" ") + argv[i];
     sb::install_interrupt_cleanup(command);  // Note [Interrupted runs]

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "sparsebit/core/onnx_io.h"
@@ -441,9 +442,11 @@ std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& f
   for (const auto& o : graph_.outputs) outputs.insert(o.name);
   last_peak_live_ = live.size();
 
+  using Clock = std::chrono::steady_clock;
   const auto nodes = graph_.nodes();
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i];
+    const auto t0 = op_timing_ ? Clock::now() : Clock::time_point{};
     std::vector<at::Tensor> inputs(n.inputs.size());
     for (std::size_t k = 0; k < n.inputs.size(); ++k) {
       const std::string& name = n.inputs[k];
@@ -454,7 +457,14 @@ std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& f
     std::map<std::string, at::Tensor> scope;  // what a control-flow node's bodies read
     if (auto cf = control_.find(i); cf != control_.end())
       for (const auto& name : cf->second->implicit) scope[name] = lookup(name, n);
+    const auto t1 = op_timing_ ? Clock::now() : Clock::time_point{};
     auto out = run_node(i, inputs, scope, hook);
+    if (op_timing_) {  // Note [Op timing]
+      OpTime& t = op_times_[n.op_type];
+      t.hook_seconds += std::chrono::duration<double>(t1 - t0).count();
+      t.seconds += std::chrono::duration<double>(Clock::now() - t1).count();
+      ++t.calls;
+    }
     inputs.clear();
     scope.clear();
     for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)

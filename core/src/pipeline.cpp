@@ -18,6 +18,7 @@
 #include "reports.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/bn_tuning.h"
+#include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
@@ -108,16 +109,48 @@ std::string human(double v) {
   return buf;
 }
 
+/// The per-op-type times of a calibration (Note [Op timing]), largest first, at debug level.
+void log_op_times(const std::map<std::string, OpTime>& times, double total) {
+  std::vector<std::pair<std::string, OpTime>> rows(times.begin(), times.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.second.seconds + a.second.hook_seconds > b.second.seconds + b.second.hook_seconds;
+  });
+  double ops = 0, hooks = 0;
+  for (const auto& [op, t] : rows) {
+    ops += t.seconds;
+    hooks += t.hook_seconds;
+  }
+  spdlog::debug(
+      "calibration time by op type: {:.2f} s in ops, {:.2f} s observing/quantizing their inputs, "
+      "{:.2f} s elsewhere (data loading, parameters)",
+      ops, hooks, std::max(0.0, total - ops - hooks));
+  spdlog::debug("  {:<24} {:>7} {:>10} {:>12} {:>6}", "op", "calls", "op s", "inputs s", "share");
+  for (const auto& [op, t] : rows)
+    spdlog::debug("  {:<24} {:>7} {:>10.3f} {:>12.3f} {:>5.1f}%", op, t.calls, t.seconds, t.hook_seconds,
+                  total > 0 ? 100 * (t.seconds + t.hook_seconds) / total : 0.0);
+}
+
 /// Calibrates the QuantModel on `data`, logging what it does.
 CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, const StepProgressFn& progress) {
   spdlog::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data.describe(),
                config.calibration.count > 0 ? std::to_string(config.calibration.count) : std::string("all"),
                config.calibration.batch_size, config.calibration.mode, config.calibration.device,
                at::get_num_threads());
+  const bool timing = spdlog::should_log(spdlog::level::debug);
+  qm.executor().reset_op_times();
+  qm.executor().set_op_timing(timing);
   CalibrationStats stats = qm.calibrate(data, stage(progress, "calibrating"));
+  qm.executor().set_op_timing(false);
   end_step(progress);
   spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples,
                stats.seconds);
+  if (timing) {
+    log_op_times(qm.executor().op_times(), stats.seconds);
+    const CpuCacheStats c = caching_cpu_allocator_stats();
+    if (c.hits + c.misses > 0)
+      spdlog::debug("large CPU blocks (Note [Caching CPU allocator]): {} reused, {} mapped, {:.0f} MiB cached now",
+                    c.hits, c.misses, double(c.cached_bytes) / (1 << 20));
+  }
   return stats;
 }
 

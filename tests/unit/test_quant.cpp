@@ -4,6 +4,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <tuple>
+
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/quant.h"
 
@@ -197,6 +201,46 @@ TEST(Quant, NonFiniteRangeIsAnErrorNamingTheTensor) {
     EXPECT_NE(std::string(e.what()).find("conv7"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("NaN/Inf"), std::string::npos) << e.what();
   }
+}
+
+// histogram_counts' CPU loop against the bin formula written out with ATen ops: one row long
+// enough to be split in chunks (uneven last chunk), several rows, values beyond the range and
+// exactly on bin edges.
+TEST(Quant, HistogramCountsMatchTheBinFormula) {
+  auto formula = [](const at::Tensor& rows, double range, std::int64_t bins) {
+    const double width = 2 * range / double(bins);
+    at::Tensor idx = at::floor((rows.to(at::kDouble) + range) / width).clamp(0, bins - 1).to(at::kLong);
+    idx = idx + at::arange(rows.size(0), idx.options()).unsqueeze(1) * bins;
+    return at::bincount(idx.reshape({-1}), {}, rows.size(0) * bins).reshape({rows.size(0), bins});
+  };
+  at::manual_seed(11);
+  const at::Tensor long_row = at::randn({1, (1 << 20) + 12345}) * 1.5;
+  at::Tensor edges = at::linspace(-2.5, 2.5, 81).reshape({1, -1});  // bin edges of [-2, 2] / 64, and beyond
+  const at::Tensor rows = at::randn({5, 3001});
+  for (const auto& [x, range, bins] :
+       {std::tuple{long_row, 3.0, std::int64_t{4096}}, std::tuple{edges, 2.0, std::int64_t{64}},
+        std::tuple{rows, 1.0, std::int64_t{128}}}) {
+    const at::Tensor got = histogram_counts(x, range, bins);
+    EXPECT_TRUE(at::equal(got, formula(x, range, bins)));
+    EXPECT_EQ(got.sum().item<std::int64_t>(), x.numel());
+  }
+  EXPECT_EQ(histogram_counts(edges, 2.0, 64)[0][63].item<std::int64_t>(),
+            (edges >= 2.0 - 4.0 / 64).sum().item<std::int64_t>());
+}
+
+// The whole-tensor range is the exact minimum and maximum, NaN included.
+TEST(Quant, PerTensorRangeIsTheExactMinimumAndMaximum) {
+  QSpec spec;
+  spec.bits = 8;
+  at::manual_seed(12);
+  const at::Tensor x = at::randn({8, 16, 30, 30});
+  auto [lo, hi] = range_per_param(x, spec);
+  EXPECT_EQ(lo.dim(), 0);
+  EXPECT_EQ(lo.item<float>(), x.min().item<float>());
+  EXPECT_EQ(hi.item<float>(), x.max().item<float>());
+  at::Tensor y = x.clone();
+  y[3][2][1][0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(range_per_param(y, spec).second.item<float>()));
 }
 
 }  // namespace

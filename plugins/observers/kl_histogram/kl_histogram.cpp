@@ -20,7 +20,9 @@
 // of top-1 (docs/ACCURACY.md). Zero itself is on every grid, so leaving it out loses nothing.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -32,42 +34,67 @@ namespace sparsebit::observers {
 namespace {
 
 /// Number of bins i minimizing KL(P || Q) over `hist` for `levels` levels.
+///
+/// Within a group Q is flat over the non-empty bins, so the group's share of the divergence
+/// follows from prefix sums of h, h log h and the count of non-empty bins:
+///   sum_j p_j log(p_j / q) = (S_hlogh - S_h log P - S_h log q) / P   (P = all counts),
+/// and each candidate i costs O(levels) instead of O(i) (2048 bins, 8 bits: 16 times fewer
+/// steps). Only bin i-1 is apart: it also holds the tail beyond i.
 std::int64_t kl_best_bins(const std::vector<double>& hist, std::int64_t levels) {
   std::int64_t n = static_cast<std::int64_t>(hist.size());
   while (n > 0 && hist[static_cast<std::size_t>(n - 1)] == 0) --n;
   if (n <= levels) return n;
-  std::vector<double> suffix(static_cast<std::size_t>(n) + 1, 0.0);
-  for (std::int64_t j = n - 1; j >= 0; --j) suffix[j] = suffix[j + 1] + hist[j];
+  const auto un = static_cast<std::size_t>(n);
+  std::vector<double> sum_h(un + 1, 0.0), sum_hlogh(un + 1, 0.0), nonzero(un + 1, 0.0);
+  for (std::size_t j = 0; j < un; ++j) {
+    const double h = hist[j];
+    sum_h[j + 1] = sum_h[j] + h;
+    sum_hlogh[j + 1] = sum_hlogh[j] + (h > 0 ? h * std::log(h) : 0.0);
+    nonzero[j + 1] = nonzero[j] + (h != 0 ? 1.0 : 0.0);
+  }
+  const double total = sum_h[un], log_total = std::log(total);
+  std::vector<double> score(static_cast<std::size_t>(n - levels + 1));
+  at::parallel_for(levels, n + 1, 64, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const std::int64_t merged = i / levels;
+      const double q_sum = sum_h[static_cast<std::size_t>(i)];  // empty groups add nothing to Q
+      double kl = 0;
+      for (std::int64_t g = 0; g < levels; ++g) {
+        const auto start = static_cast<std::size_t>(g * merged);
+        const auto stop = static_cast<std::size_t>(g == levels - 1 ? i : g * merged + merged);
+        const double h_g = sum_h[stop] - sum_h[start], nz_g = nonzero[stop] - nonzero[start];
+        if (nz_g == 0) continue;  // then every p in it is 0 too (bin i-1 is handled below)
+        const double log_q = std::log(h_g / nz_g / q_sum);
+        // The group's bins except i-1.
+        const auto last = std::min(stop, static_cast<std::size_t>(i - 1));
+        if (last > start) {
+          const double s_h = sum_h[last] - sum_h[start], s_hlogh = sum_hlogh[last] - sum_hlogh[start];
+          kl += (s_hlogh - s_h * log_total - s_h * log_q) / total;
+        }
+      }
+      // Bin i-1 with the tail folded in; its Q is its group's level, or 1e-10 if it is empty.
+      const auto b = static_cast<std::size_t>(i - 1);
+      const double p = (hist[b] + (total - sum_h[b + 1])) / total;
+      if (p > 0) {
+        double qq = 1e-10;
+        if (hist[b] != 0) {
+          const std::int64_t g = std::min((i - 1) / merged, levels - 1);
+          const auto start = static_cast<std::size_t>(g * merged);
+          qq = (sum_h[b + 1] - sum_h[start]) / (nonzero[b + 1] - nonzero[start]) / q_sum;
+        }
+        kl += p * std::log(p / qq);
+      }
+      score[static_cast<std::size_t>(i - levels)] = kl;
+    }
+  });
+  // The smallest in order (the first on ties), as a sequential search would take it.
   double best = std::numeric_limits<double>::infinity();
   std::int64_t best_i = n;
-  std::vector<double> q(static_cast<std::size_t>(n));
-  for (std::int64_t i = levels; i <= n; ++i) {
-    const std::int64_t merged = i / levels;
-    for (std::int64_t g = 0; g < levels; ++g) {
-      const std::int64_t start = g * merged, stop = g == levels - 1 ? i : start + merged;
-      double total = 0;
-      std::int64_t nonzero = 0;
-      for (std::int64_t j = start; j < stop; ++j) {
-        total += hist[j];
-        nonzero += hist[j] != 0;
-      }
-      for (std::int64_t j = start; j < stop; ++j) q[j] = (hist[j] != 0 && nonzero) ? total / double(nonzero) : 0.0;
-    }
-    const double p_sum = suffix[0];  // P keeps every count (the tail folds into bin i-1)
-    double q_sum = 0;
-    for (std::int64_t j = 0; j < i; ++j) q_sum += q[j];
-    double kl = 0;
-    for (std::int64_t j = 0; j < i; ++j) {
-      const double p = (j == i - 1 ? hist[j] + suffix[i] : hist[j]) / p_sum;
-      if (p == 0) continue;
-      const double qq = q[j] > 0 ? q[j] / q_sum : 1e-10;
-      kl += p * std::log(p / qq);
-    }
-    if (kl < best) {
-      best = kl;
+  for (std::int64_t i = levels; i <= n; ++i)
+    if (score[static_cast<std::size_t>(i - levels)] < best) {
+      best = score[static_cast<std::size_t>(i - levels)];
       best_i = i;
     }
-  }
   return best_i;
 }
 

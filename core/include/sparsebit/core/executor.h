@@ -50,6 +50,13 @@ struct FlatNode {
 /// Every node of `g` and of its control-flow bodies, in flat order (Note [Flat node numbering]).
 SPARSEBIT_API std::vector<FlatNode> flat_nodes(Graph& g);
 
+/// Wall time one op type took over the runs of an executor with op timing on.
+struct OpTime {
+  double seconds = 0;       ///< in the nodes' forward (a control-flow node: its bodies, hooks included)
+  double hook_seconds = 0;  ///< in the input hook at the nodes' inputs (observers, fake quantization)
+  std::int64_t calls = 0;
+};
+
 class SPARSEBIT_API Executor {
  public:
   /// Creates a QModule for every node from the registry. Nodes whose op no plugin provides
@@ -106,6 +113,13 @@ class SPARSEBIT_API Executor {
   /// Moves constants to `device` ("cpu", "cuda", "cuda:1").
   void to(const std::string& device);
 
+  /// Note [Op timing]: with timing on, every run() adds each node's wall time, and that of the
+  /// hook at its inputs, to its op type's entry. CPU ops finish before they return, so the times
+  /// are exact there; on a GPU they are launch times unless something synchronises.
+  void set_op_timing(bool on) { op_timing_ = on; }
+  const std::map<std::string, OpTime>& op_times() const { return op_times_; }
+  void reset_op_times() { op_times_.clear(); }
+
   /// Peak number of intermediate tensors held at once during the last run().
   std::size_t last_peak_live() const { return last_peak_live_; }
 
@@ -129,6 +143,8 @@ class SPARSEBIT_API Executor {
   std::map<std::size_t, std::unique_ptr<ControlFlow>> control_;  ///< node index -> its subgraph executors
   std::map<std::string, at::Tensor> constants_;
   std::size_t last_peak_live_ = 0;
+  bool op_timing_ = false;
+  std::map<std::string, OpTime> op_times_;
 };
 
 /// A sequence value as the executor carries it (Note [Sequence values] in
