@@ -1,7 +1,8 @@
 // ONNX Runtime (npm onnxruntime-node, CPU) FP32 inference over a calibration folder, the
 // baseline the calibration time is compared with: the same samples, batched as Sparsebit
 // batches them (samples stacked along a new axis 0 when the model's first input dimension is
-// symbolic, one sample at a time otherwise), all cores, all graph optimizations.
+// symbolic, one sample at a time otherwise), all cores, all graph optimizations. The benchmark
+// times it as a whole process (start, reading the samples, running), as it times Sparsebit.
 //   node bench/cpu_speed/ort_fp32.mjs MODEL.onnx DIR [--batch 32] [--count 64] [--threads N]
 // DIR holds one .npy per sample (sorted by name); single-input models only.
 import fs from 'node:fs';
@@ -26,19 +27,24 @@ if (files.length === 0) throw new Error(`${dir}: no .npy files`);
 const session = await ort.InferenceSession.create(model, { intraOpNumThreads: threads, interOpNumThreads: 1,
   graphOptimizationLevel: 'all' });
 const name = session.inputNames[0];
-// onnxruntime-node does not expose input shapes; a model whose batch is fixed at 1 says so by
-// rejecting a stacked batch, and then runs sample by sample.
+// Consecutive samples of one shape are stacked up to --batch (samples of many widths, as OCR
+// lines are, run in runs of equal width). onnxruntime-node does not expose input shapes: a
+// model whose batch is fixed at 1 says so by rejecting a stacked batch, and then runs sample by
+// sample.
+const samples = files.map((f) => readNpy(path.join(dir, f)));
 let stack = batch > 1;
-for (let start = 0; start < files.length;) {
-  const n = stack ? Math.min(batch, files.length - start) : 1;
-  const xs = files.slice(start, start + n).map((f) => readNpy(path.join(dir, f)));
+for (let start = 0; start < samples.length;) {
+  let n = 1;
+  const same = (a, b) => a.shape.length === b.shape.length && a.shape.every((d, k) => d === b.shape[k]);
+  while (stack && n < batch && start + n < samples.length && same(samples[start + n], samples[start])) ++n;
+  const xs = samples.slice(start, start + n);
   const per = xs[0].data.length;
   const data = new xs[0].data.constructor(per * n);
   xs.forEach((x, k) => data.set(x.data, k * per));
   try {
     await session.run({ [name]: new ort.Tensor(xs[0].type, data, [n, ...xs[0].shape]) });
   } catch (e) {
-    if (!stack || start > 0) throw e;
+    if (!stack || n === 1 || start > 0) throw e;
     stack = false;  // fixed batch of 1: retry sample by sample
     continue;
   }

@@ -385,34 +385,59 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   Registry registry;
   registry.load(config.plugins);
   QuantizeOutcome r;
-  const auto import_start = std::chrono::steady_clock::now();
+  auto mark = std::chrono::steady_clock::now();
+  auto phase = [&](const std::string& name) {  // closes the phase that ran since the last mark
+    const auto now = std::chrono::steady_clock::now();
+    r.phase_seconds.emplace_back(name, std::chrono::duration<double>(now - mark).count());
+    mark = now;
+  };
   Model model = load_float_model(job.model, registry, job.calib);
-  r.import_ms = ms_since(import_start);
+  r.import_ms = ms_since(mark);
+  phase("load");
   if (config.sparse) {  // prune, then quantize the pruned model
     PruneResult pr = prune_step(model, config, registry, job.calib);
     r.pruning = pr;
     model = std::move(pr.pruned);
+    phase("prune");
   }
-  if (bn_tuning_enabled(config)) model = tune_batchnorm(model, config, registry, job.calib);
+  if (bn_tuning_enabled(config)) {
+    model = tune_batchnorm(model, config, registry, job.calib);
+    phase("bn_tuning");
+  }
   if (config.target && config.target->metric == "top1-drop" && (!job.evaluation || job.evaluation->labels.empty()))
     throw Error("target " + config.target->describe() +
                 " needs --eval-data and --eval-labels (top-1 accuracy on labelled data)");
   const std::int64_t holdout = config.target ? holdout_count(*config.target, job.calib, model.graph.inputs) : 0;
   const auto source = calibration_source(job.calib, model.graph.inputs, holdout);
   QuantModel qm(std::move(model), config, registry, source);
+  phase("passes");
   if (config.target) {
     r.target = meet_target_step(qm, job, holdout, source, r.calibration, progress);
+    phase("calibration+target");
   } else {
     r.calibration = calibrate(qm, *source(), config, progress);
+    phase("calibration");
+    // Parameters are computed at the end of calibration: shown as their own phase.
+    r.phase_seconds.back().second -= r.calibration.parameter_seconds;
+    r.phase_seconds.emplace_back("parameters", r.calibration.parameter_seconds);
   }
   r.quantized_inputs = qm.slots().size();
   r.quantization = qm.report(&r.calibration);
-  if (job.evaluation) r.evaluation = evaluate(qm, *job.evaluation, progress);
+  if (job.evaluation) {
+    r.evaluation = evaluate(qm, *job.evaluation, progress);
+    phase("evaluation");
+  }
 
   std::string external;
   files.set_model(qm.serialize(&external, files.external_location(), job.external_data));
+  phase("export");
   r.external_data_written = files.commit(external, job.report.empty() ? "" : report_json(r));
+  phase("write");
   spdlog::info("wrote {}", job.output);
+  std::string times;
+  for (const auto& [name, seconds] : r.phase_seconds)
+    times += (times.empty() ? "" : ", ") + fmt::format("{} {:.2f} s", name, seconds);
+  spdlog::debug("time per phase: {}", times);
   return r;
 }
 
@@ -528,6 +553,9 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
 std::string report_json(const QuantizeOutcome& r) {
   json rep = quantization_report_value(r.quantization);
   rep["import_ms"] = r.import_ms;
+  json phases = json::object();  // up to export: the report is written in the write phase
+  for (const auto& [name, seconds] : r.phase_seconds) phases[name] = seconds;
+  rep["phase_seconds"] = phases;
   if (r.pruning) rep["pruning"] = prune_report_value(*r.pruning);
   if (r.evaluation) {
     const EvaluationResult& e = *r.evaluation;

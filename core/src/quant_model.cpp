@@ -255,10 +255,12 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   }
   if (stats.samples == 0) throw Error("the calibration data " + data.describe() + " yielded no samples");
   inference.reset();
+  const auto params_start = std::chrono::steady_clock::now();
   {
     c10::NoGradGuard no_grad;
     slots_->finish_all();
   }
+  stats.parameter_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - params_start).count();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

@@ -90,6 +90,15 @@ inline at::Tensor onnx_conv(const at::Tensor& x, const at::Tensor& w, const at::
   std::vector<std::int64_t> padding(k.size(), 0);
   if (symmetric(pads)) padding.assign(pads.begin(), pads.begin() + static_cast<long>(k.size()));
   else input = pad_spatial(x, pads, 0.0);
+  if (input.dim() == 4 && input.device().is_cpu() && input.scalar_type() == at::kFloat && group > 1 &&
+      group == input.size(1)) {
+    // Depthwise: oneDNN is 4 to 12 times faster on channels-last data (1x64x16x50: 0.125 ms
+    // -> 0.029 ms); the result goes back to the usual layout for the ops after it.
+    const auto cl = at::MemoryFormat::ChannelsLast;
+    return at::convolution(input.contiguous(cl), w.contiguous(cl), b, win.strides, padding, win.dilations, false,
+                           std::vector<std::int64_t>(k.size(), 0), group)
+        .contiguous();
+  }
   return at::convolution(input, w, b, win.strides, padding, win.dilations, false,
                          std::vector<std::int64_t>(k.size(), 0), group);
 }

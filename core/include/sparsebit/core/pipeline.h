@@ -69,6 +69,9 @@ struct QuantizeJob {
 
 struct QuantizeOutcome {
   double import_ms = 0;
+  /// Wall seconds of each step that ran, in order: load, prune, bn_tuning, passes, calibration,
+  /// parameters, target, evaluation, export, write (`-v` prints them; the report has them).
+  std::vector<std::pair<std::string, double>> phase_seconds;
   CalibrationStats calibration;
   std::size_t quantized_inputs = 0;
   std::optional<PruneSummary> pruning;  ///< when [sparse] pruned first

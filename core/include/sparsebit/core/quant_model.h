@@ -70,6 +70,7 @@ struct CalibrationStats {
   std::int64_t samples = 0;
   std::int64_t batches = 0;
   double seconds = 0;
+  double parameter_seconds = 0;  ///< of `seconds`, computing scales and zero points (streaming mode)
   std::string mode;
   std::size_t peak_cached_tensors = 0;  ///< layerwise/asym: most per-batch tensors cached at once
   std::int64_t peak_cached_bytes = 0;   ///< layerwise/asym: most bytes cached at once
