@@ -10,7 +10,8 @@
 #
 # Full: resnet18, resnet50, mobilenet_v2, vit_b_16 (tests/models/make_models.py, random
 # weights) on 64 random images, the bundled OCR recognizer on 64 rendered lines and detector on
-# 16 rendered 320-wide pages. --reduced (CI): the OCR recognizer on 16 lines and the detector
+# 16 rendered 320-wide pages, then `sparsebit profile --samples 4` on a 261-node
+# segmentation-style detector (make_detector.py). --reduced (CI): the OCR recognizer on 16 lines and the detector
 # on 4 pages. Prints one table row per model; numbers go to bench/RESULTS.md.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -67,3 +68,30 @@ for c in "${cases[@]}"; do
     "$(awk "BEGIN { print $mm_s / $ort_s }")" "$kl_s" "$(awk "BEGIN { print $kl_s / $ort_s }")" "$ort_m" "$mm_m" "$kl_m"
 done
 rm -f "$work/out.onnx" "$work/out.onnx.data"
+
+# Every histogram observer against minmax on the same data (target: at most 1.5x minmax).
+if [[ $reduced == 0 ]]; then
+  for name in resnet50 mobilenet_v2; do
+    model="$(model_of "$name")"
+    data="$work/data_images_64"
+    read -r mm_s _ < <(measure "$bin" -q quantize "$model" -c "$root/configs/w8a8_onnxruntime.toml" --calib "$data" -o "$work/out.onnx")
+    line="$name: minmax $mm_s s"
+    for obs in kl_histogram percentile mse aciq; do
+      cfg="$work/w8a8_$obs.toml"
+      sed '/^\[a\]/,/^\[/ s/^observer = "minmax"/observer = "'"$obs"'"/' "$root/configs/w8a8_onnxruntime.toml" > "$cfg"
+      read -r s _ < <(measure "$bin" -q quantize "$model" -c "$cfg" --calib "$data" -o "$work/out.onnx")
+      line+=", $obs $s s ($(awk "BEGIN { printf \"%.2f\", $s / $mm_s }")x)"
+    done
+    echo "$line"
+  done
+  rm -f "$work/out.onnx"
+fi
+
+# The profiler's single-layer view on a segmentation-style detector (target: under 2 minutes).
+if [[ $reduced == 0 ]]; then
+  det="$work/deeplabv3_mobilenet_v3.onnx"
+  [[ -f "$det" ]] || $py "$root/bench/cpu_speed/make_detector.py" "$det" "$work/data_det_4" 4 > /dev/null 2>&1
+  read -r prof_s prof_m < <(measure "$bin" -q profile "$det" -c "$root/configs/w8a8_onnxruntime.toml" \
+    --calib "$work/data_det_4" --samples 4 --mode single -o "$work/profile")
+  echo "profile --samples 4 --mode single, DeepLabV3-MobileNetV3 320x320 (261 nodes): $prof_s s, $prof_m MiB"
+fi

@@ -553,8 +553,9 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
 std::string report_json(const QuantizeOutcome& r) {
   json rep = quantization_report_value(r.quantization);
   rep["import_ms"] = r.import_ms;
-  json phases = json::object();  // up to export: the report is written in the write phase
-  for (const auto& [name, seconds] : r.phase_seconds) phases[name] = seconds;
+  json phases = json::object();  // all but write, the phase that writes this report
+  for (const auto& [name, seconds] : r.phase_seconds)
+    if (name != "write") phases[name] = seconds;
   rep["phase_seconds"] = phases;
   if (r.pruning) rep["pruning"] = prune_report_value(*r.pruning);
   if (r.evaluation) {

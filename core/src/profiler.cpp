@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "single_layer.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit {
@@ -123,18 +124,20 @@ ProfileReport profile(QuantModel& qm, Dataset& data, const ProfileOptions& optio
                 sums[nodes[l]->outputs[0]].result(nodes[l]->name, nodes[l]->op_type, nodes[l]->outputs[0]));
     }
     ref_values.clear();
-    if (options.single) {
-      for (std::size_t i = 0; i < was_enabled.size(); ++i) qm.set_slot_enabled(i, false);
-      std::size_t done = 0;
-      for (auto l : layers) {
-        for (auto s : slots_of[l]) qm.set_slot_enabled(s, true);
-        ErrorSums sums;
-        for (std::size_t b = 0; b < batches.size(); ++b) sums.add(ref_out[b], qm.forward(batches[b]).at(0));
-        report.single.push_back(sums.result(nodes[l]->name, nodes[l]->op_type, report.output));
-        for (auto s : slots_of[l]) qm.set_slot_enabled(s, false);
-        if (options.progress)
-          options.progress(static_cast<std::int64_t>(++done), static_cast<std::int64_t>(layers.size()));
-      }
+    if (options.single) {  // Note [Single-layer runs]: from cached float values, downstream only
+      std::vector<ErrorSums> sums(layers.size());
+      // Progress in layers (runs go sample by sample, every layer in each).
+      const auto total = static_cast<std::int64_t>(layers.size()),
+                 per_layer = static_cast<std::int64_t>(batches.size());
+      std::int64_t runs = 0;
+      detail::single_layer_outputs(qm, batches, layers,
+                                   [&](std::size_t l, std::size_t b, const std::vector<at::Tensor>& out) {
+                                     sums[l].add(ref_out[b], out.at(0));
+                                     if (options.progress && ++runs % per_layer == 0)
+                                       options.progress(runs / per_layer, total);
+                                   });
+      for (std::size_t l = 0; l < layers.size(); ++l)
+        report.single.push_back(sums[l].result(nodes[layers[l]]->name, nodes[layers[l]]->op_type, report.output));
     }
   } catch (...) {
     restore();

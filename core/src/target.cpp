@@ -12,6 +12,7 @@
 #include <numeric>
 #include <set>
 
+#include "single_layer.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit {
@@ -232,69 +233,20 @@ class TargetSearch {
   }
 
   /// Each layer quantized alone (weights, activations and bias), from the cached float values
-  /// of each sample: only the nodes that read what the layer changed run again.
+  /// of each sample: only the nodes that read what the layer changed run again (Note
+  /// [Single-layer runs]).
   void rank(const ProgressFn& progress) {
-    const Graph& g = qm_.graph();
-    const auto nodes = g.nodes();
-    Executor& ex = qm_.executor();
-    QuantSlots& qs = qm_.quant_slots();
+    std::vector<std::size_t> nodes;
+    for (const auto& l : layers_) nodes.push_back(l.node);
     std::vector<Agreement> errors(layers_.size());
-    for (std::size_t x = 0; x < d_.holdout.size(); ++x) {
-      std::map<std::string, at::Tensor> values;  // this sample's float values
-      for (std::size_t i = 0; i < g.inputs.size(); ++i) values[g.inputs[i].name] = d_.holdout[x].at(i);
-      auto inputs_of = [&](const Node& n, const std::map<std::string, at::Tensor>& changed) {
-        std::vector<at::Tensor> in(n.inputs.size());
-        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-          const std::string& name = n.inputs[k];
-          if (name.empty()) continue;
-          if (auto c = ex.constants().find(name); c != ex.constants().end()) in[k] = c->second;
-          else if (auto v = changed.find(name); v != changed.end()) in[k] = v->second;
-          else in[k] = values.at(name);
-        }
-        return in;
-      };
-      const std::map<std::string, at::Tensor> none;
-      for (std::size_t i = 0; i < nodes.size(); ++i) {
-        auto out = ex.run_node(i, inputs_of(*nodes[i], none), ex.scope_of(i, values));
-        for (std::size_t k = 0; k < nodes[i]->outputs.size() && k < out.size(); ++k)
-          if (!nodes[i]->outputs[k].empty()) values[nodes[i]->outputs[k]] = out[k];
-      }
-      for (std::size_t l = 0; l < layers_.size(); ++l) {
-        // A layer inside a control-flow body: its enclosing top-level node runs again with the
-        // layer's quantizers on (Note [Flat node numbering]).
-        const std::size_t layer = layers_[l].node, start = ex.enclosing_node(layer);
-        Executor::InputHook in_body;
-        if (layer != start)
-          in_body = [&](std::size_t n, std::size_t k, const at::Tensor& v) {
-            return n == layer ? qs.apply(n, k, v, /*force=*/true) : v;
-          };
-        std::map<std::string, at::Tensor> changed;
-        for (std::size_t i = start; i < nodes.size(); ++i) {
-          const Node& n = *nodes[i];
-          bool touched = i == start;
-          for (const auto& name : n.inputs) touched = touched || changed.count(name);
-          for (const auto& name : ex.implicit_inputs(i)) touched = touched || changed.count(name);
-          if (!touched) continue;
-          auto in = inputs_of(n, changed);
-          if (i == start && layer == start)
-            for (std::size_t k = 0; k < in.size(); ++k)
-              if (in[k].defined()) in[k] = qs.apply(i, k, in[k], /*force=*/true);
-          auto scope = ex.scope_of(i, values);
-          for (auto& [name, v] : scope)
-            if (auto c = changed.find(name); c != changed.end()) v = c->second;
-          auto out = ex.run_node(i, in, scope, i == start ? in_body : Executor::InputHook());
-          for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
-            if (!n.outputs[k].empty()) changed[n.outputs[k]] = out[k];
-        }
-        std::vector<at::Tensor> q;
-        for (const auto& o : g.outputs) {
-          auto c = changed.find(o.name);
-          q.push_back(c != changed.end() ? c->second : values.at(o.name));
-        }
-        errors[l].add(reference_[x], float_outputs(q));
-      }
-      if (progress) progress(static_cast<std::int64_t>(x + 1), static_cast<std::int64_t>(d_.holdout.size()));
-    }
+    detail::single_layer_outputs(
+        qm_, d_.holdout, nodes,
+        [&](std::size_t l, std::size_t x, const std::vector<at::Tensor>& outs) {
+          errors[l].add(reference_[x], float_outputs(outs));
+        },
+        [&](std::size_t x) {
+          if (progress) progress(static_cast<std::int64_t>(x + 1), static_cast<std::int64_t>(d_.holdout.size()));
+        });
     for (std::size_t l = 0; l < layers_.size(); ++l) layers_[l].sqnr_db = errors[l].sqnr_db();
     ranked_.resize(layers_.size());
     std::iota(ranked_.begin(), ranked_.end(), 0);

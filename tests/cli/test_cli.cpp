@@ -84,6 +84,13 @@ TEST_F(Cli, LibraryPipelineGivesWhatTheCliGives) {
   auto lib_report = nlohmann::json::parse(testing::read_text(out_ + "/lib.json"));
   EXPECT_EQ(nlohmann::json::parse(report_json(outcome)), lib_report);
   for (auto* report : {&cli_report, &lib_report}) {  // what is measured, not computed
+    std::vector<std::string> phases;
+    for (const auto& [name, seconds] : (*report)["phase_seconds"].items()) {
+      phases.push_back(name);
+      EXPECT_GE(seconds.get<double>(), 0.0) << name;
+    }
+    EXPECT_EQ(phases, (std::vector<std::string>{"calibration", "export", "load", "parameters", "passes"}));
+    report->erase("phase_seconds");
     report->erase("import_ms");
     (*report)["calibration"].erase("seconds");
   }
