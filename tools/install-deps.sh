@@ -13,6 +13,7 @@ packages=(
   python3-pil fonts-dejavu-core  # the OCR fixtures' text lines and pages (examples/ocr)
   libopenblas0-pthread  # LibTorch calls BLAS for MatMul/Gemm: without it, the ~10x slower reference libblas3
   qemu-user  # runs ONNX Runtime on an emulated x86 processor without VNNI (tests/ort/check_without_vnni.sh)
+  python3-dev pybind11-dev python3-pytest  # the Python package (core/python) and its tests
   time  # /usr/bin/time: wall time and peak memory of whole processes (bench/cpu_speed/run.sh)
 )
 sudo=""

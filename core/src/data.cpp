@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <regex>
 #include <sstream>
 
@@ -316,7 +318,49 @@ class IdxDataset final : public Dataset {
 
 }  // namespace
 
+namespace {
+
+struct NamedDatasets {
+  std::mutex mutex;
+  std::map<std::string, DatasetOpener> openers;
+  std::uint64_t issued = 0;
+};
+
+NamedDatasets& named_datasets() {
+  static NamedDatasets table;
+  return table;
+}
+
+}  // namespace
+
+NamedDataset::NamedDataset(const std::string& label, DatasetOpener opener) {
+  NamedDatasets& t = named_datasets();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  name_ = "<" + label + ">";  // stable while unique: QAT checkpoints record the data's name
+  while (t.openers.count(name_)) name_ = "<" + label + " #" + std::to_string(++t.issued) + ">";
+  t.openers.emplace(name_, std::move(opener));
+}
+
+NamedDataset::~NamedDataset() {
+  NamedDatasets& t = named_datasets();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.openers.erase(name_);
+}
+
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs) {
+  if (!path.empty() && path.front() == '<') {
+    DatasetOpener opener;
+    {
+      NamedDatasets& t = named_datasets();
+      std::lock_guard<std::mutex> lock(t.mutex);
+      auto it = t.openers.find(path);
+      if (it != t.openers.end()) opener = it->second;
+    }
+    if (opener) {
+      if (inputs.empty()) throw Error("the model has no inputs to feed calibration data to");
+      return opener(inputs);
+    }
+  }
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error("calibration data " + path + ": no such file or folder");
   if (!fs::is_regular_file(path, ec) && !fs::is_directory(path, ec))

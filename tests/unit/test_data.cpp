@@ -57,6 +57,39 @@ TEST(Data, NpyRoundTripAndSingleSamplesAndBatches) {
   EXPECT_EQ(sizes, (std::vector<std::int64_t>{4, 2}));
 }
 
+// Note [Named datasets]: an opener registered under a name is what open_dataset() opens there,
+// afresh each time; the name is stable while unique and gone with the registration.
+TEST(Data, NamedDatasetsOpenAfreshUntilUnregistered) {
+  struct Counting final : Dataset {
+    int left;
+    explicit Counting(int n) : left(n) {}
+    std::string describe() const override { return "counting"; }
+    std::optional<std::int64_t> num_samples() const override { return std::nullopt; }
+    std::optional<Batch> next() override {
+      if (left-- <= 0) return std::nullopt;
+      return Batch{{at::ones({1, 28, 28})}, "counting"};
+    }
+  };
+  int opened = 0;
+  std::string name;
+  {
+    NamedDataset data("in memory", [&](const std::vector<ValueInfo>& in) {
+      EXPECT_EQ(in.size(), 1u);
+      ++opened;
+      return std::make_unique<Counting>(3);
+    });
+    NamedDataset twin("in memory", [](const std::vector<ValueInfo>&) { return std::make_unique<Counting>(1); });
+    name = data.name();
+    EXPECT_EQ(name, "<in memory>");
+    EXPECT_NE(twin.name(), name);
+    EXPECT_EQ(drain(*open_dataset(name, image_input()), image_input(), 2, 0), 3);
+    EXPECT_EQ(drain(*open_dataset(name, image_input()), image_input(), 2, 0), 3);
+    EXPECT_EQ(drain(*open_dataset(twin.name(), image_input()), image_input(), 2, 0), 1);
+    EXPECT_EQ(opened, 2);
+  }
+  EXPECT_NE(expect_error([&] { open_dataset(name, image_input()); }).find("no such file"), std::string::npos);
+}
+
 // A model exported with a fixed batch of one: a batch of 4 asked for becomes batches of one
 // sample, also from a file that holds several.
 TEST(Data, FixedBatchDimensionCapsTheBatchSize) {

@@ -9,6 +9,7 @@
 /// NaN/Inf, and errors name the file.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,8 +41,31 @@ class SPARSEBIT_API Dataset {
   virtual std::optional<Batch> next() = 0;
 };
 
-/// Opens PATH in whichever of the layouts above it is, for a model with `inputs`.
+/// Opens PATH in whichever of the layouts above it is, for a model with `inputs`, or the
+/// dataset registered under that name (Note [Named datasets]).
 SPARSEBIT_API std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs);
+
+/// Opens a dataset afresh (from its first sample) for a model with `inputs`.
+using DatasetOpener = std::function<std::unique_ptr<Dataset>(const std::vector<ValueInfo>& inputs)>;
+
+/// Note [Named datasets]
+/// Data an application holds in memory (the Python package's iterables) is registered under a
+/// name that open_dataset() looks up before the file system, so every step that takes a data
+/// path (calibration, lifting's sample run, the target's held-out samples, QAT's training data,
+/// bias compensation) reads it without a separate code path. Names start with '<' (a path
+/// cannot be confused with one by accident); the registration lasts as long as the object.
+class SPARSEBIT_API NamedDataset {
+ public:
+  /// Registers `opener` under "<label>", or "<label #N>" while that name is taken.
+  NamedDataset(const std::string& label, DatasetOpener opener);
+  ~NamedDataset();
+  NamedDataset(const NamedDataset&) = delete;
+  NamedDataset& operator=(const NamedDataset&) = delete;
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+};
 
 /// Regroups any dataset's records into batches of exactly `batch_size` samples, stopping after
 /// `limit` samples (0: no limit). A batch holds samples of one size only: where consecutive

@@ -1,0 +1,817 @@
+// The `sparsebit` Python package's extension module: the pipeline API (core/include) bound with
+// pybind11. The package's __init__.py re-exports it; docs/PYTHON.md is the user's guide.
+//
+// Note [Python calls]
+// Every call that runs the pipeline releases the GIL, so other Python threads keep running. Data
+// and progress callbacks reach back into Python by taking the GIL again; before each sample they
+// check for signals, so Ctrl-C (KeyboardInterrupt) or an exception raised by the user's data
+// unwinds the C++ run like any error: outputs are written through AtomicFile, so nothing is left
+// behind. Such a Python exception is parked (PythonErrors) while C++ unwinds and raised again as
+// itself once the GIL is back; every C++ error becomes sparsebit.Error with the message the
+// `sparsebit` command prints.
+
+#include <ATen/ATen.h>
+#include <ATen/DLConvertor.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <toml++/toml.h>
+#include <vector>
+
+#include "sparsebit/core/atomic_file.h"
+#include "sparsebit/core/config.h"
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/pipeline.h"
+#include "sparsebit/core/profiler.h"
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/version.h"
+
+namespace py = pybind11;
+namespace sb = sparsebit;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Python errors raised inside callbacks (Note [Python calls])
+
+/// The Python exception a callback raised during the current call on this thread.
+thread_local std::unique_ptr<py::error_already_set> parked_error;
+
+/// Thrown through C++ in place of a parked Python exception.
+struct PythonRaised : sb::Error {
+  PythonRaised() : sb::Error("interrupted by a Python exception") {}
+};
+
+[[noreturn]] void park_and_unwind(py::error_already_set& e) {
+  parked_error = std::make_unique<py::error_already_set>(std::move(e));
+  throw PythonRaised();
+}
+
+/// Runs `f` without the GIL; a Python exception parked meanwhile is raised as itself.
+template <class F>
+auto without_gil(F&& f) -> decltype(f()) {
+  parked_error.reset();
+  try {
+    py::gil_scoped_release released;
+    return f();
+  } catch (...) {
+    if (parked_error) {
+      std::unique_ptr<py::error_already_set> e = std::move(parked_error);
+      throw py::error_already_set(std::move(*e));
+    }
+    throw;
+  }
+}
+
+/// With the GIL held: raises KeyboardInterrupt (parked) when Ctrl-C was pressed.
+void check_signals() {
+  if (PyErr_CheckSignals() != 0) {
+    py::error_already_set e;
+    park_and_unwind(e);
+  }
+}
+
+/// A reference to a Python object that C++ may drop on any thread.
+struct PyRef {
+  PyObject* object;
+  explicit PyRef(py::handle h) : object(h.inc_ref().ptr()) {}
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  ~PyRef() {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    Py_DECREF(object);
+  }
+  py::handle get() const { return object; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// numpy, DLPack and __array__ in; numpy out
+
+std::string onnx_type_name(std::int32_t t) { return sb::onnx_type_name(t); }
+
+/// The numpy dtype of an ONNX element type, where numpy has one.
+std::optional<std::string> numpy_dtype_of(std::int32_t onnx_type) {
+  switch (onnx_type) {
+    case 1: return "float32";
+    case 2: return "uint8";
+    case 3: return "int8";
+    case 4: return "uint16";
+    case 5: return "int16";
+    case 6: return "int32";
+    case 7: return "int64";
+    case 9: return "bool";
+    case 10: return "float16";
+    case 11: return "float64";
+    case 12: return "uint32";
+    case 13: return "uint64";
+    default: return std::nullopt;
+  }
+}
+
+std::string dtype_name(const py::dtype& dt) { return py::str(py::handle(dt)).cast<std::string>(); }
+
+at::ScalarType scalar_type_of(const py::dtype& dt, const std::string& what) {
+  const char kind = dt.kind();
+  const auto size = dt.itemsize();
+  if (kind == 'f' && size == 4) return at::kFloat;
+  if (kind == 'f' && size == 8) return at::kDouble;
+  if (kind == 'f' && size == 2) return at::kHalf;
+  if (kind == 'i' && size == 8) return at::kLong;
+  if (kind == 'i' && size == 4) return at::kInt;
+  if (kind == 'i' && size == 2) return at::kShort;
+  if (kind == 'i' && size == 1) return at::kChar;
+  if (kind == 'u' && size == 1) return at::kByte;
+  if (kind == 'b') return at::kBool;
+  throw sb::Error(what + ": numpy dtype " + dtype_name(dt) + " has no tensor equivalent");
+}
+
+/// A C-ordered numpy array as a tensor over the same memory, keeping the array alive.
+at::Tensor tensor_over(const py::array& a, const std::string& what) {
+  const at::ScalarType st = scalar_type_of(a.dtype(), what);
+  std::vector<std::int64_t> sizes(a.shape(), a.shape() + a.ndim());
+  auto* ref = new PyRef(a);
+  return at::from_blob(
+      const_cast<void*>(a.data()), sizes, [ref](void*) { delete ref; }, at::TensorOptions().dtype(st));
+}
+
+/// One value the user's data yielded, as the model input `input` takes it: numpy arrays of the
+/// input's dtype and C order are used in place; other numeric arrays are converted once;
+/// objects with __dlpack__ (torch, cupy, jax) come in through DLPack, anything else through
+/// numpy.asarray (which takes __array__).
+at::Tensor to_tensor(py::handle value, const sb::ValueInfo& input, const std::string& where) {
+  const std::string what = where + ", input '" + input.name + "'";
+  const auto want = numpy_dtype_of(input.elem_type);
+  py::module_ np = py::module_::import("numpy");
+  if (!py::isinstance<py::array>(value) && py::hasattr(value, "__dlpack__")) {
+    py::object capsule = value.attr("__dlpack__")();
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+    if (!managed) throw py::error_already_set();
+    PyCapsule_SetName(capsule.ptr(), "used_dltensor");  // ATen owns it now
+    at::Tensor t = at::fromDLPack(managed);
+    if (t.is_complex()) throw sb::Error(what + ": complex values cannot feed a model input");
+    if (want) {
+      const at::ScalarType st = scalar_type_of(py::dtype(*want), what);
+      if (t.scalar_type() != st) t = t.to(st);
+    }
+    return t.contiguous();
+  }
+  py::object arr = np.attr("asarray")(value);
+  py::array a = arr.cast<py::array>();
+  const char kind = a.dtype().kind();
+  if (kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b')
+    throw sb::Error(what + ": numpy dtype " + dtype_name(a.dtype()) +
+                    " is not numeric (object, complex, string or record arrays cannot feed a model); pass " +
+                    (want ? *want : std::string("numeric")) + " arrays");
+  if (want && dtype_name(a.dtype()) != *want) a = np.attr("asarray")(a, *want).cast<py::array>();
+  if (!(a.flags() & py::array::c_style)) a = np.attr("ascontiguousarray")(a).cast<py::array>();
+  return tensor_over(a, what);
+}
+
+/// The model inputs of one yielded item: an array (single-input models), a dict name -> array,
+/// or a tuple/list with one array per input in the model's order.
+std::vector<at::Tensor> inputs_of(py::handle item, const std::vector<sb::ValueInfo>& inputs, const std::string& where) {
+  std::vector<at::Tensor> out;
+  if (py::isinstance<py::dict>(item)) {
+    py::dict d = py::reinterpret_borrow<py::dict>(item);
+    std::vector<std::string> names;
+    for (const auto& v : inputs) names.push_back(v.name);
+    for (auto kv : d) {
+      const std::string key = py::str(kv.first).cast<std::string>();
+      if (std::find(names.begin(), names.end(), key) == names.end()) {
+        const std::string near = sb::nearest(key, names);
+        throw sb::Error(where + ": '" + key + "' is not an input of the model (its inputs: " +
+                        py::str(py::cast(names)).cast<std::string>() + ")" +
+                        (near.empty() ? "" : "; did you mean '" + near + "'?"));
+      }
+    }
+    for (const auto& v : inputs) {
+      if (!d.contains(v.name))
+        throw sb::Error(where + ": no value for the model input '" + v.name + "' (give every input by name)");
+      out.push_back(to_tensor(d[py::str(v.name)], v, where));
+    }
+    return out;
+  }
+  if (py::isinstance<py::tuple>(item) || py::isinstance<py::list>(item)) {
+    py::sequence s = py::reinterpret_borrow<py::sequence>(item);
+    if (s.size() != inputs.size())
+      throw sb::Error(where + ": a sequence of " + std::to_string(s.size()) + " values for a model with " +
+                      std::to_string(inputs.size()) +
+                      " input(s); yield the inputs only (e.g. `(x for x, label in loader)`), or a dict "
+                      "name -> array");
+    for (std::size_t i = 0; i < inputs.size(); ++i) out.push_back(to_tensor(s[i], inputs[i], where));
+    return out;
+  }
+  if (inputs.size() != 1)
+    throw sb::Error(where + ": the model has " + std::to_string(inputs.size()) +
+                    " inputs; yield a dict name -> array (or a tuple in input order)");
+  out.push_back(to_tensor(item, inputs[0], where));
+  return out;
+}
+
+/// A tensor as a numpy array over the same memory (the array keeps the tensor alive).
+py::array to_numpy(at::Tensor t) {
+  t = t.detach().to(at::kCPU).contiguous();
+  if (t.scalar_type() == at::kBFloat16) t = t.to(at::kFloat);
+  std::string dtype;
+  switch (t.scalar_type()) {
+    case at::kFloat: dtype = "float32"; break;
+    case at::kDouble: dtype = "float64"; break;
+    case at::kHalf: dtype = "float16"; break;
+    case at::kLong: dtype = "int64"; break;
+    case at::kInt: dtype = "int32"; break;
+    case at::kShort: dtype = "int16"; break;
+    case at::kChar: dtype = "int8"; break;
+    case at::kByte: dtype = "uint8"; break;
+    case at::kBool: dtype = "bool"; break;
+    default: throw sb::Error(std::string("an output of type ") + c10::toString(t.scalar_type()) + " has no numpy dtype");
+  }
+  auto* owner = new at::Tensor(t);
+  py::capsule base(owner, [](void* p) { delete static_cast<at::Tensor*>(p); });
+  std::vector<py::ssize_t> shape(t.sizes().begin(), t.sizes().end()), strides;
+  for (auto s : t.strides()) strides.push_back(s * static_cast<py::ssize_t>(t.element_size()));
+  return py::array(py::dtype(dtype), shape, strides, t.data_ptr(), base);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python iterables as datasets
+
+/// A Python iterable read as a Dataset. Each open calls iter() on it (or calls it, when it is a
+/// function that returns an iterable); a one-shot iterator (a generator) can be read once.
+struct PyDataSource {
+  std::shared_ptr<PyRef> object;
+  std::string label;
+  std::shared_ptr<int> opened = std::make_shared<int>(0);
+};
+
+class PyDataset final : public sb::Dataset {
+ public:
+  PyDataset(const PyDataSource& src, const std::vector<sb::ValueInfo>& inputs) : src_(src), inputs_(inputs) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::handle o = src.object->get();
+      py::object iterable = py::reinterpret_borrow<py::object>(o);
+      const bool factory = !py::hasattr(o, "__iter__") && PyCallable_Check(o.ptr());
+      if (factory) iterable = iterable();
+      py::iterator it = py::iter(iterable);
+      // An iterator is its own iter(): reading it a second time would find it spent.
+      if (!factory && it.ptr() == iterable.ptr() && (*src.opened)++ > 0)
+        throw sb::Error(src.label +
+                        " is a one-shot iterator (a generator) and this step reads the data again; pass a list, "
+                        "or a function that returns a new iterator, e.g. `lambda: make_batches()`");
+      iterator_ = std::make_shared<PyRef>(it);
+    } catch (py::error_already_set& e) {
+      park_and_unwind(e);
+    }
+  }
+  std::string describe() const override { return src_.label; }
+  std::optional<std::int64_t> num_samples() const override { return std::nullopt; }
+  std::optional<sb::Batch> next() override {
+    py::gil_scoped_acquire gil;
+    try {
+      check_signals();
+      PyObject* item = PyIter_Next(iterator_->get().ptr());
+      if (!item) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        return std::nullopt;
+      }
+      py::object held = py::reinterpret_steal<py::object>(item);
+      const std::string where = src_.label + " item " + std::to_string(read_++);
+      sb::Batch b;
+      b.inputs = inputs_of(held, inputs_, where);
+      b.source = where;
+      return b;
+    } catch (py::error_already_set& e) {
+      park_and_unwind(e);
+    }
+  }
+
+ private:
+  PyDataSource src_;
+  std::vector<sb::ValueInfo> inputs_;
+  std::shared_ptr<PyRef> iterator_;
+  std::int64_t read_ = 0;
+};
+
+/// Data given to a call: a path (str or os.PathLike) as the CLI takes it, or a Python iterable
+/// registered for the call's duration (Note [Named datasets]).
+struct DataArg {
+  std::string path;
+  std::unique_ptr<sb::NamedDataset> named;
+  DataArg() = default;
+  DataArg(py::handle data, const std::string& label) {
+    if (data.is_none()) return;
+    py::module_ os = py::module_::import("os");
+    if (py::isinstance<py::str>(data) || py::isinstance(data, os.attr("PathLike"))) {
+      path = py::str(os.attr("fspath")(data)).cast<std::string>();
+      return;
+    }
+    PyDataSource src{std::make_shared<PyRef>(data), label};
+    named = std::make_unique<sb::NamedDataset>(
+        label, [src](const std::vector<sb::ValueInfo>& inputs) { return std::make_unique<PyDataset>(src, inputs); });
+    path = named->name();
+  }
+};
+
+std::string path_of(py::handle p) {
+  py::module_ os = py::module_::import("os");
+  return py::str(os.attr("fspath")(p)).cast<std::string>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config from a dict
+
+toml::array toml_array(py::handle list, const std::string& key);
+
+void put(toml::table& t, const std::string& key, py::handle v, const std::string& path);
+
+toml::table toml_table(py::handle dict, const std::string& path) {
+  toml::table t;
+  for (auto kv : py::reinterpret_borrow<py::dict>(dict)) {
+    if (!py::isinstance<py::str>(kv.first))
+      throw sb::Error("config dict: key " + py::repr(kv.first).cast<std::string>() + (path.empty() ? "" : " in " + path) +
+                      " is not a string");
+    const std::string key = kv.first.cast<std::string>();
+    put(t, key, kv.second, path.empty() ? key : path + "." + key);
+  }
+  return t;
+}
+
+toml::array toml_array(py::handle list, const std::string& key) {
+  toml::array a;
+  for (auto v : py::reinterpret_borrow<py::sequence>(list)) {
+    toml::table holder;
+    put(holder, "v", v, key + "[]");
+    a.push_back(std::move(*holder.get("v")));
+  }
+  return a;
+}
+
+void put(toml::table& t, const std::string& key, py::handle v, const std::string& path) {
+  if (py::isinstance<py::bool_>(v)) t.insert(key, v.cast<bool>());
+  else if (py::isinstance<py::int_>(v)) t.insert(key, v.cast<std::int64_t>());
+  else if (py::isinstance<py::float_>(v)) t.insert(key, v.cast<double>());
+  else if (py::isinstance<py::str>(v)) t.insert(key, v.cast<std::string>());
+  else if (py::isinstance<py::dict>(v)) t.insert(key, toml_table(v, path));
+  else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) t.insert(key, toml_array(v, path));
+  else
+    throw sb::Error("config dict: " + path + " = " + py::repr(v).cast<std::string>().substr(0, 80) +
+                    " has no TOML equivalent (use str, int, float, bool, list or dict)");
+}
+
+sb::Config config_from_dict(const py::dict& d) {
+  std::ostringstream text;
+  text << toml_table(d, "");
+  return sb::Config::from_string(text.str(), "<config dict>");
+}
+
+/// A config argument: a Config, a dict of the TOML's keys, or a path to a TOML file.
+sb::Config config_of(py::handle c) {
+  if (py::isinstance<sb::Config>(c)) return c.cast<sb::Config>();
+  if (py::isinstance<py::dict>(c)) return config_from_dict(c.cast<py::dict>());
+  return sb::Config::from_file(path_of(c));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model and QuantModel
+
+struct PyModel {
+  std::shared_ptr<const sb::Model> model;
+  std::string path;
+};
+
+sb::Model copy_model(const sb::Model& m) { return sb::Model{m.graph.clone(), m.meta}; }
+
+py::dict value_info_dict(const sb::ValueInfo& v) {
+  py::dict d;
+  d["name"] = v.name;
+  d["type"] = onnx_type_name(v.elem_type);
+  if (v.has_shape) {
+    py::list dims;
+    for (const auto& s : v.shape) {
+      if (s.value >= 0) dims.append(s.value);
+      else if (!s.param.empty()) dims.append(s.param);
+      else dims.append(py::none());
+    }
+    d["shape"] = dims;
+  } else {
+    d["shape"] = py::none();
+  }
+  return d;
+}
+
+std::optional<sb::InputRole> role_of(const std::optional<std::string>& role) {
+  if (!role) return std::nullopt;
+  if (*role == "activation") return sb::InputRole::kActivation;
+  if (*role == "weight") return sb::InputRole::kWeight;
+  if (*role == "bias") return sb::InputRole::kBias;
+  throw sb::Error("role '" + *role + "' is none of activation, weight, bias");
+}
+
+/// Calls a Python progress function with the GIL (Note [Python calls]).
+sb::ProgressFn progress_of(const py::object& fn) {
+  auto ref = fn.is_none() ? nullptr : std::make_shared<PyRef>(fn);
+  return [ref](std::int64_t done, std::int64_t total) {
+    py::gil_scoped_acquire gil;
+    try {
+      check_signals();
+      if (ref)
+        py::reinterpret_borrow<py::object>(ref->get())(done, total >= 0 ? py::int_(total) : py::object(py::none()));
+    } catch (py::error_already_set& e) {
+      park_and_unwind(e);
+    }
+  };
+}
+
+/// The pipeline's step progress for a Python function progress(step, done, total).
+sb::StepProgressFn step_progress_of(const py::object& fn) {
+  auto ref = fn.is_none() ? nullptr : std::make_shared<PyRef>(fn);
+  return [ref](const std::string& step, std::int64_t done, std::int64_t total, const std::string&) {
+    py::gil_scoped_acquire gil;
+    try {
+      check_signals();
+      if (ref && !step.empty())
+        py::reinterpret_borrow<py::object>(ref->get())(step, done,
+                                                       total >= 0 ? py::int_(total) : py::object(py::none()));
+    } catch (py::error_already_set& e) {
+      park_and_unwind(e);
+    }
+  };
+}
+
+py::object json_loads(const std::string& text) { return py::module_::import("json").attr("loads")(text); }
+
+class PyQuantModel {
+ public:
+  PyQuantModel(py::handle model, py::handle config, py::handle calib) {
+    config_ = config_of(config);
+    registry_ = std::make_shared<sb::Registry>();
+    registry_->load(config_.plugins);
+    calib_ = std::make_shared<DataArg>(calib, "python calib");
+    if (py::isinstance<PyModel>(model)) {
+      source_ = model.cast<PyModel>();
+    } else {
+      const std::string path = path_of(model);
+      source_ = PyModel{std::make_shared<sb::Model>(without_gil([&] {
+                          return sb::load_float_model(path, *registry_, calib_->path);
+                        })),
+                        path};
+    }
+    sb::QuantModel::DataSource data;
+    if (!calib_->path.empty()) {
+      const std::string p = calib_->path;
+      const auto inputs = source_.model->graph.inputs;
+      data = [p, inputs] { return sb::open_dataset(p, inputs); };
+    }
+    qm_ = std::make_unique<sb::QuantModel>(
+        without_gil([&] { return sb::QuantModel(copy_model(*source_.model), config_, *registry_, data); }));
+  }
+
+  py::dict calibrate(py::handle data, const py::object& progress) {
+    DataArg arg(data, "python calibration data");
+    if (arg.path.empty()) throw sb::Error("calibrate() needs data: an iterable of arrays, or a data path");
+    const auto inputs = qm_->graph().inputs;
+    stats_ = without_gil([&] {
+      auto dataset = sb::open_dataset(arg.path, inputs);
+      return qm_->calibrate(*dataset, progress_of(progress));
+    });
+    calibrated_ = true;
+    py::dict d;
+    d["samples"] = stats_->samples;
+    d["batches"] = stats_->batches;
+    d["seconds"] = stats_->seconds;
+    d["mode"] = stats_->mode;
+    return d;
+  }
+
+  py::object forward(py::args args, bool quantized) {
+    const auto& inputs = qm_->graph().inputs;
+    std::vector<at::Tensor> xs;
+    if (args.size() == 1) xs = inputs_of(args[0], inputs, "forward()");
+    else xs = inputs_of(py::tuple(args), inputs, "forward()");
+    if (quantized && !calibrated_) throw sb::Error("forward(quantized=True) needs calibrate() first");
+    std::vector<at::Tensor> ys = without_gil([&] {
+      qm_->set_quant(quantized, quantized);
+      at::NoGradGuard no_grad;
+      return qm_->forward(xs);
+    });
+    if (ys.size() == 1) return to_numpy(ys[0]);
+    py::tuple out(ys.size());
+    for (std::size_t i = 0; i < ys.size(); ++i) out[i] = to_numpy(ys[i]);
+    return std::move(out);
+  }
+
+  std::size_t set_bits(const std::string& glob, int bits, const std::optional<std::string>& role) {
+    const std::size_t n = qm_->set_bits(glob, bits, role_of(role));
+    if (n > 0) calibrated_ = false;  // rebuilt observers: calibrate again
+    return n;
+  }
+  std::size_t set_enabled(const std::string& glob, bool enabled, const std::optional<std::string>& role) {
+    return qm_->set_enabled(glob, enabled, role_of(role));
+  }
+
+  py::object report() const { return json_loads(qm_->report_json(stats_ ? &*stats_ : nullptr)); }
+
+  void export_onnx(py::handle path, bool external_data) {
+    if (!calibrated_) throw sb::Error("export() needs calibrate() first");
+    const std::string out = path_of(path);
+    without_gil([&] {
+      sb::AtomicFile model_file(out), data_file(out + ".data");
+      std::string external;
+      const std::string location = std::filesystem::path(out).filename().string() + ".data";
+      const std::string bytes = qm_->serialize(&external, location, external_data);
+      if (!external.empty()) {
+        data_file.write(external);
+        data_file.commit();
+      }
+      model_file.write(bytes);
+      model_file.commit();
+      return 0;
+    });
+  }
+
+  py::object profile(py::handle data, std::int64_t samples, const std::string& mode, py::handle output) {
+    if (mode != "both" && mode != "accumulated" && mode != "single")
+      throw sb::Error("mode must be both, accumulated or single");
+    if (!calibrated_) throw sb::Error("profile() needs calibrate() first");
+    if (samples < 1) throw sb::Error("samples must be at least 1");
+    DataArg arg(data, "python profiling data");
+    if (arg.path.empty()) throw sb::Error("profile() needs data: an iterable of arrays, or a data path");
+    const std::string out = output.is_none() ? "" : path_of(output);
+    const auto inputs = qm_->graph().inputs;
+    const std::string json = without_gil([&] {
+      std::unique_ptr<sb::AtomicFile> json_file, html_file;
+      if (!out.empty()) {
+        json_file = std::make_unique<sb::AtomicFile>(out + ".json");
+        html_file = std::make_unique<sb::AtomicFile>(out + ".html");
+      }
+      auto dataset = sb::open_dataset(arg.path, inputs);
+      sb::ProfileOptions opt;
+      opt.samples = samples;
+      opt.accumulated = mode != "single";
+      opt.single = mode != "accumulated";
+      opt.progress = progress_of(py::none());
+      const sb::ProfileReport r = sb::profile(*qm_, *dataset, opt);
+      std::string text = sb::profile_json(r);
+      if (json_file) {
+        json_file->write(text);
+        html_file->write(sb::profile_html(r));
+        json_file->commit();
+        html_file->commit();
+      }
+      return text;
+    });
+    return json_loads(json);
+  }
+
+  py::list inputs() const {
+    py::list l;
+    for (const auto& v : qm_->graph().inputs) l.append(value_info_dict(v));
+    return l;
+  }
+
+ private:
+  sb::Config config_;
+  std::shared_ptr<sb::Registry> registry_;
+  std::shared_ptr<DataArg> calib_;
+  PyModel source_;
+  std::unique_ptr<sb::QuantModel> qm_;
+  std::optional<sb::CalibrationStats> stats_;
+  bool calibrated_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The pipeline's jobs
+
+py::object quantize(py::handle model, py::handle config, py::handle calib, py::handle output, py::handle report,
+                    const std::optional<std::string>& target, bool target_strict, bool external_data,
+                    py::handle eval_data, const py::object& progress) {
+  sb::QuantizeJob job;
+  job.config = config_of(config);
+  if (target) {
+    sb::TargetConfig t = job.config.target.value_or(sb::TargetConfig{});
+    t.parse_expression(*target, "target");
+    job.config.target = t;
+  }
+  if (target_strict) {
+    if (!job.config.target) throw sb::Error("target_strict needs a target (target=\"cosine>=0.99\" or [target])");
+    job.config.target->strict = true;
+  }
+  DataArg calib_arg(calib, "python calib"), eval_arg(eval_data, "python eval data");
+  job.model = path_of(model);
+  job.calib = calib_arg.path;
+  if (job.calib.empty()) throw sb::Error("quantize() needs calib: an iterable of arrays, or a data path");
+  job.output = path_of(output);
+  job.report = report.is_none() ? "" : path_of(report);
+  job.external_data = external_data;
+  if (!eval_arg.path.empty()) job.evaluation = sb::EvaluationRequest{eval_arg.path, "", "", ""};
+  const std::string json = without_gil([&] { return sb::report_json(sb::run_quantize(job, step_progress_of(progress))); });
+  return json_loads(json);
+}
+
+py::object qat(py::handle model, py::handle config, py::handle calib, py::handle train, py::handle output,
+               std::optional<int> epochs, std::optional<double> lr, py::handle checkpoint, bool resume,
+               py::handle report, const py::object& progress) {
+  sb::QatJob job;
+  job.config = config_of(config);
+  if (epochs) {
+    if (*epochs < 1) throw sb::Error("epochs must be at least 1");
+    job.config.qat.epochs = *epochs;
+  }
+  if (lr) {
+    if (!(*lr > 0)) throw sb::Error("lr must be positive");
+    job.config.qat.lr = *lr;
+  }
+  DataArg calib_arg(calib, "python calib"), train_arg(train, "python train");
+  job.model = path_of(model);
+  job.calib = calib_arg.path;
+  job.train = train_arg.path;
+  if (job.calib.empty() || job.train.empty()) throw sb::Error("qat() needs calib and train data");
+  job.output = path_of(output);
+  job.report = report.is_none() ? "" : path_of(report);
+  job.checkpoint = checkpoint.is_none() ? "" : path_of(checkpoint);
+  job.restart = !resume;
+  const std::string json = without_gil([&] {
+    const sb::QatOutcome r = sb::run_qat(job, step_progress_of(progress));
+    return sb::report_json(r, job);
+  });
+  return json_loads(json);
+}
+
+py::object prune(py::handle model, py::handle config, py::handle output, py::handle calib, py::handle train,
+                 int finetune_epochs, py::handle report, py::handle masked, const py::object& progress) {
+  sb::PruneJob job;
+  job.config = config_of(config);
+  DataArg calib_arg(calib, "python calib"), train_arg(train, "python train");
+  job.model = path_of(model);
+  job.calib = calib_arg.path;
+  job.train = train_arg.path;
+  if (finetune_epochs < 0) throw sb::Error("finetune_epochs must be 0 or more");
+  job.finetune_epochs = finetune_epochs;
+  job.output = path_of(output);
+  job.report = report.is_none() ? "" : path_of(report);
+  job.masked = masked.is_none() ? "" : path_of(masked);
+  const std::string json = without_gil([&] {
+    const sb::PruneOutcome r = sb::run_prune(job, step_progress_of(progress));
+    return sb::report_json(r, job);
+  });
+  return json_loads(json);
+}
+
+py::list plugins(py::handle config) {
+  sb::Registry registry;
+  sb::PluginSearch search;
+  if (!config.is_none()) search = config_of(config).plugins;
+  registry.load(search);
+  py::list out;
+  for (const auto& p : registry.plugins()) {
+    py::dict d;
+    d["name"] = p.name;
+    d["file"] = p.file;
+    d["status"] = p.status_name();
+    d["version"] = p.version;
+    d["sdk_version"] = p.sdk_version;
+    d["registered"] = p.registered;
+    if (!p.reason.empty()) d["reason"] = p.reason;
+    out.append(d);
+  }
+  return out;
+}
+
+void set_threads(int n) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (n < 0) throw sb::Error("threads must be 0 (all cores) or more");
+  at::set_num_threads(n == 0 ? cores : std::min(n, cores));
+}
+
+void set_log_level(const std::string& level) {
+  using sb::sdk::LogLevel;
+  const std::map<std::string, LogLevel> levels = {
+      {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo}, {"warning", LogLevel::kWarn}, {"error", LogLevel::kError}};
+  auto it = levels.find(level);
+  if (it == levels.end()) throw sb::Error("log level '" + level + "' is none of debug, info, warning, error");
+  sb::sdk::log_to_stderr(it->second);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_sparsebit, m) {
+  m.doc() = "Sparsebit: quantize ONNX models to low-bit QDQ ONNX (the C++ library's pipeline)";
+
+  static py::exception<sb::Error> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const py::error_already_set&) {
+      throw;
+    } catch (const sb::Error& e) {
+      error(sb::printable(e.what(), 4000).c_str());
+    } catch (const c10::Error& e) {
+      error(sb::printable(e.what_without_backtrace(), 4000).c_str());
+    } catch (const std::bad_alloc&) {
+      error("out of memory; try a smaller batch size");
+    } catch (const std::exception& e) {
+      error(sb::printable(e.what(), 4000).c_str());
+    }
+  });
+
+  m.attr("sdk_version") = std::to_string(sb::sdk::kSdkVersionMajor) + "." + std::to_string(sb::sdk::kSdkVersionMinor);
+  m.attr("abi_version") = sb::sdk::kAbiVersion;
+
+  py::class_<sb::Config>(m, "Config", "A Sparsebit config: the TOML's tables and keys")
+      .def(py::init([](const py::dict& d) { return config_from_dict(d); }), py::arg("tables"),
+           "From a dict with the TOML's tables and keys, checked as a TOML file is")
+      .def_static("from_file", [](py::handle p) { return sb::Config::from_file(path_of(p)); }, py::arg("path"))
+      .def_static(
+          "from_string", [](const std::string& text) { return sb::Config::from_string(text, "<config string>"); },
+          py::arg("text"))
+      .def_property_readonly("source", [](const sb::Config& c) { return c.source; })
+      .def("__repr__", [](const sb::Config& c) { return "<sparsebit.Config from " + c.source + ">"; });
+
+  py::class_<PyModel>(m, "Model", "A float ONNX model, imported and lifted to opset 13 or above")
+      .def_property_readonly("path", [](const PyModel& m) { return m.path; })
+      .def_property_readonly("inputs",
+                             [](const PyModel& m) {
+                               py::list l;
+                               for (const auto& v : m.model->graph.inputs) l.append(value_info_dict(v));
+                               return l;
+                             })
+      .def_property_readonly("outputs",
+                             [](const PyModel& m) {
+                               py::list l;
+                               for (const auto& v : m.model->graph.outputs) l.append(value_info_dict(v));
+                               return l;
+                             })
+      .def_property_readonly("opset", [](const PyModel& m) { return m.model->graph.default_opset(); })
+      .def_property_readonly("source_opset", [](const PyModel& m) { return m.model->meta.source_opset; })
+      .def("op_histogram",
+           [](const PyModel& m) {
+             std::map<std::string, int> h;
+             for (const auto* n : m.model->graph.nodes())
+               ++h[n->domain.empty() || n->domain == "ai.onnx" ? n->op_type : n->domain + "." + n->op_type];
+             return h;
+           })
+      .def("__repr__", [](const PyModel& m) {
+        return "<sparsebit.Model " + m.path + ": " + std::to_string(m.model->graph.num_nodes()) + " nodes>";
+      });
+
+  m.def(
+      "load",
+      [](py::handle path, py::handle calib, py::handle config) {
+        const std::string p = path_of(path);
+        sb::PluginSearch search;
+        if (!config.is_none()) search = config_of(config).plugins;
+        DataArg data(calib, "python calib");
+        auto model = without_gil([&] {
+          sb::Registry registry;
+          registry.load(search);
+          return std::make_shared<sb::Model>(sb::load_float_model(p, registry, data.path));
+        });
+        return PyModel{model, p};
+      },
+      py::arg("path"), py::kw_only(), py::arg("calib") = py::none(), py::arg("config") = py::none());
+
+  py::class_<PyQuantModel>(m, "QuantModel", "A model with quantizers placed by a config's backend and passes")
+      .def(py::init<py::handle, py::handle, py::handle>(), py::arg("model"), py::arg("config"), py::kw_only(),
+           py::arg("calib") = py::none())
+      .def("calibrate", &PyQuantModel::calibrate, py::arg("data"), py::kw_only(), py::arg("progress") = py::none())
+      .def("forward", &PyQuantModel::forward, py::kw_only(), py::arg("quantized") = true)
+      .def("set_bits", &PyQuantModel::set_bits, py::arg("nodes"), py::arg("bits"), py::kw_only(),
+           py::arg("role") = py::none())
+      .def("set_enabled", &PyQuantModel::set_enabled, py::arg("nodes"), py::arg("enabled"), py::kw_only(),
+           py::arg("role") = py::none())
+      .def("report", &PyQuantModel::report)
+      .def("export", &PyQuantModel::export_onnx, py::arg("path"), py::kw_only(), py::arg("external_data") = false)
+      .def("_profile", &PyQuantModel::profile, py::arg("data"), py::arg("samples"), py::arg("mode"),
+           py::arg("output"))
+      .def_property_readonly("inputs", &PyQuantModel::inputs);
+
+  m.def("quantize", &quantize, py::arg("model"), py::arg("config"), py::kw_only(), py::arg("calib"), py::arg("output"),
+        py::arg("report") = py::none(), py::arg("target") = py::none(), py::arg("target_strict") = false,
+        py::arg("external_data") = false, py::arg("eval_data") = py::none(), py::arg("progress") = py::none());
+  m.def("qat", &qat, py::arg("model"), py::arg("config"), py::kw_only(), py::arg("calib"), py::arg("train"),
+        py::arg("output"), py::arg("epochs") = py::none(), py::arg("lr") = py::none(),
+        py::arg("checkpoint") = py::none(), py::arg("resume") = true, py::arg("report") = py::none(),
+        py::arg("progress") = py::none());
+  m.def("prune", &prune, py::arg("model"), py::arg("config"), py::kw_only(), py::arg("output"),
+        py::arg("calib") = py::none(), py::arg("train") = py::none(), py::arg("finetune_epochs") = 0,
+        py::arg("report") = py::none(), py::arg("masked") = py::none(), py::arg("progress") = py::none());
+  m.def("plugins", &plugins, py::kw_only(), py::arg("config") = py::none());
+  m.def("set_threads", &set_threads, py::arg("threads"));
+  m.def("set_log_level", &set_log_level, py::arg("level"));
+}

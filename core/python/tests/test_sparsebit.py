@@ -1,0 +1,295 @@
+"""The Python package against the `sparsebit` command and against numpy references.
+
+Run by ctest (python.pytest) with PYTHONPATH at build/python, SPARSEBIT_BIN at the command
+and SPARSEBIT_ROOT at the source tree.
+"""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import sparsebit
+
+ROOT = os.environ.get("SPARSEBIT_ROOT", os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+BIN = os.environ.get("SPARSEBIT_BIN", os.path.join(ROOT, "build", "bin", "sparsebit"))
+CNN = os.path.join(ROOT, "examples", "fashion_mnist", "fashion_mnist_cnn.onnx")
+MOBILENET = os.path.join(ROOT, "examples", "fashion_mnist", "fashion_mnist_mobilenet.onnx")
+W8A8 = os.path.join(ROOT, "configs", "w8a8_onnxruntime_reduce_range.toml")
+IMAGES = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+
+
+def fashion_images(count):
+    """The first `count` training images as the command's IDX reader gives them: uint8 / 255."""
+    with gzip.open(IMAGES, "rb") as f:
+        header = np.frombuffer(f.read(16), dtype=">u4")
+        n, rows, cols = int(header[1]), int(header[2]), int(header[3])
+        raw = np.frombuffer(f.read(min(count, n) * rows * cols), dtype=np.uint8)
+    return (raw.reshape(-1, 1, rows, cols).astype(np.float32) / np.float32(255)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def images():
+    return fashion_images(512)
+
+
+def scales(report):
+    return {(s["node"], s["input_index"]): (s.get("scale"), s.get("zero_point")) for s in report["quantized_inputs"]}
+
+
+def two_input_model(path):
+    """y = a @ Wa + b @ Wb, a [N, 4], b [N, 8]: a model fed by name."""
+    rng = np.random.default_rng(0)
+    wa = rng.standard_normal((4, 6)).astype(np.float32)
+    wb = rng.standard_normal((8, 6)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["a", "Wa"], ["pa"], name="mm_a"),
+        helper.make_node("MatMul", ["b", "Wb"], ["pb"], name="mm_b"),
+        helper.make_node("Add", ["pa", "pb"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two_inputs",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n", 8]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6])],
+        [numpy_helper.from_array(wa, "Wa"), numpy_helper.from_array(wb, "Wb")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(model, path)
+    return wa, wb
+
+
+def test_same_scales_and_bytes_as_the_command(tmp_path, images):
+    cli_out = tmp_path / "cli.onnx"
+    subprocess.run(
+        [BIN, "--quiet", "quantize", CNN, "-c", W8A8, "--calib", IMAGES, "--calib-count", "512",
+         "-o", str(cli_out), "--report", str(tmp_path / "cli.json")],
+        check=True,
+    )
+    cli_report = json.load(open(tmp_path / "cli.json"))
+
+    qm = sparsebit.QuantModel(sparsebit.load(CNN), sparsebit.Config.from_file(W8A8))
+    seen = []
+    stats = qm.calibrate((x for x in images), progress=lambda done, total: seen.append(done))
+    assert stats["samples"] == 512
+    assert seen and seen[-1] == 512 and seen == sorted(seen)
+    py_out = tmp_path / "py.onnx"
+    qm.export(py_out)
+
+    assert scales(qm.report()) == scales(cli_report)
+    assert py_out.read_bytes() == cli_out.read_bytes()
+
+
+def test_forward_is_the_simulated_model(images):
+    qm = sparsebit.QuantModel(CNN, W8A8)  # paths work where objects do
+    qm.calibrate([images[i : i + 64] for i in range(0, 512, 64)])  # batches: a list of [64, 1, 28, 28]
+    x = images[:16]
+    fp = qm.forward(x, quantized=False)
+    q = qm.forward(x)
+    assert fp.shape == (16, 10) and fp.dtype == np.float32
+    # The simulated model is close to the float one, but not equal to it.
+    assert 0 < np.abs(q - fp).max() < 0.1 * np.abs(fp).max()
+    assert (q.argmax(1) == fp.argmax(1)).mean() >= 0.9
+    # Other layouts and dtypes are converted once and give the same numbers.
+    assert np.array_equal(qm.forward(np.asfortranarray(x)), q)
+    assert np.array_equal(qm.forward(x.astype(np.float64)), q)
+
+
+def test_torch_tensors_come_in_through_dlpack(images):
+    torch = pytest.importorskip("torch")
+    a = sparsebit.QuantModel(CNN, W8A8)
+    a.calibrate(images[:128])
+    b = sparsebit.QuantModel(CNN, W8A8)
+    b.calibrate(torch.from_numpy(images[:128]))
+    assert scales(a.report()) == scales(b.report())
+    np.testing.assert_array_equal(b.forward(torch.from_numpy(images[:4])), a.forward(images[:4]))
+
+
+def test_dict_inputs_of_a_two_input_model(tmp_path):
+    path = str(tmp_path / "two.onnx")
+    wa, wb = two_input_model(path)
+    model = sparsebit.load(path)
+    assert [i["name"] for i in model.inputs] == ["a", "b"]
+    assert model.inputs[0]["shape"] == ["n", 4] and model.inputs[0]["type"] == "float"
+    assert model.op_histogram() == {"MatMul": 2, "Add": 1}
+    rng = np.random.default_rng(1)
+    data = [{"a": rng.standard_normal((8, 4)).astype(np.float32),
+             "b": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
+    config = {"backend": "onnxruntime",
+              "w": {"qscheme": "per-channel-symmetric", "bits": 8},
+              "a": {"qscheme": "per-tensor-affine", "bits": 8}}
+    by_name = sparsebit.QuantModel(model, sparsebit.Config(config))
+    by_name.calibrate(data)
+    in_order = sparsebit.QuantModel(model, config)
+    in_order.calibrate([(d["a"], d["b"]) for d in data])
+    assert scales(by_name.report()) == scales(in_order.report())
+
+    x = data[0]
+    expected = x["a"] @ wa + x["b"] @ wb
+    np.testing.assert_allclose(by_name.forward(x, quantized=False), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(by_name.forward(x["a"], x["b"], quantized=False), expected, rtol=1e-5, atol=1e-5)
+    q = by_name.forward(x)
+    assert 0 < np.abs(q - expected).max() < 0.05 * np.abs(expected).max()
+    # The activation scale of input `a` is its calibration range over 255 (affine uint8).
+    everything = np.concatenate([d["a"] for d in data])
+    scale = scales(by_name.report())[("mm_a", 0)][0][0]
+    lo, hi = min(everything.min(), 0), max(everything.max(), 0)
+    assert scale == pytest.approx((hi - lo) / 255, rel=1e-6)
+
+
+def test_bad_inputs_raise_sparsebit_error(tmp_path, images):
+    assert issubclass(sparsebit.Error, RuntimeError)
+    qm = sparsebit.QuantModel(CNN, W8A8)
+    with pytest.raises(sparsebit.Error, match="complex"):
+        qm.calibrate([images[:4].astype(np.complex64)])
+    with pytest.raises(sparsebit.Error, match="not numeric"):
+        qm.calibrate([np.array([object()] * 4, dtype=object)])
+    with pytest.raises(sparsebit.Error, match="28"):
+        qm.calibrate([np.zeros((4, 1, 27, 28), np.float32)])
+    with pytest.raises(sparsebit.Error, match="yield the inputs only"):
+        qm.calibrate([(images[:4], np.zeros(4))])  # (x, label) pairs from a loader
+    path = str(tmp_path / "two.onnx")
+    two_input_model(path)
+    two = sparsebit.QuantModel(path, W8A8)
+    with pytest.raises(sparsebit.Error, match="no value for the model input 'b'"):
+        two.calibrate([{"a": np.zeros((2, 4), np.float32)}])
+    with pytest.raises(sparsebit.Error, match="did you mean 'b'"):
+        two.calibrate([{"a": np.zeros((2, 4), np.float32), "bb": np.zeros((2, 8), np.float32)}])
+    with pytest.raises(sparsebit.Error, match="did you mean"):
+        sparsebit.Config({"a": {"obsever": "minmax"}})
+    with pytest.raises(sparsebit.Error, match="no TOML equivalent"):
+        sparsebit.Config({"a": {"bits": None}})
+    with pytest.raises(sparsebit.Error, match="calibrate"):
+        sparsebit.QuantModel(CNN, W8A8).export(tmp_path / "never.onnx")
+    assert not (tmp_path / "never.onnx").exists()
+
+
+def test_errors_carry_the_message_the_command_prints(tmp_path):
+    bad = tmp_path / "typo.toml"
+    bad.write_text('backend = "onnxruntime"\n[a]\nobsever = "minmax"\n')
+    cli = subprocess.run([BIN, "quantize", CNN, "-c", str(bad), "--calib", IMAGES, "-o", str(tmp_path / "o.onnx")],
+                         capture_output=True, text=True)
+    assert cli.returncode == 1
+    with pytest.raises(sparsebit.Error) as raised:
+        sparsebit.Config.from_file(bad)
+    assert str(raised.value) and str(raised.value) in cli.stderr
+
+
+def test_ctrl_c_during_calibration_leaves_no_file(tmp_path, images):
+    out = tmp_path / "model.onnx"
+
+    def interrupted():
+        for i, x in enumerate(images):
+            if i == 100:
+                os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C does
+            yield x
+
+    with pytest.raises(KeyboardInterrupt):
+        sparsebit.quantize(CNN, W8A8, calib=interrupted, output=out, report=tmp_path / "r.json")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_python_exception_in_the_data_arrives_as_itself(images):
+    def broken():
+        yield images[0]
+        raise ValueError("the user's loader failed")
+
+    with pytest.raises(ValueError, match="loader failed"):
+        sparsebit.QuantModel(CNN, W8A8).calibrate(broken())
+
+
+def test_the_gil_is_released_during_calibration(images):
+    qm = sparsebit.QuantModel(MOBILENET, W8A8)
+    batch = np.concatenate([images, images])  # one item: C++ holds no GIL between samples
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    time.sleep(0.05)
+    start = time.monotonic()
+    qm.calibrate([batch])
+    end = time.monotonic()
+    stop.set()
+    t.join()
+    during = [x for x in ticks if start < x < end]
+    # The thread ran all along: with the GIL held it would tick only at the data callbacks.
+    assert end - start > 0.1
+    assert len(during) >= 0.25 * (end - start) / 0.002
+
+
+def test_one_shot_generators_are_refused_where_data_is_read_twice(tmp_path, images):
+    gen = (x for x in images[:64])
+    with pytest.raises(sparsebit.Error, match="one-shot iterator"):
+        sparsebit.quantize(CNN, W8A8, calib=gen, output=tmp_path / "o.onnx", target="cosine>=0.9")
+    # A function returning a new generator can be read as often as a step needs.
+    report = sparsebit.quantize(CNN, W8A8, calib=lambda: (x for x in images[:64]), output=tmp_path / "o.onnx",
+                                target="cosine>=0.9")
+    assert report["target"]["target"] == "cosine>=0.9"
+    assert (tmp_path / "o.onnx").exists()
+
+
+def test_set_bits_and_set_enabled(images):
+    config = {"backend": "virtual", "w": {"qscheme": "per-channel-symmetric"}, "a": {"qscheme": "per-tensor-affine"}}
+    qm = sparsebit.QuantModel(CNN, config)
+    assert qm.set_enabled("*", False, role="activation") > 0
+    assert qm.set_bits("/conv1/*", 4, role="weight") == 1
+    qm.calibrate(images[:64])
+    slots = qm.report()["quantized_inputs"]
+    assert all(not s["enabled"] for s in slots if s["role"] == "activation")
+    conv1 = [s for s in slots if s["node"] == "/conv1/Conv" and s["role"] == "weight"]
+    assert conv1 and conv1[0]["bits"] == 4
+    with pytest.raises(sparsebit.Error, match="role"):
+        qm.set_bits("*", 8, role="weights")
+
+
+def test_profile_prune_qat_and_plugins(tmp_path, images):
+    listed = sparsebit.plugins()
+    assert all({"name", "file", "status", "version", "registered"} <= set(p) for p in listed)
+    registered = " ".join(r for p in listed if p["status"] == "loaded" for r in p["registered"])
+    assert "onnxruntime" in registered and "minmax" in registered and "Conv" in registered
+
+    qm = sparsebit.QuantModel(CNN, W8A8)
+    qm.calibrate(images[:128])
+    prof = sparsebit.profile(qm, images[:8], samples=8, mode="single", output=tmp_path / "prof")
+    assert prof["samples"] == 8 and len(prof["single"]) > 0
+    assert (tmp_path / "prof.json").exists() and (tmp_path / "prof.html").exists()
+
+    pruned = sparsebit.prune(CNN, os.path.join(ROOT, "configs", "prune_2_4.toml"), output=tmp_path / "pruned.onnx")
+    assert (tmp_path / "pruned.onnx").exists()
+    assert pruned["pattern"] == "N:M" and pruned["after"]["nonzero_parameters"] < pruned["before"]["nonzero_parameters"]
+
+    data = [images[i : i + 32] for i in range(0, 128, 32)]
+    ckpt = tmp_path / "qat.ckpt"
+    r1 = sparsebit.qat(CNN, os.path.join(ROOT, "configs", "w4a4_lsq.toml"), calib=data, train=data,
+                       output=tmp_path / "qat.onnx", epochs=1, lr=1e-4, checkpoint=ckpt)
+    assert (tmp_path / "qat.onnx").exists() and ckpt.exists()
+    r2 = sparsebit.qat(CNN, os.path.join(ROOT, "configs", "w4a4_lsq.toml"), calib=data, train=data,
+                       output=tmp_path / "qat2.onnx", epochs=2, lr=1e-4, checkpoint=ckpt)
+    assert r1["qat"]["resumed_after_epoch"] == 0 and len(r1["qat"]["epochs"]) == 1
+    assert r2["qat"]["resumed_after_epoch"] == 1 and r2["qat"]["epochs"][-1]["epoch"] == 2
+
+
+def test_external_data(tmp_path, images):
+    qm = sparsebit.QuantModel(CNN, W8A8)
+    qm.calibrate(images[:64])
+    qm.export(tmp_path / "m.onnx", external_data=True)
+    assert (tmp_path / "m.onnx.data").stat().st_size > 0
+    m = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    assert any(t.data_location == TensorProto.EXTERNAL for t in m.graph.initializer)
