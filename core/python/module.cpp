@@ -713,8 +713,10 @@ void set_log_level(const std::string& level) {
 PYBIND11_MODULE(_sparsebit, m) {
   m.doc() = "Sparsebit: quantize ONNX models to low-bit QDQ ONNX (the C++ library's pipeline)";
 
+  // Module-local: translators registered globally would also catch the C++ exceptions of other
+  // pybind11 modules in the process (torch's).
   static py::exception<sb::Error> error(m, "Error", PyExc_RuntimeError);
-  py::register_exception_translator([](std::exception_ptr p) {
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const py::error_already_set&) {

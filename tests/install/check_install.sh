@@ -27,6 +27,27 @@ env -u SPARSEBIT_PLUGIN_PATH "$prefix/bin/sparsebit" -q quantize "$src/examples/
   -c "$src/configs/w8a8_tensorrt.toml" --calib /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz \
   --calib-count 64 -o "$work/q.onnx" || fail "installed binary could not quantize"
 
+# The Python package, where the build has it: installed under the prefix's dist-packages, it
+# loads the installed core library and plugins (not the build tree's).
+if [[ -d "$build/python/sparsebit" ]]; then
+  module="$(find "$prefix" -name '_sparsebit*.so' | head -1)"
+  [[ "$module" == "$prefix"/lib/python3*/dist-packages/sparsebit/* ]] || fail "Python package not under dist-packages: '$module'"
+  env -u SPARSEBIT_PLUGIN_PATH PYTHONPATH="$(dirname "$(dirname "$module")")" /usr/bin/python3 - "$prefix" "$src" <<'PY' ||
+import os, sys
+import numpy as np
+import sparsebit
+prefix, src = sys.argv[1], sys.argv[2]
+assert sparsebit.__file__.startswith(prefix), sparsebit.__file__
+files = [p["file"] for p in sparsebit.plugins() if p["status"] == "loaded"]
+assert files and all(f.startswith(prefix + "/lib/sparsebit/plugins/") for f in files), files
+qm = sparsebit.QuantModel(os.path.join(src, "examples/fashion_mnist/fashion_mnist_cnn.onnx"),
+                          os.path.join(src, "configs/w8a8_tensorrt.toml"))
+qm.calibrate(np.random.default_rng(0).random((64, 1, 28, 28), dtype=np.float32))
+assert qm.forward(np.zeros((2, 1, 28, 28), np.float32)).shape == (2, 10)
+PY
+    fail "the installed Python package did not work"
+fi
+
 # An out-of-tree plugin against the installed SDK.
 mkdir -p "$work/plugin"
 cp "$src/tests/plugin_host/fixtures/good_extra.cpp" "$work/plugin/"

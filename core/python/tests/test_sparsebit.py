@@ -175,6 +175,13 @@ def test_bad_inputs_raise_sparsebit_error(tmp_path, images):
     assert not (tmp_path / "never.onnx").exists()
 
 
+def test_other_modules_errors_stay_theirs():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError) as raised:
+        torch.zeros(2) + torch.zeros(3)
+    assert not isinstance(raised.value, sparsebit.Error) and "size of tensor" in str(raised.value)
+
+
 def test_errors_carry_the_message_the_command_prints(tmp_path):
     bad = tmp_path / "typo.toml"
     bad.write_text('backend = "onnxruntime"\n[a]\nobsever = "minmax"\n')
