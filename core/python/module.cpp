@@ -195,9 +195,9 @@ std::vector<at::Tensor> inputs_of(py::handle item, const std::vector<sb::ValueIn
       const std::string key = py::str(kv.first).cast<std::string>();
       if (std::find(names.begin(), names.end(), key) == names.end()) {
         const std::string near = sb::nearest(key, names);
-        throw sb::Error(where + ": '" + key + "' is not an input of the model (its inputs: " +
-                        py::str(py::cast(names)).cast<std::string>() + ")" +
-                        (near.empty() ? "" : "; did you mean '" + near + "'?"));
+        throw sb::Error(where + ": '" + key +
+                        "' is not an input of the model (its inputs: " + py::str(py::cast(names)).cast<std::string>() +
+                        ")" + (near.empty() ? "" : "; did you mean '" + near + "'?"));
       }
     }
     for (const auto& v : inputs) {
@@ -239,7 +239,8 @@ py::array to_numpy(at::Tensor t) {
     case at::kChar: dtype = "int8"; break;
     case at::kByte: dtype = "uint8"; break;
     case at::kBool: dtype = "bool"; break;
-    default: throw sb::Error(std::string("an output of type ") + c10::toString(t.scalar_type()) + " has no numpy dtype");
+    default:
+      throw sb::Error(std::string("an output of type ") + c10::toString(t.scalar_type()) + " has no numpy dtype");
   }
   auto* owner = new at::Tensor(t);
   py::capsule base(owner, [](void* p) { delete static_cast<at::Tensor*>(p); });
@@ -344,8 +345,8 @@ toml::table toml_table(py::handle dict, const std::string& path) {
   toml::table t;
   for (auto kv : py::reinterpret_borrow<py::dict>(dict)) {
     if (!py::isinstance<py::str>(kv.first))
-      throw sb::Error("config dict: key " + py::repr(kv.first).cast<std::string>() + (path.empty() ? "" : " in " + path) +
-                      " is not a string");
+      throw sb::Error("config dict: key " + py::repr(kv.first).cast<std::string>() +
+                      (path.empty() ? "" : " in " + path) + " is not a string");
     const std::string key = kv.first.cast<std::string>();
     put(t, key, kv.second, path.empty() ? key : path + "." + key);
   }
@@ -467,9 +468,8 @@ class PyQuantModel {
       source_ = model.cast<PyModel>();
     } else {
       const std::string path = path_of(model);
-      source_ = PyModel{std::make_shared<sb::Model>(without_gil([&] {
-                          return sb::load_float_model(path, *registry_, calib_->path);
-                        })),
+      source_ = PyModel{std::make_shared<sb::Model>(
+                            without_gil([&] { return sb::load_float_model(path, *registry_, calib_->path); })),
                         path};
     }
     sb::QuantModel::DataSource data;
@@ -620,7 +620,8 @@ py::object quantize(py::handle model, py::handle config, py::handle calib, py::h
   job.report = report.is_none() ? "" : path_of(report);
   job.external_data = external_data;
   if (!eval_arg.path.empty()) job.evaluation = sb::EvaluationRequest{eval_arg.path, "", "", ""};
-  const std::string json = without_gil([&] { return sb::report_json(sb::run_quantize(job, step_progress_of(progress))); });
+  const std::string json =
+      without_gil([&] { return sb::report_json(sb::run_quantize(job, step_progress_of(progress))); });
   return json_loads(json);
 }
 
@@ -701,8 +702,10 @@ void set_threads(int n) {
 
 void set_log_level(const std::string& level) {
   using sb::sdk::LogLevel;
-  const std::map<std::string, LogLevel> levels = {
-      {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo}, {"warning", LogLevel::kWarn}, {"error", LogLevel::kError}};
+  const std::map<std::string, LogLevel> levels = {{"debug", LogLevel::kDebug},
+                                                  {"info", LogLevel::kInfo},
+                                                  {"warning", LogLevel::kWarn},
+                                                  {"error", LogLevel::kError}};
   auto it = levels.find(level);
   if (it == levels.end()) throw sb::Error("log level '" + level + "' is none of debug, info, warning, error");
   sb::sdk::log_to_stderr(it->second);
@@ -738,7 +741,8 @@ PYBIND11_MODULE(_sparsebit, m) {
   py::class_<sb::Config>(m, "Config", "A Sparsebit config: the TOML's tables and keys")
       .def(py::init([](const py::dict& d) { return config_from_dict(d); }), py::arg("tables"),
            "From a dict with the TOML's tables and keys, checked as a TOML file is")
-      .def_static("from_file", [](py::handle p) { return sb::Config::from_file(path_of(p)); }, py::arg("path"))
+      .def_static(
+          "from_file", [](py::handle p) { return sb::Config::from_file(path_of(p)); }, py::arg("path"))
       .def_static(
           "from_string", [](const std::string& text) { return sb::Config::from_string(text, "<config string>"); },
           py::arg("text"))
@@ -799,8 +803,7 @@ PYBIND11_MODULE(_sparsebit, m) {
            py::arg("role") = py::none())
       .def("report", &PyQuantModel::report)
       .def("export", &PyQuantModel::export_onnx, py::arg("path"), py::kw_only(), py::arg("external_data") = false)
-      .def("_profile", &PyQuantModel::profile, py::arg("data"), py::arg("samples"), py::arg("mode"),
-           py::arg("output"))
+      .def("_profile", &PyQuantModel::profile, py::arg("data"), py::arg("samples"), py::arg("mode"), py::arg("output"))
       .def_property_readonly("inputs", &PyQuantModel::inputs);
 
   m.def("quantize", &quantize, py::arg("model"), py::arg("config"), py::kw_only(), py::arg("calib"), py::arg("output"),
