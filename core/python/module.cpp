@@ -20,6 +20,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -458,6 +459,17 @@ sb::StepProgressFn step_progress_of(const py::object& fn) {
 py::object json_loads(const std::string& text) { return py::module_::import("json").attr("loads")(text); }
 
 class PyQuantModel {
+  /// Marks the model in use for one call: two Python threads running the same QuantModel at once
+  /// (possible without the GIL) would race on its executor and quantizers.
+  struct InUse {
+    std::atomic<bool>& flag;
+    explicit InUse(std::atomic<bool>& f) : flag(f) {
+      if (flag.exchange(true))
+        throw sb::Error("this QuantModel is running a call in another thread; use one QuantModel per thread");
+    }
+    ~InUse() { flag = false; }
+  };
+
  public:
   PyQuantModel(py::handle model, py::handle config, py::handle calib) {
     config_ = config_of(config);
@@ -483,6 +495,7 @@ class PyQuantModel {
   }
 
   py::dict calibrate(py::handle data, const py::object& progress) {
+    InUse in_use(busy_);
     DataArg arg(data, "python calibration data");
     if (arg.path.empty()) throw sb::Error("calibrate() needs data: an iterable of arrays, or a data path");
     const auto inputs = qm_->graph().inputs;
@@ -500,6 +513,7 @@ class PyQuantModel {
   }
 
   py::object forward(py::args args, bool quantized) {
+    InUse in_use(busy_);
     const auto& inputs = qm_->graph().inputs;
     std::vector<at::Tensor> xs;
     if (args.size() == 1) xs = inputs_of(args[0], inputs, "forward()");
@@ -517,17 +531,23 @@ class PyQuantModel {
   }
 
   std::size_t set_bits(const std::string& glob, int bits, const std::optional<std::string>& role) {
+    InUse in_use(busy_);
     const std::size_t n = qm_->set_bits(glob, bits, role_of(role));
     if (n > 0) calibrated_ = false;  // rebuilt observers: calibrate again
     return n;
   }
   std::size_t set_enabled(const std::string& glob, bool enabled, const std::optional<std::string>& role) {
+    InUse in_use(busy_);
     return qm_->set_enabled(glob, enabled, role_of(role));
   }
 
-  py::object report() const { return json_loads(qm_->report_json(stats_ ? &*stats_ : nullptr)); }
+  py::object report() {
+    InUse in_use(busy_);
+    return json_loads(qm_->report_json(stats_ ? &*stats_ : nullptr));
+  }
 
   void export_onnx(py::handle path, bool external_data) {
+    InUse in_use(busy_);
     if (!calibrated_) throw sb::Error("export() needs calibrate() first");
     const std::string out = path_of(path);
     without_gil([&] {
@@ -546,6 +566,7 @@ class PyQuantModel {
   }
 
   py::object profile(py::handle data, std::int64_t samples, const std::string& mode, py::handle output) {
+    InUse in_use(busy_);
     if (mode != "both" && mode != "accumulated" && mode != "single")
       throw sb::Error("mode must be both, accumulated or single");
     if (!calibrated_) throw sb::Error("profile() needs calibrate() first");
@@ -593,6 +614,7 @@ class PyQuantModel {
   std::unique_ptr<sb::QuantModel> qm_;
   std::optional<sb::CalibrationStats> stats_;
   bool calibrated_ = false;
+  std::atomic<bool> busy_{false};
 };
 
 // ---------------------------------------------------------------------------------------------

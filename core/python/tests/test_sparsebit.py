@@ -101,6 +101,8 @@ def test_forward_is_the_simulated_model(images):
     # The simulated model is close to the float one, but not equal to it.
     assert 0 < np.abs(q - fp).max() < 0.1 * np.abs(fp).max()
     assert (q.argmax(1) == fp.argmax(1)).mean() >= 0.9
+    # Outputs are numpy views of the result, not copies.
+    assert not q.flags.owndata and q.flags.c_contiguous
     # Other layouts and dtypes are converted once and give the same numbers.
     assert np.array_equal(qm.forward(np.asfortranarray(x)), q)
     assert np.array_equal(qm.forward(x.astype(np.float64)), q)
@@ -155,6 +157,8 @@ def test_bad_inputs_raise_sparsebit_error(tmp_path, images):
         qm.calibrate([images[:4].astype(np.complex64)])
     with pytest.raises(sparsebit.Error, match="not numeric"):
         qm.calibrate([np.array([object()] * 4, dtype=object)])
+    with pytest.raises(sparsebit.Error, match="not numeric"):
+        qm.calibrate([np.full((4, 1, 28, 28), "x")])
     with pytest.raises(sparsebit.Error, match="28"):
         qm.calibrate([np.zeros((4, 1, 27, 28), np.float32)])
     with pytest.raises(sparsebit.Error, match="yield the inputs only"):
@@ -239,6 +243,29 @@ def test_the_gil_is_released_during_calibration(images):
     # The thread ran all along: with the GIL held it would tick only at the data callbacks.
     assert end - start > 0.1
     assert len(during) >= 0.25 * (end - start) / 0.002
+
+
+def test_one_quant_model_runs_one_call_at_a_time(images):
+    qm = sparsebit.QuantModel(CNN, W8A8)
+    errors = []
+    started = threading.Event()
+
+    def slow():
+        for x in images:
+            started.set()
+            time.sleep(0.001)
+            yield x
+
+    t = threading.Thread(target=lambda: qm.calibrate(slow()))
+    t.start()
+    started.wait()
+    try:
+        qm.calibrate(images[:8])
+    except sparsebit.Error as e:
+        errors.append(str(e))
+    t.join()
+    assert errors and "another thread" in errors[0]
+    qm.forward(images[:2])  # usable again once the first call ended
 
 
 def test_one_shot_generators_are_refused_where_data_is_read_twice(tmp_path, images):
