@@ -546,15 +546,33 @@ class PyQuantModel {
     return json_loads(qm_->report_json(stats_ ? &*stats_ : nullptr));
   }
 
-  void export_onnx(py::handle path, bool external_data) {
+  /// external_data: None or False: inline, or beside the model when it nears protobuf's 2 GiB
+  /// limit (as the command without --external-data); True: every initializer of 1 KiB or more
+  /// in PATH.data; a file name: the same, in that file beside the model.
+  void export_onnx(py::handle path, py::handle external_data) {
     InUse in_use(busy_);
     if (!calibrated_) throw sb::Error("export() needs calibrate() first");
     const std::string out = path_of(path);
+    namespace fs = std::filesystem;
+    std::string location = fs::path(out).filename().string() + ".data";
+    bool force = false;
+    if (py::isinstance<py::bool_>(external_data)) {
+      force = external_data.cast<bool>();
+    } else if (!external_data.is_none()) {
+      location = path_of(external_data);
+      const fs::path l(location);
+      if (l.is_absolute() || l.has_parent_path() || location == "." || location == "..")
+        throw sb::Error("external_data '" + location +
+                        "': give a file name; ONNX keeps external data beside the model, named relative to it");
+      force = true;
+    }
+    const std::string data_path = (fs::path(out).parent_path() / location).string();
+    if (fs::weakly_canonical(data_path) == fs::weakly_canonical(out))
+      throw sb::Error("external_data '" + location + "' is the model file itself");
     without_gil([&] {
-      sb::AtomicFile model_file(out), data_file(out + ".data");
+      sb::AtomicFile model_file(out), data_file(data_path);
       std::string external;
-      const std::string location = std::filesystem::path(out).filename().string() + ".data";
-      const std::string bytes = qm_->serialize(&external, location, external_data);
+      const std::string bytes = qm_->serialize(&external, location, force);
       if (!external.empty()) {
         data_file.write(external);
         data_file.commit();
@@ -824,7 +842,7 @@ PYBIND11_MODULE(_sparsebit, m) {
       .def("set_enabled", &PyQuantModel::set_enabled, py::arg("nodes"), py::arg("enabled"), py::kw_only(),
            py::arg("role") = py::none())
       .def("report", &PyQuantModel::report)
-      .def("export", &PyQuantModel::export_onnx, py::arg("path"), py::kw_only(), py::arg("external_data") = false)
+      .def("export", &PyQuantModel::export_onnx, py::arg("path"), py::kw_only(), py::arg("external_data") = py::none())
       .def("_profile", &PyQuantModel::profile, py::arg("data"), py::arg("samples"), py::arg("mode"), py::arg("output"))
       .def_property_readonly("inputs", &PyQuantModel::inputs);
 

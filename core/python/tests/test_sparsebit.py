@@ -327,3 +327,16 @@ def test_external_data(tmp_path, images):
     assert (tmp_path / "m.onnx.data").stat().st_size > 0
     m = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
     assert any(t.data_location == TensorProto.EXTERNAL for t in m.graph.initializer)
+    qm.export(tmp_path / "n.onnx", external_data="weights.bin")
+    n = onnx.load(str(tmp_path / "n.onnx"), load_external_data=False)
+    locations = {e.value for t in n.graph.initializer for e in t.external_data if e.key == "location"}
+    assert locations == {"weights.bin"} and (tmp_path / "weights.bin").stat().st_size > 0
+    # Loaded with its external data, it is the model exported inline.
+    qm.export(tmp_path / "inline.onnx")
+    assert not (tmp_path / "inline.onnx.data").exists()
+    inline = onnx.load(str(tmp_path / "inline.onnx"))
+    loaded = onnx.load(str(tmp_path / "n.onnx"))
+    for a, b in zip(inline.graph.initializer, loaded.graph.initializer):
+        np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+    with pytest.raises(sparsebit.Error, match="file name"):
+        qm.export(tmp_path / "o.onnx", external_data=str(tmp_path / "elsewhere" / "w.bin"))
