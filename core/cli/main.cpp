@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Sparsebit: quantize ONNX models to low-bit QDQ ONNX for ONNX Runtime and TensorRT"};
   app.require_subcommand(1);
   app.fallthrough();  // -v, -q and --threads work before or after the subcommand
+  app.set_version_flag("--version", std::string("sparsebit ") + SPARSEBIT_VERSION);
   GlobalOptions g;
   app.add_flag("-v,--verbose", g.verbose, "More log output");
   app.add_flag("-q,--quiet", g.quiet, "Only warnings and errors");

@@ -775,6 +775,7 @@ PYBIND11_MODULE(_sparsebit, m) {
     }
   });
 
+  m.attr("__version__") = SPARSEBIT_VERSION;
   m.attr("sdk_version") = std::to_string(sb::sdk::kSdkVersionMajor) + "." + std::to_string(sb::sdk::kSdkVersionMinor);
   m.attr("abi_version") = sb::sdk::kAbiVersion;
 

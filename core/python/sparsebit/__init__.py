@@ -22,6 +22,7 @@ from ._sparsebit import (  # noqa: F401
     Error,
     Model,
     QuantModel,
+    __version__,
     abi_version,
     load,
     plugins,

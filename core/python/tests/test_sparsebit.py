@@ -179,6 +179,11 @@ def test_bad_inputs_raise_sparsebit_error(tmp_path, images):
     assert not (tmp_path / "never.onnx").exists()
 
 
+def test_version_is_the_commands():
+    cli = subprocess.run([BIN, "--version"], capture_output=True, text=True)
+    assert sparsebit.__version__ and sparsebit.__version__ in cli.stdout + cli.stderr
+
+
 def test_other_modules_errors_stay_theirs():
     torch = pytest.importorskip("torch")
     with pytest.raises(RuntimeError) as raised:
