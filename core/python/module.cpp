@@ -160,7 +160,12 @@ at::Tensor to_tensor(py::handle value, const sb::ValueInfo& input, const std::st
   const auto want = numpy_dtype_of(input.elem_type);
   py::module_ np = py::module_::import("numpy");
   if (!py::isinstance<py::array>(value) && py::hasattr(value, "__dlpack__")) {
-    py::object capsule = value.attr("__dlpack__")();
+    py::object source = py::reinterpret_borrow<py::object>(value);
+    // A tensor that requires grad cannot be exported by DLPack; calibration needs its values only.
+    if (py::hasattr(source, "requires_grad") && py::bool_(source.attr("requires_grad")) &&
+        py::hasattr(source, "detach"))
+      source = source.attr("detach")();
+    py::object capsule = source.attr("__dlpack__")();
     auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
     if (!managed) throw py::error_already_set();
     PyCapsule_SetName(capsule.ptr(), "used_dltensor");  // ATen owns it now
@@ -623,6 +628,11 @@ class PyQuantModel {
     for (const auto& v : qm_->graph().inputs) l.append(value_info_dict(v));
     return l;
   }
+  py::list outputs() const {
+    py::list l;
+    for (const auto& v : qm_->graph().outputs) l.append(value_info_dict(v));
+    return l;
+  }
 
  private:
   sb::Config config_;
@@ -845,7 +855,8 @@ PYBIND11_MODULE(_sparsebit, m) {
       .def("report", &PyQuantModel::report)
       .def("export", &PyQuantModel::export_onnx, py::arg("path"), py::kw_only(), py::arg("external_data") = py::none())
       .def("_profile", &PyQuantModel::profile, py::arg("data"), py::arg("samples"), py::arg("mode"), py::arg("output"))
-      .def_property_readonly("inputs", &PyQuantModel::inputs);
+      .def_property_readonly("inputs", &PyQuantModel::inputs)
+      .def_property_readonly("outputs", &PyQuantModel::outputs);
 
   m.def("quantize", &quantize, py::arg("model"), py::arg("config"), py::kw_only(), py::arg("calib"), py::arg("output"),
         py::arg("report") = py::none(), py::arg("target") = py::none(), py::arg("target_strict") = false,

@@ -113,7 +113,7 @@ def test_torch_tensors_come_in_through_dlpack(images):
     a = sparsebit.QuantModel(CNN, W8A8)
     a.calibrate(images[:128])
     b = sparsebit.QuantModel(CNN, W8A8)
-    b.calibrate(torch.from_numpy(images[:128]))
+    b.calibrate(torch.from_numpy(images[:128]).requires_grad_())  # a tensor that requires grad too
     assert scales(a.report()) == scales(b.report())
     np.testing.assert_array_equal(b.forward(torch.from_numpy(images[:4])), a.forward(images[:4]))
 
@@ -214,6 +214,23 @@ def test_ctrl_c_during_calibration_leaves_no_file(tmp_path, images):
     with pytest.raises(KeyboardInterrupt):
         sparsebit.quantize(CNN, W8A8, calib=interrupted, output=out, report=tmp_path / "r.json")
     assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_during_training_leaves_no_model(tmp_path, images):
+    data = [images[i : i + 32] for i in range(0, 128, 32)]
+    ckpt = tmp_path / "qat.ckpt"
+
+    def train():
+        for i, x in enumerate(data):
+            if ckpt.exists() and i == 2:  # in the second epoch
+                os.kill(os.getpid(), signal.SIGINT)
+            yield x
+
+    with pytest.raises(KeyboardInterrupt):
+        sparsebit.qat(CNN, os.path.join(ROOT, "configs", "w4a4_lsq.toml"), calib=data, train=train,
+                      output=tmp_path / "qat.onnx", epochs=3, checkpoint=ckpt)
+    # The first epoch's checkpoint stays (a later run resumes from it); no model, no temporary.
+    assert sorted(os.listdir(tmp_path)) == ["qat.ckpt"]
 
 
 def test_a_python_exception_in_the_data_arrives_as_itself(images):
