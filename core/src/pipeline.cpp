@@ -175,7 +175,10 @@ std::int64_t holdout_count(const TargetConfig& t, const std::string& calib, cons
   }
   if (*n < 2 * h) {
     h = *n / 4;
-    spdlog::info("target: {} has {} samples; {} are kept apart to measure {}", calib, *n, h, t.metric);
+    spdlog::info(
+        "target: {} has {} samples; {} are kept apart to measure {} (with so few, [target] holdout = 0 measures on "
+        "the calibration samples and keeps them all for the ranges)",
+        calib, *n, h, t.metric);
   }
   return h;
 }

@@ -301,5 +301,19 @@ TEST(Target, ASmallSetKeepsAQuarterApart) {
   EXPECT_NE(r.output.find("measuring on 3 held-out calibration samples"), std::string::npos) << r.output;
 }
 
+// holdout = 0: every sample calibrates and the target is measured on (the first 16 of) them.
+TEST(Target, HoldoutZeroCalibratesOnEverySampleAndMeasuresOnThem) {
+  testing::TempDir dir;
+  const at::Tensor images = read_idx(kImages, 12).to(at::kFloat).div(255);
+  for (int i = 0; i < 12; ++i) write_npy(images[i].unsqueeze(0), dir / ("s" + std::to_string(100 + i) + ".npy"));
+  testing::write_text(dir / "c.toml", std::string(kSabotaged) + "\n[target]\nholdout = 0\n");
+  auto r = testing::run_cli("-v quantize " + testing::fixture_model() + " -c " + (dir / "c.toml") + " --calib " +
+                            dir.path().string() + " --target \"cosine>=0.5\" -o " + (dir / "q.onnx"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("kept apart"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("calibrated 23 quantized inputs on 12 samples"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("measuring on 12 calibration samples (no holdout)"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace sparsebit
