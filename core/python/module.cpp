@@ -328,7 +328,10 @@ struct DataArg {
       path = py::str(os.attr("fspath")(data)).cast<std::string>();
       return;
     }
-    PyDataSource src{std::make_shared<PyRef>(data), label};
+    // One dict is one item (name -> array), not an iterable of its keys.
+    py::object items =
+        py::isinstance<py::dict>(data) ? py::object(py::make_tuple(data)) : py::reinterpret_borrow<py::object>(data);
+    PyDataSource src{std::make_shared<PyRef>(items), label};
     named = std::make_unique<sb::NamedDataset>(
         label, [src](const std::vector<sb::ValueInfo>& inputs) { return std::make_unique<PyDataset>(src, inputs); });
     path = named->name();
@@ -374,6 +377,10 @@ void put(toml::table& t, const std::string& key, py::handle v, const std::string
   else if (py::isinstance<py::int_>(v)) t.insert(key, v.cast<std::int64_t>());
   else if (py::isinstance<py::float_>(v)) t.insert(key, v.cast<double>());
   else if (py::isinstance<py::str>(v)) t.insert(key, v.cast<std::string>());
+  else if (PyIndex_Check(v.ptr()))
+    t.insert(key, py::int_(py::reinterpret_borrow<py::object>(v)).cast<std::int64_t>());  // numpy integers
+  else if (py::hasattr(v, "__float__") && !py::hasattr(v, "__len__"))
+    t.insert(key, py::float_(py::reinterpret_borrow<py::object>(v)).cast<double>());
   else if (py::isinstance<py::dict>(v)) t.insert(key, toml_table(v, path));
   else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) t.insert(key, toml_array(v, path));
   else

@@ -150,6 +150,28 @@ def test_dict_inputs_of_a_two_input_model(tmp_path):
     assert scale == pytest.approx((hi - lo) / 255, rel=1e-6)
 
 
+def test_config_dicts_take_every_toml_shape(images):
+    config = sparsebit.Config({
+        "backend": "virtual",
+        "w": {"qscheme": "per-channel-symmetric", "bits": np.int64(4)},  # numpy scalars too
+        "a": {"qscheme": "per-tensor-affine", "observer": "percentile",
+              "observer_options": {"alpha": np.float32(1e-3)}},
+        "specific": [{"nodes": ["/conv1/Conv"], "w": {"bits": 8}}],  # [[specific]]
+    })
+    qm = sparsebit.QuantModel(CNN, config)
+    qm.calibrate(images[:32])
+    bits = {s["node"]: s["bits"] for s in qm.report()["quantized_inputs"] if s["role"] == "weight"}
+    assert bits["/conv1/Conv"] == 8 and bits["/conv2/Conv"] == 4
+
+
+def test_one_dict_is_one_item(tmp_path):
+    path = str(tmp_path / "two.onnx")
+    two_input_model(path)
+    qm = sparsebit.QuantModel(path, W8A8)
+    stats = qm.calibrate({"a": np.ones((3, 4), np.float32), "b": np.ones((3, 8), np.float32)})
+    assert stats["samples"] == 3
+
+
 def test_bad_inputs_raise_sparsebit_error(tmp_path, images):
     assert issubclass(sparsebit.Error, RuntimeError)
     qm = sparsebit.QuantModel(CNN, W8A8)
