@@ -286,15 +286,20 @@ TEST(Target, Top1DropIsMeasuredOnTheLabelledEvaluationData) {
   EXPECT_LE(t.at("after").get<double>(), t.at("before").get<double>());
 }
 
-// A small folder of .npy samples (whose count the data layer cannot know without reading):
-// a quarter is kept apart, the rest calibrates.
-TEST(Target, ASmallSetKeepsAQuarterApart) {
+/// `sparsebit -v quantize` with `config` and --target "cosine>=0.5" on a folder of twelve .npy
+/// samples (whose count the data layer cannot know without reading).
+testing::CommandResult quantize_twelve_samples(const std::string& config) {
   testing::TempDir dir;
   const at::Tensor images = read_idx(kImages, 12).to(at::kFloat).div(255);
   for (int i = 0; i < 12; ++i) write_npy(images[i].unsqueeze(0), dir / ("s" + std::to_string(100 + i) + ".npy"));
-  testing::write_text(dir / "c.toml", kSabotaged);
-  auto r = testing::run_cli("-v quantize " + testing::fixture_model() + " -c " + (dir / "c.toml") + " --calib " +
-                            dir.path().string() + " --target \"cosine>=0.5\" -o " + (dir / "q.onnx"));
+  testing::write_text(dir / "c.toml", config);
+  return testing::run_cli("-v quantize " + testing::fixture_model() + " -c " + (dir / "c.toml") + " --calib " +
+                          dir.path().string() + " --target \"cosine>=0.5\" -o " + (dir / "q.onnx"));
+}
+
+// A small set: a quarter is kept apart, the rest calibrates.
+TEST(Target, ASmallSetKeepsAQuarterApart) {
+  auto r = quantize_twelve_samples(kSabotaged);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("has 12 samples; 3 are kept apart"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("calibrated 23 quantized inputs on 9 samples"), std::string::npos) << r.output;
@@ -303,12 +308,7 @@ TEST(Target, ASmallSetKeepsAQuarterApart) {
 
 // holdout = 0: every sample calibrates and the target is measured on (the first 16 of) them.
 TEST(Target, HoldoutZeroCalibratesOnEverySampleAndMeasuresOnThem) {
-  testing::TempDir dir;
-  const at::Tensor images = read_idx(kImages, 12).to(at::kFloat).div(255);
-  for (int i = 0; i < 12; ++i) write_npy(images[i].unsqueeze(0), dir / ("s" + std::to_string(100 + i) + ".npy"));
-  testing::write_text(dir / "c.toml", std::string(kSabotaged) + "\n[target]\nholdout = 0\n");
-  auto r = testing::run_cli("-v quantize " + testing::fixture_model() + " -c " + (dir / "c.toml") + " --calib " +
-                            dir.path().string() + " --target \"cosine>=0.5\" -o " + (dir / "q.onnx"));
+  auto r = quantize_twelve_samples(std::string(kSabotaged) + "\n[target]\nholdout = 0\n");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("kept apart"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("calibrated 23 quantized inputs on 12 samples"), std::string::npos) << r.output;
