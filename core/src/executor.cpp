@@ -491,7 +491,9 @@ std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& f
     }
     auto it = live.find(o.name);
     if (it != live.end()) {
-      result.push_back(it->second);
+      // Ops may compute in another memory layout (Note [Channels-last convolutions]); callers
+      // get the standard one.
+      result.push_back(it->second.contiguous());
       continue;
     }
     if (outer)  // a subgraph output that passes an enclosing value through

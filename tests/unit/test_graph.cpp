@@ -164,6 +164,28 @@ TEST(OnnxIO, SubgraphsRoundTripAndRun) {
   }
 }
 
+// Note [Channels-last convolutions]: Conv computes channels-last on the CPU, the Relu after it
+// keeps that layout, and the executor still hands back a standard contiguous output equal to
+// ATen's NCHW convolution.
+TEST(Executor, ConvOutputsComeBackContiguous) {
+  at::manual_seed(5);
+  Graph g;
+  g.opset_imports[""] = 13;
+  g.inputs.push_back(ValueInfo{"x", 1, false, {}, ""});
+  g.outputs.push_back(ValueInfo{"y", 1, false, {}, ""});
+  g.initializers["w"] = at::randn({4, 3, 3, 3});
+  g.initializers["b"] = at::randn({4});
+  g.append(testing::make_node("conv", "Conv", {"x", "w", "b"}, {"c"}, {{"pads", Attribute::of_ints({1, 1, 1, 1})}}));
+  g.append(testing::make_node("relu", "Relu", {"c"}, {"y"}));
+  Executor ex(g, testing::shipped_registry());
+  const at::Tensor x = at::randn({2, 3, 9, 11});
+  const auto out = ex.run({{"x", x}});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].is_contiguous());
+  EXPECT_TRUE(
+      at::allclose(out[0], at::relu(at::conv2d(x, g.initializers["w"], g.initializers["b"], 1, 1)), 1e-5, 1e-5));
+}
+
 TEST(OnnxIO, RoundTripKeepsNodesAttributesAndInitializers) {
   Model m = load_onnx(testing::fixture_model());
   EXPECT_EQ(m.graph.default_opset(), 13);

@@ -243,5 +243,31 @@ TEST(Quant, PerTensorRangeIsTheExactMinimumAndMaximum) {
   EXPECT_TRUE(std::isnan(range_per_param(y, spec).second.item<float>()));
 }
 
+TEST(Quant, ChannelsLastTensorsQuantizeInPlaceOfTheirLayout) {
+  // Note [Dense layouts]: per-tensor work on a channels-last tensor gives the values torch's
+  // fake quantization gives on the same values, keeps the layout, and its rows and ranges are
+  // those of the tensor's values.
+  at::manual_seed(3);
+  const at::Tensor x = (at::randn({2, 5, 7, 3}) * 2.0).contiguous(at::MemoryFormat::ChannelsLast);
+  ASSERT_FALSE(x.is_contiguous());
+  QSpec s;
+  s.symmetric = false;
+  const at::Tensor y = fake_quantize(x, per_tensor(0.0625, 120), s);
+  EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(at::equal(y, at::fake_quantize_per_tensor_affine(x.contiguous(), 0.0625, 120, 0, 255)));
+  auto [lo, hi] = range_per_param(x, s);
+  EXPECT_EQ(lo.item<float>(), x.min().item<float>());
+  EXPECT_EQ(hi.item<float>(), x.max().item<float>());
+  const at::Tensor rows = quant_rows(x, s);
+  ASSERT_EQ(rows.sizes(), (std::vector<std::int64_t>{1, x.numel()}));
+  EXPECT_EQ(rows.data_ptr(), x.data_ptr()) << "a copy of the whole tensor";
+  EXPECT_TRUE(at::equal(std::get<0>(rows.sort(1)), std::get<0>(x.reshape({1, -1}).sort(1))));
+  // Gradients flow back in the input's layout (straight-through inside the grid).
+  at::Tensor xg = x.detach().clone(at::MemoryFormat::ChannelsLast).requires_grad_(true);
+  fake_quantize(xg, per_tensor(0.0625, 120), s).sum().backward();
+  const at::Tensor inside = at::logical_and(at::round(x / 0.0625) + 120 >= 0, at::round(x / 0.0625) + 120 <= 255);
+  EXPECT_TRUE(at::equal(xg.grad(), inside.to(at::kFloat)));
+}
+
 }  // namespace
 }  // namespace sparsebit

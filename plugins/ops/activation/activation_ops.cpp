@@ -64,6 +64,7 @@ class QClip final : public NodeQModule {
       if (in.size() > 2 && in[2].defined()) hi = scalar(in[2], "max");
     }
     if (!lo && !hi) return {x.clone()};
+    if (lo && hi && lo->toDouble() <= hi->toDouble()) return {at::clamp(x, *lo, *hi)};  // one pass
     // ONNX: min(max(x, lo), hi), also when lo > hi.
     at::Tensor y = lo ? at::clamp_min(x, *lo) : x;
     return {hi ? at::clamp_max(y, *hi) : y};
