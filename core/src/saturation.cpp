@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 
 namespace sparsebit {
@@ -87,9 +88,21 @@ std::string saturation_warning(const SaturationCheck& check) {
   std::string s = std::to_string(check.at_risk.size()) + " of " + std::to_string(check.layers_checked) +
                   " Conv/MatMul/Gemm layers can saturate ONNX Runtime's 16-bit u8 x s8 pair sums on x86 processors "
                   "without VNNI, where their results will differ from the simulation:";
-  for (const auto& r : check.at_risk)
+  // The layers with the largest share of pairs over first; a long list buries the advice, and
+  // `sparsebit inspect` prints every layer.
+  std::vector<const SaturationRisk*> worst;
+  for (const auto& r : check.at_risk) worst.push_back(&r);
+  std::stable_sort(worst.begin(), worst.end(), [](const SaturationRisk* a, const SaturationRisk* b) {
+    return double(a->pairs_over) / double(a->pairs) > double(b->pairs_over) / double(b->pairs);
+  });
+  constexpr std::size_t kListed = 3;
+  for (std::size_t i = 0; i < worst.size() && i < kListed; ++i) {
+    const SaturationRisk& r = *worst[i];
     s += " node '" + r.node + "' (" + r.op_type + ", " + std::to_string(r.pairs_over) + " of " +
          std::to_string(r.pairs) + " weight pairs over, worst |w_i| + |w_j| = " + std::to_string(r.worst_pair) + ");";
+  }
+  if (worst.size() > kListed)
+    s += " and " + std::to_string(worst.size() - kListed) + " more (`sparsebit inspect` on the output lists them);";
   s += " set [w] reduce_range = true to put weights on a 7-bit grid, which cannot saturate, when deploying on such "
        "processors (those with VNNI are not affected)";
   return s;

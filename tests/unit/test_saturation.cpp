@@ -65,6 +65,26 @@ TEST(Saturation, GemmPairsAlongKOnBothSidesOfTheBound) {
       saturation_warning(check_u8s8_saturation(layer("Gemm", fits, {{"transB", Attribute::of_int(1)}}))).empty());
 }
 
+TEST(Saturation, TheWarningNamesTheThreeWorstLayersAndCountsTheRest) {
+  SaturationCheck c;
+  c.layers_checked = 6;
+  // Shares of pairs over: a 10%, b 50%, c 20%, d 90%, e 5%.
+  const std::vector<std::pair<std::string, std::int64_t>> over{{"a", 10}, {"b", 50}, {"c", 20}, {"d", 90}, {"e", 5}};
+  for (const auto& [name, n] : over) c.at_risk.push_back(SaturationRisk{name, "Conv", name + "_w", 100, n, 250});
+  const std::string w = saturation_warning(c);
+  EXPECT_NE(w.find("5 of 6 Conv/MatMul/Gemm layers"), std::string::npos) << w;
+  const auto d = w.find("node 'd'"), b = w.find("node 'b'"), cc = w.find("node 'c'");
+  ASSERT_NE(d, std::string::npos) << w;
+  ASSERT_NE(b, std::string::npos) << w;
+  ASSERT_NE(cc, std::string::npos) << w;
+  EXPECT_LT(d, b);
+  EXPECT_LT(b, cc);
+  EXPECT_EQ(w.find("node 'a'"), std::string::npos) << w;
+  EXPECT_EQ(w.find("node 'e'"), std::string::npos) << w;
+  EXPECT_NE(w.find("and 2 more (`sparsebit inspect`"), std::string::npos) << w;
+  EXPECT_NE(w.find("reduce_range = true"), std::string::npos) << w;
+}
+
 TEST(Saturation, LayersInsideControlFlowBodiesAreChecked) {
   // The over-the-bound Gemm of the test above, as the then-branch of an If.
   Graph branch = layer("Gemm", ints({64, 64, 1, 1, -65, -64, 0, 0}, {2, 4}), {{"transB", Attribute::of_int(1)}});
