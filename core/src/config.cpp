@@ -291,6 +291,10 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   if (auto* t = table("w")) r.quant_table(*t, "w", c.w);
   if (auto* t = table("a")) r.quant_table(*t, "a", c.a);
   c.quantization_given = root.get("w") || root.get("a");
+  // Note [Weight-only quantization]: [w] without [a] quantizes weights only (INT4/INT8 weights
+  // of language models); a [[specific]] entry's `a` table turns activations on for its nodes.
+  c.weight_only = root.get("w") && !root.get("a");
+  if (c.weight_only) c.a.disable = true;
   if (auto* t = table("sparse")) c.sparse = r.sparse_table(*t);
   std::vector<SparseSpecific> top_level_sparse;  // from [[specific]] sparse = {...}, after [[sparse.specific]]
   if (const toml::node* n = root.get("specific")) {
@@ -316,6 +320,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
         if (!sub) continue;
         if (!sub->is_table())
           throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
+        if (std::string(side) == "a" && c.weight_only) e.a.disable = false;
         r.quant_table(*sub->as_table(), name + "." + side, std::string(side) == "w" ? e.w : e.a);
       }
       if (const toml::node* sub = t->get("sparse")) {

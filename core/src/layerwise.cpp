@@ -50,6 +50,10 @@ class LayerwiseRunner {
   std::vector<at::Tensor> raw_inputs(std::size_t i, const Values& values) const;
   void finish_nested(std::size_t i);
   void reconstruct(std::size_t i, QuantSlot& w, CalibrationStats& stats);
+  void solve_weight(std::size_t i, QuantSlot& w, CalibrationStats& stats);
+  /// Node i's output error against the float model's over the cached batches, its weight
+  /// slot `w` as its quantizer gives it now and the other inputs as the runner feeds them.
+  double output_mse(std::size_t i, QuantSlot& w);
   void run_layer_passes(std::size_t i, CalibrationStats& stats);
   void release(std::size_t i);
   void account(CalibrationStats& stats) const;
@@ -153,7 +157,7 @@ void LayerwiseRunner::finish_nested(std::size_t i) {
   for (std::size_t j = first; j < last; ++j)
     if (const QuantSlot* w = slots_.finish_node(j))
       sdk::log_warn(w->where() + " (inside " + nodes_[i]->describe() + "): quantizer '" + w->quantizer_name +
-                    "' learns by layer reconstruction, which control-flow bodies do not run; its weight is "
+                    "' learns from its layer's cached data, which control-flow bodies do not keep; its weight is "
                     "rounded to nearest");
 }
 
@@ -208,20 +212,9 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
     inputs[w.input_index] = plugin_call(w, false, "forward", [&] { return w.quantizer->forward(weight); });
     return ex_.run_node(i, inputs).at(0);
   };
-  auto mse = [&] {
-    c10::NoGradGuard no_grad;
-    double sum = 0, count = 0;
-    for (std::size_t b = 0; b < fp_.size(); ++b) {
-      const at::Tensor y = output_with(inputs_for(b, {}));
-      sum += (y - fp_[b].at(n.outputs[0])).pow(2).sum().item<double>();
-      count += static_cast<double>(y.numel());
-    }
-    return sum / std::max(count, 1.0);
-  };
-
   ReconstructionReport report;
   report.node = n.name;
-  report.mse_nearest = mse();
+  report.mse_nearest = output_mse(i, w);
   plugin_call(w, false, "begin_reconstruction", [&] { w.quantizer->begin_reconstruction(weight); });
   {
     at::AutoGradMode grad(true);
@@ -256,12 +249,73 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
     }
   }
   plugin_call(w, false, "end_reconstruction", [&] { w.quantizer->end_reconstruction(); });
-  report.mse_learnt = mse();
+  report.mse_learnt = output_mse(i, w);
+  report.quantizer = w.quantizer_name;
   report.iterations = settings.iterations;
   report.seconds = seconds_since(t0);
   sdk::log_info("reconstructed " + n.describe() + ": output MSE " + std::to_string(report.mse_nearest) +
                 " (round to nearest) -> " + std::to_string(report.mse_learnt) + " in " +
                 std::to_string(report.iterations) + " steps, " + std::to_string(report.seconds) + " s");
+  stats.reconstructions.push_back(std::move(report));
+}
+
+double LayerwiseRunner::output_mse(std::size_t i, QuantSlot& w) {
+  const Node& n = *nodes_[i];
+  c10::NoGradGuard no_grad;
+  const at::Tensor weight = ex_.constants().at(w.tensor);
+  double sum = 0, count = 0;
+  for (std::size_t b = 0; b < fp_.size(); ++b) {
+    auto inputs = raw_inputs(i, source(b));
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (inputs[k].defined() && k != w.input_index) inputs[k] = slots_.apply(i, k, inputs[k], /*force=*/true);
+    inputs[w.input_index] = plugin_call(w, false, "forward", [&] { return w.quantizer->forward(weight); });
+    const at::Tensor y = ex_.run_node(i, inputs).at(0);
+    sum += (y - fp_[b].at(n.outputs[0])).pow(2).sum().item<double>();
+    count += static_cast<double>(y.numel());
+  }
+  return sum / std::max(count, 1.0);
+}
+
+// Note [Weights solved from layer inputs] (quantizer.h): the node's data input, as the
+// quantized model gives it, laid out as rows along the weight's reduction axis.
+void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats& stats) {
+  const Node& n = *nodes_[i];
+  const auto t0 = std::chrono::steady_clock::now();
+  const at::Tensor weight = ex_.constants().at(w.tensor);
+  std::size_t data_input = 0;
+  std::int64_t axis = -1;
+  bool trans_a = false;
+  if (weight.dim() == 2 && w.input_index == 1 && (n.op_type == "MatMul" || n.op_type == "Gemm")) {
+    axis = n.op_type == "Gemm" && n.attr_int("transB", 0) ? 1 : 0;
+    trans_a = n.op_type == "Gemm" && n.attr_int("transA", 0);
+  }
+  if (axis < 0) {
+    sdk::log_warn(w.where() + ": quantizer '" + w.quantizer_name +
+                  "' solves the 2-D weights of MatMul and Gemm from their inputs; this weight (shape " +
+                  c10::str(weight.sizes()) + ") is rounded to nearest");
+    return;
+  }
+  const std::int64_t k = weight.size(axis);
+  ReconstructionReport report;
+  report.node = n.name;
+  report.quantizer = w.quantizer_name;
+  report.mse_nearest = output_mse(i, w);
+  for (std::size_t b = 0; b < fp_.size(); ++b) {
+    at::Tensor x = raw_inputs(i, source(b)).at(data_input);
+    x = slots_.apply(i, data_input, x, /*force=*/true);
+    if (trans_a) x = x.t();
+    if (x.size(-1) != k)
+      throw Error(n.describe() + ": its input " + c10::str(x.sizes()) + " does not end in the weight's " +
+                  std::to_string(k) + " features");
+    const at::Tensor rows = x.reshape({-1, k});
+    plugin_call(w, false, "accumulate_inputs", [&] { w.quantizer->accumulate_inputs(rows); });
+  }
+  plugin_call(w, false, "solve", [&] { w.quantizer->solve(weight, axis); });
+  report.mse_learnt = output_mse(i, w);
+  report.seconds = seconds_since(t0);
+  sdk::log_info(w.quantizer_name + " " + n.describe() + ": output MSE " + std::to_string(report.mse_nearest) +
+                " (round to nearest) -> " + std::to_string(report.mse_learnt) + ", " + std::to_string(report.seconds) +
+                " s");
   stats.reconstructions.push_back(std::move(report));
 }
 
@@ -373,7 +427,10 @@ CalibrationStats LayerwiseRunner::run() {
       for (std::size_t k = 0; k < inputs.size(); ++k)
         if (inputs[k].defined()) slots_.observe(i, k, inputs[k]);
     }
-    if (QuantSlot* reconstructed = slots_.finish_node(i)) reconstruct(i, *reconstructed, stats);
+    if (QuantSlot* learnt = slots_.finish_node(i)) {
+      if (learnt->quantizer->reconstruction()) reconstruct(i, *learnt, stats);
+      else solve_weight(i, *learnt, stats);
+    }
     finish_nested(i);
     run_layer_passes(i, stats);
 

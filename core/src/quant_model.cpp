@@ -225,6 +225,8 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   for (const auto& s : slots())
     if (why.empty() && s.active() && s.role == InputRole::kWeight && s.quantizer->reconstruction())
       why = s.where() + " uses quantizer '" + s.quantizer_name + "', which learns by layer reconstruction";
+    else if (why.empty() && s.active() && s.role == InputRole::kWeight && s.quantizer->solves_from_inputs())
+      why = s.where() + " uses quantizer '" + s.quantizer_name + "', which solves the weight from the layer's inputs";
   if (!why.empty()) {
     throw Error(config_.source + ": " + why +
                 "; set [calibration] mode = \"layerwise\" or \"asym\" (now \"streaming\")");

@@ -91,6 +91,7 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
     auto& rec = j["calibration"]["reconstructions"] = json::array();
     for (const auto& x : c.reconstructions)
       rec.push_back({{"node", x.node},
+                     {"quantizer", x.quantizer},
                      {"mse_nearest", x.mse_nearest},
                      {"mse_learnt", x.mse_learnt},
                      {"iterations", x.iterations},

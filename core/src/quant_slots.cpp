@@ -418,7 +418,8 @@ QuantSlot* QuantSlots::finish_node(std::size_t node) {
     QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
     if (!s.active() || s.role == InputRole::kBias) continue;
     finish(s);
-    if (s.role == InputRole::kWeight && s.quantizer->reconstruction()) reconstructed = &s;
+    if (s.role == InputRole::kWeight && (s.quantizer->reconstruction() || s.quantizer->solves_from_inputs()))
+      reconstructed = &s;
   }
   for (int idx : slot_of_[node])
     if (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kBias)

@@ -2,9 +2,10 @@
 # Quantizes one exported real-architecture model (W8A8, ONNX Runtime backend) and checks it
 # against ONNX Runtime with check_model.mjs.
 #
-#   tests/models/check_model.sh SPARSEBIT_BINARY MODELS_DIR NAME [CONFIG]
+#   tests/models/check_model.sh SPARSEBIT_BINARY MODELS_DIR NAME [CONFIG [TAG]]
 #
-# MODELS_DIR/NAME is what make_models.py wrote. Results go to MODELS_DIR/NAME/result.json.
+# MODELS_DIR/NAME is what make_models.py wrote. Results go to MODELS_DIR/NAME/result.json
+# (result.TAG.json, outputs in out.TAG/, with a TAG: checks of one model that run side by side).
 # The written ONNX files (a ViT-B/16 leaves ~400 MB) are removed once checked, so that the whole
 # suite fits a small disk; SPARSEBIT_KEEP_TEST_OUTPUTS=1 keeps them. A failed check keeps them.
 set -euo pipefail
@@ -14,8 +15,9 @@ bin="$1"
 dir="$2/$3"
 name="$3"
 config="${4:-$root/configs/w8a8_onnxruntime.toml}"
+tag="${5:+.$5}"
 [[ -f "$dir/model.onnx" ]] || { echo "$dir/model.onnx is missing: run tests/models/make_models.py $2 $name" >&2; exit 1; }
-out="$dir/out"
+out="$dir/out$tag"
 mkdir -p "$out"
 
 # One input: eval/000.npy. Several (the ONNX test-data layout, eval/test_data_set_*/input_<i>.pb):
@@ -35,5 +37,5 @@ reference="$dir/model.onnx"  # what ONNX Runtime runs as the float model: the or
 node "$here/check_model.mjs" --name "$name" --float "$reference" --qdq "$out/qdq.onnx" \
   --simplified "$out/simplified.onnx" \
   "${inputs[@]}" --fp32 "$out/fp32.npy" --sim "$out/simulated.npy" \
-  --report "$out/report.json" --result "$dir/result.json"
+  --report "$out/report.json" --result "$dir/result$tag.json"
 [[ "${SPARSEBIT_KEEP_TEST_OUTPUTS:-0}" == 1 ]] || rm -f "$out/qdq.onnx" "$out/simplified.onnx"

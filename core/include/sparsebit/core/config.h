@@ -14,7 +14,8 @@
 ///     narrow_range = false
 ///     disable = false
 ///     [w.observer_options]            # passed to the observer plugin; unread keys are errors
-///     [a]                             # activations, same keys
+///     [a]                             # activations, same keys; without [a] (and with [w])
+///                                     #   only weights are quantized, activations stay float
 ///     [[specific]]                    # per-node overrides; the first entry whose glob
 ///     nodes = ["/head/*"]             #   matches a node applies to all its inputs
 ///     w = { bits = 4 }                #   any [w]/[a] key; unset keys come from [w]/[a]
@@ -177,6 +178,7 @@ struct SPARSEBIT_API Config {
   std::optional<SparseConfig> sparse;  ///< set when the file has a [sparse] table
   std::optional<TargetConfig> target;  ///< set by a [target] table or --target
   bool quantization_given = false;     ///< the file has [w] or [a] (a prune run then quantizes too)
+  bool weight_only = false;            ///< [w] without [a]: activations stay float (Note [Weight-only quantization])
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},
                                       {"fold_constants", true},

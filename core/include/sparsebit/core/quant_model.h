@@ -61,6 +61,7 @@ namespace sparsebit {
 /// to nearest and with the learnt rounding (inputs as the runner feeds them).
 struct ReconstructionReport {
   std::string node;
+  std::string quantizer;  ///< adaround, gptq, ...; iterations is 0 for weights solved from inputs
   double mse_nearest = 0, mse_learnt = 0;
   std::int64_t iterations = 0;
   double seconds = 0;

@@ -59,6 +59,23 @@ class Quantizer {
     return {};
   }
   virtual void end_reconstruction() {}
+
+  /// Note [Weights solved from layer inputs]
+  /// Weight quantizers that compute their weight from the statistics of the layer's inputs
+  /// (GPTQ) return true. In a layerwise calibration mode the runner then calls
+  /// accumulate_inputs(rows) once per cached batch, rows [n, K] being the layer's data input as
+  /// the quantized model gives it ("asym") or the float model ("layerwise"), one row per
+  /// input vector, its K columns running along the weight's reduction axis; then
+  /// solve(weight, reduction_axis). Afterwards forward() must be deterministic and on the grid
+  /// of qparams() (export stores the integers of forward(weight)). Layers whose reduction the
+  /// runner cannot lay out as rows (today: anything but MatMul and Gemm) are rounded to nearest,
+  /// with a warning.
+  virtual bool solves_from_inputs() const { return false; }
+  virtual void accumulate_inputs(const at::Tensor& rows) { (void)rows; }
+  virtual void solve(const at::Tensor& weight, std::int64_t reduction_axis) {
+    (void)weight;
+    (void)reduction_axis;
+  }
 };
 
 }  // namespace sparsebit

@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 9;  // 9: subgraphs (Attribute::Kind::kGraph, Node::implicit_inputs)
+inline constexpr std::uint32_t kAbiVersion = 10;  // 10: Quantizer::solves_from_inputs (GPTQ)
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 9;
+inline constexpr std::uint32_t kSdkVersionMinor = 10;
 
 }  // namespace sparsebit::sdk
 

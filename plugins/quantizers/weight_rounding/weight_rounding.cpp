@@ -1,0 +1,332 @@
+// Weight rounding from the layer's inputs (Note [Weights solved from layer inputs] in
+// sparsebit/sdk/quantizer.h), for MatMul and Gemm weights of language models:
+//
+// gptq (Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained
+//   Transformers", ICLR 2023): with H = 2/n sum x x^T over the layer's n input vectors, the
+//   weight's columns along the reduction axis are quantized one at a time and each rounding
+//   error is spread over the columns not yet quantized through the Cholesky factor of H^-1,
+//   which keeps the layer's output error small. Lazy batch updates: the spread inside a block of
+//   `block_size` columns is applied at once to the columns after the block. Per-group weights
+//   take each group's parameters from its current (already updated) values when the algorithm
+//   reaches the group, as the paper's code does; with act_order (columns in decreasing order of
+//   H's diagonal) the groups keep their parameters from the original weight ("static groups"),
+//   so they stay contiguous blocks that blocked DequantizeLinear and MatMulNBits express.
+//   Options: damp (0.01: added to H's diagonal as that fraction of its mean), block_size (128),
+//   act_order (false).
+//
+// rtn: round to nearest on the observer's grid; with clip_search = true each group's range is
+//   shrunk to the factor among 1, 1 - 1/grid, ... 1 - max_shrink whose rounding error weighs
+//   least on the layer's output, (w - q)^T H_gg (w - q) with H_gg the group's block of H.
+//   Options: clip_search (false), grid (20), max_shrink (0.5).
+//
+// The weight is handled as W [N, K] with K along the reduction axis (MatMul's [K, N] weight is
+// transposed); the result is stored once and returned by forward(), on the grid of qparams().
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/plugin.h"
+
+namespace sparsebit::quantizers {
+namespace {
+
+/// The parameters of one W [N, K]: scale and zero point [N, G], one column per group of
+/// `group` columns (G = 1 and group = K for per-tensor and per-channel).
+struct Grid {
+  at::Tensor scale, zero_point;  // float [N, G]
+  std::int64_t group = 0;
+};
+
+class WeightRounding : public Quantizer {
+ public:
+  WeightRounding(const QuantizerContext& c, const char* name) : spec_(c.spec), where_(c.where), name_(name) {
+    if (!spec_.is_weight)
+      throw Error(c.options.where() + ": " + name + " rounds weights from their layer's inputs; use it under [w]");
+  }
+
+  void initialize(const QParams& observed) override {
+    params_ = observed;
+    solved_ = at::Tensor();
+    hessian_ = at::Tensor();
+    samples_ = 0;
+  }
+
+  at::Tensor forward(const at::Tensor& x) override {
+    if (!params_.defined()) throw Error(where_ + ": quantizer used before calibration");
+    if (solved_.defined()) {
+      if (x.sizes() != solved_.sizes())
+        throw Error(where_ + ": " + name_ + " solved a weight of shape " + c10::str(solved_.sizes()) + ", got shape " +
+                    c10::str(x.sizes()));
+      if (solved_.device() != x.device()) solved_ = solved_.to(x.device());
+      return solved_.to(x.scalar_type());
+    }
+    if (params_.scale.device() != x.device()) {
+      params_.scale = params_.scale.to(x.device());
+      params_.zero_point = params_.zero_point.to(x.device());
+    }
+    return fake_quantize(x, params_, spec_);
+  }
+
+  QParams qparams() const override { return params_; }
+
+  void accumulate_inputs(const at::Tensor& rows_in) override {
+    const at::Tensor rows = rows_in.detach().to(at::kFloat);
+    const std::int64_t n = rows.size(0), k = rows.size(1);
+    if (!hessian_.defined()) hessian_ = at::zeros({k, k}, rows.options());
+    if (hessian_.size(0) != k)
+      throw Error(where_ + ": layer inputs of " + std::to_string(k) + " features after " + std::to_string(hessian_.size(0)));
+    if (n == 0) return;
+    // Running mean of 2 x x^T, as the reference keeps it (float32 stays well scaled).
+    hessian_.mul_(double(samples_) / double(samples_ + n));
+    samples_ += n;
+    hessian_.addmm_(rows.t(), rows, 1.0, 2.0 / double(samples_));
+  }
+
+ protected:
+  /// W [N, K] from the weight (reduction axis last) and back.
+  static at::Tensor to_rows(const at::Tensor& w, std::int64_t axis) { return axis == 0 ? w.t() : w; }
+
+  /// The observer's parameters as a Grid over W [N, K].
+  Grid observed_grid(const at::Tensor& w, std::int64_t axis, std::int64_t n, std::int64_t k) const {
+    Grid g;
+    at::Tensor s = params_.scale.to(w.device(), at::kFloat), z = params_.zero_point.to(w.device(), at::kFloat);
+    if (spec_.group_size > 0) {
+      if ((spec_.group_axis < 0 ? spec_.group_axis + 2 : spec_.group_axis) != axis)
+        throw Error(where_ + ": " + name_ + " needs the groups along the weight's reduction axis " +
+                    std::to_string(axis) + " (per-group weights of MatMul and Gemm have them there)");
+      g.group = spec_.group_size;
+      g.scale = axis == 0 ? s.t() : s;  // params are [G, N] for a [K, N] weight
+      g.zero_point = axis == 0 ? z.t() : z;
+    } else {
+      if (spec_.per_channel && (spec_.channel_axis < 0 ? spec_.channel_axis + 2 : spec_.channel_axis) == axis)
+        throw Error(where_ + ": per-channel parameters along the reduction axis cannot be " + name_ + "'s");
+      g.group = k;
+      g.scale = s.reshape({-1, 1}).expand({n, 1}).contiguous();
+      g.zero_point = z.reshape({-1, 1}).expand({n, 1}).contiguous();
+    }
+    return g;
+  }
+
+  /// Parameters of the columns `cols` [N, len] as the observer would make them (minimum and
+  /// maximum per row, shrunk by `shrink`).
+  std::pair<at::Tensor, at::Tensor> group_params(const at::Tensor& cols, double shrink = 1.0) const {
+    auto [lo, hi] = at::aminmax(cols, 1);
+    QParams p = qparams_from_range(lo * shrink, hi * shrink, spec_, where_);
+    return {p.scale.to(at::kFloat), p.zero_point.to(at::kFloat)};
+  }
+
+  at::Tensor quantize(const at::Tensor& w, const at::Tensor& s, const at::Tensor& z) const {
+    return at::clamp(at::round(w / s) + z, double(spec_.qmin()), double(spec_.qmax()));
+  }
+
+  /// Stores the result: W [N, K] on `grid`, mapped back to the weight's orientation.
+  void store(const at::Tensor& dequantized, const Grid& grid, std::int64_t axis, const at::Tensor& weight) {
+    solved_ = (axis == 0 ? dequantized.t() : dequantized).contiguous().to(weight.scalar_type());
+    if (spec_.group_size > 0) {
+      params_.scale = (axis == 0 ? grid.scale.t() : grid.scale).contiguous();
+      params_.zero_point = (axis == 0 ? grid.zero_point.t() : grid.zero_point).contiguous().to(at::kInt);
+    }
+  }
+
+  /// H with dead inputs (never non-zero) made harmless, as the reference does.
+  at::Tensor prepared_hessian(at::Tensor& w) const {
+    if (!hessian_.defined()) throw Error(where_ + ": " + name_ + " solved without layer inputs");
+    at::Tensor h = hessian_.clone();
+    const at::Tensor dead = h.diagonal() == 0;
+    h.diagonal().masked_fill_(dead, 1.0);
+    w.masked_fill_(dead.unsqueeze(0), 0.0);
+    return h;
+  }
+
+  QSpec spec_;
+  std::string where_;
+  const char* name_;
+  QParams params_;
+  at::Tensor solved_;
+  at::Tensor hessian_;
+  std::int64_t samples_ = 0;
+};
+
+class GptqQuantizer final : public WeightRounding {
+ public:
+  explicit GptqQuantizer(const QuantizerContext& c) : WeightRounding(c, "gptq") {
+    damp_ = c.options.get_double("damp", 0.01);
+    block_ = c.options.get_int("block_size", 128);
+    act_order_ = c.options.get_bool("act_order", false);
+    if (!(damp_ > 0)) throw Error(c.options.where() + ": damp must be > 0");
+    if (block_ < 1) throw Error(c.options.where() + ": block_size must be >= 1");
+  }
+
+  bool solves_from_inputs() const override { return true; }
+
+  void solve(const at::Tensor& weight, std::int64_t axis) override {
+    if (weight.dim() != 2) throw Error(where_ + ": gptq needs a 2-D weight, got " + c10::str(weight.sizes()));
+    at::Tensor w = to_rows(weight.detach(), axis).to(at::kFloat).clone();
+    const std::int64_t n = w.size(0), k = w.size(1);
+    at::Tensor h = prepared_hessian(w);
+    Grid grid = observed_grid(w, axis, n, k);
+    const bool groups = spec_.group_size > 0;
+    const std::int64_t g = grid.group;
+    at::Tensor perm;
+    if (groups && act_order_) {
+      // Static groups: parameters from the original weight, before the order changes.
+      for (std::int64_t c = 0; c < k; c += g) {
+        auto [s, z] = group_params(w.narrow(1, c, std::min(g, k - c)));
+        grid.scale.select(1, c / g).copy_(s);
+        grid.zero_point.select(1, c / g).copy_(z);
+      }
+    }
+    if (act_order_) {
+      perm = std::get<1>(h.diagonal().sort(/*stable=*/true, 0, /*descending=*/true));
+      w = w.index_select(1, perm);
+      h = h.index_select(0, perm).index_select(1, perm);
+    }
+    const at::Tensor u = inverse_factor(h);
+    std::vector<std::int64_t> original;  // act_order: the original column of each position
+    if (act_order_) {
+      const at::Tensor p = perm.to(at::kCPU).contiguous();
+      original.assign(p.data_ptr<std::int64_t>(), p.data_ptr<std::int64_t>() + k);
+    }
+    // Blocks never cut a group, so a group's parameters come from its fully updated columns.
+    const std::int64_t block = groups ? std::max<std::int64_t>(1, block_ / g) * g : block_;
+    at::Tensor q = at::empty_like(w);
+    at::Tensor col_scale = at::empty({n, k}, w.options()), col_zero = at::empty({n, k}, w.options());
+    for (std::int64_t b0 = 0; b0 < k; b0 += block) {
+      const std::int64_t len = std::min(block, k - b0);
+      at::Tensor w1 = w.narrow(1, b0, len).clone();
+      at::Tensor err = at::empty({n, len}, w.options());
+      const at::Tensor u1 = u.narrow(0, b0, len).narrow(1, b0, len);
+      at::Tensor s, z;
+      for (std::int64_t i = 0; i < len; ++i) {
+        const std::int64_t col = b0 + i;
+        if (!groups || act_order_) {
+          const std::int64_t group = groups ? original[static_cast<std::size_t>(col)] / g : 0;
+          s = grid.scale.select(1, group);
+          z = grid.zero_point.select(1, group);
+        } else if (col % g == 0) {
+          std::tie(s, z) = group_params(w1.narrow(1, i, std::min(g, len - i)));
+          grid.scale.select(1, col / g).copy_(s);
+          grid.zero_point.select(1, col / g).copy_(z);
+        }
+        const at::Tensor x = w1.select(1, i);
+        const at::Tensor qi = quantize(x, s, z);
+        const at::Tensor dq = (qi - z) * s;
+        q.select(1, col).copy_(dq);
+        const at::Tensor e = (x - dq) / u1[i][i];
+        if (i + 1 < len) w1.narrow(1, i + 1, len - i - 1).sub_(at::outer(e, u1[i].narrow(0, i + 1, len - i - 1)));
+        err.select(1, i).copy_(e);
+      }
+      if (b0 + len < k) w.narrow(1, b0 + len, k - b0 - len).sub_(err.mm(u.narrow(0, b0, len).narrow(1, b0 + len, k - b0 - len)));
+    }
+    if (act_order_) q = q.index_select(1, at::argsort(perm));
+    store(q, grid, axis, weight);
+    hessian_ = at::Tensor();
+  }
+
+ private:
+  /// The upper Cholesky factor of H^-1 after damping; more damping where H is too ill-conditioned.
+  at::Tensor inverse_factor(const at::Tensor& h) const {
+    double damp = damp_;
+    for (int attempt = 0; attempt < 4; ++attempt, damp *= 10) {
+      at::Tensor hd = h.clone();
+      hd.diagonal().add_(damp * hd.diagonal().mean().item<double>());
+      auto [l, info] = at::linalg_cholesky_ex(hd);
+      if (info.item<std::int64_t>() != 0) continue;
+      auto [u, info2] = at::linalg_cholesky_ex(at::cholesky_inverse(l), /*upper=*/true);
+      if (info2.item<std::int64_t>() != 0) continue;
+      if (damp != damp_)
+        sdk::log_warn(where_ + ": gptq: the layer's input Hessian needed damp = " + std::to_string(damp) +
+                      " (option damp = " + std::to_string(damp_) + ") to be positive definite");
+      return u;
+    }
+    throw Error(where_ + ": gptq: the layer's input Hessian is not positive definite even with damp = " +
+                std::to_string(damp / 10) + "; calibrate on more (or more varied) samples");
+  }
+
+  double damp_;
+  std::int64_t block_;
+  bool act_order_;
+};
+
+class RtnQuantizer final : public WeightRounding {
+ public:
+  explicit RtnQuantizer(const QuantizerContext& c) : WeightRounding(c, "rtn") {
+    clip_search_ = c.options.get_bool("clip_search", false);
+    grid_ = c.options.get_int("grid", 20);
+    max_shrink_ = c.options.get_double("max_shrink", 0.5);
+    if (grid_ < 1) throw Error(c.options.where() + ": grid must be >= 1");
+    if (!(max_shrink_ >= 0 && max_shrink_ < 1)) throw Error(c.options.where() + ": max_shrink must be in [0, 1)");
+  }
+
+  bool solves_from_inputs() const override { return clip_search_; }
+
+  void solve(const at::Tensor& weight, std::int64_t axis) override {
+    if (weight.dim() != 2) throw Error(where_ + ": rtn's clip search needs a 2-D weight, got " + c10::str(weight.sizes()));
+    at::Tensor w = to_rows(weight.detach(), axis).to(at::kFloat).clone();
+    const std::int64_t n = w.size(0), k = w.size(1);
+    const at::Tensor h = prepared_hessian(w);
+    Grid grid = observed_grid(w, axis, n, k);
+    const std::int64_t g = grid.group;
+    const bool per_tensor = !spec_.per_channel;
+    at::Tensor q = at::empty_like(w);
+    for (std::int64_t c = 0; c < k; c += g) {
+      const std::int64_t len = std::min(g, k - c);
+      const at::Tensor cols = w.narrow(1, c, len), hg = h.narrow(0, c, len).narrow(1, c, len);
+      at::Tensor best_err, best_s, best_z;
+      for (std::int64_t step = 0; step <= grid_ && double(step) / double(grid_) <= max_shrink_ + 1e-12; ++step) {
+        const double shrink = 1.0 - double(step) / double(grid_);
+        at::Tensor s, z;
+        if (per_tensor) {  // one range for the whole weight
+          auto [lo, hi] = at::aminmax(w);
+          QParams p = qparams_from_range(lo * shrink, hi * shrink, spec_, where_);
+          s = p.scale.to(at::kFloat).expand({n}), z = p.zero_point.to(at::kFloat).expand({n});
+        } else {
+          std::tie(s, z) = group_params(cols, shrink);
+        }
+        const at::Tensor d = cols - (quantize(cols, s.unsqueeze(1), z.unsqueeze(1)) - z.unsqueeze(1)) * s.unsqueeze(1);
+        at::Tensor err = (d.mm(hg) * d).sum(1);  // per row: its share of the output error
+        if (per_tensor) err = err.sum().expand({n});
+        if (!best_err.defined()) {
+          best_err = err, best_s = s, best_z = z;
+          continue;
+        }
+        const at::Tensor better = err < best_err;
+        best_err = at::where(better, err, best_err);
+        best_s = at::where(better, s, best_s);
+        best_z = at::where(better, z, best_z);
+      }
+      q.narrow(1, c, len).copy_((quantize(cols, best_s.unsqueeze(1), best_z.unsqueeze(1)) - best_z.unsqueeze(1)) *
+                                best_s.unsqueeze(1));
+      grid.scale.select(1, c / g).copy_(best_s);
+      grid.zero_point.select(1, c / g).copy_(best_z);
+    }
+    store(q, grid, axis, weight);
+    if (spec_.group_size == 0) {
+      const at::Tensor s = grid.scale.select(1, 0), z = grid.zero_point.select(1, 0).to(at::kInt);
+      params_.scale = per_tensor ? s[0].clone() : s.contiguous();
+      params_.zero_point = per_tensor ? z[0].clone() : z.contiguous();
+    }
+    hessian_ = at::Tensor();
+  }
+
+ private:
+  bool clip_search_;
+  std::int64_t grid_;
+  double max_shrink_;
+};
+
+void register_all(Registrar& r) {
+  r.add_quantizer<GptqQuantizer>("gptq");
+  r.add_quantizer<RtnQuantizer>("rtn");
+}
+
+}  // namespace
+}  // namespace sparsebit::quantizers
+
+SPARSEBIT_PLUGIN("sparsebit.quantizers.weight_rounding", SPARSEBIT_PLUGIN_VERSION,
+                 sparsebit::quantizers::register_all)
