@@ -279,7 +279,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Reader r{c.source};
   r.check_keys(root, "",
                {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "target",
-                "plugins"});
+                "export", "plugins"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   c.skip = r.globs(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
@@ -392,6 +392,18 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
     if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
       throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");
+  }
+  if (auto* t = table("export")) {
+    r.check_keys(*t, "export", {"weight_format", "accuracy_level"});
+    c.export_options.weight_format =
+        r.get<std::string>(*t, "export", "weight_format", c.export_options.weight_format, "a string");
+    if (c.export_options.weight_format != "dequantize_linear" && c.export_options.weight_format != "matmul_nbits")
+      throw Error(r.key_path("export", "weight_format") + " must be \"dequantize_linear\" or \"matmul_nbits\", got '" +
+                  printable(c.export_options.weight_format, 40) + "'");
+    const std::int64_t level =
+        r.get<std::int64_t>(*t, "export", "accuracy_level", c.export_options.accuracy_level, "an integer");
+    if (level < 0 || level > 4) throw Error(r.key_path("export", "accuracy_level") + " must be 0 to 4");
+    c.export_options.accuracy_level = level;
   }
   if (auto* t = table("qat")) {
     r.check_keys(*t, "qat", {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed"});

@@ -1,5 +1,6 @@
 #include "sparsebit/core/quant_model.h"
 
+#include "sparsebit/core/matmul_nbits.h"
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/passes.h"
 #include "layerwise.h"
@@ -299,8 +300,17 @@ void QuantModel::set_constant_input(std::size_t node, std::size_t input, const a
 }
 
 Graph QuantModel::export_graph() const {
-  return export_qdq(QdqExportInput{model_->graph, model_->meta, *executor_, *slots_, *backend_, config_.backend,
-                                   backend_plugin_, trainable_, named_states()});
+  Graph g = export_qdq(QdqExportInput{model_->graph, model_->meta, *executor_, *slots_, *backend_, config_.backend,
+                                      backend_plugin_, trainable_, named_states()});
+  if (config_.export_options.weight_format == "matmul_nbits") {
+    const std::size_t n = to_matmul_nbits(g, config_.export_options.accuracy_level);
+    if (n == 0)
+      sdk::log_warn(config_.source +
+                    ": [export] weight_format = \"matmul_nbits\" found no MatMul or Gemm with per-group 4- or 8-bit "
+                    "weights in blocks of a power of two >= 16 along K; every weight keeps DequantizeLinear");
+    else sdk::log_info("wrote " + std::to_string(n) + " layers as com.microsoft.MatMulNBits");
+  }
+  return g;
 }
 
 std::string QuantModel::serialize(std::string* external, const std::string& external_location,

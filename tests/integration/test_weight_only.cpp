@@ -1,10 +1,14 @@
 // Weight-only quantization through the pipeline (Note [Weight-only quantization] in config.cpp):
-// [w] without [a], per-group 4-bit MatMul weights rounded by GPTQ in the layerwise runner, and
-// the exported graph run by our executor to the simulated outputs.
+// [w] without [a], per-group 4-bit MatMul weights rounded by GPTQ in the layerwise runner, the
+// exported graph run by our executor to the simulated outputs, in both weight formats
+// (blocked DequantizeLinear and com.microsoft.MatMulNBits, Note [MatMulNBits export]).
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "sparsebit/core/matmul_nbits.h"
 #include "sparsebit/core/quant_model.h"
 #include "test_support.h"
 
@@ -88,6 +92,98 @@ batch_size = 256
   const at::Tensor simulated = qm.forward({x})[0];
   EXPECT_TRUE(at::allclose(from_export, simulated, 1e-5, 1e-5))
       << "max diff " << (from_export - simulated).abs().max().item<float>();
+}
+
+/// x [n, K] -> MatMul(W [K, 24]) -> Relu -> Gemm(V [16, 24], bias, transB) -> y.
+Graph matmul_then_gemm(std::int64_t k) {
+  Graph g;
+  g.opset_imports[""] = 17;
+  g.inputs.push_back(ValueInfo{"x", 1, false, {}, ""});
+  g.outputs.push_back(ValueInfo{"y", 1, false, {}, ""});
+  at::manual_seed(21);
+  g.initializers["w"] = at::randn({k, 24}) * 0.3;
+  g.initializers["v"] = at::randn({16, 24}) * 0.3;
+  g.initializers["bias"] = at::randn({16});
+  g.append(testing::make_node("mm", "MatMul", {"x", "w"}, {"h"}));
+  g.append(testing::make_node("relu", "Relu", {"h"}, {"r"}));
+  g.append(testing::make_node("fc", "Gemm", {"r", "v", "bias"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
+  return g;
+}
+
+// Every scheme MatMulNBits expresses: int4 symmetric (default zero point), uint4 affine (packed
+// zero points), 8 bits, a ragged last block; our executor runs the MatMulNBits graph to the
+// simulated outputs, which unpacks every code and zero point.
+TEST(WeightOnly, MatMulNBitsExportRunsToTheSimulation) {
+  struct Case {
+    std::string qscheme;
+    int bits;
+    std::int64_t k, group;
+  };
+  for (const Case& t : {Case{"per-group-symmetric", 4, 32, 16}, Case{"per-group-affine", 4, 48, 32},
+                        Case{"per-group-symmetric", 8, 32, 16}, Case{"per-group-affine", 8, 40, 16}}) {
+    const std::string what = t.qscheme + " " + std::to_string(t.bits) + " bits, K " + std::to_string(t.k);
+    const Config c = Config::from_string("[w]\nqscheme = \"" + t.qscheme + "\"\nbits = " + std::to_string(t.bits) +
+                                             "\ngroup_size = " + std::to_string(t.group) +
+                                             "\n[export]\nweight_format = \"matmul_nbits\"\naccuracy_level = 4\n",
+                                         "test.toml");
+    QuantModel qm(Model{matmul_then_gemm(t.k), {}}, c, testing::shipped_registry());
+    at::manual_seed(22);
+    const at::Tensor x = at::randn({64, t.k});
+    Rows data(x);
+    qm.calibrate(data);
+    const Graph g = qm.export_graph();
+    int nbits = 0, dq = 0;
+    for (const Node* n : g.nodes()) {
+      if (n->op_type != "MatMulNBits") {
+        dq += n->op_type == "DequantizeLinear";
+        continue;
+      }
+      ++nbits;
+      EXPECT_EQ(n->domain, "com.microsoft");
+      EXPECT_EQ(n->attr_int("bits", 0), t.bits) << what;
+      EXPECT_EQ(n->attr_int("block_size", 0), t.group) << what;
+      EXPECT_EQ(n->attr_int("accuracy_level", -1), 4) << what;
+      const bool affine = t.qscheme == "per-group-affine";
+      EXPECT_EQ(n->has_input(3), affine) << what << ": zero points only where they are not the default";
+    }
+    EXPECT_EQ(nbits, 2) << what;
+    EXPECT_EQ(dq, 0) << what;
+    EXPECT_EQ(g.opset_imports.at("com.microsoft"), 1);
+    Executor ex(g, testing::shipped_registry());
+    const at::Tensor from_export = ex.run({{"x", x}})[0];
+    qm.set_quant(true, true);
+    const at::Tensor simulated = qm.forward({x})[0];
+    EXPECT_TRUE(at::allclose(from_export, simulated, 1e-5, 1e-5))
+        << what << ": max diff " << (from_export - simulated).abs().max().item<float>();
+  }
+}
+
+TEST(WeightOnly, MatMulNBitsPacksLowBitsFirst) {
+  // int4 symmetric codes q in [-8, 7] are stored as q + 8; the first code of a byte is its low
+  // nibble. A weight whose column k holds integers chosen by hand: w[k][n] = s * q(k).
+  Graph g;
+  g.opset_imports[""] = 21;
+  g.inputs.push_back(ValueInfo{"x", 1, false, {}, ""});
+  g.outputs.push_back(ValueInfo{"y", 1, false, {}, ""});
+  std::vector<std::int64_t> q(16);
+  for (std::int64_t k = 0; k < 16; ++k) q[static_cast<std::size_t>(k)] = k - 8;  // -8 .. 7
+  g.initializers["wq"] = at::tensor(q, at::kLong).reshape({16, 1}).to(at::kChar);
+  g.narrow_types["wq"] = 22;
+  g.initializers["ws"] = at::full({1, 1}, 0.5f);
+  g.append(testing::make_node("dq", "DequantizeLinear", {"wq", "ws"}, {"w"},
+                              {{"axis", Attribute::of_int(0)}, {"block_size", Attribute::of_int(16)}}));
+  g.append(testing::make_node("mm", "MatMul", {"x", "w"}, {"y"}));
+  const Graph before = g.clone();
+  ASSERT_EQ(to_matmul_nbits(g, 0), 1u);
+  const Node* m = g.find_node("mm_MatMulNBits");
+  ASSERT_TRUE(m);
+  const at::Tensor b = g.initializers.at(m->inputs[1]);
+  ASSERT_EQ(b.sizes(), (std::vector<std::int64_t>{1, 1, 8}));
+  for (std::int64_t j = 0; j < 8; ++j)  // codes 2j and 2j + 1 (q + 8): low nibble 2j
+    EXPECT_EQ(b[0][0][j].item<int>(), (2 * j) | ((2 * j + 1) << 4)) << "byte " << j;
+  const at::Tensor x = at::randn({3, 16});
+  Executor a(before, testing::shipped_registry()), c(g, testing::shipped_registry());
+  EXPECT_TRUE(at::allclose(a.run({{"x", x}})[0], c.run({{"x", x}})[0], 1e-6, 1e-6));
 }
 
 TEST(WeightOnly, ASpecificEntryTurnsActivationsOnForItsNodes) {

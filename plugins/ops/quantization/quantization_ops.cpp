@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
@@ -127,6 +128,70 @@ at::Tensor requantize(const at::Tensor& acc, const at::Tensor& multiplier, const
   return at::clamp(y, lo, hi).to(y_zp.scalar_type());
 }
 
+// Note [MatMulNBits]: ONNX Runtime's contrib op com.microsoft.MatMulNBits, Y = A @ W^T (+ bias)
+// with W [N, K] block-quantized along K: B uint8 [N, k_blocks, block_size * bits / 8] holds the
+// codes packed low bits first, scales [N * k_blocks] (or [N, k_blocks]), zero points either
+// packed like B ([N * ceil(k_blocks * bits / 8)] uint8) or unpacked in A's type, 2^(bits - 1)
+// when absent; g_idx [K] (int32) gives each column's block where it is not k / block_size.
+// W[n, k] = (code - zp[n, b]) * scale[n, b]. Run in float here, so exports in this format are
+// checked by the executor too.
+at::Tensor unpack_codes(const at::Tensor& packed, std::int64_t bits, std::int64_t count) {
+  const at::Tensor p = packed.to(at::kLong).reshape({packed.size(0), -1});  // [rows, bytes]
+  const std::int64_t per_byte = 8 / bits, mask = (std::int64_t{1} << bits) - 1;
+  std::vector<at::Tensor> parts;
+  for (std::int64_t j = 0; j < per_byte; ++j)
+    parts.push_back(at::bitwise_and(at::bitwise_right_shift(p, j * bits), mask));
+  return at::stack(parts, 2).reshape({packed.size(0), -1}).narrow(1, 0, count);  // low bits first
+}
+
+class QMatMulNBits final : public NodeQModule {
+ public:
+  explicit QMatMulNBits(const OpContext& c)
+      : NodeQModule(c),
+        k_(c.node.attr_int("K", 0)),
+        n_(c.node.attr_int("N", 0)),
+        bits_(c.node.attr_int("bits", 4)),
+        block_(c.node.attr_int("block_size", 0)) {
+    if (bits_ != 2 && bits_ != 4 && bits_ != 8)
+      throw Error(c.node.describe() + ": bits = " + std::to_string(bits_) + " (2, 4 or 8 are defined)");
+    if (k_ < 1 || n_ < 1 || block_ < 16 || (block_ & (block_ - 1)) != 0)
+      throw Error(c.node.describe() + ": needs K >= 1, N >= 1 and a power-of-two block_size >= 16 (K " +
+                  std::to_string(k_) + ", N " + std::to_string(n_) + ", block_size " + std::to_string(block_) + ")");
+  }
+  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& a = in.at(0);
+    const std::int64_t blocks = (k_ + block_ - 1) / block_;
+    const at::Tensor& b = in.at(1);
+    if (b.numel() != n_ * blocks * block_ * bits_ / 8)
+      throw Error(describe() + ": B has " + std::to_string(b.numel()) + " bytes, expected N x k_blocks x blob = " +
+                  std::to_string(n_) + " x " + std::to_string(blocks) + " x " + std::to_string(block_ * bits_ / 8));
+    if (a.size(-1) != k_)
+      throw Error(describe() + ": A " + c10::str(a.sizes()) + " does not end in K = " + std::to_string(k_));
+    const at::Tensor codes = unpack_codes(b.reshape({n_, -1}), bits_, k_).to(at::kFloat);  // [N, K]
+    const at::Tensor scale = in.at(2).to(at::kFloat).reshape({n_, blocks});
+    if (scale.numel() != n_ * blocks)
+      throw Error(describe() + ": scales must have N x k_blocks = " + std::to_string(n_ * blocks) + " values");
+    at::Tensor zp;
+    const at::Tensor z = input_or_undefined(in, 3);
+    if (!z.defined()) zp = at::full({n_, blocks}, double(std::int64_t{1} << (bits_ - 1)));
+    else if (z.scalar_type() == at::kByte) zp = unpack_codes(z.reshape({n_, -1}), bits_, blocks).to(at::kFloat);
+    else zp = z.to(at::kFloat).reshape({n_, blocks});
+    at::Tensor block_of = at::arange(k_, at::kLong).div(block_, "floor");
+    if (const at::Tensor g = input_or_undefined(in, 4); g.defined()) {
+      if (g.numel() != k_) throw Error(describe() + ": g_idx must have K = " + std::to_string(k_) + " values");
+      block_of = g.to(at::kLong).reshape({k_});
+    }
+    const at::Tensor w = (codes - zp.index_select(1, block_of)) * scale.index_select(1, block_of);
+    at::Tensor y = at::matmul(a.to(at::kFloat), w.t());
+    if (const at::Tensor bias = input_or_undefined(in, 5); bias.defined()) y = y + bias.to(at::kFloat);
+    return {y.to(a.scalar_type())};
+  }
+
+ private:
+  std::int64_t k_, n_, bits_, block_;
+};
+
 // DynamicQuantizeLinear: uint8 over [min(0, min x), max(0, max x)], with its scale and zero point.
 class QDynamicQuantizeLinear final : public NodeQModule {
  public:
@@ -233,6 +298,7 @@ void register_all(Registrar& r) {
   r.add_op<QConvInteger>("ConvInteger");
   r.add_op<QLinearMatMul>("QLinearMatMul");
   r.add_op<QLinearConv>("QLinearConv");
+  r.add_op<QMatMulNBits>("MatMulNBits", "com.microsoft");
 }
 
 }  // namespace

@@ -79,7 +79,8 @@ class WeightRounding : public Quantizer {
     const std::int64_t n = rows.size(0), k = rows.size(1);
     if (!hessian_.defined()) hessian_ = at::zeros({k, k}, rows.options());
     if (hessian_.size(0) != k)
-      throw Error(where_ + ": layer inputs of " + std::to_string(k) + " features after " + std::to_string(hessian_.size(0)));
+      throw Error(where_ + ": layer inputs of " + std::to_string(k) + " features after " +
+                  std::to_string(hessian_.size(0)));
     if (n == 0) return;
     // Running mean of 2 x x^T, as the reference keeps it (float32 stays well scaled).
     hessian_.mul_(double(samples_) / double(samples_ + n));
@@ -221,7 +222,8 @@ class GptqQuantizer final : public WeightRounding {
         if (i + 1 < len) w1.narrow(1, i + 1, len - i - 1).sub_(at::outer(e, u1[i].narrow(0, i + 1, len - i - 1)));
         err.select(1, i).copy_(e);
       }
-      if (b0 + len < k) w.narrow(1, b0 + len, k - b0 - len).sub_(err.mm(u.narrow(0, b0, len).narrow(1, b0 + len, k - b0 - len)));
+      if (b0 + len < k)
+        w.narrow(1, b0 + len, k - b0 - len).sub_(err.mm(u.narrow(0, b0, len).narrow(1, b0 + len, k - b0 - len)));
     }
     if (act_order_) q = q.index_select(1, at::argsort(perm));
     store(q, grid, axis, weight);
@@ -266,7 +268,8 @@ class RtnQuantizer final : public WeightRounding {
   bool solves_from_inputs() const override { return clip_search_; }
 
   void solve(const at::Tensor& weight, std::int64_t axis) override {
-    if (weight.dim() != 2) throw Error(where_ + ": rtn's clip search needs a 2-D weight, got " + c10::str(weight.sizes()));
+    if (weight.dim() != 2)
+      throw Error(where_ + ": rtn's clip search needs a 2-D weight, got " + c10::str(weight.sizes()));
     at::Tensor w = to_rows(weight.detach(), axis).to(at::kFloat).clone();
     const std::int64_t n = w.size(0), k = w.size(1);
     const at::Tensor h = prepared_hessian(w);
@@ -328,5 +331,4 @@ void register_all(Registrar& r) {
 }  // namespace
 }  // namespace sparsebit::quantizers
 
-SPARSEBIT_PLUGIN("sparsebit.quantizers.weight_rounding", SPARSEBIT_PLUGIN_VERSION,
-                 sparsebit::quantizers::register_all)
+SPARSEBIT_PLUGIN("sparsebit.quantizers.weight_rounding", SPARSEBIT_PLUGIN_VERSION, sparsebit::quantizers::register_all)

@@ -55,6 +55,9 @@
 ///     max_fallback_layers = 8         #   default: 10% of the quantized layers (at least 1)
 ///     holdout = 16                    #   calibration samples kept apart to measure the metric
 ///     strict = false                  #   true: a target missed is an error and nothing is written
+///     [export]
+///     weight_format = "matmul_nbits"  # or "dequantize_linear" (default); per-group MatMul/Gemm
+///     accuracy_level = 4              #   weights as com.microsoft.MatMulNBits (ONNX Runtime)
 ///     [plugins]
 ///     paths = []
 ///     enable = []
@@ -103,6 +106,15 @@ struct QatConfig {
   std::string loss = "mse";  ///< mse | kl (on softmax over axis 1 at `temperature`)
   double temperature = 1;
   std::int64_t seed = 0;
+};
+
+/// `[export]`: how quantized weights are written.
+struct ExportConfig {
+  /// "dequantize_linear" (integers + DequantizeLinear, blocked at opset 21 for per-group) or
+  /// "matmul_nbits": per-group 4/8-bit MatMul and Gemm weights as ONNX Runtime's
+  /// com.microsoft.MatMulNBits (Note [MatMulNBits export]); other weights keep DequantizeLinear.
+  std::string weight_format = "dequantize_linear";
+  std::int64_t accuracy_level = 0;  ///< MatMulNBits' accuracy_level: 0 (unset) to 4 (int8 compute)
 };
 
 /// `[[sparse.specific]]`: the ratio for the nodes matching `nodes`.
@@ -178,6 +190,7 @@ struct SPARSEBIT_API Config {
   std::optional<SparseConfig> sparse;  ///< set when the file has a [sparse] table
   std::optional<TargetConfig> target;  ///< set by a [target] table or --target
   bool quantization_given = false;     ///< the file has [w] or [a] (a prune run then quantizes too)
+  ExportConfig export_options;         ///< [export]
   bool weight_only = false;            ///< [w] without [a]: activations stay float (Note [Weight-only quantization])
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},

@@ -81,8 +81,8 @@ at::Tensor reference_gptq(const at::Tensor& w_kn, const at::Tensor& x, double da
     // float32 rounding, as the quantizer and export do it
     const at::Tensor s = scales.select(1, j / kGroup);
     const at::Tensor col = w.select(1, j);
-    const at::Tensor qj =
-        at::clamp(at::round(col.to(at::kFloat) / s.to(at::kFloat)), -8, 7).to(at::kDouble) * s.to(at::kFloat).to(at::kDouble);
+    const at::Tensor qj = at::clamp(at::round(col.to(at::kFloat) / s.to(at::kFloat)), -8, 7).to(at::kDouble) *
+                          s.to(at::kFloat).to(at::kDouble);
     q.select(1, j).copy_(qj);
     done[static_cast<std::size_t>(j)] = true;
     // OBS: remove column j, spread its error over the rest, update the inverse.
@@ -147,9 +147,8 @@ TEST(Gptq, ARaggedLastGroupAndAGemmWeightAreHandled) {
   const double e_rtn = (x.mm(w.t()) - x.mm(fake_quantize(w, observed(w, spec), spec).t())).pow(2).mean().item<double>();
   const double e_ours = (x.mm(w.t()) - x.mm(ours.t())).pow(2).mean().item<double>();
   EXPECT_LT(e_ours, e_rtn);
-  EXPECT_TRUE(at::equal(quantize_to_int(ours, q->qparams(), spec).to(at::kFloat) *
-                            expand_param(q->qparams().scale, w, spec),
-                        ours));
+  EXPECT_TRUE(at::equal(
+      quantize_to_int(ours, q->qparams(), spec).to(at::kFloat) * expand_param(q->qparams().scale, w, spec), ours));
 }
 
 TEST(Gptq, AGroupWiderThanTheWeightIsOneRaggedGroup) {
@@ -165,9 +164,8 @@ TEST(Gptq, AGroupWiderThanTheWeightIsOneRaggedGroup) {
     q->solve(wa, axis);
     const at::Tensor ours = q->forward(wa);
     EXPECT_EQ(q->qparams().scale.numel(), kOut);
-    EXPECT_TRUE(at::equal(quantize_to_int(ours, q->qparams(), spec).to(at::kFloat) *
-                              expand_param(q->qparams().scale, wa, spec),
-                          ours))
+    EXPECT_TRUE(at::equal(
+        quantize_to_int(ours, q->qparams(), spec).to(at::kFloat) * expand_param(q->qparams().scale, wa, spec), ours))
         << "axis " << axis;
   }
 }
@@ -215,9 +213,9 @@ TEST(Rtn, ClipSearchLowersTheOutputErrorAndPlainRtnIsRoundToNearest) {
   EXPECT_TRUE(at::all(ratio <= 1 + 1e-6).item<bool>());
   EXPECT_TRUE(at::all(ratio >= 0.5 - 1e-6).item<bool>());
   EXPECT_TRUE(at::any(ratio < 0.999).item<bool>()) << "the search never clipped";
-  EXPECT_TRUE(at::equal(quantize_to_int(ours, clipped->qparams(), spec).to(at::kFloat) *
-                            expand_param(clipped->qparams().scale, w, spec),
-                        ours));
+  EXPECT_TRUE(at::equal(
+      quantize_to_int(ours, clipped->qparams(), spec).to(at::kFloat) * expand_param(clipped->qparams().scale, w, spec),
+      ours));
 }
 
 }  // namespace
