@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Trains a small byte-level decoder-only transformer on CPU and exports it to ONNX.
+
+    make_tiny_lm.py OUT_DIR [--steps N] [--small]
+
+The corpus is the licence texts every Debian system has (/usr/share/common-licenses, from
+base-files): the last tenth of each text is held out. Writes OUT_DIR/model.onnx (input "tokens"
+int64 [batch, 128], output "logits" [batch, 128, 256]), calib/ (32 training windows, one .npy
+each), eval/ (every held-out window, one .npy each) and info.json (sizes, training loss, time).
+The attention is written out as MatMul / Softmax (no fused kernel) and every Linear of the
+blocks and the head is a MatMul on a constant weight, as larger exported decoders are.
+"""
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+CTX = 128
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, ff):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, ff), nn.Linear(ff, d)
+        self.register_buffer("mask", torch.full((CTX, CTX), float("-inf")).triu(1))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q = q.reshape(b, t, h, d // h).transpose(1, 2)
+        k = k.reshape(b, t, h, d // h).transpose(1, 2)
+        v = v.reshape(b, t, h, d // h).transpose(1, 2)
+        att = torch.softmax(q @ k.transpose(2, 3) * (d // h) ** -0.5 + self.mask, dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, d, layers, heads, ff):
+        super().__init__()
+        self.tok = nn.Embedding(256, d)
+        self.pos = nn.Parameter(torch.randn(CTX, d) * 0.02)
+        self.blocks = nn.ModuleList(Block(d, heads, ff) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 256, bias=False)
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def corpus():
+    root = "/usr/share/common-licenses"
+    seen, train, held = set(), [], []
+    for name in sorted(os.listdir(root)):
+        path = os.path.realpath(os.path.join(root, name))
+        if path in seen or not os.path.isfile(path):
+            continue
+        seen.add(path)
+        data = np.frombuffer(open(path, "rb").read(), dtype=np.uint8)
+        cut = len(data) * 9 // 10
+        train.append(data[:cut])
+        held.append(data[cut:])
+    return np.concatenate(train).astype(np.int64), np.concatenate(held).astype(np.int64)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--small", action="store_true", help="a smaller model and fewer steps (CI)")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count())
+    d, layers, heads, ff = (64, 2, 4, 256) if a.small else (192, 4, 6, 768)
+    steps = min(a.steps, 150) if a.small else a.steps
+    train, held = corpus()
+    model = TinyLM(d, layers, heads, ff)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(1)
+    start, loss = time.time(), None
+    for step in range(steps):
+        at = torch.randint(0, len(train) - CTX - 1, (32,), generator=gen)
+        x = torch.stack([torch.from_numpy(train[i:i + CTX + 1]) for i in at.tolist()])
+        logits = model(x[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 256), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % 100 == 0:
+            print(f"step {step}: loss {loss.item():.3f}", flush=True)
+    model.eval()
+    os.makedirs(os.path.join(a.out, "calib"), exist_ok=True)
+    os.makedirs(os.path.join(a.out, "eval"), exist_ok=True)
+    with torch.no_grad():
+        torch.onnx.export(model, torch.zeros(1, CTX, dtype=torch.int64), os.path.join(a.out, "model.onnx"),
+                          opset_version=17, input_names=["tokens"], output_names=["logits"],
+                          dynamic_axes={"tokens": {0: "batch"}, "logits": {0: "batch"}})
+    rng = np.random.default_rng(2)
+    for i, s in enumerate(rng.integers(0, len(train) - CTX, 32)):
+        np.save(os.path.join(a.out, "calib", f"{i:03d}.npy"), train[s:s + CTX])
+    windows = len(held) // CTX
+    for i in range(windows):
+        np.save(os.path.join(a.out, "eval", f"{i:04d}.npy"), held[i * CTX:(i + 1) * CTX])
+    info = {"d_model": d, "layers": layers, "heads": heads, "ff": ff,
+            "parameters": sum(p.numel() for p in model.parameters()), "train_bytes": int(len(train)),
+            "eval_windows": windows, "steps": steps, "final_train_loss": float(loss), "seconds": time.time() - start}
+    json.dump(info, open(os.path.join(a.out, "info.json"), "w"), indent=1)
+    print(json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()

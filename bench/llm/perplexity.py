@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Weight-only quantization of a byte-level language model: held-out perplexity per method.
+
+    perplexity.py LM_DIR [--out RESULTS.json] [--build BUILD_DIR] [--check]
+
+LM_DIR is what make_tiny_lm.py wrote. For FP32 and each weight-only config (INT8 and
+INT4 in groups of 128: RTN, RTN with clip search, GPTQ, GPTQ with act_order) it quantizes the
+model through the Python package (calibration on calib/), measures perplexity on eval/ with
+Sparsebit's simulation, exports both weight formats (blocked DequantizeLinear and MatMulNBits)
+and measures them in ONNX Runtime (bench/llm/ort_perplexity.mjs). Prints a Markdown table.
+--check (the CI run on the small model) fails unless GPTQ at most halves RTN's perplexity increase
+and both ONNX Runtime formats reproduce the simulated perplexity within 0.5%.
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+W4 = {"qscheme": "per-group-symmetric", "bits": 4, "group_size": 128}
+METHODS = [
+    ("INT8 g128 RTN", {"w": dict(W4, bits=8, quantizer="rtn")}),
+    ("INT4 g128 RTN", {"w": dict(W4, quantizer="rtn")}),
+    ("INT4 g128 RTN + clip search", {"w": dict(W4, quantizer="rtn", quantizer_options={"clip_search": True})}),
+    ("INT4 g128 GPTQ", {"w": dict(W4, quantizer="gptq")}),
+    ("INT4 g128 GPTQ act_order", {"w": dict(W4, quantizer="gptq", quantizer_options={"act_order": True})}),
+]
+
+
+def perplexity(logits, tokens):
+    z = logits[:, :-1].astype(np.float64)
+    z = z - z.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
+    return float(np.exp(nll))
+
+
+def ort_perplexity(model, eval_dir):
+    out = subprocess.run(["node", os.path.join(HERE, "ort_perplexity.mjs"), model, eval_dir], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["perplexity"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("lm_dir")
+    ap.add_argument("--out")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.join(a.build, "python"))
+    import sparsebit
+
+    sparsebit.set_log_level("warning")
+    model_path = os.path.join(a.lm_dir, "model.onnx")
+    calib = [np.load(f) for f in sorted(glob.glob(os.path.join(a.lm_dir, "calib", "*.npy")))]
+    eval_dir = os.path.join(a.lm_dir, "eval")
+    tokens = np.stack([np.load(f) for f in sorted(glob.glob(os.path.join(eval_dir, "*.npy")))])
+    model = sparsebit.load(model_path)
+    rows = []
+    fp = sparsebit.QuantModel(model, sparsebit.Config({"w": {"bits": 8}}), calib=calib)
+    fp_ppl = perplexity(np.asarray(fp.forward(tokens, quantized=False)), tokens)
+    rows.append({"method": "FP32", "sparsebit": fp_ppl, "ort_dq": ort_perplexity(model_path, eval_dir),
+                 "ort_nbits": None, "seconds": 0.0})
+    work = os.path.join(a.lm_dir, "quantized")
+    os.makedirs(work, exist_ok=True)
+    for name, table in METHODS:
+        cfg = dict(table, calibration={"mode": "asym", "batch_size": 8})
+        start = time.time()
+        qm = sparsebit.QuantModel(model, sparsebit.Config(cfg), calib=calib)
+        qm.calibrate(calib)
+        seconds = time.time() - start
+        sim = perplexity(np.asarray(qm.forward(tokens, quantized=True)), tokens)
+        tag = name.replace(" ", "_").replace("+", "").replace("__", "_").lower()
+        dq_path = os.path.join(work, tag + "_dq.onnx")
+        qm.export(dq_path)
+        row = {"method": name, "sparsebit": sim, "ort_dq": ort_perplexity(dq_path, eval_dir), "seconds": seconds}
+        nbits = sparsebit.QuantModel(model, sparsebit.Config(dict(cfg, export={"weight_format": "matmul_nbits"})),
+                                     calib=calib)
+        nbits.calibrate(calib)
+        nbits_path = os.path.join(work, tag + "_matmul_nbits.onnx")
+        nbits.export(nbits_path)
+        row["ort_nbits"] = ort_perplexity(nbits_path, eval_dir)
+        rows.append(row)
+    info = json.load(open(os.path.join(a.lm_dir, "info.json")))
+    print(f"model: {info['parameters']} parameters (d {info['d_model']}, {info['layers']} layers), "
+          f"{len(tokens)} held-out windows of {tokens.shape[1]} bytes")
+    print("| method | Sparsebit simulation | ONNX Runtime, DequantizeLinear | ONNX Runtime, MatMulNBits | "
+          "increase over FP32 | calibration s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        nb = "" if r["ort_nbits"] is None else f"{r['ort_nbits']:.4f}"
+        print(f"| {r['method']} | {r['sparsebit']:.4f} | {r['ort_dq']:.4f} | {nb} | "
+              f"{r['sparsebit'] - fp_ppl:+.4f} | {r['seconds']:.2f} |")
+    if a.out:
+        json.dump({"info": info, "rows": rows}, open(a.out, "w"), indent=1)
+    if a.check:
+        by = {r["method"]: r for r in rows}
+        rtn, gptq = by["INT4 g128 RTN"]["sparsebit"] - fp_ppl, by["INT4 g128 GPTQ"]["sparsebit"] - fp_ppl
+        failures = []
+        if not gptq <= 0.5 * rtn:
+            failures.append(f"GPTQ's increase {gptq:.4f} is more than half of RTN's {rtn:.4f}")
+        for r in rows[1:]:
+            for key in ("ort_dq", "ort_nbits"):
+                if abs(r[key] / r["sparsebit"] - 1) > 0.005:
+                    failures.append(f"{r['method']}: ONNX Runtime ({key}) {r[key]:.4f}, simulation {r['sparsebit']:.4f}")
+        if failures:
+            sys.exit("check failed: " + "; ".join(failures))
+        print("check passed")
+
+
+if __name__ == "__main__":
+    main()
