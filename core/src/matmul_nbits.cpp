@@ -80,7 +80,8 @@ void rewrite(Graph& g, const Candidate& c, std::int64_t accuracy_level) {
   at::Tensor codes = (c.weight_kn ? q.t() : q).to(at::kLong);  // [N, K]
   at::Tensor scale = g.initializers.at(c.dq->inputs[1]).to(at::kFloat);
   scale = (c.weight_kn ? scale.t() : scale).contiguous();  // [N, blocks]
-  at::Tensor zp = c.dq->has_input(2) ? g.initializers.at(c.dq->inputs[2]).to(at::kLong) : at::zeros_like(scale, at::kLong);
+  at::Tensor zp =
+      c.dq->has_input(2) ? g.initializers.at(c.dq->inputs[2]).to(at::kLong) : at::zeros_like(scale, at::kLong);
   zp = (c.weight_kn ? zp.t() : zp).contiguous();
   if (is_signed) {
     codes = codes + half;
