@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trains a small byte-level decoder-only transformer on CPU and exports it to ONNX.
 
-    make_tiny_lm.py OUT_DIR [--steps N] [--small]
+    make_tiny_lm.py OUT_DIR [--steps N] [--small] [--shape D,LAYERS,HEADS,FF]
 
 The corpus is the licence texts every Debian system has (/usr/share/common-licenses, from
 base-files): the last tenth of each text is held out. Writes OUT_DIR/model.onnx (input "tokens"
@@ -80,10 +80,13 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--small", action="store_true", help="a smaller model and fewer steps (CI)")
+    ap.add_argument("--shape", help="d_model,layers,heads,ff of a larger model (timing runs)")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
     d, layers, heads, ff = (64, 2, 4, 256) if a.small else (192, 4, 6, 768)
+    if a.shape:
+        d, layers, heads, ff = map(int, a.shape.split(","))
     steps = min(a.steps, 150) if a.small else a.steps
     train, held = corpus()
     model = TinyLM(d, layers, heads, ff)
@@ -106,9 +109,11 @@ def main():
     os.makedirs(os.path.join(a.out, "calib"), exist_ok=True)
     os.makedirs(os.path.join(a.out, "eval"), exist_ok=True)
     with torch.no_grad():
+        # PyTorch 2.x defaults to its dynamo exporter; the TorchScript one writes what 1.13 writes.
+        legacy = {"dynamo": False} if int(torch.__version__.split(".")[0]) >= 2 else {}
         torch.onnx.export(model, torch.zeros(1, CTX, dtype=torch.int64), os.path.join(a.out, "model.onnx"),
                           opset_version=17, input_names=["tokens"], output_names=["logits"],
-                          dynamic_axes={"tokens": {0: "batch"}, "logits": {0: "batch"}})
+                          dynamic_axes={"tokens": {0: "batch"}, "logits": {0: "batch"}}, **legacy)
     rng = np.random.default_rng(2)
     for i, s in enumerate(rng.integers(0, len(train) - CTX, 32)):
         np.save(os.path.join(a.out, "calib", f"{i:03d}.npy"), train[s:s + CTX])

@@ -6,12 +6,15 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <map>
 #include <mutex>
 #include <new>
 #include <string>
 #include <unordered_map>
+
+#include "sparsebit/sdk/version.h"
 
 namespace sparsebit {
 namespace {
@@ -43,7 +46,15 @@ class CachingCpuAllocator final : public c10::Allocator {
  public:
   explicit CachingCpuAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
 
-  c10::DataPtr allocate(std::size_t n) const override {
+  // LibTorch 2.3 made allocate() non-const and added copy_data().
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(std::size_t n) override { return allocate_block(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+#else
+  c10::DataPtr allocate(std::size_t n) const override { return allocate_block(n); }
+#endif
+
+  c10::DataPtr allocate_block(std::size_t n) const {
     if (n < kMinCached) return fallback_->allocate(n);
     std::size_t size = (n + kPage - 1) / kPage * kPage;
     void* p = take(size);  // may enlarge size to the cached block's

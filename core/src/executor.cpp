@@ -9,6 +9,7 @@
 #include <set>
 
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/sdk/version.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/error.h"
 
@@ -48,11 +49,19 @@ std::vector<FlatNode> flat_nodes(Graph& g) {
 at::Tensor sequence_of(const std::vector<at::Tensor>& items, at::ScalarType dtype) {
   // Without ATen's one-time "prototype" warning about nested tensors: it says nothing to a user
   // of the model.
+#if TORCH_VERSION_MAJOR >= 2
+  struct Quiet final : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  };
+  static Quiet quiet;
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+#else
   struct Quiet final : c10::WarningHandler {
     void process(const c10::SourceLocation&, const std::string&, bool) override {}
   };
   static Quiet quiet;
   c10::Warning::WarningHandlerGuard guard(&quiet);
+#endif
   return at::_nested_tensor_from_tensor_list(items, dtype);
 }
 

@@ -14,6 +14,7 @@
 
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
+#include "sparsebit/sdk/version.h"
 
 namespace sparsebit::ops {
 namespace {
@@ -22,8 +23,17 @@ namespace {
 // (build from a list, unbind) is what the warning is about, so it is not repeated to users.
 class Quiet final : public c10::WarningHandler {
  public:
+#if TORCH_VERSION_MAJOR >= 2
+  void process(const c10::Warning&) override {}
+#else
   void process(const c10::SourceLocation&, const std::string&, bool) override {}
+#endif
 };
+#if TORCH_VERSION_MAJOR >= 2
+using QuietGuard = c10::WarningUtils::WarningHandlerGuard;
+#else
+using QuietGuard = c10::Warning::WarningHandlerGuard;
+#endif
 
 at::Tensor make_sequence(const std::vector<at::Tensor>& items, at::ScalarType dtype, const Node& n) {
   for (const auto& t : items)
@@ -31,7 +41,7 @@ at::Tensor make_sequence(const std::vector<at::Tensor>& items, at::ScalarType dt
       throw Error(n.describe() + ": sequence elements of different ranks (" + std::to_string(items.front().dim()) +
                   " and " + std::to_string(t.dim()) + ") are not supported");
   static Quiet quiet;
-  c10::Warning::WarningHandlerGuard guard(&quiet);
+  QuietGuard guard(&quiet);
   std::vector<at::Tensor> same;
   for (const auto& t : items) same.push_back(t.to(dtype).contiguous());
   return at::_nested_tensor_from_tensor_list(same, dtype);
