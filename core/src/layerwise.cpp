@@ -282,8 +282,7 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
   const Node& n = *nodes_[i];
   const auto t0 = std::chrono::steady_clock::now();
   const at::Tensor weight = ex_.constants().at(w.tensor);
-  std::size_t data_input = 0;
-  std::int64_t axis = -1;
+  std::int64_t axis = -1;  // of the weight (input 1) along which the data input (0) runs
   bool trans_a = false;
   if (weight.dim() == 2 && w.input_index == 1 && (n.op_type == "MatMul" || n.op_type == "Gemm")) {
     axis = n.op_type == "Gemm" && n.attr_int("transB", 0) ? 1 : 0;
@@ -301,8 +300,7 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
   report.quantizer = w.quantizer_name;
   report.mse_nearest = output_mse(i, w);
   for (std::size_t b = 0; b < fp_.size(); ++b) {
-    at::Tensor x = raw_inputs(i, source(b)).at(data_input);
-    x = slots_.apply(i, data_input, x, /*force=*/true);
+    at::Tensor x = slots_.apply(i, 0, raw_inputs(i, source(b)).at(0), /*force=*/true);
     if (trans_a) x = x.t();
     if (x.size(-1) != k)
       throw Error(n.describe() + ": its input " + c10::str(x.sizes()) + " does not end in the weight's " +

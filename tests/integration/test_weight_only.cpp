@@ -186,6 +186,18 @@ TEST(WeightOnly, MatMulNBitsPacksLowBitsFirst) {
   EXPECT_TRUE(at::allclose(a.run({{"x", x}})[0], c.run({{"x", x}})[0], 1e-6, 1e-6));
 }
 
+TEST(WeightOnly, GptqInStreamingModeSaysWhichModeItNeeds) {
+  const Config c = Config::from_string(
+      "[w]\nqscheme = \"per-group-symmetric\"\nbits = 4\ngroup_size = 32\n"
+      "quantizer = \"gptq\"\n",
+      "test.toml");
+  QuantModel qm(Model{tied_layers(), {}}, c, testing::shipped_registry());
+  Rows data(at::randn({16, 32}));
+  const std::string msg = testing::error_of([&] { qm.calibrate(data); });
+  EXPECT_NE(msg.find("quantizer 'gptq', which solves the weight from the layer's inputs"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("mode = \"layerwise\" or \"asym\""), std::string::npos) << msg;
+}
+
 TEST(WeightOnly, ASpecificEntryTurnsActivationsOnForItsNodes) {
   const Config c = Config::from_string(R"(
 [w]
