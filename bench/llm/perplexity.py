@@ -4,7 +4,8 @@
     perplexity.py LM_DIR [--out RESULTS.json] [--build BUILD_DIR] [--check]
 
 LM_DIR is what make_tiny_lm.py wrote. For FP32 and each weight-only config (INT8 and
-INT4 in groups of 128: RTN, RTN with clip search, GPTQ, GPTQ with act_order) it quantizes the
+INT4 in groups of 128: RTN, RTN with clip search, GPTQ, GPTQ with act_order, AWQ; UINT4 with zero
+points: RTN, AWQ, AWQ then GPTQ) it quantizes the
 model through the Python package (calibration on calib/), measures perplexity on eval/ with
 Sparsebit's simulation, exports both weight formats (blocked DequantizeLinear and MatMulNBits)
 and measures them in ONNX Runtime (bench/llm/ort_perplexity.mjs). Prints a Markdown table.
@@ -25,12 +26,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 W4 = {"qscheme": "per-group-symmetric", "bits": 4, "group_size": 128}
+U4 = dict(W4, qscheme="per-group-affine")
+AWQ = {"schedule": {"awq": True}}
 METHODS = [
     ("INT8 g128 RTN", {"w": dict(W4, bits=8, quantizer="rtn")}),
     ("INT4 g128 RTN", {"w": dict(W4, quantizer="rtn")}),
     ("INT4 g128 RTN + clip search", {"w": dict(W4, quantizer="rtn", quantizer_options={"clip_search": True})}),
     ("INT4 g128 GPTQ", {"w": dict(W4, quantizer="gptq")}),
     ("INT4 g128 GPTQ act_order", {"w": dict(W4, quantizer="gptq", quantizer_options={"act_order": True})}),
+    ("INT4 g128 AWQ", dict(AWQ, w=dict(W4, quantizer="rtn"))),
+    ("UINT4 g128 RTN", {"w": dict(U4, quantizer="rtn")}),
+    ("UINT4 g128 AWQ", dict(AWQ, w=dict(U4, quantizer="rtn"))),
+    ("UINT4 g128 AWQ + GPTQ", dict(AWQ, w=dict(U4, quantizer="gptq"))),
 ]
 
 

@@ -14,29 +14,11 @@
 namespace sparsebit {
 namespace {
 
-/// PassContext::channel_absmax: one float run of `graph` over the samples, each requested value
-/// reduced to its per-channel largest magnitude as it goes by.
-std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& registry, const PassData& data,
-                                       const std::vector<PassContext::ChannelRequest>& requests) {
+/// One float run of `graph` over the samples; `take` sees each value read by some node once per
+/// batch. Returns the number of samples read.
+std::int64_t scan_values(const Graph& graph, const Registry& registry, const PassData& data,
+                         const std::function<void(const std::string&, const at::Tensor&)>& take) {
   c10::InferenceMode guard;
-  std::map<std::string, std::vector<std::size_t>> wanted;  // value -> request indices
-  for (std::size_t i = 0; i < requests.size(); ++i) wanted[requests[i].first].push_back(i);
-  std::vector<at::Tensor> result(requests.size());
-  auto take = [&](const std::string& name, const at::Tensor& x) {
-    auto it = wanted.find(name);
-    if (it == wanted.end() || !x.defined() || x.is_nested() || !x.is_floating_point()) return;
-    for (auto i : it->second) {
-      std::int64_t axis = requests[i].second;
-      if (axis < 0) axis += x.dim();
-      if (axis < 0 || axis >= x.dim())
-        throw Error("channel statistics: axis " + std::to_string(requests[i].second) + " is outside the " +
-                    std::to_string(x.dim()) + "-D value '" + name + "'");
-      const at::Tensor m = x.detach().abs().transpose(0, axis).reshape({x.size(axis), -1}).amax(1).to(at::kFloat);
-      if (result[i].defined() && result[i].sizes() != m.sizes())
-        throw Error("channel statistics: value '" + name + "' changes its channel count between samples");
-      result[i] = result[i].defined() ? at::maximum(result[i], m) : m;
-    }
-  };
   Executor executor(graph, registry);
   auto samples = data.open();
   Batcher batcher(*samples, graph.inputs, data.batch_size, data.count);
@@ -52,6 +34,85 @@ std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& regis
     seen += b->rows;
   }
   if (seen == 0) throw Error("channel statistics: " + samples->describe() + " yielded no samples");
+  return seen;
+}
+
+/// `x` with channel axis `axis` (negative from the end) as the columns of a 2-D [rows, C] view;
+/// undefined for values statistics cannot describe.
+at::Tensor channel_rows(const std::string& name, const at::Tensor& x, std::int64_t axis) {
+  if (!x.defined() || x.is_nested() || !x.is_floating_point()) return {};
+  const std::int64_t given = axis;
+  if (axis < 0) axis += x.dim();
+  if (axis < 0 || axis >= x.dim())
+    throw Error("channel statistics: axis " + std::to_string(given) + " is outside the " + std::to_string(x.dim()) +
+                "-D value '" + name + "'");
+  return x.detach().movedim(axis, -1).reshape({-1, x.size(axis)});
+}
+
+/// Indices of the requests per value name.
+template <class Request>
+std::map<std::string, std::vector<std::size_t>> by_value(const std::vector<Request>& requests) {
+  std::map<std::string, std::vector<std::size_t>> wanted;
+  for (std::size_t i = 0; i < requests.size(); ++i) wanted[requests[i].first].push_back(i);
+  return wanted;
+}
+
+void same_channels(const at::Tensor& before, const at::Tensor& now, const std::string& name) {
+  if (before.defined() && before.sizes() != now.sizes())
+    throw Error("channel statistics: value '" + name + "' changes its channel count between samples");
+}
+
+/// PassContext::channel_absmax: each requested value reduced to its per-channel largest
+/// magnitude as it goes by.
+std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& registry, const PassData& data,
+                                       const std::vector<PassContext::ChannelRequest>& requests) {
+  const auto wanted = by_value(requests);
+  std::vector<at::Tensor> result(requests.size());
+  scan_values(graph, registry, data, [&](const std::string& name, const at::Tensor& x) {
+    auto it = wanted.find(name);
+    if (it == wanted.end()) return;
+    for (auto i : it->second) {
+      const at::Tensor rows = channel_rows(name, x, requests[i].second);
+      if (!rows.defined()) continue;
+      const at::Tensor m = rows.abs().amax(0).to(at::kFloat);
+      same_channels(result[i], m, name);
+      result[i] = result[i].defined() ? at::maximum(result[i], m) : m;
+    }
+  });
+  return result;
+}
+
+/// PassContext::channel_moments: sums of |x| and of x x^T per requested value, divided by the
+/// row count at the end.
+std::vector<PassContext::ChannelMoments> channel_moments(const Graph& graph, const Registry& registry,
+                                                         const PassData& data,
+                                                         const std::vector<PassContext::ChannelRequest>& requests) {
+  c10::InferenceMode guard;
+  const auto wanted = by_value(requests);
+  std::vector<PassContext::ChannelMoments> result(requests.size());
+  scan_values(graph, registry, data, [&](const std::string& name, const at::Tensor& x) {
+    auto it = wanted.find(name);
+    if (it == wanted.end()) return;
+    for (auto i : it->second) {
+      const at::Tensor rows = channel_rows(name, x, requests[i].second);
+      if (!rows.defined()) continue;
+      const at::Tensor r = rows.to(at::kFloat);
+      auto& m = result[i];
+      same_channels(m.mean_abs, r.select(0, 0), name);
+      if (!m.gram.defined()) {
+        m.mean_abs = at::zeros({r.size(1)}, r.options());
+        m.gram = at::zeros({r.size(1), r.size(1)}, r.options());
+      }
+      m.mean_abs.add_(r.abs().sum(0));
+      m.gram.addmm_(r.t(), r);
+      m.rows += r.size(0);
+    }
+  });
+  for (auto& m : result) {
+    if (m.rows == 0) continue;
+    m.mean_abs.div_(static_cast<double>(m.rows));
+    m.gram.div_(static_cast<double>(m.rows));
+  }
   return result;
 }
 
@@ -86,7 +147,11 @@ bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, G
       ctx.channel_absmax = [&registry, &graph, &data](const std::vector<PassContext::ChannelRequest>& requests) {
         return channel_absmax(graph, registry, data, requests);
       };
+      ctx.channel_moments = [&registry, &graph, &data](const std::vector<PassContext::ChannelRequest>& requests) {
+        return channel_moments(graph, registry, data, requests);
+      };
     }
+    if (stage == Pass::Stage::kSimplify) ctx.weight_grid = data.weight_grid;
     try {
       auto pass = p->factory();
       if (pass->stage() != stage) continue;

@@ -61,8 +61,37 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
   }
 
   // Simplify-stage passes rewrite the float graph before anything is bound to its nodes.
+  // The grids weights will be rounded on, for passes that choose weight transforms (awq).
+  auto weight_grid = [this, &registry](const Node& n, std::size_t input,
+                                       std::int64_t channel_axis) -> std::optional<PassContext::WeightGrid> {
+    if (matches_any(n.name, config_.skip) || !n.has_input(input)) return std::nullopt;
+    const QuantTableConfig* cfg = &config_.w;
+    for (const auto& e : config_.specific)
+      if (matches_any(n.name, e.nodes)) {
+        cfg = &e.w;
+        break;
+      }
+    if (cfg->disable) return std::nullopt;
+    const auto* obs = registry.observer(cfg->observer);
+    if (!obs)
+      throw Error(config_.source + ": [w] observer '" + printable(cfg->observer) +
+                  "' is not provided by any loaded plugin (available: " + join(registry.names("observer")) + ")");
+    const auto w = model_->graph.initializers.find(n.inputs[input]);
+    if (w == model_->graph.initializers.end()) return std::nullopt;
+    if (channel_axis < 0) channel_axis += w->second.dim();
+    const QSpec spec = cfg->spec(true, channel_axis);
+    auto make = obs->factory;
+    const Options* options = &cfg->observer_options;
+    const std::string where = "input " + std::to_string(input) + " of " + n.describe();
+    return PassContext::WeightGrid{spec, [spec, make, options, where](const at::Tensor& value) {
+                                     auto observer = make(ObserverContext{spec, *options, where});
+                                     c10::InferenceMode guard;
+                                     observer->observe(value);
+                                     return fake_quantize(value, observer->compute(), spec);
+                                   }};
+  };
   run_passes(config_.schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source,
-             PassData{calibration, config_.calibration.batch_size, config_.calibration.count});
+             PassData{calibration, config_.calibration.batch_size, config_.calibration.count, weight_grid});
   executor_ = std::make_unique<Executor>(model_->graph, registry);
   if (config_.calibration.device != "cpu") {
     at::Device dev(at::kCPU);

@@ -158,6 +158,15 @@ void QuantSlots::finish_building() {
   registry_ = nullptr;  // the slots need nothing more from the registry
 }
 
+namespace {
+/// Where a quantizer name is a pass's (awq transforms the graph, then any quantizer rounds).
+std::string pass_hint(const Registry& registry, const std::string& name) {
+  if (!registry.pass(name)) return "";
+  return "; '" + name + "' is a pass: keep a quantizer here (rtn, gptq) and turn it on with [schedule] " + name +
+         " = true";
+}
+}  // namespace
+
 const QuantTableConfig& QuantSlots::table_for(const Node& n, bool is_weight) const {
   for (const auto& e : config_->specific)
     if (matches_any(n.name, e.nodes)) return is_weight ? e.w : e.a;
@@ -174,7 +183,8 @@ void QuantSlots::probe_options(const QuantTableConfig& cfg, bool is_weight) {
                 "' is not provided by any loaded plugin (available: " + join(registry_->names("observer")) + ")");
   if (!qz)
     throw Error(config_->source + ": [" + table + "] quantizer '" + printable(cfg.quantizer) +
-                "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")");
+                "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")" +
+                pass_hint(*registry_, cfg.quantizer));
   obs->factory(ObserverContext{spec, cfg.observer_options, "config check"});
   qz->factory(QuantizerContext{spec, cfg.quantizer_options, "config check"});
 }
@@ -214,7 +224,8 @@ int QuantSlots::add(std::size_t i, std::size_t k, InputRole role, std::int64_t w
   const auto* qz = registry_->quantizer(cfg.quantizer);
   if (!qz) {
     throw Error(config_->source + ": [" + table + "] quantizer '" + cfg.quantizer +
-                "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")");
+                "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")" +
+                pass_hint(*registry_, cfg.quantizer));
   }
   s.make_observer = obs->factory;
   s.make_quantizer = qz->factory;

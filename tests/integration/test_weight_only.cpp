@@ -198,6 +198,19 @@ TEST(WeightOnly, GptqInStreamingModeSaysWhichModeItNeeds) {
   EXPECT_NE(msg.find("mode = \"layerwise\" or \"asym\""), std::string::npos) << msg;
 }
 
+// awq is a graph pass, not a quantizer: the message says where it goes.
+TEST(WeightOnly, AwqAsAQuantizerNamesTheScheduleKey) {
+  const Config c = Config::from_string(
+      "[w]\nqscheme = \"per-group-affine\"\nbits = 4\ngroup_size = 32\nquantizer = \"awq\"\n", "awq.toml");
+  const std::string msg = testing::error_of([&] {
+    QuantModel qm(Model{tied_layers(), {}}, c, testing::shipped_registry());
+  });
+  EXPECT_NE(msg.find("quantizer 'awq' is not provided"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'awq' is a pass: keep a quantizer here (rtn, gptq) and turn it on with [schedule] awq = true"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(WeightOnly, ASpecificEntryTurnsActivationsOnForItsNodes) {
   const Config c = Config::from_string(R"(
 [w]

@@ -203,6 +203,7 @@ struct SPARSEBIT_API Config {
                                       {"merge_transposes", true},
                                       {"cross_layer_equalization", false},
                                       {"smooth_quant", false},
+                                      {"awq", false},
                                       {"disable_unnecessary_quant", true},
                                       {"float_norms_and_heads", true},
                                       {"float_attention_scores", false},

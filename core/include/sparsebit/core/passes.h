@@ -14,11 +14,14 @@
 
 namespace sparsebit {
 
-/// Calibration samples for simplify passes that measure activations (PassContext::channel_absmax).
+/// Calibration samples for simplify passes that measure activations (PassContext::channel_absmax,
+/// channel_moments) and the weight grids of the config (PassContext::weight_grid).
 struct PassData {
   std::function<std::unique_ptr<Dataset>()> open;  ///< opens the samples afresh; empty: none
   int batch_size = 32;
   int count = 0;  ///< samples read (0: all)
+  /// PassContext::weight_grid; empty without a quantization config.
+  std::function<std::optional<PassContext::WeightGrid>(const Node&, std::size_t, std::int64_t)> weight_grid;
 };
 
 /// Runs, in schedule order, every enabled pass whose stage is `stage`: simplify passes on

@@ -16,12 +16,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "sparsebit/sdk/graph.h"
 #include "sparsebit/sdk/options.h"
+#include "sparsebit/sdk/quant.h"
 
 namespace sparsebit {
 
@@ -37,6 +39,29 @@ struct PassContext {
   /// calibration data (`sparsebit simplify`); the pass should then say what it needs.
   using ChannelRequest = std::pair<std::string, std::int64_t>;
   std::function<std::vector<at::Tensor>(const std::vector<ChannelRequest>&)> channel_absmax = {};
+  /// Second moments for passes that choose a weight transform by the output error it causes
+  /// (awq): for each request, over every position of the float value on the calibration
+  /// samples (the channel axis moved last, the rest flattened into n rows x), the mean |x| of
+  /// each channel [C] and the Gram matrix (1/n) sum x x^T [C, C], float32. One pass over the
+  /// data serves all requests; the caller bounds memory by asking for a few values at a time.
+  /// Empty where the host has no calibration data.
+  struct ChannelMoments {
+    at::Tensor mean_abs;
+    at::Tensor gram;
+    std::int64_t rows = 0;
+  };
+  std::function<std::vector<ChannelMoments>(const std::vector<ChannelRequest>&)> channel_moments = {};
+  /// The grid the configuration gives constant input `input` of `node` ([w] or its [[specific]]
+  /// entry; skip applied), `channel_axis` being the weight's output-channel axis: its QSpec
+  /// (bits, scheme, group size and axis) and `round`, which rounds a candidate value of that
+  /// weight to nearest as calibration will (the configured observer's range) and returns it
+  /// dequantized. std::nullopt where that input stays float. Empty where the host has no
+  /// quantization config (`sparsebit simplify`).
+  struct WeightGrid {
+    QSpec spec;
+    std::function<at::Tensor(const at::Tensor&)> round;
+  };
+  std::function<std::optional<WeightGrid>(const Node&, std::size_t, std::int64_t)> weight_grid = {};
 };
 
 /// The quantization state a kFuse pass works on.

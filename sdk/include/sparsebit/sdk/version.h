@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 10;  // 10: Quantizer::solves_from_inputs (GPTQ)
+inline constexpr std::uint32_t kAbiVersion = 11;  // 11: PassContext::channel_moments, weight_grid (AWQ)
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 10;
+inline constexpr std::uint32_t kSdkVersionMinor = 11;
 
 }  // namespace sparsebit::sdk
 

@@ -1,0 +1,253 @@
+// awq (simplify stage, off by default): activation-aware weight scaling for low-bit weights
+// (Lin et al., "AWQ", MLSys 2024). A few input channels of a layer carry much larger activations
+// than the rest; the weights they multiply matter most, and rounding them to a coarse grid costs
+// the most output error. For each activation X read by MatMul / Gemm layers with constant
+// weights, the pass multiplies the weight rows of input channel j by
+//     s_j = mean|X_j|^alpha   (normalised so that sqrt(max s * min s) = 1)
+// and divides channel j of X by s_j, so X W is unchanged in float while the salient rows get a
+// finer share of their group's grid. alpha is searched over 0, 1/grid, ..., (grid-1)/grid per X
+// (readers of one X share s) for the least output error of the rounded weights,
+//     sum over readers of  trace(E^T G E),  E = round(diag(s) W) / s - W,  G = E[x x^T],
+// where round is the weight's configured grid (PassContext::weight_grid) and G the Gram matrix
+// of X on the calibration data (PassContext::channel_moments). This is the layer's output mean
+// squared error computed exactly from second moments, so no activations are kept; alpha = 0 is
+// plain rounding, so the chosen s is never worse than it on this measure. 1/s folds into X's
+// producer where the graph allows (LayerNormalization, RMSNorm's Mul by gamma, a MatMul / Gemm
+// whose output X is, one factor of a gated product; channel_scaling.h), otherwise a Mul goes in
+// front of the readers.
+//
+// With `clip_search` (on by default, as in the paper) each weight group of each output channel is
+// then clipped to the fraction of its range, among 1, 1 - (1 - max_shrink)/clip_grid, ...,
+// max_shrink, that gives the least output error of that group, (w - q)^T G_gg (w - q) with the
+// Gram block of the group's input channels. Clipping changes the float weights, so the float
+// function is kept only with clip_search = false.
+//
+// The weights are then quantized by the [w] quantizer (rtn, gptq, ...) as without the pass.
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "channel_scaling.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/plugin.h"
+
+namespace sparsebit::passes {
+namespace {
+
+/// A reader of X, with its weight as [K, N] (K along X's channels) and its grid if quantized.
+struct Reader {
+  ScaledReader reader;
+  std::optional<PassContext::WeightGrid> grid;
+};
+
+/// The weight of `r` laid out [K, N], float32.
+at::Tensor weight_kn(const Graph& g, const ScaledReader& r) {
+  const at::Tensor& w = g.initializers.at(r.node->inputs[1]);
+  return (r.weight_axis == 0 ? w : w.t()).to(at::kFloat);
+}
+
+/// Rounds a [K, N] candidate with the reader's grid (which takes the weight's own layout).
+at::Tensor round_kn(const Reader& r, const at::Tensor& wkn) {
+  if (r.reader.weight_axis == 0) return r.grid->round(wkn.contiguous());
+  return r.grid->round(wkn.t().contiguous()).t();
+}
+
+/// sum_n e_n^T G e_n for E [K, N].
+double output_error(const at::Tensor& gram, const at::Tensor& e) { return (at::mm(gram, e) * e).sum().item<double>(); }
+
+/// Group boundaries along K of a reader's grid: per-group schemes cut K into group_size rows
+/// (the last may be short); per-channel and per-tensor ones are one group over all of K.
+std::vector<std::pair<std::int64_t, std::int64_t>> k_groups(const Reader& r, std::int64_t k) {
+  const std::int64_t size = r.grid->spec.group_size > 0 ? r.grid->spec.group_size : k;
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::int64_t b = 0; b < k; b += size) out.emplace_back(b, std::min(k, b + size));
+  return out;
+}
+
+/// Clips each (group, output channel) of `w` [K, N] to the fraction of its range with the least
+/// output error under `gram`; returns the clipped weight.
+at::Tensor clip_search(const Reader& r, const at::Tensor& w, const at::Tensor& gram, int steps, double max_shrink) {
+  const auto groups = k_groups(r, w.size(0));
+  const bool symmetric = r.grid->spec.symmetric;
+  std::vector<at::Tensor> lo, hi, best_err, best_lo, best_hi;  // per group, [N] each
+  for (const auto& [b, e] : groups) {
+    const at::Tensor block = w.slice(0, b, e);
+    // Ranges include zero, as observers make them: clipping never lifts a group's small values.
+    at::Tensor mx = block.amax(0).clamp_min(0), mn = block.amin(0).clamp_max(0);
+    if (symmetric) {
+      mx = at::maximum(mx.abs(), mn.abs());
+      mn = -mx;
+    }
+    lo.push_back(mn);
+    hi.push_back(mx);
+    best_err.push_back(at::full_like(mx, std::numeric_limits<double>::infinity()));
+    best_lo.push_back(mn);
+    best_hi.push_back(mx);
+  }
+  for (int step = 0; step <= steps; ++step) {
+    const double f = 1.0 - (1.0 - max_shrink) * step / steps;
+    std::vector<at::Tensor> clipped;
+    for (std::size_t i = 0; i < groups.size(); ++i)
+      clipped.push_back(
+          at::clamp(w.slice(0, groups[i].first, groups[i].second), (lo[i] * f).unsqueeze(0), (hi[i] * f).unsqueeze(0)));
+    const at::Tensor err = round_kn(r, at::cat(clipped, 0)) - w;
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      const auto [b, e] = groups[i];
+      const at::Tensor eg = err.slice(0, b, e);
+      const at::Tensor per_n = (at::mm(gram.slice(0, b, e).slice(1, b, e), eg) * eg).sum(0);
+      const at::Tensor better = per_n < best_err[i];
+      best_err[i] = at::where(better, per_n, best_err[i]);
+      best_lo[i] = at::where(better, lo[i] * f, best_lo[i]);
+      best_hi[i] = at::where(better, hi[i] * f, best_hi[i]);
+    }
+  }
+  std::vector<at::Tensor> out;
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    out.push_back(at::clamp(w.slice(0, groups[i].first, groups[i].second), best_lo[i].unsqueeze(0),
+                            best_hi[i].unsqueeze(0)));
+  return at::cat(out, 0);
+}
+
+/// The s of the alpha with the least output error over the quantized readers (a 1-D double
+/// tensor), and whether it differs from 1.
+std::pair<at::Tensor, bool> search_scales(const Graph& g, const std::vector<Reader>& readers,
+                                          const PassContext::ChannelMoments& m, std::int64_t grid) {
+  const at::Tensor mean = m.mean_abs.to(at::kDouble);
+  std::vector<at::Tensor> weights;
+  for (const auto& r : readers) weights.push_back(r.grid ? weight_kn(g, r.reader) : at::Tensor());
+  double best = std::numeric_limits<double>::infinity();
+  std::int64_t best_i = 0;
+  at::Tensor best_s;
+  for (std::int64_t i = 0; i < grid; ++i) {
+    const double alpha = static_cast<double>(i) / static_cast<double>(grid);
+    // Channels never active keep s = 1: scaling them is free in float but would move their
+    // weights off the grid for nothing.
+    at::Tensor s = at::where(mean > 0, mean.pow(alpha), at::ones_like(mean)).clamp_min(1e-4);
+    s = s / std::sqrt(s.max().item<double>() * s.min().item<double>());
+    const at::Tensor sf = s.to(at::kFloat).unsqueeze(1);
+    double err = 0;
+    for (std::size_t k = 0; k < readers.size(); ++k) {
+      if (!weights[k].defined()) continue;
+      err += output_error(m.gram, round_kn(readers[k], weights[k] * sf) / sf - weights[k]);
+    }
+    if (!std::isfinite(err)) throw Error("the output error is not finite (alpha " + std::to_string(alpha) + ")");
+    if (err < best) best = err, best_i = i, best_s = s;
+  }
+  return {best_s, best_i != 0};
+}
+
+/// Replaces constant input 1 of `n` with `value` given [K, N], laid out as the reader's weight,
+/// under a fresh name (the old one may be shared).
+void set_weight(Graph& g, const ScaledReader& r, const at::Tensor& value) {
+  const at::Tensor& old = g.initializers.at(r.node->inputs[1]);
+  const std::string name = g.unique_name(r.node->inputs[1] + "_clipped");
+  g.initializers[name] = (r.weight_axis == 0 ? value : value.t()).to(old.scalar_type()).contiguous();
+  r.node->inputs[1] = name;
+}
+
+class Awq final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+
+  bool run(Graph& g, const PassContext& ctx) override {
+    const std::int64_t grid = ctx.options.get_int("grid", 20);
+    if (grid < 1 || grid > 1000) throw Error("option grid must be between 1 and 1000, got " + std::to_string(grid));
+    const bool clip = ctx.options.get_bool("clip_search", true);
+    const std::int64_t clip_grid = ctx.options.get_int("clip_grid", 20);
+    if (clip_grid < 1 || clip_grid > 1000)
+      throw Error("option clip_grid must be between 1 and 1000, got " + std::to_string(clip_grid));
+    const double max_shrink = ctx.options.get_double("max_shrink", 0.5);
+    if (!(max_shrink > 0 && max_shrink < 1))
+      throw Error("option max_shrink must be in (0, 1), got " + std::to_string(max_shrink));
+    const std::int64_t budget_mb = ctx.options.get_int("max_gram_mb", 1024);
+    if (budget_mb < 1) throw Error("option max_gram_mb must be positive");
+    if (!ctx.weight_grid)
+      throw Error("needs the weight grids of a quantization config: run it within quantize, qat or prune");
+
+    // X -> its MatMul / Gemm readers, in graph order; X read along another axis too is left.
+    std::map<std::string, std::vector<Reader>> groups;
+    std::vector<std::string> order;
+    for (Node* n : g.nodes()) {
+      auto s = scalable_reader(g, *n, false, false);
+      if (!s) continue;
+      const std::int64_t out_axis = 1 - s->second.weight_axis;
+      auto& readers = groups[n->inputs[0]];
+      if (readers.empty()) order.push_back(n->inputs[0]);
+      readers.push_back({s->second, ctx.weight_grid(*n, 1, out_axis)});
+    }
+    std::vector<std::string> values;
+    for (const auto& x : order) {
+      const auto& readers = groups.at(x);
+      const bool any_quantized = std::any_of(readers.begin(), readers.end(), [](const Reader& r) { return r.grid; });
+      const std::int64_t k = g.initializers.at(readers[0].reader.node->inputs[1]).size(readers[0].reader.weight_axis);
+      const bool same_k = std::all_of(readers.begin(), readers.end(), [&](const Reader& r) {
+        return g.initializers.at(r.reader.node->inputs[1]).size(r.reader.weight_axis) == k;
+      });
+      if (any_quantized && same_k) values.push_back(x);
+    }
+    if (values.empty()) return false;
+    if (!ctx.channel_moments)
+      throw Error("needs calibration data for the activation statistics: run it within quantize, qat or prune");
+
+    bool changed = false;
+    std::size_t scaled = 0, folded = 0, clipped = 0;
+    // Gram matrices are C x C floats: ask for as many values per pass over the data as fit.
+    for (std::size_t first = 0; first < values.size();) {
+      std::vector<PassContext::ChannelRequest> requests;
+      std::int64_t bytes = 0;
+      std::size_t last = first;
+      for (; last < values.size(); ++last) {
+        const auto& r = groups.at(values[last])[0].reader;
+        const std::int64_t c = g.initializers.at(r.node->inputs[1]).size(r.weight_axis);
+        if (!requests.empty() && bytes + c * c * 4 > budget_mb << 20) break;
+        bytes += c * c * 4;
+        requests.push_back({values[last], -1});
+      }
+      const auto moments = ctx.channel_moments(requests);
+      for (std::size_t i = first; i < last; ++i) {
+        const auto& m = moments.at(i - first);
+        if (!m.gram.defined() || m.rows == 0) continue;
+        const auto [s, did_scale] = search_scales(g, groups.at(values[i]), m, grid);
+        auto& readers = groups.at(values[i]);
+        std::vector<ScaledReader> plain;
+        for (const auto& r : readers) plain.push_back(r.reader);
+        if (did_scale) {
+          folded += scale_channels(g, values[i], -1, plain, s, "awq") ? 1 : 0;
+          ++scaled;
+          changed = true;
+        }
+        if (!clip) continue;
+        // The Gram of X / s is G / (s s^T).
+        const at::Tensor gram = did_scale ? m.gram / at::outer(s, s).to(at::kFloat) : m.gram;
+        for (const auto& r : readers) {
+          if (!r.grid) continue;
+          const at::Tensor w = weight_kn(g, r.reader);
+          const at::Tensor c = clip_search(r, w, gram, static_cast<int>(clip_grid), max_shrink);
+          if (at::equal(c, w)) continue;
+          set_weight(g, r.reader, c);
+          ++clipped;
+          changed = true;
+        }
+      }
+      first = last;
+    }
+    sdk::log_info("awq: " + std::to_string(scaled) + " of " + std::to_string(values.size()) +
+                  " activations scaled (" + std::to_string(folded) + " folded into their producer, " +
+                  std::to_string(scaled - folded) + " through an inserted Mul), " + std::to_string(clipped) +
+                  " weights clipped");
+    return changed;
+  }
+
+};
+
+void register_all(Registrar& r) { r.add_pass<Awq>("awq"); }
+
+}  // namespace
+}  // namespace sparsebit::passes
+
+SPARSEBIT_PLUGIN("sparsebit.passes.awq", SPARSEBIT_PLUGIN_VERSION, sparsebit::passes::register_all)
