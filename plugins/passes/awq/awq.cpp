@@ -108,8 +108,8 @@ at::Tensor clip_search(const Reader& r, const at::Tensor& w, const at::Tensor& g
   }
   std::vector<at::Tensor> out;
   for (std::size_t i = 0; i < groups.size(); ++i)
-    out.push_back(at::clamp(w.slice(0, groups[i].first, groups[i].second), best_lo[i].unsqueeze(0),
-                            best_hi[i].unsqueeze(0)));
+    out.push_back(
+        at::clamp(w.slice(0, groups[i].first, groups[i].second), best_lo[i].unsqueeze(0), best_hi[i].unsqueeze(0)));
   return at::cat(out, 0);
 }
 
@@ -236,13 +236,11 @@ class Awq final : public Pass {
       }
       first = last;
     }
-    sdk::log_info("awq: " + std::to_string(scaled) + " of " + std::to_string(values.size()) +
-                  " activations scaled (" + std::to_string(folded) + " folded into their producer, " +
-                  std::to_string(scaled - folded) + " through an inserted Mul), " + std::to_string(clipped) +
-                  " weights clipped");
+    sdk::log_info("awq: " + std::to_string(scaled) + " of " + std::to_string(values.size()) + " activations scaled (" +
+                  std::to_string(folded) + " folded into their producer, " + std::to_string(scaled - folded) +
+                  " through an inserted Mul), " + std::to_string(clipped) + " weights clipped");
     return changed;
   }
-
 };
 
 void register_all(Registrar& r) { r.add_pass<Awq>("awq"); }

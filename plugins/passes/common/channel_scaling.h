@@ -118,8 +118,7 @@ inline bool fold_into_producer(Graph& g, Node* p, std::int64_t x_axis, const at:
   // Weighted producers: their output channel axis of the weight, and the bias input.
   std::int64_t out_axis = -1;
   if (p->op_type == "Conv" && x_axis == 1 && float_constant(g, *p, 1)) out_axis = 0;
-  if (p->op_type == "MatMul" && x_axis == -1 && float_constant(g, *p, 1) &&
-      g.initializers.at(p->inputs[1]).dim() == 2)
+  if (p->op_type == "MatMul" && x_axis == -1 && float_constant(g, *p, 1) && g.initializers.at(p->inputs[1]).dim() == 2)
     out_axis = 1;
   if (p->op_type == "Gemm" && x_axis == -1 && float_constant(g, *p, 1)) out_axis = p->attr_int("transB", 0) ? 0 : 1;
   if (out_axis < 0 || g.initializers.at(p->inputs[1]).size(out_axis) != k) return false;
@@ -133,8 +132,8 @@ inline bool fold_into_producer(Graph& g, Node* p, std::int64_t x_axis, const at:
 /// Divides channel `x_axis` of X by s for `readers` (all reading X as input 0) and multiplies their
 /// weight rows by s: 1/s folds into X's producer when the readers are X's only readers, else a
 /// Mul named after `tag` goes in front of the first reader. Returns whether it folded.
-inline bool scale_channels(Graph& g, const std::string& x, std::int64_t x_axis, const std::vector<ScaledReader>& readers,
-                           const at::Tensor& s, const std::string& tag) {
+inline bool scale_channels(Graph& g, const std::string& x, std::int64_t x_axis,
+                           const std::vector<ScaledReader>& readers, const at::Tensor& s, const std::string& tag) {
   const at::Tensor inv = 1.0 / s.to(at::kDouble);
   const bool folded = read_only_by(g, x, readers.size()) && fold_into_producer(g, g.producer(x), x_axis, inv);
   if (!folded) {

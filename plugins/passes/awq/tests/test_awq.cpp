@@ -257,8 +257,7 @@ TEST(Awq, SaysWhatItNeeds) {
       Error);
   ScheduleEntry bad{"awq", true, Options("[passes.awq]")};
   bad.options.set("max_shrink", 1.5);
-  EXPECT_THROW(run_passes({bad}, Pass::Stage::kSimplify, g, shipped_registry(), nullptr, "t.toml", s.data(b.g)),
-               Error);
+  EXPECT_THROW(run_passes({bad}, Pass::Stage::kSimplify, g, shipped_registry(), nullptr, "t.toml", s.data(b.g)), Error);
 }
 
 }  // namespace
