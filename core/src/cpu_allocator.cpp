@@ -72,6 +72,14 @@ class CachingCpuAllocator final : public c10::Allocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
+  void release_cached() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Block& b : order_) munmap(b.ptr, b.size);
+    order_.clear();
+    by_size_.clear();
+    cached_bytes_ = 0;
+  }
+
   CpuCacheStats stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return {cached_bytes_, hits_, misses_};
@@ -89,8 +97,11 @@ class CachingCpuAllocator final : public c10::Allocator {
   // room for a new one.
   void* take(std::size_t& size) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = by_size_.lower_bound(size);  // the smallest cached block that fits, if not twice too big
-    if (it != by_size_.end()) {
+    // The smallest cached block that fits, unless it is more than half as large again: a
+    // long-lived tensor in a block far larger than itself (the codes of an exported weight in
+    // a block freed by a float activation) would hold the difference until the end.
+    auto it = by_size_.lower_bound(size);
+    if (it != by_size_.end() && it->first - size <= size / 2) {
       void* p = it->second->ptr;
       size = it->first;
       cached_bytes_ -= size;
@@ -159,6 +170,13 @@ bool install_caching_cpu_allocator() {
     return true;
   }();
   return installed;
+}
+
+void release_free_memory() {
+  if (CachingCpuAllocator::instance) CachingCpuAllocator::instance->release_cached();
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 
 CpuCacheStats caching_cpu_allocator_stats() {

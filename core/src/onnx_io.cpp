@@ -1,4 +1,5 @@
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/opset_lift.h"
 
@@ -36,6 +37,7 @@ using proto::attribute_from_proto;
 using proto::attribute_to_proto;
 using proto::kInt4;
 using proto::kUint4;
+using proto::take_tensor_from_proto;
 using proto::tensor_from_proto;
 using proto::tensor_to_proto;
 using proto::value_info_from_proto;
@@ -207,7 +209,11 @@ void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, cons
   for (const auto& v : gp.input()) keep_type(v);
   for (const auto& v : gp.output()) keep_type(v);
   for (const auto& init : gp.initializer()) {
-    g.initializers[init.name()] = tensor_from_proto(init, base, name + ": initializer '" + init.name() + "'");
+    const std::string what = name + ": initializer '" + init.name() + "'";
+    // The main graph is model_from_proto's own (mutable) proto, dropped after reading: its
+    // tensors' bytes move into the IR rather than being copied.
+    g.initializers[init.name()] = main ? take_tensor_from_proto(const_cast<onnx::TensorProto&>(init), base, what)
+                                       : tensor_from_proto(init, base, what);
     if (init.data_type() == kInt4 || init.data_type() == kUint4 || init.data_type() == onnx::TensorProto::UINT16)
       g.narrow_types[init.name()] = init.data_type();
   }
@@ -359,16 +365,18 @@ std::string read_all(std::ifstream& in) {
   in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   return bytes;
 }
+
+[[noreturn]] void not_a_model(const std::string& name) {
+  throw Error(name +
+              ": not a valid ONNX model (protobuf parsing failed: the file is truncated, "
+              "corrupt, or of another format)");
+}
 }  // namespace
 
 Model load_onnx_from_bytes(const std::string& bytes, const std::string& name, const ImportOptions& options) {
   onnx::ModelProto proto;
   if (bytes.empty()) throw Error(name + ": the file is empty, not an ONNX model");
-  if (!proto.ParseFromString(bytes)) {
-    throw Error(name +
-                ": not a valid ONNX model (protobuf parsing failed: the file is truncated, "
-                "corrupt, or of another format)");
-  }
+  if (!proto.ParseFromString(bytes)) not_a_model(name);
   return model_from_proto(proto, name, options);
 }
 
@@ -378,8 +386,16 @@ Model load_onnx(const std::string& path, const ImportOptions& options) {
   if (fs::is_directory(path, ec)) throw Error(path + ": is a folder, expected an .onnx file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot be opened for reading");
-  std::string bytes = read_all(in);
-  return load_onnx_from_bytes(bytes, path, options);
+  if (fs::file_size(path, ec) == 0) throw Error(path + ": the file is empty, not an ONNX model");
+  Model model;
+  {
+    onnx::ModelProto proto;
+    // Parsed from the stream: the file's bytes are never held beside the parsed model.
+    if (!proto.ParseFromIstream(&in)) not_a_model(path);
+    model = model_from_proto(proto, path, options);
+  }
+  release_free_memory();  // what parsing left in the malloc heap
+  return model;
 }
 
 namespace {

@@ -129,11 +129,11 @@ std::string sha1_of_file(const fs::path& file) {
   return os.str();
 }
 
-/// Reads a tensor's external data, confined to the model's folder: the location must be
-/// relative, without "..", and must not resolve (through symlinks) outside the folder; offset
-/// and length are checked against the file before anything is allocated.
-std::string read_external_data(const onnx::TensorProto& p, const fs::path& base_dir, std::int64_t expected,
-                               const std::string& what) {
+/// Reads a tensor's external data into `dest` (`expected` bytes), confined to the model's folder:
+/// the location must be relative, without "..", and must not resolve (through symlinks) outside
+/// the folder; offset and length are checked against the file before anything is read.
+void read_external_data(const onnx::TensorProto& p, const fs::path& base_dir, std::int64_t expected,
+                        const std::string& what, char* dest) {
   std::string location, checksum;
   std::int64_t offset = 0, length = -1;
   for (const auto& kv : p.external_data()) {
@@ -170,9 +170,8 @@ std::string read_external_data(const onnx::TensorProto& p, const fs::path& base_
   }
   std::ifstream in(file, std::ios::binary);
   if (!in) throw Error(what + ": cannot open external data file " + file.string());
-  std::string bytes(static_cast<std::size_t>(length), '\0');
   in.seekg(offset);
-  in.read(bytes.data(), length);
+  in.read(dest, length);
   if (in.gcount() != length)
     throw Error(what + ": could not read " + std::to_string(length) + " bytes from " + file.string());
   if (!checksum.empty()) {
@@ -186,12 +185,27 @@ std::string read_external_data(const onnx::TensorProto& p, const fs::path& base_
                   " does not match its SHA-1 checksum (changed or corrupt)");
     }
   }
-  return bytes;
 }
 
 }  // namespace
 
 namespace proto {
+
+at::Tensor take_tensor_from_proto(onnx::TensorProto& p, const fs::path& base_dir, const std::string& what) {
+  const bool plain = p.data_type() != kInt4 && p.data_type() != kUint4 && p.data_type() != onnx::TensorProto::UINT16 &&
+                     p.data_location() != onnx::TensorProto::EXTERNAL && p.has_raw_data();
+  if (!plain) return tensor_from_proto(p, base_dir, what);
+  std::vector<std::int64_t> shape(p.dims().begin(), p.dims().end());
+  const std::int64_t numel = limits::checked_numel(shape, 1, what);
+  const at::ScalarType st = scalar_type_of(p.data_type(), what);
+  if (numel == 0 || p.raw_data().size() != static_cast<std::size_t>(numel) * c10::elementSize(st))
+    return tensor_from_proto(p, base_dir, what);  // the same checks and messages
+  // The bytes become the tensor's storage: loading holds each weight once, not twice. (A
+  // string's heap buffer is aligned for any scalar type.)
+  std::string* bytes = p.release_raw_data();
+  return at::from_blob(
+      bytes->data(), shape, [bytes](void*) { delete bytes; }, at::TensorOptions().dtype(st));
+}
 
 at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_dir, const std::string& what) {
   std::vector<std::int64_t> shape(p.dims().begin(), p.dims().end());
@@ -215,16 +229,12 @@ at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_di
   const at::ScalarType st = scalar_type_of(p.data_type(), what);
   const std::size_t elem = c10::elementSize(st);
 
-  std::string external;
-  const std::string* raw = nullptr;
   if (p.data_location() == onnx::TensorProto::EXTERNAL) {
-    external = read_external_data(p, base_dir, numel * static_cast<std::int64_t>(elem), what);
-    raw = &external;
-  } else if (p.has_raw_data()) {
-    raw = &p.raw_data();
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(st));
+    read_external_data(p, base_dir, numel * static_cast<std::int64_t>(elem), what, static_cast<char*>(t.data_ptr()));
+    return t;
   }
-
-  if (raw) {
+  if (const std::string* raw = p.has_raw_data() ? &p.raw_data() : nullptr) {
     if (raw->size() != static_cast<std::size_t>(numel) * elem) {
       throw Error(what + " holds " + std::to_string(raw->size()) + " bytes of data, but its shape " +
                   c10::str(at::IntArrayRef(shape)) + " of " + onnx_type_name(p.data_type()) + " needs " +

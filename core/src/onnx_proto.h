@@ -19,6 +19,9 @@ constexpr std::int32_t kUint4 = 21, kInt4 = 22;  // TensorProto.DataType numbers
 /// `what` names it in errors.
 at::Tensor tensor_from_proto(const onnx::TensorProto& p, const std::filesystem::path& base_dir,
                              const std::string& what);
+/// tensor_from_proto for a proto about to be dropped: plain raw data moves into the tensor
+/// without a copy (the proto's raw_data is emptied).
+at::Tensor take_tensor_from_proto(onnx::TensorProto& p, const std::filesystem::path& base_dir, const std::string& what);
 /// `narrow_type`: a 4-bit or 16-bit ONNX type the tensor's wider storage stands for (0: none).
 void tensor_to_proto(const at::Tensor& t, const std::string& name, onnx::TensorProto* p, std::int32_t narrow_type = 0);
 Attribute attribute_from_proto(const onnx::AttributeProto& a, const std::filesystem::path& base,

@@ -1,5 +1,6 @@
 #include "sparsebit/core/quant_model.h"
 
+#include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/matmul_nbits.h"
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/passes.h"
@@ -329,6 +330,7 @@ void QuantModel::set_constant_input(std::size_t node, std::size_t input, const a
 }
 
 Graph QuantModel::export_graph() const {
+  release_free_memory();  // calibration's cached activations: export allocates other sizes
   Graph g = export_qdq(QdqExportInput{model_->graph, model_->meta, *executor_, *slots_, *backend_, config_.backend,
                                       backend_plugin_, trainable_, named_states()});
   if (config_.export_options.weight_format == "matmul_nbits") {

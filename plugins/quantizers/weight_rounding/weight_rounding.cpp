@@ -20,7 +20,8 @@
 //   Options: clip_search (false), grid (20), max_shrink (0.5).
 //
 // The weight is handled as W [N, K] with K along the reduction axis (MatMul's [K, N] weight is
-// transposed); the result is stored once and returned by forward(), on the grid of qparams().
+// transposed); the result is stored once, as integers, and forward() returns it dequantized on
+// the grid of qparams().
 
 #include <ATen/ATen.h>
 
@@ -51,23 +52,26 @@ class WeightRounding : public Quantizer {
 
   void initialize(const QParams& observed) override {
     params_ = observed;
-    solved_ = at::Tensor();
+    codes_ = at::Tensor();
     hessian_ = at::Tensor();
     samples_ = 0;
   }
 
   at::Tensor forward(const at::Tensor& x) override {
     if (!params_.defined()) throw Error(where_ + ": quantizer used before calibration");
-    if (solved_.defined()) {
-      if (x.sizes() != solved_.sizes())
-        throw Error(where_ + ": " + name_ + " solved a weight of shape " + c10::str(solved_.sizes()) + ", got shape " +
-                    c10::str(x.sizes()));
-      if (solved_.device() != x.device()) solved_ = solved_.to(x.device());
-      return solved_.to(x.scalar_type());
-    }
     if (params_.scale.device() != x.device()) {
       params_.scale = params_.scale.to(x.device());
       params_.zero_point = params_.zero_point.to(x.device());
+    }
+    if (codes_.defined()) {
+      if (x.sizes() != codes_.sizes())
+        throw Error(where_ + ": " + name_ + " solved a weight of shape " + c10::str(codes_.sizes()) + ", got shape " +
+                    c10::str(x.sizes()));
+      if (codes_.device() != x.device()) codes_ = codes_.to(x.device());
+      const at::Tensor q = codes_.to(at::kFloat);
+      return ((q - expand_param(params_.zero_point.to(at::kFloat), q, spec_)) *
+              expand_param(params_.scale.to(at::kFloat), q, spec_))
+          .to(x.scalar_type());
     }
     return fake_quantize(x, params_, spec_);
   }
@@ -125,13 +129,17 @@ class WeightRounding : public Quantizer {
     return at::clamp(at::round(w / s) + z, double(spec_.qmin()), double(spec_.qmax()));
   }
 
-  /// Stores the result: W [N, K] on `grid`, mapped back to the weight's orientation.
-  void store(const at::Tensor& dequantized, const Grid& grid, std::int64_t axis, const at::Tensor& weight) {
-    solved_ = (axis == 0 ? dequantized.t() : dequantized).contiguous().to(weight.scalar_type());
+  /// Stores the result: W [N, K] on `grid`, mapped back to the weight's orientation, as its
+  /// integers (a quarter of the float weight's memory at 8 bits and less: a large model's
+  /// solved layers are all held until export).
+  void store(const at::Tensor& dequantized, const Grid& grid, std::int64_t axis) {
     if (spec_.group_size > 0) {
       params_.scale = (axis == 0 ? grid.scale.t() : grid.scale).contiguous();
       params_.zero_point = (axis == 0 ? grid.zero_point.t() : grid.zero_point).contiguous().to(at::kInt);
     }
+    const bool fits_int8 = spec_.qmin() >= -128 && spec_.qmax() <= 127;
+    codes_ = quantize_to_int((axis == 0 ? dequantized.t() : dequantized).contiguous(), params_, spec_)
+                 .to(fits_int8 ? at::kChar : at::kShort);
   }
 
   /// H with dead inputs (never non-zero) made harmless, as the reference does.
@@ -148,7 +156,7 @@ class WeightRounding : public Quantizer {
   std::string where_;
   const char* name_;
   QParams params_;
-  at::Tensor solved_;
+  at::Tensor codes_;  // the solved weight's integers on params_
   at::Tensor hessian_;
   std::int64_t samples_ = 0;
 };
@@ -226,7 +234,7 @@ class GptqQuantizer final : public WeightRounding {
         w.narrow(1, b0 + len, k - b0 - len).sub_(err.mm(u.narrow(0, b0, len).narrow(1, b0 + len, k - b0 - len)));
     }
     if (act_order_) q = q.index_select(1, at::argsort(perm));
-    store(q, grid, axis, weight);
+    store(q, grid, axis);
     hessian_ = at::Tensor();
   }
 
@@ -308,7 +316,7 @@ class RtnQuantizer final : public WeightRounding {
       grid.scale.select(1, c / g).copy_(best_s);
       grid.zero_point.select(1, c / g).copy_(best_z);
     }
-    store(q, grid, axis, weight);
+    store(q, grid, axis);
     if (spec_.group_size == 0) {
       const at::Tensor s = grid.scale.select(1, 0), z = grid.zero_point.select(1, 0).to(at::kInt);
       params_.scale = per_tensor ? s[0].clone() : s.contiguous();

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Peak host memory of weight-only quantization against the model's weight size: a decoder of
+# the given shape (make_tiny_lm.py --shape, one training step: memory does not depend on the
+# values) quantized to INT4 g128 by `sparsebit quantize` with rtn (streaming) and gptq (asym,
+# layer by layer), each process's peak RSS (/usr/bin/time) less the baseline measured in the
+# same run: the peak of `sparsebit plugins`, which loads LibTorch and every plugin and nothing else.
+#
+#   bench/llm/memory.sh [BUILD_DIR] [--shape D,LAYERS,HEADS,FF] [--check RTN_LIMIT,GPTQ_LIMIT]
+#
+# Prints (peak - baseline) / weight bytes per quantizer; --check fails when one exceeds its limit.
+# GPTQ adds one layer's Hessian work (K x K, a few copies, in double precision) on top of what
+# rtn holds, which weighs more the smaller the model.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="$root/build"
+shape="768,6,12,3072"
+limit=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --shape) shape="$2"; shift 2 ;;
+    --check) limit="$2"; shift 2 ;;
+    *) build="$1"; shift ;;
+  esac
+done
+bin="$build/bin/sparsebit"
+work="$build/bench/llm/memory_${shape//,/_}"
+mkdir -p "$work"
+[[ -f "$work/lm/model.onnx" ]] || /usr/bin/python3 "$root/bench/llm/make_tiny_lm.py" "$work/lm" --steps 1 --shape "$shape" > "$work/make.log"
+peak_kb() { /usr/bin/time -f "%M" -o "$work/time" "$@" > /dev/null 2> "$work/stderr" || { cat "$work/stderr"; exit 1; }; cat "$work/time"; }
+base=$(peak_kb "$bin" plugins)
+weights=$(/usr/bin/python3 - "$work/lm/model.onnx" <<'PY'
+import sys, onnx
+from onnx import numpy_helper
+m = onnx.load(sys.argv[1])
+print(sum(numpy_helper.to_array(t).nbytes for t in m.graph.initializer))
+PY
+)
+status=0
+printf 'model: %s parameters bytes %d (shape %s); baseline (sparsebit plugins) %d MiB\n' \
+  "$(/usr/bin/python3 -c "import json;print(json.load(open('$work/lm/info.json'))['parameters'])")" "$weights" "$shape" $((base / 1024))
+echo "| quantizer | mode | peak MiB | (peak - baseline) / weights |"
+echo "|---|---|---:|---:|"
+for q in rtn gptq; do
+  mode=streaming
+  [[ $q == gptq ]] && mode=asym
+  printf '[w]\nqscheme = "per-group-symmetric"\nbits = 4\ngroup_size = 128\nquantizer = "%s"\n[calibration]\nbatch_size = 8\ncount = 8\nmode = "%s"\n' \
+    "$q" "$mode" > "$work/$q.toml"
+  kb=$(peak_kb "$bin" -q quantize "$work/lm/model.onnx" -c "$work/$q.toml" --calib "$work/lm/calib" -o "$work/out_$q.onnx")
+  ratio=$(python3 -c "print(f'{($kb - $base) * 1024 / $weights:.2f}')")
+  echo "| $q | $mode | $((kb / 1024)) | $ratio |"
+  bound="${limit%,*}"
+  [[ $q == gptq ]] && bound="${limit#*,}"
+  if [[ -n "$limit" ]] && python3 -c "import sys; sys.exit(0 if $ratio > $bound else 1)"; then
+    echo "check failed: $q peaks at $ratio times the weights (limit $bound)"
+    status=1
+  fi
+done
+[[ -n "$limit" && $status == 0 ]] && echo "check passed"
+exit $status
