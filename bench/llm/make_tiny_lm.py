@@ -44,13 +44,48 @@ class Block(nn.Module):
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LlamaBlock(nn.Module):
+    """Llama's layout: RMSNorm, separate bias-free q/k/v/o projections, a SwiGLU MLP
+    (down(SiLU(gate(x)) * up(x))). Positions come from the model's learnt table, not rotary
+    embeddings: the weights' shapes and the graph around them are what quantization sees."""
+
+    def __init__(self, d, heads, ff):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = RMSNorm(d), RMSNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.gate, self.up = nn.Linear(d, ff, bias=False), nn.Linear(d, ff, bias=False)
+        self.down = nn.Linear(ff, d, bias=False)
+        self.register_buffer("mask", torch.full((CTX, CTX), float("-inf")).triu(1))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.heads
+        n = self.ln1(x)
+        q, k, v = (p(n).reshape(b, t, h, d // h).transpose(1, 2) for p in (self.q, self.k, self.v))
+        att = torch.softmax(q @ k.transpose(2, 3) * (d // h) ** -0.5 + self.mask, dim=-1)
+        x = x + self.o((att @ v).transpose(1, 2).reshape(b, t, d))
+        n = self.ln2(x)
+        return x + self.down(nn.functional.silu(self.gate(n)) * self.up(n))
+
+
 class TinyLM(nn.Module):
-    def __init__(self, d, layers, heads, ff):
+    def __init__(self, d, layers, heads, ff, llama=False):
         super().__init__()
         self.tok = nn.Embedding(256, d)
         self.pos = nn.Parameter(torch.randn(CTX, d) * 0.02)
-        self.blocks = nn.ModuleList(Block(d, heads, ff) for _ in range(layers))
-        self.ln = nn.LayerNorm(d)
+        self.blocks = nn.ModuleList((LlamaBlock if llama else Block)(d, heads, ff) for _ in range(layers))
+        self.ln = RMSNorm(d) if llama else nn.LayerNorm(d)
         self.head = nn.Linear(d, 256, bias=False)
 
     def forward(self, tokens):
@@ -81,6 +116,8 @@ def main():
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--small", action="store_true", help="a smaller model and fewer steps (CI)")
     ap.add_argument("--shape", help="d_model,layers,heads,ff of a larger model (timing runs)")
+    ap.add_argument("--arch", choices=["gpt", "llama"], default="gpt",
+                    help="gpt: LayerNorm, fused qkv, GELU MLP with biases; llama: RMSNorm, SwiGLU, no biases")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
@@ -89,9 +126,10 @@ def main():
         d, layers, heads, ff = map(int, a.shape.split(","))
     steps = min(a.steps, 150) if a.small else a.steps
     train, held = corpus()
-    model = TinyLM(d, layers, heads, ff)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
+    model = TinyLM(d, layers, heads, ff, llama=a.arch == "llama")
+    if steps > 0:  # --steps 0: the random initial weights (timing and memory runs)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(1)
     start, loss = time.time(), None
     for step in range(steps):
@@ -122,7 +160,8 @@ def main():
         np.save(os.path.join(a.out, "eval", f"{i:04d}.npy"), held[i * CTX:(i + 1) * CTX])
     info = {"d_model": d, "layers": layers, "heads": heads, "ff": ff,
             "parameters": sum(p.numel() for p in model.parameters()), "train_bytes": int(len(train)),
-            "eval_windows": windows, "steps": steps, "final_train_loss": float(loss), "seconds": time.time() - start}
+            "eval_windows": windows, "steps": steps, "arch": a.arch,
+            "final_train_loss": None if loss is None else float(loss), "seconds": time.time() - start}
     json.dump(info, open(os.path.join(a.out, "info.json"), "w"), indent=1)
     print(json.dumps(info))
 
