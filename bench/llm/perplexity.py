@@ -5,7 +5,8 @@
 
 LM_DIR is what make_tiny_lm.py wrote. For FP32 and each weight-only config (INT8 and
 INT4 in groups of 128: RTN, RTN with clip search, GPTQ, GPTQ with act_order, AWQ; UINT4 with zero
-points: RTN, AWQ, AWQ then GPTQ) it quantizes the
+points: RTN, AWQ, AWQ then GPTQ; the last and INT8 with the embedding table quantized too) it
+quantizes the
 model through the Python package (calibration on calib/), measures perplexity on eval/ with
 Sparsebit's simulation, exports both weight formats (blocked DequantizeLinear and MatMulNBits)
 and measures them in ONNX Runtime (bench/llm/ort_perplexity.mjs). Prints a Markdown table.
@@ -38,6 +39,8 @@ METHODS = [
     ("UINT4 g128 RTN", {"w": dict(U4, quantizer="rtn")}),
     ("UINT4 g128 AWQ", dict(AWQ, w=dict(U4, quantizer="rtn"))),
     ("UINT4 g128 AWQ + GPTQ", dict(AWQ, w=dict(U4, quantizer="gptq"))),
+    ("UINT4 g128 AWQ + GPTQ, embedding UINT4", dict(AWQ, w=dict(U4, quantizer="gptq", embeddings=True))),
+    ("INT8 g128 RTN, embedding INT8", {"w": dict(W4, bits=8, quantizer="rtn", embeddings=True)}),
 ]
 
 

@@ -156,8 +156,8 @@ struct Reader {
   void quant_table(const toml::table& t, const std::string& name, QuantTableConfig& out) const {
     const std::string inherited_observer = out.observer, inherited_quantizer = out.quantizer;
     check_keys(t, name,
-               {"qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "reduce_range", "disable",
-                "observer_options", "quantizer_options"});
+               {"qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "reduce_range", "embeddings",
+                "disable", "observer_options", "quantizer_options"});
     out.qscheme = get<std::string>(t, name, "qscheme", out.qscheme, "a string");
     static const std::vector<std::string> schemes = {"per-tensor-symmetric",  "per-tensor-affine",
                                                      "per-channel-symmetric", "per-channel-affine",
@@ -188,6 +188,9 @@ struct Reader {
     if (t.contains("reduce_range") && out.reduce_range && out.bits != 8)  // inherited, it applies at 8 bits only
       throw Error(key_path(name, "reduce_range") +
                   " puts 8-bit weights on a 7-bit grid; it needs bits = 8 (bits = " + std::to_string(out.bits) + ")");
+    out.embeddings = get<bool>(t, name, "embeddings", out.embeddings, "true or false");
+    if (t.contains("embeddings") && name.back() == 'a')
+      throw Error(key_path(name, "embeddings") + ": embedding tables are weights; set it in [w]");
     out.disable = get<bool>(t, name, "disable", out.disable, "true or false");
     for (const char* sub : {"observer_options", "quantizer_options"}) {
       const bool is_observer = std::string(sub) == "observer_options";

@@ -288,6 +288,11 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
     axis = n.op_type == "Gemm" && n.attr_int("transB", 0) ? 1 : 0;
     trans_a = n.op_type == "Gemm" && n.attr_int("transA", 0);
   }
+  if (axis < 0 && w.lookup_table) {  // an embedding has no layer input to solve from
+    sdk::log_info(w.where() + ": embedding table rounded to nearest (quantizer '" + w.quantizer_name +
+                  "' solves the weights of MatMul and Gemm)");
+    return;
+  }
   if (axis < 0) {
     sdk::log_warn(w.where() + ": quantizer '" + w.quantizer_name +
                   "' solves the 2-D weights of MatMul and Gemm from their inputs; this weight (shape " +

@@ -14,29 +14,6 @@
 namespace sparsebit {
 namespace {
 
-/// One float run of `graph` over the samples; `take` sees each value read by some node once per
-/// batch. Returns the number of samples read.
-std::int64_t scan_values(const Graph& graph, const Registry& registry, const PassData& data,
-                         const std::function<void(const std::string&, const at::Tensor&)>& take) {
-  c10::InferenceMode guard;
-  Executor executor(graph, registry);
-  auto samples = data.open();
-  Batcher batcher(*samples, graph.inputs, data.batch_size, data.count);
-  std::int64_t seen = 0;
-  while (auto b = batcher.next()) {
-    std::map<std::string, at::Tensor> feeds;
-    for (std::size_t k = 0; k < b->inputs.size(); ++k) feeds[graph.inputs[k].name] = b->inputs[k];
-    std::set<std::string> done;  // a value read by several nodes is reduced once per batch
-    executor.run(feeds, [&](std::size_t n, std::size_t k, const at::Tensor& x) {
-      if (const std::string& name = executor.flat_node(n).inputs[k]; done.insert(name).second) take(name, x);
-      return x;
-    });
-    seen += b->rows;
-  }
-  if (seen == 0) throw Error("channel statistics: " + samples->describe() + " yielded no samples");
-  return seen;
-}
-
 /// `x` with channel axis `axis` (negative from the end) as the columns of a 2-D [rows, C] view;
 /// undefined for values statistics cannot describe.
 at::Tensor channel_rows(const std::string& name, const at::Tensor& x, std::int64_t axis) {
@@ -49,12 +26,34 @@ at::Tensor channel_rows(const std::string& name, const at::Tensor& x, std::int64
   return x.detach().movedim(axis, -1).reshape({-1, x.size(axis)});
 }
 
-/// Indices of the requests per value name.
-template <class Request>
-std::map<std::string, std::vector<std::size_t>> by_value(const std::vector<Request>& requests) {
+/// One float run of `graph` over the samples; `take(i, name, rows)` sees, per batch, each
+/// requested value once per request i as channel rows [n, C] (values statistics cannot describe
+/// are left out).
+void scan_requests(const Graph& graph, const Registry& registry, const PassData& data,
+                   const std::vector<PassContext::ChannelRequest>& requests,
+                   const std::function<void(std::size_t, const std::string&, const at::Tensor&)>& take) {
+  c10::InferenceMode guard;
   std::map<std::string, std::vector<std::size_t>> wanted;
   for (std::size_t i = 0; i < requests.size(); ++i) wanted[requests[i].first].push_back(i);
-  return wanted;
+  Executor executor(graph, registry);
+  auto samples = data.open();
+  Batcher batcher(*samples, graph.inputs, data.batch_size, data.count);
+  std::int64_t seen = 0;
+  while (auto b = batcher.next()) {
+    std::map<std::string, at::Tensor> feeds;
+    for (std::size_t k = 0; k < b->inputs.size(); ++k) feeds[graph.inputs[k].name] = b->inputs[k];
+    std::set<std::string> done;  // a value read by several nodes is reduced once per batch
+    executor.run(feeds, [&](std::size_t n, std::size_t k, const at::Tensor& x) {
+      const std::string& name = executor.flat_node(n).inputs[k];
+      auto it = wanted.find(name);
+      if (it == wanted.end() || !done.insert(name).second) return x;
+      for (auto i : it->second)
+        if (const at::Tensor rows = channel_rows(name, x, requests[i].second); rows.defined()) take(i, name, rows);
+      return x;
+    });
+    seen += b->rows;
+  }
+  if (seen == 0) throw Error("channel statistics: " + samples->describe() + " yielded no samples");
 }
 
 void same_channels(const at::Tensor& before, const at::Tensor& now, const std::string& name) {
@@ -66,18 +65,11 @@ void same_channels(const at::Tensor& before, const at::Tensor& now, const std::s
 /// magnitude as it goes by.
 std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& registry, const PassData& data,
                                        const std::vector<PassContext::ChannelRequest>& requests) {
-  const auto wanted = by_value(requests);
   std::vector<at::Tensor> result(requests.size());
-  scan_values(graph, registry, data, [&](const std::string& name, const at::Tensor& x) {
-    auto it = wanted.find(name);
-    if (it == wanted.end()) return;
-    for (auto i : it->second) {
-      const at::Tensor rows = channel_rows(name, x, requests[i].second);
-      if (!rows.defined()) continue;
-      const at::Tensor m = rows.abs().amax(0).to(at::kFloat);
-      same_channels(result[i], m, name);
-      result[i] = result[i].defined() ? at::maximum(result[i], m) : m;
-    }
+  scan_requests(graph, registry, data, requests, [&](std::size_t i, const std::string& name, const at::Tensor& rows) {
+    const at::Tensor m = rows.abs().amax(0).to(at::kFloat);
+    same_channels(result[i], m, name);
+    result[i] = result[i].defined() ? at::maximum(result[i], m) : m;
   });
   return result;
 }
@@ -87,27 +79,20 @@ std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& regis
 std::vector<PassContext::ChannelMoments> channel_moments(const Graph& graph, const Registry& registry,
                                                          const PassData& data,
                                                          const std::vector<PassContext::ChannelRequest>& requests) {
-  c10::InferenceMode guard;
-  const auto wanted = by_value(requests);
   std::vector<PassContext::ChannelMoments> result(requests.size());
-  scan_values(graph, registry, data, [&](const std::string& name, const at::Tensor& x) {
-    auto it = wanted.find(name);
-    if (it == wanted.end()) return;
-    for (auto i : it->second) {
-      const at::Tensor rows = channel_rows(name, x, requests[i].second);
-      if (!rows.defined()) continue;
-      const at::Tensor r = rows.to(at::kFloat);
-      auto& m = result[i];
-      same_channels(m.mean_abs, r.select(0, 0), name);
-      if (!m.gram.defined()) {
-        m.mean_abs = at::zeros({r.size(1)}, r.options());
-        m.gram = at::zeros({r.size(1), r.size(1)}, r.options());
-      }
-      m.mean_abs.add_(r.abs().sum(0));
-      m.gram.addmm_(r.t(), r);
-      m.rows += r.size(0);
+  scan_requests(graph, registry, data, requests, [&](std::size_t i, const std::string& name, const at::Tensor& rows) {
+    const at::Tensor r = rows.to(at::kFloat);
+    auto& m = result[i];
+    same_channels(m.mean_abs, r.select(0, 0), name);
+    if (!m.gram.defined()) {
+      m.mean_abs = at::zeros({r.size(1)}, r.options());
+      m.gram = at::zeros({r.size(1), r.size(1)}, r.options());
     }
+    m.mean_abs.add_(r.abs().sum(0));
+    m.gram.addmm_(r.t(), r);
+    m.rows += r.size(0);
   });
+  c10::InferenceMode guard;
   for (auto& m : result) {
     if (m.rows == 0) continue;
     m.mean_abs.div_(static_cast<double>(m.rows));

@@ -121,6 +121,7 @@ QuantSlots::QuantSlots(const Graph& graph, const Executor& executor, const Confi
       // in float: it has no calibration data, and the backend folds it.
       if (specs[k].role == InputRole::kActivation && is_constant(i, n.inputs[k])) continue;
       if (specs[k].role == InputRole::kBias) bias_inputs.push_back(k);
+      else if (specs[k].lookup_table) add_lookup_table(i, k, specs[k].channel_axis);
       else add(i, k, specs[k].role, specs[k].channel_axis);
     }
     if (backend.quantize_bias()) add_bias_slots(i, bias_inputs);
@@ -245,6 +246,20 @@ int QuantSlots::add(std::size_t i, std::size_t k, InputRole role, std::int64_t w
   slot_of_[i][k] = static_cast<int>(slots_.size());
   slots_.push_back(std::move(s));
   return slot_of_[i][k];
+}
+
+// An embedding table is a weight only where the config asks for it and where it is one: a
+// computed or integer "table" (Shape -> Gather chains) stays as it is.
+void QuantSlots::add_lookup_table(std::size_t i, std::size_t k, std::int64_t row_axis) {
+  const Node& n = executor_->flat_node(i);
+  if (!table_for(n, true).embeddings || !is_constant(i, n.inputs[k])) return;
+  const at::Tensor& table = constant(i, n.inputs[k]);
+  if (table.dim() != 2 || !table.is_floating_point()) {
+    sdk::log_debug(n.describe() + ": table '" + n.inputs[k] + "' is not a 2-D float constant; kept as it is");
+    return;
+  }
+  const int idx = add(i, k, InputRole::kWeight, row_axis);
+  if (idx >= 0) slots_[static_cast<std::size_t>(idx)].lookup_table = true;
 }
 
 void QuantSlots::add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs) {

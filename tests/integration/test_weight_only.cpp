@@ -211,6 +211,94 @@ TEST(WeightOnly, AwqAsAQuantizerNamesTheScheduleKey) {
       << msg;
 }
 
+/// ids [n, 5] -> Gather(table [50, 32]) -> MatMul(w [32, 8]) -> y, and an int64 constant looked
+/// up by a second Gather (a shape chain's kind of table) -> d.
+Graph embedding_model() {
+  Graph g;
+  g.opset_imports[""] = 17;
+  g.inputs.push_back(ValueInfo{"ids", 7, false, {}, ""});
+  g.outputs.push_back(ValueInfo{"y", 1, false, {}, ""});
+  g.outputs.push_back(ValueInfo{"d", 7, false, {}, ""});
+  at::manual_seed(31);
+  g.initializers["table"] = at::randn({50, 32}) * at::rand({50, 1}) + 0.2;
+  g.initializers["w"] = at::randn({32, 8}) * 0.3;
+  g.initializers["dims"] = at::tensor(std::vector<std::int64_t>{2, 5, 32}, at::kLong);
+  g.initializers["which"] = at::tensor(1, at::kLong);
+  g.append(testing::make_node("embed", "Gather", {"table", "ids"}, {"e"}));
+  g.append(testing::make_node("proj", "MatMul", {"e", "w"}, {"y"}));
+  g.append(testing::make_node("dim", "Gather", {"dims", "which"}, {"d"}));
+  return g;
+}
+
+/// Affine rounding per group of `group` along `axis` of a 2-D tensor, written out here from
+/// Note [Quantization arithmetic] (range widened to include 0).
+at::Tensor affine_groups(const at::Tensor& x, std::int64_t axis, std::int64_t group, int bits) {
+  const at::Tensor t = axis == 1 ? x : x.t();
+  const std::int64_t rows = t.size(0), n = t.size(1);
+  const at::Tensor blocks = t.reshape({rows, n / group, group});
+  const at::Tensor lo = std::get<0>(blocks.min(-1, true)).clamp_max(0);
+  const at::Tensor hi = std::get<0>(blocks.max(-1, true)).clamp_min(0);
+  const double qmax = (1 << bits) - 1;
+  const at::Tensor scale = ((hi - lo) / qmax).clamp_min(kMinScale);
+  const at::Tensor zp = at::round(-lo / scale).clamp(0, qmax);
+  const at::Tensor q = (at::round(blocks / scale) + zp).clamp(0, qmax);
+  const at::Tensor out = ((q - zp) * scale).reshape({rows, n});
+  return axis == 1 ? out : out.t();
+}
+
+TEST(WeightOnly, EmbeddingTablesAreGroupedAlongTheirRowsWhenAsked) {
+  const std::string w = "[w]\nqscheme = \"per-group-affine\"\nbits = 4\ngroup_size = 16\nquantizer = \"rtn\"\n";
+  const at::Tensor ids = at::randint(0, 50, {4, 5}, at::kLong);
+  Rows data(ids);
+  {  // by default embeddings stay float
+    QuantModel qm(Model{embedding_model(), {}}, Config::from_string(w, "test.toml"), testing::shipped_registry());
+    for (const auto& s : qm.slots()) EXPECT_NE(s.node_name, "embed") << "embeddings stay float unless asked";
+  }
+  QuantModel qm(Model{embedding_model(), {}}, Config::from_string(w + "embeddings = true\n", "test.toml"),
+                testing::shipped_registry());
+  const QuantSlot* table = nullptr;
+  for (const auto& s : qm.slots()) {
+    EXPECT_NE(s.node_name, "dim") << "an integer constant is no embedding";
+    if (s.node_name == "embed") table = &s;
+  }
+  ASSERT_TRUE(table);
+  EXPECT_TRUE(table->lookup_table);
+  EXPECT_EQ(table->input_index, 0u);
+  EXPECT_EQ(table->spec.group_axis, 1) << "groups run along the embedding dimension";
+  qm.calibrate(data);
+  qm.set_quant(true, true);
+  const Graph& g = embedding_model();
+  const at::Tensor expected = at::matmul(
+      affine_groups(g.initializers.at("table"), 1, 16, 4).index_select(0, ids.reshape(-1)).reshape({4, 5, 32}),
+      affine_groups(g.initializers.at("w"), 0, 16, 4));
+  const at::Tensor simulated = qm.forward({ids})[0];
+  EXPECT_TRUE(at::allclose(simulated, expected, 1e-5, 1e-5))
+      << "max diff " << (simulated - expected).abs().max().item<float>();
+
+  for (const char* format : {"dequantize_linear", "matmul_nbits"}) {
+    QuantModel m(
+        Model{embedding_model(), {}},
+        Config::from_string(w + "embeddings = true\n[export]\nweight_format = \"" + format + "\"\n", "test.toml"),
+        testing::shipped_registry());
+    Rows again(ids);
+    m.calibrate(again);
+    Graph out = m.export_graph();
+    const Node* gather = out.find_node("embed");
+    ASSERT_TRUE(gather);
+    const Node* dq = out.producer(gather->inputs[0]);
+    ASSERT_TRUE(dq && dq->op_type == "DequantizeLinear") << format;
+    EXPECT_EQ(dq->attr_int("axis", 0), 1) << format;
+    EXPECT_EQ(dq->attr_int("block_size", 0), 16) << format;
+    EXPECT_EQ(out.narrow_types.at(dq->inputs[0]), 21) << format << ": uint4 integers";
+    Executor ex(out, testing::shipped_registry());
+    const at::Tensor from_export = ex.run({{"ids", ids}})[0];
+    EXPECT_TRUE(at::allclose(from_export, expected, 1e-5, 1e-5))
+        << format << ": max diff " << (from_export - expected).abs().max().item<float>();
+  }
+  const std::string msg = testing::error_of([] { Config::from_string("[a]\nembeddings = true\n", "e.toml"); });
+  EXPECT_NE(msg.find("a.embeddings: embedding tables are weights; set it in [w]"), std::string::npos) << msg;
+}
+
 TEST(WeightOnly, ASpecificEntryTurnsActivationsOnForItsNodes) {
   const Config c = Config::from_string(R"(
 [w]

@@ -284,7 +284,11 @@ at::Tensor checked_indices(const at::Tensor& idx, std::int64_t n, const Node& no
 class QGather final : public NodeQModule {
  public:
   explicit QGather(const OpContext& c) : NodeQModule(c), axis_(c.node.attr_int("axis", 0)) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override {
+    InputSpec table{InputRole::kWeight, axis_};  // an embedding table's rows are what is looked up
+    table.lookup_table = true;
+    return {table};
+  }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     const std::int64_t axis = normalize_axis(axis_, x.dim(), node());

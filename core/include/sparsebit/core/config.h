@@ -81,6 +81,9 @@ struct SPARSEBIT_API QuantTableConfig {
   std::string quantizer = "uniform";
   bool narrow_range = false;
   bool reduce_range = false;  ///< weights only: a 7-bit grid stored in 8 bits (QSpec::reduce_range)
+  /// weights only: also quantize the constant tables of index lookups (Gather's data, an
+  /// embedding), grouped along the row (InputSpec::lookup_table)
+  bool embeddings = false;
   bool disable = false;
   Options observer_options;
   Options quantizer_options;

@@ -33,6 +33,7 @@ struct SPARSEBIT_API QuantSlot {
   std::string op_type;
   std::string tensor;
   InputRole role = InputRole::kActivation;
+  bool lookup_table = false;  ///< a weight read by index (InputSpec::lookup_table)
   QSpec spec;
   std::string observer_name, quantizer_name;
   std::string observer_plugin, quantizer_plugin;  ///< where they come from, for messages
@@ -106,6 +107,7 @@ class SPARSEBIT_API QuantSlots {
  private:
   class State;
   int add(std::size_t node, std::size_t input, InputRole role, std::int64_t weight_axis);
+  void add_lookup_table(std::size_t node, std::size_t input, std::int64_t row_axis);
   void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
   const QuantTableConfig& table_for(const Node& n, bool is_weight) const;
   /// Whether `name` is a constant where flat node `node` reads it, and its current value.

@@ -29,6 +29,10 @@ enum class InputRole {
 struct InputSpec {
   InputRole role = InputRole::kFloat;
   std::int64_t channel_axis = 0;  ///< for kWeight: the output-channel axis of the weight
+  /// kWeight read by index (Gather's data: an embedding table, one row per `channel_axis`
+  /// index). Quantized only where the config asks ([w] embeddings = true) and only when it is a
+  /// constant 2-D float table; otherwise it stays float, never an activation.
+  bool lookup_table = false;
   /// A float constant that quantization-aware training learns (BatchNormalization's scale and
   /// bias); kWeight and kBias constants of quantized nodes are trained anyway.
   bool trainable = false;

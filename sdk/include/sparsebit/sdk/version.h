@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 11;  // 11: PassContext::channel_moments, weight_grid (AWQ)
+inline constexpr std::uint32_t kAbiVersion = 12;  // 12: InputSpec::lookup_table (quantized embeddings)
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 11;
+inline constexpr std::uint32_t kSdkVersionMinor = 12;
 
 }  // namespace sparsebit::sdk
 
