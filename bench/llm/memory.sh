@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # Peak host memory of weight-only quantization against the model's weight size: a decoder of
 # the given shape (make_tiny_lm.py --shape, one training step: memory does not depend on the
-# values) quantized to INT4 g128 by `sparsebit quantize` with rtn (streaming) and gptq (asym,
-# layer by layer), each process's peak RSS (/usr/bin/time) less the baseline measured in the
-# same run: the peak of `sparsebit plugins`, which loads LibTorch and every plugin and nothing else.
+# values) quantized to INT4 g128 by `sparsebit quantize` with rtn (streaming: weight-only reads
+# no data) and gptq (asym, layer by layer), each process's peak RSS (/usr/bin/time) less the
+# baseline measured in the same run: the peak of `sparsebit plugins`, which loads LibTorch and
+# every plugin and nothing else. Each model is measured in one file and with its weights in an
+# external data file, which Sparsebit maps and holds about one layer at a time (Note [Mapped
+# weights] in core/src/mapped_file.h).
 #
 #   bench/llm/memory.sh [BUILD_DIR] [--shape D,LAYERS,HEADS,FF] [--check RTN_LIMIT,GPTQ_LIMIT]
+#                       [--check-external LIMIT]
 #
-# Prints (peak - baseline) / weight bytes per quantizer; --check fails when one exceeds its limit.
-# GPTQ adds one layer's Hessian work (K x K, a few copies, in double precision) on top of what
-# rtn holds, which weighs more the smaller the model.
+# Prints (peak - baseline) / weight bytes per quantizer and layout; --check fails when an
+# in-file run exceeds its limit, --check-external when an external-data run exceeds LIMIT.
+# GPTQ adds one layer's Hessian work (K x K, up to three copies) on top of what rtn holds,
+# which weighs more the smaller the model.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$root/build"
 shape="768,6,12,3072"
 limit=""
+limit_ext=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --shape) shape="$2"; shift 2 ;;
     --check) limit="$2"; shift 2 ;;
+    --check-external) limit_ext="$2"; shift 2 ;;
     *) build="$1"; shift ;;
   esac
 done
@@ -35,25 +42,40 @@ m = onnx.load(sys.argv[1])
 print(sum(numpy_helper.to_array(t).nbytes for t in m.graph.initializer))
 PY
 )
+[[ -f "$work/ext/model.onnx.data" ]] || /usr/bin/python3 - "$work/lm/model.onnx" "$work/ext" <<'PY'
+import os, sys, onnx
+os.makedirs(sys.argv[2], exist_ok=True)
+onnx.save_model(onnx.load(sys.argv[1]), os.path.join(sys.argv[2], "model.onnx"), save_as_external_data=True,
+                all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
+PY
 status=0
 printf 'model: %s parameters bytes %d (shape %s); baseline (sparsebit plugins) %d MiB\n' \
   "$(/usr/bin/python3 -c "import json;print(json.load(open('$work/lm/info.json'))['parameters'])")" "$weights" "$shape" $((base / 1024))
-echo "| quantizer | mode | peak MiB | (peak - baseline) / weights |"
-echo "|---|---|---:|---:|"
-for q in rtn gptq; do
-  mode=streaming
-  [[ $q == gptq ]] && mode=asym
-  printf '[w]\nqscheme = "per-group-symmetric"\nbits = 4\ngroup_size = 128\nquantizer = "%s"\n[calibration]\nbatch_size = 8\ncount = 8\nmode = "%s"\n' \
-    "$q" "$mode" > "$work/$q.toml"
-  kb=$(peak_kb "$bin" -q quantize "$work/lm/model.onnx" -c "$work/$q.toml" --calib "$work/lm/calib" -o "$work/out_$q.onnx")
-  ratio=$(python3 -c "print(f'{($kb - $base) * 1024 / $weights:.2f}')")
-  echo "| $q | $mode | $((kb / 1024)) | $ratio |"
-  bound="${limit%,*}"
-  [[ $q == gptq ]] && bound="${limit#*,}"
-  if [[ -n "$limit" ]] && python3 -c "import sys; sys.exit(0 if $ratio > $bound else 1)"; then
-    echo "check failed: $q peaks at $ratio times the weights (limit $bound)"
-    status=1
-  fi
+echo "| quantizer | mode | weights | peak MiB | (peak - baseline) / weights |"
+echo "|---|---|---|---:|---:|"
+for layout in in-file external; do
+  model="$work/lm/model.onnx"
+  [[ $layout == external ]] && model="$work/ext/model.onnx"
+  for q in rtn gptq; do
+    mode=streaming
+    [[ $q == gptq ]] && mode=asym
+    printf '[w]\nqscheme = "per-group-symmetric"\nbits = 4\ngroup_size = 128\nquantizer = "%s"\n[calibration]\nbatch_size = 8\ncount = 8\nmode = "%s"\n' \
+      "$q" "$mode" > "$work/$q.toml"
+    kb=$(peak_kb "$bin" -q quantize "$model" -c "$work/$q.toml" --calib "$work/lm/calib" -o "$work/out_${q}_$layout.onnx")
+    ratio=$(python3 -c "print(f'{($kb - $base) * 1024 / $weights:.2f}')")
+    echo "| $q | $mode | $layout | $((kb / 1024)) | $ratio |"
+    bound="${limit%,*}"
+    [[ $q == gptq ]] && bound="${limit#*,}"
+    [[ $layout == external ]] && bound="$limit_ext"
+    if [[ -n "$bound" ]] && python3 -c "import sys; sys.exit(0 if $ratio > $bound else 1)"; then
+      echo "check failed: $q ($layout) peaks at $ratio times the weights (limit $bound)"
+      status=1
+    fi
+  done
 done
-[[ -n "$limit" && $status == 0 ]] && echo "check passed"
+for q in rtn gptq; do  # the same weights give the same file, mapped or read
+  cmp -s "$work/out_${q}_in-file.onnx" "$work/out_${q}_external.onnx" ||
+    { echo "check failed: $q's export differs between the two layouts"; status=1; }
+done
+[[ ( -n "$limit" || -n "$limit_ext" ) && $status == 0 ]] && echo "check passed"
 exit $status

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "layerwise.h"
+#include "mapped_file.h"
 #include "plugin_call.h"
 #include "sparsebit/core/passes.h"
 #include "sparsebit/core/quant_model.h"
@@ -344,6 +345,8 @@ void LayerwiseRunner::run_layer_passes(std::size_t i, CalibrationStats& stats) {
 
 void LayerwiseRunner::release(std::size_t i) {
   const Node& n = *nodes_[i];
+  for (const auto& name : n.inputs)  // the layer is done: its mapped weights may leave memory
+    if (auto c = ex_.constants().find(name); c != ex_.constants().end()) page_out(c->second);
   auto drop = [&](const std::string& name) {
     for (auto& v : fp_) v.erase(name);
     for (auto& v : q_) v.erase(name);

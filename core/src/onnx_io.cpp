@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "limits.h"
+#include "mapped_file.h"
 #include "onnx_proto.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/sdk/error.h"
@@ -482,6 +483,7 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
     auto narrow = graph.narrow_types.find(kv.first);
     tensor_to_proto(kv.second, kv.first, gp->add_initializer(),
                     narrow == graph.narrow_types.end() ? 0 : narrow->second);
+    page_out(kv.second);  // Note [Mapped weights]
   }
   std::set<std::string> names;
   write_nodes(graph, gp, names, meta.value_types);

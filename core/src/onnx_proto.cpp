@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "limits.h"
+#include "mapped_file.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
@@ -129,11 +130,16 @@ std::string sha1_of_file(const fs::path& file) {
   return os.str();
 }
 
-/// Reads a tensor's external data into `dest` (`expected` bytes), confined to the model's folder:
-/// the location must be relative, without "..", and must not resolve (through symlinks) outside
-/// the folder; offset and length are checked against the file before anything is read.
-void read_external_data(const onnx::TensorProto& p, const fs::path& base_dir, std::int64_t expected,
-                        const std::string& what, char* dest) {
+struct ExternalSpan {
+  fs::path file;
+  std::int64_t offset = 0, length = 0;
+};
+
+/// Where a tensor's external data lies (`expected` bytes), confined to the model's folder: the
+/// location must be relative, without "..", and must not resolve (through symlinks) outside the
+/// folder; offset, length and checksum are checked against the file before anything is read.
+ExternalSpan locate_external_data(const onnx::TensorProto& p, const fs::path& base_dir, std::int64_t expected,
+                                  const std::string& what) {
   std::string location, checksum;
   std::int64_t offset = 0, length = -1;
   for (const auto& kv : p.external_data()) {
@@ -168,12 +174,6 @@ void read_external_data(const onnx::TensorProto& p, const fs::path& base_dir, st
     throw Error(what + ": external data file " + file.string() + " (" + std::to_string(size) +
                 " bytes) is shorter than offset " + std::to_string(offset) + " + length " + std::to_string(length));
   }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error(what + ": cannot open external data file " + file.string());
-  in.seekg(offset);
-  in.read(dest, length);
-  if (in.gcount() != length)
-    throw Error(what + ": could not read " + std::to_string(length) + " bytes from " + file.string());
   if (!checksum.empty()) {
     // The spec's checksum covers the whole file, which tensors usually share: hash it once.
     static thread_local std::map<std::string, std::string> hashed;
@@ -185,6 +185,26 @@ void read_external_data(const onnx::TensorProto& p, const fs::path& base_dir, st
                   " does not match its SHA-1 checksum (changed or corrupt)");
     }
   }
+  return {file, offset, length};
+}
+
+/// Tensors at least this large are mapped rather than read (Note [Mapped weights]).
+constexpr std::int64_t kMapBytes = 1 << 20;
+
+at::Tensor external_tensor(const onnx::TensorProto& p, const fs::path& base_dir, const std::vector<std::int64_t>& shape,
+                           std::int64_t numel, at::ScalarType st, const std::string& what) {
+  const ExternalSpan span =
+      locate_external_data(p, base_dir, numel * static_cast<std::int64_t>(c10::elementSize(st)), what);
+  if (span.length >= kMapBytes)
+    if (at::Tensor t = map_tensor(span.file, span.offset, shape, st); t.defined()) return t;
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(st));
+  std::ifstream in(span.file, std::ios::binary);
+  if (!in) throw Error(what + ": cannot open external data file " + span.file.string());
+  in.seekg(span.offset);
+  in.read(static_cast<char*>(t.data_ptr()), span.length);
+  if (in.gcount() != span.length)
+    throw Error(what + ": could not read " + std::to_string(span.length) + " bytes from " + span.file.string());
+  return t;
 }
 
 }  // namespace
@@ -229,11 +249,7 @@ at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_di
   const at::ScalarType st = scalar_type_of(p.data_type(), what);
   const std::size_t elem = c10::elementSize(st);
 
-  if (p.data_location() == onnx::TensorProto::EXTERNAL) {
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(st));
-    read_external_data(p, base_dir, numel * static_cast<std::int64_t>(elem), what, static_cast<char*>(t.data_ptr()));
-    return t;
-  }
+  if (p.data_location() == onnx::TensorProto::EXTERNAL) return external_tensor(p, base_dir, shape, numel, st, what);
   if (const std::string* raw = p.has_raw_data() ? &p.raw_data() : nullptr) {
     if (raw->size() != static_cast<std::size_t>(numel) * elem) {
       throw Error(what + " holds " + std::to_string(raw->size()) + " bytes of data, but its shape " +

@@ -142,8 +142,11 @@ CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, 
   CalibrationStats stats = qm.calibrate(data, stage(progress, "calibrating"));
   qm.executor().set_op_timing(false);
   end_step(progress);
-  spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples,
-               stats.seconds);
+  if (stats.samples == 0)  // weight-only, streaming: nothing needed the data
+    spdlog::info("calibrated {} quantized weights in {:.2f} s", qm.slots().size(), stats.seconds);
+  else
+    spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples,
+                 stats.seconds);
   if (timing) {
     log_op_times(qm.executor().op_times(), stats.seconds);
     const CpuCacheStats c = caching_cpu_allocator_stats();

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "qdq_export.h"
+#include "mapped_file.h"
 
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/quant_model.h"
@@ -245,6 +246,7 @@ Graph export_qdq(const QdqExportInput& in) {
         value = s.quantizer->forward(value);
       }
       h.initializers[quantized] = quantize_to_int(value.detach().to(at::kCPU), p, s.spec).to(qtype);
+      page_out(constant(s));  // Note [Mapped weights]: one weight in memory at a time
       if (narrow) h.narrow_types[quantized] = narrow;
     } else {
       Node q;

@@ -274,8 +274,14 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   const std::int64_t total =
       config_.calibration.count > 0 ? config_.calibration.count : data.num_samples().value_or(-1);
   const at::Device device(config_.calibration.device);
+  // Weights are observed from the constants when the slots finish; only activations need the
+  // data. Weight-only models skip the passes (and never page a mapped model in as a whole).
+  const bool reads_data = std::any_of(slots().begin(), slots().end(), [](const QuantSlot& s) {
+    return s.active() && s.role == InputRole::kActivation;
+  });
+  if (!reads_data) sdk::log_info("only weights are quantized: the calibration data is not read");
   // Memory is independent of the sample count: one batch in flight, observers stream.
-  while (auto b = batcher.next()) {
+  while (auto b = reads_data ? batcher.next() : std::nullopt) {
     std::map<std::string, at::Tensor> feeds;
     for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = b->inputs[i].to(device);
     executor_->run(feeds, [this](std::size_t n, std::size_t k, const at::Tensor& x) {
@@ -286,7 +292,7 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
     ++stats.batches;
     if (progress) progress(stats.samples, total);
   }
-  if (stats.samples == 0) throw Error("the calibration data " + data.describe() + " yielded no samples");
+  if (stats.samples == 0 && reads_data) throw Error("the calibration data " + data.describe() + " yielded no samples");
   inference.reset();
   const auto params_start = std::chrono::steady_clock::now();
   {

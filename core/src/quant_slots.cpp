@@ -6,6 +6,7 @@
 #include <map>
 
 #include "glob.h"
+#include "mapped_file.h"
 #include "plugin_call.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
@@ -411,6 +412,7 @@ void QuantSlots::finish(QuantSlot& s) {
   if (s.role == InputRole::kWeight) {
     plugin_call(s, true, "reset", [&] { s.observer->reset(); });
     plugin_call(s, true, "observe", [&] { s.observer->observe(constant(s.node_index, s.tensor)); });
+    page_out(constant(s.node_index, s.tensor));  // Note [Mapped weights]
   }
   const QParams p = plugin_call(s, true, "compute", [&] { return s.observer->compute(); });
   check_qparams(s, p, "compute");

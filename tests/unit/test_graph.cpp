@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/error.h"
@@ -204,6 +208,55 @@ TEST(OnnxIO, RoundTripKeepsNodesAttributesAndInitializers) {
   }
   for (const auto& [name, t] : m.graph.initializers)
     EXPECT_TRUE(at::equal(t, back.graph.initializers.at(name))) << name;
+}
+
+std::int64_t rss_kib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Note [Mapped weights]: a large tensor of external data is read only when touched, a change
+// made in place (as a pass scales a weight) stays in memory and never reaches the file, and
+// writing the model over its own files leaves the loaded tensors intact.
+TEST(OnnxIO, ExternalWeightsAreMappedCopyOnWrite) {
+  testing::TempDir dir;
+  Graph g;
+  g.opset_imports[""] = 17;
+  g.inputs.push_back(ValueInfo{"x", 1, false, {}, ""});
+  g.outputs.push_back(ValueInfo{"y", 1, false, {}, ""});
+  g.initializers["w"] = at::randn({1024, 16384});  // 64 MiB
+  g.initializers["small"] = at::randn({16, 16});
+  g.append(testing::make_node("mm", "MatMul", {"x", "w"}, {"y"}));
+  ExportOptions ext;
+  ext.external_data = true;
+  ext.run_checker = false;  // a bare graph without value shapes
+  save_onnx(g, ModelMeta{}, dir / "m.onnx", ext);
+  const std::string data_before = file_bytes(dir / "m.onnx.data");
+
+  const std::int64_t before = rss_kib();
+  Model m = load_onnx(dir / "m.onnx");
+  const std::int64_t loaded = rss_kib();
+  EXPECT_LT(loaded - before, 32 * 1024) << "the 64 MiB weight is not read at load";
+  at::Tensor w = m.graph.initializers.at("w");
+  ASSERT_TRUE(at::equal(w, g.initializers.at("w")));
+  EXPECT_GT(rss_kib() - loaded, 48 * 1024) << "reading it brings it in";
+  EXPECT_TRUE(at::equal(m.graph.initializers.at("small"), g.initializers.at("small")));
+
+  w.mul_(2);  // in place, as a pass folds a scale
+  EXPECT_TRUE(at::equal(w, g.initializers.at("w") * 2));
+  EXPECT_EQ(file_bytes(dir / "m.onnx.data"), data_before) << "the change stays in memory";
+
+  save_onnx(m.graph, m.meta, dir / "m.onnx", ext);  // over the files the tensor is mapped from
+  EXPECT_TRUE(at::equal(w, g.initializers.at("w") * 2));
+  Model back = load_onnx(dir / "m.onnx");
+  EXPECT_TRUE(at::equal(back.graph.initializers.at("w"), g.initializers.at("w") * 2));
 }
 
 TEST(OnnxIO, OldOpsetsAreLiftedTo13) {

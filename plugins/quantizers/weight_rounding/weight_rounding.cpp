@@ -142,10 +142,13 @@ class WeightRounding : public Quantizer {
                  .to(fits_int8 ? at::kChar : at::kShort);
   }
 
-  /// H with dead inputs (never non-zero) made harmless, as the reference does.
-  at::Tensor prepared_hessian(at::Tensor& w) const {
+  /// H with dead inputs (never non-zero) made harmless, as the reference does. Takes the
+  /// accumulated Hessian (solving is its last use): a K x K matrix is the largest thing a layer
+  /// holds, so copies of it count.
+  at::Tensor prepared_hessian(at::Tensor& w) {
     if (!hessian_.defined()) throw Error(where_ + ": " + name_ + " solved without layer inputs");
-    at::Tensor h = hessian_.clone();
+    at::Tensor h = std::move(hessian_);
+    hessian_ = at::Tensor();
     const at::Tensor dead = h.diagonal() == 0;
     h.diagonal().masked_fill_(dead, 1.0);
     w.masked_fill_(dead.unsqueeze(0), 0.0);
@@ -195,7 +198,7 @@ class GptqQuantizer final : public WeightRounding {
       w = w.index_select(1, perm);
       h = h.index_select(0, perm).index_select(1, perm);
     }
-    const at::Tensor u = inverse_factor(h);
+    const at::Tensor u = inverse_factor(std::move(h));
     std::vector<std::int64_t> original;  // act_order: the original column of each position
     if (act_order_) {
       const at::Tensor p = perm.to(at::kCPU).contiguous();
@@ -204,7 +207,6 @@ class GptqQuantizer final : public WeightRounding {
     // Blocks never cut a group, so a group's parameters come from its fully updated columns.
     const std::int64_t block = groups ? std::max<std::int64_t>(1, block_ / g) * g : block_;
     at::Tensor q = at::empty_like(w);
-    at::Tensor col_scale = at::empty({n, k}, w.options()), col_zero = at::empty({n, k}, w.options());
     for (std::int64_t b0 = 0; b0 < k; b0 += block) {
       const std::int64_t len = std::min(block, k - b0);
       at::Tensor w1 = w.narrow(1, b0, len).clone();
@@ -240,14 +242,18 @@ class GptqQuantizer final : public WeightRounding {
 
  private:
   /// The upper Cholesky factor of H^-1 after damping; more damping where H is too ill-conditioned.
-  at::Tensor inverse_factor(const at::Tensor& h) const {
+  /// Damps H in place (its diagonal is kept to retry): three K x K matrices at most, not five.
+  at::Tensor inverse_factor(at::Tensor h) const {
+    const double mean = h.diagonal().mean().item<double>();
+    const at::Tensor diagonal = h.diagonal().clone();
     double damp = damp_;
     for (int attempt = 0; attempt < 4; ++attempt, damp *= 10) {
-      at::Tensor hd = h.clone();
-      hd.diagonal().add_(damp * hd.diagonal().mean().item<double>());
-      auto [l, info] = at::linalg_cholesky_ex(hd);
+      h.diagonal().copy_(diagonal).add_(damp * mean);
+      auto [l, info] = at::linalg_cholesky_ex(h);
       if (info.item<std::int64_t>() != 0) continue;
-      auto [u, info2] = at::linalg_cholesky_ex(at::cholesky_inverse(l), /*upper=*/true);
+      at::Tensor inverse = at::cholesky_inverse(l);
+      l = at::Tensor();
+      auto [u, info2] = at::linalg_cholesky_ex(inverse, /*upper=*/true);
       if (info2.item<std::int64_t>() != 0) continue;
       if (damp != damp_)
         sdk::log_warn(where_ + ": gptq: the layer's input Hessian needed damp = " + std::to_string(damp) +
