@@ -8,6 +8,7 @@
 #include <chrono>
 #include <set>
 
+#include "mapped_file.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/version.h"
 #include "sparsebit/core/registry.h"
@@ -205,7 +206,11 @@ void Executor::to(const std::string& device) {
     at::globalContext().setAllowTF32CuDNN(false);
     at::globalContext().setAllowTF32CuBLAS(false);
   }
-  for (auto& kv : constants_) kv.second = kv.second.to(d);
+  for (auto& kv : constants_) {
+    at::Tensor moved = kv.second.to(d);
+    if (!moved.is_same(kv.second)) page_out(kv.second);  // Note [Mapped weights]: the device holds it now
+    kv.second = std::move(moved);
+  }
   for (auto& [index, cf] : control_)
     for (auto& [name, body] : cf->bodies) body->to(device);
 }
