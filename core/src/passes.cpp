@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "mapped_file.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
@@ -54,6 +55,7 @@ void scan_requests(const Graph& graph, const Registry& registry, const PassData&
     seen += b->rows;
   }
   if (seen == 0) throw Error("channel statistics: " + samples->describe() + " yielded no samples");
+  for (const auto& [name, t] : graph.initializers) page_out(t);  // Note [Mapped weights]: the run read them all
 }
 
 void same_channels(const at::Tensor& before, const at::Tensor& now, const std::string& name) {

@@ -144,10 +144,8 @@ std::pair<at::Tensor, bool> search_scales(const Graph& g, const std::vector<Read
 /// Replaces constant input 1 of `n` with `value` given [K, N], laid out as the reader's weight,
 /// under a fresh name (the old one may be shared).
 void set_weight(Graph& g, const ScaledReader& r, const at::Tensor& value) {
-  const at::Tensor& old = g.initializers.at(r.node->inputs[1]);
-  const std::string name = g.unique_name(r.node->inputs[1] + "_clipped");
-  g.initializers[name] = (r.weight_axis == 0 ? value : value.t()).to(old.scalar_type()).contiguous();
-  r.node->inputs[1] = name;
+  const at::ScalarType type = g.initializers.at(r.node->inputs[1]).scalar_type();
+  replace_constant(g, *r.node, 1, (r.weight_axis == 0 ? value : value.t()).to(type).contiguous(), "_clipped");
 }
 
 class Awq final : public Pass {
@@ -208,9 +206,9 @@ class Awq final : public Pass {
         bytes += c * c * 4;
         requests.push_back({values[last], -1});
       }
-      const auto moments = ctx.channel_moments(requests);
+      auto moments = ctx.channel_moments(requests);
       for (std::size_t i = first; i < last; ++i) {
-        const auto& m = moments.at(i - first);
+        const PassContext::ChannelMoments m = std::move(moments.at(i - first));  // freed after its value
         if (!m.gram.defined() || m.rows == 0) continue;
         const auto [s, did_scale] = search_scales(g, groups.at(values[i]), m, grid);
         auto& readers = groups.at(values[i]);

@@ -49,14 +49,27 @@ inline std::optional<std::pair<std::int64_t, ScaledReader>> scalable_reader(cons
   return std::nullopt;
 }
 
-/// Multiplies `axis` of constant input `i` of `n` by `s` (a fresh initializer: others may share it).
+/// Points constant input `i` of `n` at `value` under a fresh name (others may share the old
+/// one) and drops the old initializer once nothing reads it, so a model whose weights are all
+/// rewritten holds one version of them, not two.
+inline void replace_constant(Graph& g, Node& n, std::size_t i, at::Tensor value, const std::string& suffix) {
+  const std::string old = n.inputs[i], name = g.unique_name(old + suffix);
+  g.initializers[name] = std::move(value);
+  n.inputs[i] = name;
+  if (g.is_graph_output(old) || !g.consumers(old).empty()) return;
+  for (const Node* m : g.nodes())
+    for (const auto& v : m->implicit_inputs())
+      if (v == old) return;
+  g.initializers.erase(old);
+}
+
+/// Multiplies `axis` of constant input `i` of `n` by `s`.
 inline void scale_constant(Graph& g, Node& n, std::size_t i, std::int64_t axis, const at::Tensor& s) {
   const at::Tensor& w = g.initializers.at(n.inputs[i]);
   std::vector<std::int64_t> shape(static_cast<std::size_t>(w.dim()), 1);
   shape[static_cast<std::size_t>(axis)] = s.numel();
-  const std::string name = g.unique_name(n.inputs[i] + "_scaled");
-  g.initializers[name] = (w.to(at::kDouble) * s.to(at::kDouble).reshape(shape)).to(w.scalar_type()).contiguous();
-  n.inputs[i] = name;
+  replace_constant(g, n, i, (w.to(at::kDouble) * s.to(at::kDouble).reshape(shape)).to(w.scalar_type()).contiguous(),
+                   "_scaled");
 }
 
 /// True when `value` is read by exactly the nodes in `readers` (counted with multiplicity) and is

@@ -196,6 +196,8 @@ TEST(Awq, ClipSearchLowersTheOutputErrorFurther) {
   Graph clipped = awq(b.g, s, true);
   // No activation outliers: the scales may stay 1; the weights were clipped.
   EXPECT_NE(clipped.find_node("fc")->inputs[1], "w");
+  for (const auto& [name, t] : clipped.initializers)  // replaced weights are not kept beside the new ones
+    EXPECT_FALSE(clipped.consumers(name).empty()) << name << " is no longer read";
   const double e_clip = error_of(clipped);
   std::printf("output error: plain %.4g, clipped %.4g\n", e_plain, e_clip);
   EXPECT_LT(e_clip, 0.9 * e_plain);
