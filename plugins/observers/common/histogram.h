@@ -3,12 +3,17 @@
 // of the SDK).
 //
 // Note [Streaming histogram]
-// Counts live in B bins (B even) over a symmetric range [-R, R], one row per channel. When a
-// batch exceeds R, R doubles and every pair of bins merges exactly into one bin of the new
-// grid (bin 2m and 2m+1 become bin B/4 + m), so no count is ever smeared and memory stays
-// C x B whatever the number of samples. The resolution is at worst B/2 bins over the final
-// [-max|x|, max|x|]. Exact per-channel minimum, maximum, sum, count and number of exact zeros
-// are kept beside it (the zeros sit in the bin right of 0; see Note [KL and the zero spike]).
+// Counts live in B bins (B even) over a symmetric range [-R, R], one row per channel. For
+// activations R is a power of two, the smallest above max|x|; when a batch reaches R, R doubles and every pair of
+// bins merges exactly into one bin of the new grid (bin 2m and 2m+1 become bin B/4 + m), so no
+// count is ever smeared and memory stays C x B whatever the number of samples. Because R is a
+// power of two, the final grid depends only on the largest |x| seen, never on the order of the
+// batches: histograms of parts of the data (several processes, Note [Distributed observers])
+// merge into exactly the counts of one histogram of all of it (for power-of-two B, where bin
+// edges are exact). The resolution is at worst B/4 bins over the final [-max|x|, max|x|]. A
+// weight, observed once, keeps R = max|x| (all B bins over its range).
+// Exact per-channel minimum, maximum, sum, count and number of exact zeros are kept beside it
+// (the zeros sit in the bin right of 0; see Note [KL and the zero spike]).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,12 +33,17 @@ namespace sparsebit::observers {
 
 class StreamingHistogram {
  public:
-  explicit StreamingHistogram(std::int64_t bins = 4096) : bins_(bins) {}
+  /// `order_free`: ranges are powers of two (Note [Streaming histogram]), so parts of the data
+  /// merge exactly; otherwise the first range is the first batch's max |x| (a tensor observed
+  /// once, such as a weight, then gets all B bins over exactly [-max|x|, max|x|]).
+  explicit StreamingHistogram(std::int64_t bins = 4096, bool order_free = true)
+      : bins_(bins), order_free_(order_free) {}
 
   /// x: [C, N] (rows are channels; per tensor: C = 1).
   void add(const at::Tensor& x_in) {
     at::Tensor x = x_in.detach().to(at::kFloat);
     if (x.size(1) == 0) return;
+    const bool first = !counts_.defined();
     const std::int64_t channels = x.size(0);
     at::Tensor lo, hi, sum, zeros;
     if (x.device().is_cpu()) {
@@ -63,8 +73,18 @@ class StreamingHistogram {
     count_ += x.size(1);
     const double amax = std::max(-lo.min().item<double>(), hi.max().item<double>());
     if (!std::isfinite(amax)) throw Error("the data contains NaN or Inf");
-    if (range_ == 0) range_ = amax > 0 ? amax : 1e-12;
-    while (amax > range_) grow();
+    if (!order_free_) {
+      if (range_ == 0) range_ = amax > 0 ? amax : 1e-12;
+      while (amax > range_) grow();
+    } else if (range_ == 0) {
+      range_ = std::ldexp(1.0, kSmallestRangeExponent);
+    }
+    if (order_free_ && amax >= range_) {
+      int e = 0;
+      std::frexp(amax, &e);  // amax < 2^e <= 2 amax
+      if (first) range_ = std::ldexp(1.0, e);
+      while (range_ < std::ldexp(1.0, e)) grow();
+    }
     // Bin index of each value; the right edge R belongs to the last bin.
     counts_ += histogram_counts(x, range_, bins_).to(at::kCPU, at::kDouble);
   }
@@ -107,6 +127,48 @@ class StreamingHistogram {
     const std::int64_t half = bins_ / 2;
     at::Tensor row = counts_[c];
     return row.narrow(0, half, half) + row.narrow(0, 0, half).flip(0);
+  }
+
+  /// Everything above as tensors (Note [Distributed observers]); empty when nothing was added.
+  std::vector<at::Tensor> state() const {
+    if (empty()) return {};
+    const auto opts = at::TensorOptions().dtype(at::kDouble);
+    at::Tensor meta = at::tensor({range_, double(count_), double(bins_)}, opts);
+    return {counts_, min_, max_, sum_, zeros_, meta};
+  }
+
+  /// Adds another histogram's state(): the finer grid grows to the coarser one's range, then
+  /// counts add bin by bin.
+  void merge(const std::vector<at::Tensor>& other) {
+    if (other.empty()) return;
+    if (other.size() != 6 || other[5].numel() != 3) throw Error("not the state of a streaming histogram");
+    const at::Tensor meta = other[5].to(at::kCPU, at::kDouble);
+    const double range = meta[0].item<double>();
+    if (std::int64_t(meta[2].item<double>()) != bins_)
+      throw Error("histograms of " + std::to_string(bins_) + " and " +
+                  std::to_string(std::int64_t(meta[2].item<double>())) + " bins cannot be merged");
+    at::Tensor counts = other[0].to(at::kCPU, at::kDouble);
+    if (empty()) {
+      counts_ = counts.clone();
+      min_ = other[1].to(at::kCPU, at::kDouble).clone();
+      max_ = other[2].to(at::kCPU, at::kDouble).clone();
+      sum_ = other[3].to(at::kCPU, at::kDouble).clone();
+      zeros_ = other[4].to(at::kCPU, at::kDouble).clone();
+      range_ = range;
+      count_ = std::int64_t(meta[1].item<double>());
+      return;
+    }
+    if (counts.size(0) != counts_.size(0))
+      throw Error("histograms of " + std::to_string(counts_.size(0)) + " and " + std::to_string(counts.size(0)) +
+                  " channels cannot be merged");
+    while (range_ < range) grow();
+    for (double r = range; r < range_; r *= 2) counts = merged_pairs(counts);
+    counts_ += counts;
+    min_ = at::minimum(min_, other[1].to(at::kCPU, at::kDouble));
+    max_ = at::maximum(max_, other[2].to(at::kCPU, at::kDouble));
+    sum_ += other[3].to(at::kCPU, at::kDouble);
+    zeros_ += other[4].to(at::kCPU, at::kDouble);
+    count_ += std::int64_t(meta[1].item<double>());
   }
 
   void reset() {
@@ -168,19 +230,38 @@ class StreamingHistogram {
     return {lo.to(at::kDouble), hi.to(at::kDouble), sum, zero};
   }
 
+  /// The counts of `counts` on the grid of twice its range.
+  at::Tensor merged_pairs(const at::Tensor& counts) const {
+    const std::int64_t c = counts.size(0), half = bins_ / 2;
+    at::Tensor merged = counts.reshape({c, half, 2}).sum(2);
+    at::Tensor out = at::zeros_like(counts);
+    out.narrow(1, bins_ / 4, half).copy_(merged);
+    return out;
+  }
+
   void grow() {
-    const std::int64_t c = counts_.size(0), half = bins_ / 2;
-    at::Tensor merged = counts_.reshape({c, half, 2}).sum(2);
-    counts_ = at::zeros_like(counts_);
-    counts_.narrow(1, bins_ / 4, half).copy_(merged);
+    counts_ = merged_pairs(counts_);
     range_ *= 2;
   }
 
+  /// The first range: 2^-40, below any activation worth a scale; all-zero data keeps it.
+  static constexpr int kSmallestRangeExponent = -40;
+
   std::int64_t bins_;
+  bool order_free_;
   double range_ = 0;
   std::int64_t count_ = 0;
   at::Tensor counts_, min_, max_, sum_, zeros_;
 };
+
+/// A shape as a tensor and back, for observers' state() (Note [Distributed observers]).
+inline at::Tensor shape_state(const std::vector<std::int64_t>& shape) {
+  return at::tensor(at::ArrayRef<std::int64_t>(shape), at::TensorOptions().dtype(at::kLong));
+}
+inline std::vector<std::int64_t> shape_from_state(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<std::int64_t>(c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel());
+}
 
 /// QParams of per-row ranges (rows of quant_rows for a tensor of `shape`).
 inline QParams range_qparams(const at::Tensor& lo, const at::Tensor& hi, const QSpec& spec, const std::string& where,

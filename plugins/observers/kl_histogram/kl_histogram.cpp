@@ -20,6 +20,8 @@
 // of top-1 (docs/ACCURACY.md). Zero itself is on every grid, so leaving it out loses nothing.
 
 #include <ATen/ATen.h>
+
+#include <numeric>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -108,7 +110,7 @@ class KlHistogramObserver final : public Observer {
     if (x.numel() == 0) return;
     shape_.assign(x.sizes().begin(), x.sizes().end());
     at::Tensor rows = channels_first(x.detach().to(at::kFloat), spec_);
-    if (hists_.empty()) hists_.resize(static_cast<std::size_t>(rows.size(0)));
+    if (hists_.empty()) hists_.assign(static_cast<std::size_t>(rows.size(0)), histogram());
     if (hists_.size() != static_cast<std::size_t>(rows.size(0)))
       throw Error(where_ + ": the channel count changed between batches");
     for (std::int64_t c = 0; c < rows.size(0); ++c) hists_[static_cast<std::size_t>(c)].add(rows.narrow(0, c, 1));
@@ -126,7 +128,13 @@ class KlHistogramObserver final : public Observer {
       at::Tensor folded = hist.folded_abs(0).contiguous();
       std::vector<double> h(folded.data_ptr<double>(), folded.data_ptr<double>() + folded.numel());
       h[0] -= hist.zeros()[0].item<double>();  // Note [KL and the zero spike]
-      const double threshold = double(kl_best_bins(h, levels)) * hist.width();
+      double width = hist.width();
+      if (!spec_.is_weight) {
+        const double amax = std::max(-hist.min()[0].item<double>(), hist.max()[0].item<double>());
+        h = rebin(h, width, amax, kSearchBins);
+        width = amax / double(kSearchBins);
+      }
+      const double threshold = double(kl_best_bins(h, levels)) * width;
       hi[c] = threshold;
       lo[c] = has_negative ? -threshold : 0.0;
     }
@@ -135,7 +143,59 @@ class KlHistogramObserver final : public Observer {
 
   void reset() override { hists_.clear(); }
 
+  // [shape], then the six tensors of each channel's histogram.
+  bool mergeable() const override { return true; }
+  std::vector<at::Tensor> state() const override {
+    if (hists_.empty()) return {};
+    std::vector<at::Tensor> s{shape_state(shape_)};
+    for (const auto& h : hists_)
+      for (auto& t : h.state()) s.push_back(t);
+    return s;
+  }
+  void merge(const std::vector<at::Tensor>& other) override {
+    if (other.empty()) return;
+    if (other.size() < 7 || (other.size() - 1) % 6 != 0) throw Error(where_ + ": not a kl_histogram state");
+    const std::size_t channels = (other.size() - 1) / 6;
+    if (hists_.empty()) hists_.assign(channels, histogram());
+    if (hists_.size() != channels) throw Error(where_ + ": merging states of different channel counts");
+    shape_ = shape_from_state(other[0]);
+    for (std::size_t c = 0; c < channels; ++c) hists_[c].merge({other.begin() + 1 + 6 * c, other.begin() + 7 + 6 * c});
+  }
+
  private:
+  /// The search runs on TensorRT's grid, 2,048 bins of |x| over [0, max|x|].
+  static constexpr std::int64_t kSearchBins = 2048;
+
+  /// Counts of bins of `width` from 0 re-binned onto `bins` bins over [0, amax], each fine bin's
+  /// count split in proportion to its overlap with the coarse ones (the fine bins are narrower).
+  static std::vector<double> rebin(const std::vector<double>& fine, double width, double amax, std::int64_t bins) {
+    std::vector<double> out(static_cast<std::size_t>(bins), 0.0);
+    if (!(amax > 0)) {
+      out[0] = std::accumulate(fine.begin(), fine.end(), 0.0);
+      return out;
+    }
+    const double coarse = amax / double(bins);
+    for (std::size_t j = 0; j < fine.size(); ++j) {
+      if (fine[j] == 0) continue;
+      const double a = double(j) * width, b = a + width;
+      auto first = static_cast<std::int64_t>(a / coarse), last = static_cast<std::int64_t>(b / coarse);
+      first = std::min(first, bins - 1);
+      last = std::min(last, bins - 1);
+      for (std::int64_t k = first; k <= last; ++k) {
+        const double lo = std::max(a, double(k) * coarse), hi = k == bins - 1 ? b : std::min(b, double(k + 1) * coarse);
+        if (hi > lo) out[static_cast<std::size_t>(k)] += fine[j] * (hi - lo) / width;
+      }
+    }
+    return out;
+  }
+
+  // A weight's histogram spans exactly its range in 4,096 bins (2,048 of |x|, as TensorRT's);
+  // an activation's spans a power of two (Note [Streaming histogram]) in 8,192, so that at
+  // least 2,048 bins of |x| still cover its range.
+  StreamingHistogram histogram() const {
+    return spec_.is_weight ? StreamingHistogram(4096, false) : StreamingHistogram(8192);
+  }
+
   QSpec spec_;
   std::string where_;
   std::vector<std::int64_t> shape_;  // of the observed tensor, to shape the parameters

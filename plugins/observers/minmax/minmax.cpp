@@ -46,6 +46,27 @@ class MinMaxObserver final : public Observer {
     max_ = at::Tensor();
   }
 
+  // Minimum and maximum merge exactly: several processes give the one process's parameters.
+  bool mergeable() const override { return true; }
+  std::vector<at::Tensor> state() const override {
+    if (!min_.defined()) return {};
+    return {min_, max_};
+  }
+  void merge(const std::vector<at::Tensor>& other) override {
+    if (other.empty()) return;
+    if (other.size() != 2) throw Error(where_ + ": not a minmax state");
+    const at::Tensor lo = other[0].to(min_.defined() ? min_.device() : other[0].device());
+    const at::Tensor hi = other[1].to(lo.device());
+    if (!min_.defined()) {
+      min_ = lo.clone();
+      max_ = hi.clone();
+      return;
+    }
+    if (min_.sizes() != lo.sizes()) throw Error(where_ + ": merging states of different channel counts");
+    min_ = at::minimum(min_, lo);
+    max_ = at::maximum(max_, hi);
+  }
+
  private:
   QSpec spec_;
   std::string where_;

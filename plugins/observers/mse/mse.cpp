@@ -70,6 +70,20 @@ class MseObserver final : public Observer {
     exact_ = at::Tensor();
   }
 
+  bool mergeable() const override { return true; }
+  std::vector<at::Tensor> state() const override {
+    if (hist_.empty()) return {};
+    auto s = hist_.state();
+    s.push_back(shape_state(shape_));
+    return s;
+  }
+  void merge(const std::vector<at::Tensor>& other) override {
+    if (other.empty()) return;
+    if (other.size() != 7) throw Error(where_ + ": not an mse state");
+    hist_.merge({other.begin(), other.begin() + 6});
+    shape_ = shape_from_state(other[6]);
+  }
+
  private:
   QSpec spec_;
   std::string where_;

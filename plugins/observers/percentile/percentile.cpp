@@ -65,6 +65,23 @@ class PercentileObserver final : public Observer {
     exact_ = neg_ = at::Tensor();
   }
 
+  bool mergeable() const override { return true; }
+  std::vector<at::Tensor> state() const override {
+    if (hist_.empty()) return {};
+    auto s = hist_.state();
+    s.push_back(shape_state(shape_));
+    s.push_back(neg_);
+    return s;
+  }
+  void merge(const std::vector<at::Tensor>& other) override {
+    if (other.empty()) return;
+    if (other.size() != 8) throw Error(where_ + ": not a percentile state");
+    hist_.merge({other.begin(), other.begin() + 6});
+    shape_ = shape_from_state(other[6]);
+    const at::Tensor neg = other[7].to(at::kCPU, at::kDouble);
+    neg_ = neg_.defined() ? neg_ + neg : neg.clone();
+  }
+
  private:
   double kth(std::int64_t c, double k) const {
     return std::get<0>(at::kthvalue(exact_[c], static_cast<std::int64_t>(k))).item<double>();

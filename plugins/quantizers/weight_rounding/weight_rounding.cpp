@@ -92,6 +92,33 @@ class WeightRounding : public Quantizer {
     hessian_.addmm_(rows.t(), rows, 1.0, 2.0 / double(samples_));
   }
 
+  // The running mean of each process with its sample count; merged as the mean over all.
+  bool merges_inputs() const override { return true; }
+  std::vector<at::Tensor> input_state() const override {
+    if (!hessian_.defined()) return {};
+    return {hessian_, at::tensor({samples_}, at::TensorOptions().dtype(at::kLong))};
+  }
+  void merge_inputs(const std::vector<std::vector<at::Tensor>>& states) override {
+    const at::Device device = hessian_.defined() ? hessian_.device() : at::Device(at::kCPU);
+    std::int64_t total = 0;
+    for (const auto& s : states)
+      if (s.size() == 2) total += s[1].to(at::kCPU).item<std::int64_t>();
+    if (total == 0) return;
+    at::Tensor merged;
+    for (const auto& s : states) {
+      if (s.empty()) continue;
+      if (s.size() != 2) throw Error(where_ + ": not a " + name_ + " input state");
+      const double share = double(s[1].to(at::kCPU).item<std::int64_t>()) / double(total);
+      const at::Tensor h = s[0].to(device, at::kFloat) * share;
+      if (merged.defined() && merged.sizes() != h.sizes())
+        throw Error(where_ + ": layer inputs of " + std::to_string(h.size(0)) + " features in one process, " +
+                    std::to_string(merged.size(0)) + " in another");
+      merged = merged.defined() ? merged.add_(h) : h;
+    }
+    hessian_ = merged;
+    samples_ = total;
+  }
+
  protected:
   /// W [N, K] from the weight (reduction axis last) and back.
   static at::Tensor to_rows(const at::Tensor& w, std::int64_t axis) { return axis == 0 ? w.t() : w; }

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <vector>
 
 #include "sparsebit/sdk/options.h"
 #include "sparsebit/sdk/quant.h"
@@ -27,6 +28,19 @@ class Observer {
   /// Parameters from everything observed so far. Throws Error if nothing was observed.
   virtual QParams compute() = 0;
   virtual void reset() = 0;
+
+  /// Note [Distributed observers]
+  /// In a run spread over several processes (docs/DISTRIBUTED.md) each process observes its
+  /// share of the calibration data; then every process gathers the states of all of them and
+  /// merges them into a reset observer in rank order, so all compute the same parameters.
+  /// state() is everything compute() needs, as CPU or device tensors (empty: nothing observed);
+  /// merge() adds another process's state() to this one. Merging must give the parameters of one
+  /// process that observed all the data (exactly, where the statistics allow it: minimum and
+  /// maximum, histogram counts). An observer that returns false from mergeable() is fed all the
+  /// data in every process instead (correct, not faster).
+  virtual bool mergeable() const { return false; }
+  virtual std::vector<at::Tensor> state() const { return {}; }
+  virtual void merge(const std::vector<at::Tensor>& other) { (void)other; }
 };
 
 }  // namespace sparsebit

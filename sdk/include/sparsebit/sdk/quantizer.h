@@ -76,6 +76,15 @@ class Quantizer {
     (void)weight;
     (void)reduction_axis;
   }
+  /// For runs spread over several processes (Note [Distributed observers] in observer.h):
+  /// input_state() is what accumulate_inputs() gathered (a Hessian and its sample count, say);
+  /// merge_inputs() replaces it by the merge of `states`, every process's input_state() in rank
+  /// order (this one's among them), so every process solves from the statistics of all the data
+  /// and all get the same weight. Quantizers that return false from merges_inputs() see every
+  /// batch in every process.
+  virtual bool merges_inputs() const { return false; }
+  virtual std::vector<at::Tensor> input_state() const { return {}; }
+  virtual void merge_inputs(const std::vector<std::vector<at::Tensor>>& states) { (void)states; }
 };
 
 }  // namespace sparsebit

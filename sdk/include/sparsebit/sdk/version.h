@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 12;  // 12: InputSpec::lookup_table (quantized embeddings)
+inline constexpr std::uint32_t kAbiVersion = 13;  // 13: observer state()/merge(), quantizer input_state()
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 12;
+inline constexpr std::uint32_t kSdkVersionMinor = 13;
 
 }  // namespace sparsebit::sdk
 
