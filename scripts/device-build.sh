@@ -4,7 +4,7 @@
 # as Debian 12 .deb files fetched beforehand on a machine that has the registry:
 #
 #   mkdir -p .device-debs && (cd .device-debs && apt-get download \
-#       libonnx-dev libonnx1 libonnxifi libtomlplusplus-dev libtomlplusplus3)
+#       libonnx-dev libonnx1 libonnxifi libtomlplusplus-dev libtomlplusplus3 libgloo-dev)
 #
 # and are unpacked (not installed) into BUILD_DIR/deps. See docs/GPU.md.
 #
@@ -40,6 +40,9 @@ multiarch="$deps/usr/lib/x86_64-linux-gnu"
 prefer="$build/system-include"
 mkdir -p "$prefer"
 for d in google fmt; do [[ -d /usr/include/$d ]] && ln -sfn "/usr/include/$d" "$prefer/$d"; done
+# PyTorch's wheels ship c10d's Gloo process group header but not the gloo headers it includes.
+torch_include="$(dirname "$(dirname "$torch_prefix")")/include"
+if [[ ! -d "$torch_include/gloo" && -d "$deps/usr/include/gloo" ]]; then ln -sfn "$deps/usr/include/gloo" "$prefer/gloo"; fi
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr;$multiarch/cmake" \

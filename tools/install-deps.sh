@@ -6,6 +6,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 packages=(
   build-essential cmake ninja-build ccache git clang-14 libclang-rt-14-dev clang-format-14
   libtorch-dev libonnx-dev libprotobuf-dev protobuf-compiler
+  libgloo-dev  # the headers of LibTorch's Gloo process group (runs over several processes)
   libboost-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev
   nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist libonnx-testdata

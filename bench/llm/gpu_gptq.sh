@@ -7,7 +7,8 @@
 #   bench/llm/gpu_gptq.sh SPARSEBIT_BINARY WORK_DIR [D,LAYERS,HEADS,FF]
 #
 # Environment: ARCH=llama for Llama's layout (make_tiny_lm.py --arch; random weights);
-# DEVICES (default "cuda cpu"); ORT_RTN=1 also times round to nearest into MatMulNBits by
+# DEVICES (default "cuda cpu"; "cudaxN" runs `--device cuda --nproc N`: N GPUs, Hessians merged
+# across them, docs/DISTRIBUTED.md); ORT_RTN=1 also times round to nearest into MatMulNBits by
 # ONNX Runtime's MatMulNBitsQuantizer (Python onnxruntime) and by Sparsebit on the same model.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,8 +24,10 @@ if [[ ! -f "$work/lm/model.onnx" ]]; then
   echo "model made in $(cut -d' ' -f1 "$work/time_make") s; $(du -sh "$work/lm" | cut -f1) on disk"
 fi
 for dev in $devices; do
+  args=(--device "$dev")
+  [[ $dev == cudax* ]] && args=(--device cuda --nproc "${dev#cudax}")
   /usr/bin/time -f "%e %M" -o "$work/time_$dev" "$bin" -q quantize "$work/lm/model.onnx" -c "$root/configs/w4_gptq.toml" \
-    --calib "$work/lm/calib" --device "$dev" -o "$work/out_$dev.onnx" --report "$work/report_$dev.json"
+    --calib "$work/lm/calib" "${args[@]}" -o "$work/out_$dev.onnx" --report "$work/report_$dev.json"
 done
 if [[ "${ORT_RTN:-0}" == 1 ]]; then
   printf '[w]\nqscheme = "per-group-symmetric"\nbits = 4\ngroup_size = 128\nquantizer = "rtn"\n[calibration]\ncount = 8\n[export]\nweight_format = "matmul_nbits"\n' > "$work/rtn.toml"
@@ -49,12 +52,12 @@ rec = {d: {r["node"]: r for r in json.load(open(f"{w}/report_{d}.json"))["calibr
 first = rec[devices[0]]
 print(f"model: {info['parameters']} parameters (d {info['d_model']}, {info['layers']} layers, ff {info['ff']}, "
       f"{info.get('arch', 'gpt')}), {len(first)} layers solved")
-if len(devices) == 2:
-    worst = max(abs(rec[devices[0]][n]["mse_learnt"] / rec[devices[1]][n]["mse_learnt"] - 1) for n in first)
-    print(f"largest relative difference of a layer's GPTQ output MSE, {devices[0]} vs {devices[1]}: {worst:.2e}")
+for other in devices[1:]:
+    worst = max(abs(rec[devices[0]][n]["mse_learnt"] / rec[other][n]["mse_learnt"] - 1) for n in first)
+    print(f"largest relative difference of a layer's GPTQ output MSE, {devices[0]} vs {other}: {worst:.2e}")
 gain = sum(r["mse_learnt"] / r["mse_nearest"] for r in first.values()) / len(first)
 print(f"mean output MSE after / before GPTQ: {gain:.3f}")
-print("| device | whole run s | calibration s | peak host MiB |")
+print("| device | whole run s | calibration s | peak host MiB (of the launching process) |")
 print("|---|---:|---:|---:|")
 for d in devices:
     s, kb = open(f"{w}/time_{d}").read().split()

@@ -9,6 +9,7 @@ namespace sparsebit::cli {
 namespace {
 
 struct PruneArgs {
+  int nproc = 1;
   std::string model, config, calib, output, report, masked, train, device;
   int finetune = 0;
 };
@@ -54,7 +55,11 @@ Command add_prune(CLI::App& app, const GlobalOptions& g) {
   prune->add_option("--train", a->train, "Training data for --finetune (unlabeled; same layouts as --calib)");
   prune->add_option("--device", a->device, "cpu or cuda[:N] for fine-tuning (overrides [calibration] device)")
       ->check(kDevice);
-  return {prune, [a, &g] { return cmd_prune(*a, g); }};
+  add_nproc_option(*prune, a->nproc);
+  return {prune, [a, &g] {
+            if (auto status = launch_workers(a->nproc)) return *status;
+            return cmd_prune(*a, g);
+          }};
 }
 
 }  // namespace sparsebit::cli

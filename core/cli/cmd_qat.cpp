@@ -10,6 +10,7 @@ namespace sparsebit::cli {
 namespace {
 
 struct QatArgs {
+  int nproc = 1;
   std::string model, config, calib, train, output, report, device, checkpoint, loss;
   int epochs = 0;
   double lr = 0;
@@ -65,7 +66,11 @@ Command add_qat(CLI::App& app, const GlobalOptions& g) {
                   "Checkpoint written after every epoch and resumed from (default OUTPUT.ckpt)");
   qat->add_flag("--restart", a->restart, "Ignore an existing checkpoint and start from calibration");
   qat->add_option("--report", a->report, "Write a JSON report (quantizers and per-epoch loss)");
-  return {qat, [a, &g] { return cmd_qat(*a, g); }};
+  add_nproc_option(*qat, a->nproc);
+  return {qat, [a, &g] {
+            if (auto status = launch_workers(a->nproc)) return *status;
+            return cmd_qat(*a, g);
+          }};
 }
 
 }  // namespace sparsebit::cli

@@ -12,6 +12,7 @@ namespace sparsebit::cli {
 namespace {
 
 struct QuantizeArgs {
+  int nproc = 1;
   std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs,
       eval_fp32_outputs, target;
   bool external_data = false, target_strict = false;
@@ -114,7 +115,11 @@ Command add_quantize(CLI::App& app, const GlobalOptions& g) {
                      "A target not reached is an error (exit 1, nothing written) instead of a warning");
   quantize->add_flag("--external-data", a->external_data,
                      "Write initializers of 1 KiB or more to OUTPUT.data (ONNX external data); automatic above 1 GiB");
-  return {quantize, [a, &g] { return cmd_quantize(*a, g); }};
+  add_nproc_option(*quantize, a->nproc);
+  return {quantize, [a, &g] {
+            if (auto status = launch_workers(a->nproc)) return *status;
+            return cmd_quantize(*a, g);
+          }};
 }
 
 }  // namespace sparsebit::cli

@@ -27,11 +27,22 @@ void setup_logging(const GlobalOptions& g) {
   sparsebit::sdk::log_to_stderr(g.quiet ? LogLevel::kWarn : g.verbose > 0 ? LogLevel::kDebug : LogLevel::kInfo);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int threads = g.threads > 0 ? g.threads : cores;
+  // Workers of one host share its cores (LOCAL_WORLD_SIZE: set by --nproc and by torchrun).
+  if (const char* local = std::getenv("LOCAL_WORLD_SIZE"); local && g.threads <= 0 && std::atoi(local) > 1)
+    threads = std::max(1, cores / std::atoi(local));
   if (threads > cores) {  // more threads than cores only costs time (and creating a million takes minutes)
     spdlog::warn("--threads {}: this machine has {} cores; using {}", threads, cores, cores);
     threads = cores;
   }
   at::set_num_threads(threads);
+}
+
+CLI::Option* add_nproc_option(CLI::App& app, int& nproc) {
+  return app
+      .add_option("--nproc", nproc,
+                  "Run as N worker processes on this machine (one per GPU with --device cuda); calibration "
+                  "data and training batches are divided between them (docs/DISTRIBUTED.md)")
+      ->check(kPositiveInt);
 }
 
 CLI::Validator whole_number_from(long long low) {

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -42,6 +43,14 @@ Command add_prune(CLI::App& app, const GlobalOptions& g);
 
 /// Log level and thread count from the global options.
 void setup_logging(const GlobalOptions& g);
+
+/// For --nproc (launch.cpp): the command line the workers repeat.
+void remember_command_line(int argc, char** argv);
+/// With nproc > 1 in a process that is not a worker yet: runs the command in `nproc` worker
+/// processes and returns the run's exit status; nullopt: run it here.
+std::optional<int> launch_workers(int nproc);
+/// The --nproc option of quantize, qat and prune.
+CLI::Option* add_nproc_option(CLI::App& app, int& nproc);
 
 // Argument checks with short messages; CLI11 prefixes the option's name.
 /// A whole number of at least `low`.

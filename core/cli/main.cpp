@@ -11,11 +11,24 @@
 #include "common.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/cpu_allocator.h"
+#include "sparsebit/core/distributed.h"
 #include "sparsebit/sdk/error.h"
 
 using namespace sparsebit::cli;
 
+namespace {
+/// The error line; in a distributed run the other processes learn of it too.
+int fail(const std::string& message) {
+  const std::string line = one_line(message);
+  spdlog::error("{}", line);
+  sb::report_distributed_failure(line);
+  sb::shutdown_distributed();
+  return 1;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  remember_command_line(argc, argv);
   CLI::App app{"Sparsebit: quantize ONNX models to low-bit QDQ ONNX for ONNX Runtime and TensorRT"};
   app.require_subcommand(1);
   app.fallthrough();  // -v, -q and --threads work before or after the subcommand
@@ -41,19 +54,19 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc && command.size() < 300; ++i) command += std::string(" ") + argv[i];
     sb::install_interrupt_cleanup(command);  // Note [Interrupted runs]
     for (const auto& c : commands)
-      if (c.app->parsed()) return c.run();
+      if (c.app->parsed()) {
+        const int status = c.run();
+        sb::shutdown_distributed();
+        return status;
+      }
   } catch (const sb::Error& e) {
-    spdlog::error("{}", one_line(e.what()));
-    return 1;
+    return fail(e.what());
   } catch (const c10::Error& e) {
-    spdlog::error("{}", one_line(e.what_without_backtrace()));
-    return 1;
+    return fail(e.what_without_backtrace());
   } catch (const std::bad_alloc&) {
-    spdlog::error("out of memory; try a smaller --batch-size");
-    return 1;
+    return fail("out of memory; try a smaller --batch-size");
   } catch (const std::exception& e) {
-    spdlog::error("{}", one_line(e.what()));
-    return 1;
+    return fail(e.what());
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 #include "limits.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <regex>
 #include <sstream>
 
+#include "mapped_file.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
@@ -27,8 +29,15 @@ namespace fs = std::filesystem;
 // ---------------------------------------------------------------------------------------------
 // .npy
 
-at::Tensor read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+namespace {
+struct NpyLayout {
+  std::vector<std::int64_t> shape;
+  at::ScalarType dtype;
+  std::uint64_t data_start = 0;
+};
+
+/// The header of a .npy file, checked against the file's size; `in` is left at the data.
+NpyLayout read_npy_header(std::ifstream& in, const std::string& path) {
   if (!in) throw Error(path + ": cannot be opened");
   char magic[8];
   in.read(magic, 8);
@@ -95,12 +104,35 @@ at::Tensor read_npy(const std::string& path) {
   const auto file_size = static_cast<std::uint64_t>(std::filesystem::file_size(path, ec));
   if (ec || file_size < data_start || file_size - data_start < bytes)
     throw Error(path + ": truncated .npy data (expected " + std::to_string(bytes) + " bytes)");
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(t->second));
+  return {shape, t->second, data_start};
+}
+}  // namespace
+
+at::Tensor read_npy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const NpyLayout layout = read_npy_header(in, path);
+  at::Tensor out = at::empty(layout.shape, at::TensorOptions().dtype(layout.dtype));
   in.read(static_cast<char*>(out.data_ptr()), static_cast<std::streamsize>(out.nbytes()));
   if (static_cast<std::size_t>(in.gcount()) != out.nbytes())
     throw Error(path + ": truncated .npy data (expected " + std::to_string(out.nbytes()) + " bytes)");
   return out;
 }
+
+namespace {
+/// read_npy, with the data of files of 1 MiB or more mapped instead of read (Note [Mapped
+/// weights]): a batch's pages are read when first touched, so samples a process skips or
+/// another process takes are never read (Note [Distributed runs]).
+at::Tensor map_npy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const NpyLayout layout = read_npy_header(in, path);
+  const std::int64_t numel = c10::multiply_integers(layout.shape);
+  if (numel * static_cast<std::int64_t>(c10::elementSize(layout.dtype)) >= (std::int64_t{1} << 20)) {
+    at::Tensor mapped = map_tensor(path, static_cast<std::int64_t>(layout.data_start), layout.shape, layout.dtype);
+    if (mapped.defined()) return mapped;
+  }
+  return read_npy(path);
+}
+}  // namespace
 
 void write_npy(const at::Tensor& t_in, const std::string& path) {
   at::Tensor t = t_in.detach().to(at::kCPU).contiguous();
@@ -216,7 +248,7 @@ class NpyDataset final : public Dataset {
   std::optional<Batch> next() override {
     if (pos_ >= files_.size()) return std::nullopt;
     const auto& f = files_[pos_++];
-    return Batch{{read_npy(f.string())}, f.string()};
+    return Batch{{map_npy(f.string())}, f.string()};
   }
 
  private:
@@ -508,20 +540,30 @@ at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source,
       }
     }
   }
-  if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
-    auto bad = at::logical_not(at::isfinite(t)).reshape({t.size(0), -1}).any(1).nonzero();
-    throw Error(what + ": data contains NaN or Inf (first bad sample: " + std::to_string(bad[0].item<std::int64_t>()) +
-                "); clean the data before calibrating");
-  }
   return t;
+}
+
+/// NaN and Inf in the samples a batch delivers (`first`: the index in its record of the first),
+/// checked when they are delivered, so a batch another process takes is never read here.
+void check_finite(const std::vector<at::Tensor>& inputs, const std::string& source, std::int64_t first) {
+  for (const auto& t : inputs) {
+    if (!t.is_floating_point() || t.numel() == 0 || at::isfinite(t).all().item<bool>()) continue;
+    const at::Tensor rows = t.dim() == 0 ? t.reshape({1, 1}) : t.reshape({t.size(0), -1});
+    auto bad = at::logical_not(at::isfinite(rows)).any(1).nonzero();
+    throw Error(source + ": data contains NaN or Inf (first bad sample: " +
+                std::to_string(first + bad[0].item<std::int64_t>()) + "); clean the data before calibrating");
+  }
 }
 
 }  // namespace
 
-std::optional<Batch> Batcher::next() {
-  auto pending_rows = [&]() -> std::int64_t {
-    if (pending_.empty()) return 0;
-    return lead_ == std::string::npos ? 1 : pending_[lead_].size(0);
+std::int64_t Batcher::rows_of(const Part& p) const { return lead_ == std::string::npos ? 1 : p.inputs[lead_].size(0); }
+
+std::optional<Batch> Batcher::next(const BatchShare& share) {
+  auto pending_rows = [&]() {
+    std::int64_t n = 0;
+    for (const auto& p : pending_) n += rows_of(p);
+    return n;
   };
   // Samples of other sizes (symbolic dims: text lines of different widths) never share a batch:
   // a record whose sizes differ from the pending ones waits for the next batch.
@@ -531,12 +573,10 @@ std::optional<Batch> Batcher::next() {
     return true;
   };
   while (pending_rows() < batch_size_ && (limit_ == 0 || delivered_ + pending_rows() < limit_)) {
-    std::vector<at::Tensor> conformed;
-    std::string source;
-    if (!held_.empty()) {
-      conformed = std::move(held_);
-      source = std::move(held_source_);
-      held_.clear();
+    Part part;
+    if (held_) {
+      part = std::move(*held_);
+      held_.reset();
     } else {
       if (exhausted_) break;
       auto rec = data_.next();
@@ -549,52 +589,71 @@ std::optional<Batch> Batcher::next() {
                     std::to_string(inputs_.size()));
       }
       for (std::size_t i = 0; i < inputs_.size(); ++i)
-        conformed.push_back(conform(rec->inputs[i], inputs_[i], rec->source, rec->batched));
-      for (std::size_t i = 0; i < conformed.size(); ++i)
-        if (!scalar_[i] && !other_axis_[i] && conformed[i].size(0) != conformed[lead_].size(0))
+        part.inputs.push_back(conform(rec->inputs[i], inputs_[i], rec->source, rec->batched));
+      for (std::size_t i = 0; i < part.inputs.size(); ++i)
+        if (!scalar_[i] && !other_axis_[i] && part.inputs[i].size(0) != part.inputs[lead_].size(0))
           throw Error(rec->source + ": inputs have different batch sizes");
-      source = rec->source;
+      part.source = rec->source;
     }
-    if (pending_.empty()) {
-      pending_ = conformed;
-      pending_source_ = source;
-      if (whole_records_) break;
-    } else if (!same_sizes(pending_, conformed)) {
-      held_ = std::move(conformed);
-      held_source_ = std::move(source);
+    if (!pending_.empty() && (whole_records_ || !same_sizes(pending_.front().inputs, part.inputs))) {
+      held_ = std::move(part);
       break;
-    } else {
-      for (std::size_t i = 0; i < pending_.size(); ++i)
-        if (!scalar_[i]) pending_[i] = at::cat({pending_[i], conformed[i]}, 0);
-      if (pending_source_ != source) pending_source_ += ", " + source;
     }
+    pending_.push_back(std::move(part));
+    if (whole_records_) break;
   }
-  if (whole_records_) {
-    if (pending_.empty() || (limit_ > 0 && delivered_ >= limit_)) return std::nullopt;
-    Batch out;
-    out.source = pending_source_;
-    out.rows = pending_rows();
-    out.inputs = std::move(pending_);
-    pending_.clear();
-    delivered_ += out.rows;
-    return out;
-  }
-  std::int64_t rows = std::min(pending_rows(), batch_size_);
+  std::int64_t rows = whole_records_ ? pending_rows() : std::min(pending_rows(), batch_size_);
   if (limit_ > 0) rows = std::min(rows, limit_ - delivered_);
-  if (rows <= 0) return std::nullopt;
-  Batch out;
-  out.source = pending_source_;
-  out.rows = rows;
-  for (std::size_t i = 0; i < pending_.size(); ++i) {
-    at::Tensor& p = pending_[i];
-    if (scalar_[i]) {
-      out.inputs.push_back(p);
-      continue;
-    }
-    out.inputs.push_back(p.narrow(0, 0, rows).contiguous());
-    p = p.narrow(0, rows, p.size(0) - rows);
+  if (rows <= 0 || pending_.empty()) return std::nullopt;
+
+  // The batch's samples [0, rows) are the first of the pending parts; the caller gets
+  // [first, first + held) of them, joined from the parts that overlap it.
+  const bool sliceable = !whole_records_ && lead_ != std::string::npos;
+  std::int64_t first = 0, held = rows;
+  if (share.skip) {
+    held = 0;
+  } else if (sliceable && share.parts > 1) {
+    first = rows * share.part / share.parts;
+    held = rows * (share.part + 1) / share.parts - first;
   }
-  if (lead_ == std::string::npos || pending_rows() == 0) pending_.clear();
+  Batch out;
+  out.sliced = sliceable && share.parts > 1 && !share.skip;
+  out.rows = rows;
+  out.first = first;
+  out.held = held;
+  std::vector<std::vector<at::Tensor>> pieces(inputs_.size());
+  std::int64_t at_row = 0;
+  std::size_t used = 0;  // parts taken whole
+  for (auto& p : pending_) {
+    const std::int64_t n = rows_of(p), take = std::min(n, rows - at_row);
+    if (take <= 0) break;
+    if (out.source.empty()) out.source = p.source;
+    else if (out.source.size() < p.source.size() ||
+             out.source.compare(out.source.size() - p.source.size(), std::string::npos, p.source) != 0)
+      out.source += ", " + p.source;
+    const std::int64_t lo = std::max(first, at_row), hi = std::min(first + held, at_row + take);
+    if (lo < hi) {
+      std::vector<at::Tensor> piece;
+      for (std::size_t i = 0; i < p.inputs.size(); ++i)
+        piece.push_back(scalar_[i] || !sliceable ? p.inputs[i] : p.inputs[i].narrow(0, lo - at_row, hi - lo));
+      check_finite(piece, p.source, p.offset + (lo - at_row));
+      for (std::size_t i = 0; i < piece.size(); ++i) pieces[i].push_back(piece[i]);
+    }
+    at_row += take;
+    if (take == n) {
+      ++used;
+    } else {  // the rest waits for the next batch
+      for (std::size_t i = 0; i < p.inputs.size(); ++i)
+        if (!scalar_[i]) p.inputs[i] = p.inputs[i].narrow(0, take, n - take);
+      p.offset += take;
+      break;
+    }
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(used));
+  for (std::size_t i = 0; i < pieces.size() && held > 0; ++i) {
+    if (scalar_[i] || pieces[i].size() == 1) out.inputs.push_back(pieces[i].front().contiguous());
+    else out.inputs.push_back(at::cat(pieces[i], 0));
+  }
   delivered_ += rows;
   return out;
 }
@@ -632,6 +691,59 @@ std::optional<Batch> SampleWindow::next() {
     b->batched = true;  // one sample, batch dimension included
     return b;
   }
+  return std::nullopt;
+}
+
+Prefetcher::Prefetcher(Batcher& batcher, std::function<BatchShare(std::int64_t)> share, std::size_t depth)
+    : batcher_(batcher), share_(std::move(share)), depth_(std::max<std::size_t>(depth, 1)) {
+  reader_ = std::thread([this] { read(); });
+}
+
+Prefetcher::~Prefetcher() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  reader_.join();
+}
+
+void Prefetcher::read() {
+  try {
+    for (std::int64_t index = 0;; ++index) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || ready_.size() < depth_; });
+        if (stop_) return;
+      }
+      auto b = share_ ? batcher_.next(share_(index)) : batcher_.next();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!b) {
+        done_ = true;
+        cv_.notify_all();
+        return;
+      }
+      ready_.push_back(std::move(*b));
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+    done_ = true;
+    cv_.notify_all();
+  }
+}
+
+std::optional<Batch> Prefetcher::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !ready_.empty() || done_; });
+  if (!ready_.empty()) {
+    Batch b = std::move(ready_.front());
+    ready_.pop_front();
+    cv_.notify_all();
+    return b;
+  }
+  if (error_) std::rethrow_exception(error_);
   return std::nullopt;
 }
 

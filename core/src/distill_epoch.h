@@ -28,10 +28,15 @@ struct DistillStep {
   torch::optim::Adam& optimizer;
   std::function<void()> after_step;  ///< e.g. re-applying pruning masks ("": nothing)
   std::string what;                  ///< "QAT" or "fine-tuning", for the divergence message
+  /// Tensors training updates in place without gradients (BatchNormalization's running
+  /// statistics): averaged over the processes after every step of a distributed run.
+  std::vector<at::Tensor> running_states = {};
 };
 
 /// Trains one pass over the data `open_train` yields; returns the epoch's mean loss and samples
-/// (seconds measured). Throws Error when the loss stops being finite.
+/// (seconds measured). Throws Error when the loss stops being finite. In a distributed run
+/// (Note [Distributed runs]) each process takes its slice of every batch and gradients, losses
+/// and running statistics are summed over the processes.
 QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<std::unique_ptr<Dataset>()>& open_train,
                        const QatProgressFn& progress);
 

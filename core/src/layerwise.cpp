@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "distributed_merge.h"
 #include "layerwise.h"
 #include "mapped_file.h"
 #include "plugin_call.h"
@@ -70,6 +71,7 @@ class LayerwiseRunner {
   std::vector<std::int64_t> rows_;  // samples in each batch
   std::map<std::string, int> counts_;
   std::set<std::string> outputs_;
+  Distributed* group_ = nullptr;  // set when the batches are divided between processes
 };
 
 namespace {
@@ -213,6 +215,11 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
     inputs[w.input_index] = plugin_call(w, false, "forward", [&] { return w.quantizer->forward(weight); });
     return ex_.run_node(i, inputs).at(0);
   };
+  if (group_ && fp_.empty())
+    throw Error(n.describe() + ": this process has no calibration batch to reconstruct from (" +
+                std::to_string(group_->world_size()) +
+                " processes share the data): use fewer processes or a "
+                "smaller [calibration] batch_size");
   ReconstructionReport report;
   report.node = n.name;
   report.mse_nearest = output_mse(i, w);
@@ -223,19 +230,23 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
     if (params.empty())
       throw Error(w.where() + ": quantizer '" + w.quantizer_name + "' has nothing to reconstruct with");
     torch::optim::Adam adam(params, torch::optim::AdamOptions(settings.learning_rate));
-    std::mt19937_64 rng(settings.seed);
+    // Divided between processes: each draws its share of a step's samples from its own
+    // batches (its own stream of draws), and the gradients are averaged.
+    const std::int64_t draw =
+        group_ ? (settings.batch_size + group_->world_size() - 1) / group_->world_size() : settings.batch_size;
+    std::mt19937_64 rng(settings.seed + (group_ ? static_cast<std::uint64_t>(group_->rank()) : 0));
     std::discrete_distribution<std::size_t> pick_batch(rows_.begin(), rows_.end());
     for (std::int64_t step = 0; step < settings.iterations; ++step) {
       const std::size_t b = pick_batch(rng);
       at::Tensor rows;
-      if (by_rows && rows_[b] > settings.batch_size) {
+      if (by_rows && rows_[b] > draw) {
         std::vector<std::int64_t> all(static_cast<std::size_t>(rows_[b]));
         std::iota(all.begin(), all.end(), 0);
-        for (std::int64_t j = 0; j < settings.batch_size; ++j) {  // partial Fisher-Yates
+        for (std::int64_t j = 0; j < draw; ++j) {  // partial Fisher-Yates
           std::uniform_int_distribution<std::int64_t> d(j, rows_[b] - 1);
           std::swap(all[static_cast<std::size_t>(j)], all[static_cast<std::size_t>(d(rng))]);
         }
-        all.resize(static_cast<std::size_t>(settings.batch_size));
+        all.resize(static_cast<std::size_t>(draw));
         rows = at::tensor(all, at::kLong).to(weight.device());
       }
       at::Tensor target = fp_[b].at(n.outputs[0]);
@@ -246,6 +257,15 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
       if (penalty.defined()) loss = loss + penalty;
       adam.zero_grad();
       loss.backward();
+      if (group_) {
+        std::vector<at::Tensor> grads;
+        for (auto& p : params) {
+          if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+          grads.push_back(p.grad());
+        }
+        group_->all_reduce_sum(grads, "reconstruction gradients of " + n.name);
+        for (auto& g : grads) g.div_(group_->world_size());
+      }
       adam.step();
     }
   }
@@ -273,6 +293,12 @@ double LayerwiseRunner::output_mse(std::size_t i, QuantSlot& w) {
     const at::Tensor y = ex_.run_node(i, inputs).at(0);
     sum += (y - fp_[b].at(n.outputs[0])).pow(2).sum().item<double>();
     count += static_cast<double>(y.numel());
+  }
+  if (group_) {
+    std::vector<at::Tensor> totals{at::tensor({sum, count}, at::kDouble)};
+    group_->all_reduce_sum(totals, "output error of " + n.name);
+    sum = totals[0][0].item<double>();
+    count = totals[0][1].item<double>();
   }
   return sum / std::max(count, 1.0);
 }
@@ -314,6 +340,7 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
     const at::Tensor rows = x.reshape({-1, k});
     plugin_call(w, false, "accumulate_inputs", [&] { w.quantizer->accumulate_inputs(rows); });
   }
+  if (group_) merge_quantizer_inputs(*group_, w, "merging the layer inputs of " + n.name);
   plugin_call(w, false, "solve", [&] { w.quantizer->solve(weight, axis); });
   report.mse_learnt = output_mse(i, w);
   report.seconds = seconds_since(t0);
@@ -397,7 +424,17 @@ CalibrationStats LayerwiseRunner::run() {
   const at::Device device(cal.device);
   const std::int64_t total = cal.count > 0 ? cal.count : data_.num_samples().value_or(-1);
   Batcher batcher(data_, gin, cal.batch_size, cal.count);
-  while (auto b = batcher.next()) {
+  // Note [Distributed runs]: process r caches batches r, r + W, ...; states merge at each node.
+  group_ = dividing_group(slots_, !qm_.layer_passes().empty(), false);
+  Prefetcher ahead(batcher, [this](std::int64_t i) {
+    return BatchShare{0, 1, group_ && i % group_->world_size() != group_->rank()};
+  });
+  while (auto b = ahead.next()) {
+    if (b->held == 0) {  // another process's batch
+      stats.samples += b->rows;
+      ++stats.batches;
+      continue;
+    }
     Values feeds;
     for (std::size_t k = 0; k < gin.size(); ++k) feeds[gin[k].name] = b->inputs[k].to(device);
     if (asym_) q_.push_back(feeds);  // shares the tensors until the streams diverge
@@ -407,6 +444,9 @@ CalibrationStats LayerwiseRunner::run() {
     ++stats.batches;
   }
   if (stats.samples == 0) throw Error("the calibration data " + data_.describe() + " yielded no samples");
+  if (group_)
+    sdk::log_info("this process caches " + std::to_string(fp_.size()) + " of the " + std::to_string(stats.batches) +
+                  " calibration batches");
   counts_ = ex_.use_counts();
   for (const auto& o : qm_.graph().outputs) outputs_.insert(o.name);
   account(stats);
@@ -432,6 +472,15 @@ CalibrationStats LayerwiseRunner::run() {
       const auto inputs = raw_inputs(i, source(b));
       for (std::size_t k = 0; k < inputs.size(); ++k)
         if (inputs[k].defined()) slots_.observe(i, k, inputs[k]);
+    }
+    if (group_) {
+      std::vector<QuantSlot*> here;
+      std::vector<std::size_t> flat{i};  // the node and those nested in it
+      for (std::size_t j = first; j < last; ++j) flat.push_back(j);
+      for (std::size_t j : flat)
+        for (std::size_t k = 0; k < ex_.flat_node(j).inputs.size(); ++k)
+          if (QuantSlot* s = slots_.at(j, k)) here.push_back(s);
+      merge_observers(*group_, here, device, "merging observer states of " + n.name);
     }
     if (QuantSlot* learnt = slots_.finish_node(i)) {
       if (learnt->quantizer->reconstruction()) reconstruct(i, *learnt, stats);

@@ -20,6 +20,7 @@
 #include "sparsebit/core/bn_tuning.h"
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/data.h"
+#include "sparsebit/core/distributed.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/opset_lift.h"
@@ -43,6 +44,13 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 ProgressFn stage(const StepProgressFn& progress, const std::string& name) {
   if (!progress) return {};
   return [progress, name](std::int64_t done, std::int64_t total) { progress(name, done, total, ""); };
+}
+
+/// Note [Distributed runs]: every process has finished its work (a failed one stops the others
+/// here, before anything is written); true in the one process that writes the outputs.
+bool writes_files() {
+  if (Distributed* d = distributed()) d->barrier("finishing before rank 0 writes the outputs");
+  return writes_outputs();
 }
 
 void end_step(const StepProgressFn& progress) {
@@ -365,8 +373,8 @@ EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, cons
   end_step(progress);
   qm.set_quant(false, false);
   if (n == 0) throw Error("evaluation data " + request.data + " yielded no samples");
-  if (!request.outputs.empty()) write_npy(at::cat(sim_outputs, 0), request.outputs);
-  if (!request.fp32_outputs.empty()) write_npy(at::cat(fp_outputs, 0), request.fp32_outputs);
+  if (!request.outputs.empty() && writes_outputs()) write_npy(at::cat(sim_outputs, 0), request.outputs);
+  if (!request.fp32_outputs.empty() && writes_outputs()) write_npy(at::cat(fp_outputs, 0), request.fp32_outputs);
   EvaluationResult r;
   r.samples = n;
   r.top1_agreement = double(agree) / n;
@@ -388,6 +396,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
         "[target] sets no value: add target.value (e.g. metric = \"cosine\", value = 0.99) or pass --target "
         "\"cosine>=0.99\"");
   JobFiles files(job.output, job.report);
+  init_distributed(config.calibration.device);
   Registry registry;
   registry.load(config.plugins);
   QuantizeOutcome r;
@@ -434,6 +443,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
     phase("evaluation");
   }
 
+  if (!writes_files()) return r;
   std::string external;
   files.set_model(qm.serialize(&external, files.external_location(), job.external_data));
   phase("export");
@@ -451,7 +461,9 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   const Config& config = job.config;
   QatOutcome r;
   r.checkpoint = job.checkpoint.empty() ? job.output + ".ckpt" : job.checkpoint;
-  if (job.restart) fs::remove(r.checkpoint);
+  Distributed* group = init_distributed(config.calibration.device);
+  if (job.restart && writes_outputs()) fs::remove(r.checkpoint);
+  if (group) group->barrier("starting from the checkpoint or from calibration");
   if (config.target)
     spdlog::warn("{}: [target] is for `sparsebit quantize`; QAT trains every layer instead", config.source);
   JobFiles files(job.output, job.report);
@@ -479,6 +491,7 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   end_step(progress);
   r.quantization = qm.report(&r.calibration);
 
+  if (!writes_files()) return r;
   std::string external;
   files.set_model(qm.serialize(&external, files.external_location()));
   files.commit(external, job.report.empty() ? "" : report_json(r, job));
@@ -500,12 +513,14 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
   if (job.finetune_epochs > 0 && job.train.empty()) throw Error("--finetune needs --train with training data");
   if (job.finetune_epochs > 0) config.qat.epochs = job.finetune_epochs;
   JobFiles files(job.output, job.report, job.masked);
+  init_distributed(config.calibration.device);
   Registry registry;
   registry.load(config.plugins);
   Model model = load_and_lift(job.model, registry, job.calib);
   PruneResult pruned = prune_step(model, config, registry, job.calib);
   r.pruning = pruned;
-  if (files.wants_masked()) files.set_masked(serialize_onnx(pruned.masked.graph, pruned.masked.meta));
+  if (files.wants_masked() && writes_outputs())
+    files.set_masked(serialize_onnx(pruned.masked.graph, pruned.masked.meta));
 
   const std::vector<ValueInfo> inputs = pruned.pruned.graph.inputs;  // a copy: the model moves below
   auto open_train = [&] { return open_dataset(job.train, inputs); };
@@ -538,6 +553,7 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
       r.calibration = calibrate(qm, job.calib, config, progress);
     }
     r.quantization = qm.report(&*r.calibration);
+    if (!writes_files()) return r;
     bytes = qm.serialize(&external, files.external_location());
   } else {
     if (job.finetune_epochs > 0) {
@@ -545,6 +561,7 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
                                    epochs(progress, "fine-tuning ", config.qat.epochs));
       end_step(progress);
     }
+    if (!writes_files()) return r;
     bytes = serialize_onnx(pruned.pruned.graph, pruned.pruned.meta, {}, &external, files.external_location());
   }
   files.set_model(bytes);

@@ -15,6 +15,7 @@
 
 #include "distill_epoch.h"
 #include "sparsebit/core/atomic_file.h"
+#include "sparsebit/core/distributed.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
@@ -154,21 +155,23 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
     sdk::log_info("resuming from " + options.checkpoint + " after epoch " + std::to_string(result.resumed_after) +
                   " of " + std::to_string(s.epochs));
   }
-  const detail::DistillStep step{[&](const std::vector<at::Tensor>& in) { return student.forward(in); },
-                                 teacher,
-                                 gin,
-                                 device,
-                                 s,
-                                 adam,
-                                 options.after_step,
-                                 "QAT"};
+  detail::DistillStep step{[&](const std::vector<at::Tensor>& in) { return student.forward(in); },
+                           teacher,
+                           gin,
+                           device,
+                           s,
+                           adam,
+                           options.after_step,
+                           "QAT"};
+  for (auto& st : student.named_states()) step.running_states.push_back(st.second);
   for (int epoch = result.resumed_after + 1; epoch <= s.epochs; ++epoch) {
     const QatEpoch e = detail::distill_epoch(step, epoch, open_train, progress);
     result.epochs.push_back(e);
     sdk::log_info("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs) + ": loss " +
                   std::to_string(e.loss) + " over " + std::to_string(e.samples) + " samples, " +
                   std::to_string(e.seconds) + " s");
-    if (!options.checkpoint.empty()) save_checkpoint(options.checkpoint, options.fingerprint, epoch, params, adam);
+    if (!options.checkpoint.empty() && writes_outputs())
+      save_checkpoint(options.checkpoint, options.fingerprint, epoch, params, adam);
   }
   return result;
 }
@@ -182,30 +185,65 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
   auto data = open_train();
   Batcher batcher(*data, step.inputs, s.batch_size, s.count);
   const std::int64_t total = s.count > 0 ? s.count : data->num_samples().value_or(-1);
+  Distributed* group = distributed();
+  // The next batch is read while this one trains; each process reads only its slice of it.
+  Prefetcher ahead(batcher, [group](std::int64_t) {
+    return group ? BatchShare{group->rank(), group->world_size(), false} : BatchShare{};
+  });
   QatEpoch e;
   e.epoch = epoch;
   double loss_sum = 0;
   std::int64_t batches = 0;
-  while (auto b = batcher.next()) {
-    std::vector<at::Tensor> student_in;
-    std::map<std::string, at::Tensor> teacher_in;
-    for (std::size_t i = 0; i < step.inputs.size(); ++i) {
-      student_in.push_back(b->inputs[i].to(step.device));
-      teacher_in[step.inputs[i].name] = student_in.back();
+  std::vector<at::Tensor> params;
+  for (auto& g : step.optimizer.param_groups())
+    for (auto& p : g.params()) params.push_back(p);
+  while (auto b = ahead.next()) {
+    // This process's slice of the batch and its share of the samples (all of it alone). A
+    // batch that cannot be sliced (a recurrent state) comes whole to every process: each
+    // then weighs it 1 / N.
+    const std::int64_t count = b->held;
+    const bool whole = group && !b->sliced;
+    const double share = whole ? 1.0 / group->world_size() : b->rows > 0 ? double(count) / double(b->rows) : 1.0;
+    step.optimizer.zero_grad();
+    at::Tensor loss;
+    if (count > 0) {
+      std::vector<at::Tensor> student_in;
+      std::map<std::string, at::Tensor> teacher_in;
+      for (std::size_t i = 0; i < step.inputs.size(); ++i) {
+        student_in.push_back(b->inputs[i].to(step.device));
+        teacher_in[step.inputs[i].name] = student_in.back();
+      }
+      std::vector<at::Tensor> target;
+      {
+        c10::NoGradGuard no_grad;
+        target = step.teacher.run(teacher_in);
+      }
+      loss = distillation_loss(step.student(student_in), target, s.loss, s.temperature);
+      if (group) loss = loss * share;
+      loss.backward();
     }
-    std::vector<at::Tensor> target;
-    {
-      c10::NoGradGuard no_grad;
-      target = step.teacher.run(teacher_in);
+    double value = 0;
+    if (group) {
+      // Gradients, the loss and the running statistics summed in one collective per dtype.
+      std::vector<at::Tensor> sums;
+      for (auto& p : params) {
+        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+        sums.push_back(p.grad());
+      }
+      sums.push_back(loss.defined() ? loss.detach().reshape({1}).to(at::kFloat)
+                                    : at::zeros({1}, at::TensorOptions().device(step.device)));
+      for (auto& st : step.running_states) sums.push_back(st);
+      group->all_reduce_sum(sums,
+                            "gradients of step " + std::to_string(batches + 1) + " of epoch " + std::to_string(epoch));
+      value = sums[params.size()].item<double>();
+      for (auto& st : step.running_states) st.detach().div_(group->world_size());
+    } else {
+      value = loss.item<double>();
     }
-    at::Tensor loss = distillation_loss(step.student(student_in), target, s.loss, s.temperature);
-    const double value = loss.item<double>();
     if (!std::isfinite(value)) {
       throw Error(step.what + ": the loss became " + std::to_string(value) + " in epoch " + std::to_string(epoch) +
                   "; lower [qat] lr (now " + std::to_string(s.lr) + ")");
     }
-    step.optimizer.zero_grad();
-    loss.backward();
     step.optimizer.step();
     if (step.after_step) step.after_step();
     loss_sum += value;

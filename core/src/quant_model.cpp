@@ -4,6 +4,7 @@
 #include "sparsebit/core/matmul_nbits.h"
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/passes.h"
+#include "distributed_merge.h"
 #include "layerwise.h"
 #include "qdq_export.h"
 #include "plugin_call.h"
@@ -280,8 +281,23 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
     return s.active() && s.role == InputRole::kActivation;
   });
   if (!reads_data) sdk::log_info("only weights are quantized: the calibration data is not read");
-  // Memory is independent of the sample count: one batch in flight, observers stream.
-  while (auto b = reads_data ? batcher.next() : std::nullopt) {
+  // Note [Distributed runs]: process r computes batches r, r + W, ...; observers merge below.
+  Distributed* group = reads_data ? dividing_group(*slots_, false, false) : nullptr;
+  std::int64_t index = -1;
+  // Memory is independent of the sample count: one batch in flight (and two read ahead),
+  // observers stream.
+  std::optional<Prefetcher> ahead;
+  if (reads_data)
+    ahead.emplace(batcher, [group](std::int64_t i) {
+      return BatchShare{0, 1, group && i % group->world_size() != group->rank()};
+    });
+  while (auto b = ahead ? ahead->next() : std::nullopt) {
+    ++index;
+    if (b->held == 0) {  // another process's batch
+      stats.samples += b->rows;
+      ++stats.batches;
+      continue;
+    }
     std::map<std::string, at::Tensor> feeds;
     for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = b->inputs[i].to(device);
     executor_->run(feeds, [this](std::size_t n, std::size_t k, const at::Tensor& x) {
@@ -294,6 +310,11 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   }
   if (stats.samples == 0 && reads_data) throw Error("the calibration data " + data.describe() + " yielded no samples");
   inference.reset();
+  if (group) {
+    std::vector<QuantSlot*> all;
+    for (auto& s : slots_->all()) all.push_back(&s);
+    merge_observers(*group, all, device, "merging observer states");
+  }
   const auto params_start = std::chrono::steady_clock::now();
   {
     c10::NoGradGuard no_grad;

@@ -57,6 +57,67 @@ TEST(Data, NpyRoundTripAndSingleSamplesAndBatches) {
   EXPECT_EQ(sizes, (std::vector<std::int64_t>{4, 2}));
 }
 
+// Note [Distributed runs]: batches sliced between processes or skipped. Records of 3 samples
+// in batches of 8 (so batches span records and records span batches, some of them mapped):
+// the slices of every process joined are the whole batch, a skipped batch is counted but
+// neither joined nor checked, and a NaN is reported by the process whose slice holds it, with
+// its index in its record.
+TEST(Data, BatchesAreSlicedAndSkippedWithoutReadingOtherProcessesSamples) {
+  testing::TempDir dir;
+  at::manual_seed(8);
+  std::vector<at::Tensor> records;
+  for (int r = 0; r < 7; ++r) {
+    records.push_back(at::rand({r == 3 ? 400 : 3, 1, 28, 28}));  // 400 samples: 1.2 MiB, mapped
+    write_npy(records.back(), dir / ("r" + std::to_string(r) + ".npy"));
+  }
+  const at::Tensor all = at::cat(records, 0);
+  for (int parts : {1, 2, 3}) {
+    std::vector<std::unique_ptr<Dataset>> data;
+    std::vector<std::unique_ptr<Batcher>> batchers;
+    for (int p = 0; p < parts; ++p) {
+      data.push_back(open_dataset(dir.path().string(), image_input()));
+      batchers.push_back(std::make_unique<Batcher>(*data.back(), image_input(), 8, 0));
+    }
+    std::int64_t at_row = 0;
+    for (std::int64_t index = 0;; ++index) {
+      std::vector<at::Tensor> slices;
+      std::optional<Batch> b;
+      for (int p = 0; p < parts; ++p) {
+        b = batchers[static_cast<std::size_t>(p)]->next(BatchShare{p, parts, false});
+        if (!b) break;
+        EXPECT_EQ(b->sliced, parts > 1);
+        EXPECT_EQ(b->first, b->rows * p / parts);
+        if (b->held > 0) slices.push_back(b->inputs[0]);
+      }
+      if (!b) break;
+      EXPECT_TRUE(at::equal(at::cat(slices, 0), all.narrow(0, at_row, b->rows))) << "batch " << index;
+      at_row += b->rows;
+    }
+    EXPECT_EQ(at_row, all.size(0));
+  }
+  // Skipped: counted, nothing held. A NaN in sample 5 of record 3 is the second slice's.
+  at::Tensor bad = records[3].clone();
+  bad[5][0][1][1] = NAN;
+  write_npy(bad, dir / "r3.npy");
+  auto d = open_dataset(dir.path().string(), image_input());
+  Batcher skipper(*d, image_input(), 8, 0);
+  std::int64_t counted = 0;
+  while (auto b = skipper.next(BatchShare{0, 1, true})) {
+    EXPECT_TRUE(b->inputs.empty());
+    counted += b->rows;
+  }
+  EXPECT_EQ(counted, all.size(0));
+  auto d1 = open_dataset(dir.path().string(), image_input()), d2 = open_dataset(dir.path().string(), image_input());
+  Batcher first_half(*d1, image_input(), 8, 0), second(*d2, image_input(), 8, 0);
+  // Batch 1 holds samples 8..15: record 3's samples 0..6; its second half (12..15) holds sample 5.
+  ASSERT_TRUE(first_half.next());
+  ASSERT_TRUE(second.next());
+  EXPECT_NO_THROW(first_half.next(BatchShare{0, 2, false}));
+  const std::string e = expect_error([&] { second.next(BatchShare{1, 2, false}); });
+  EXPECT_NE(e.find("r3.npy"), std::string::npos) << e;
+  EXPECT_NE(e.find("first bad sample: 5"), std::string::npos) << e;
+}
+
 // Note [Named datasets]: an opener registered under a name is what open_dataset() opens there,
 // afresh each time; the name is stable while unique and gone with the registration.
 TEST(Data, NamedDatasetsOpenAfreshUntilUnregistered) {

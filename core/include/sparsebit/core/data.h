@@ -9,8 +9,13 @@
 /// NaN/Inf, and errors name the file.
 
 #include <cstdint>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +33,19 @@ struct Batch {
   bool batched = false;
   /// Samples in a batch the Batcher delivers (the size of dim 0 of its batched inputs).
   std::int64_t rows = 0;
+  /// Of those, the samples `inputs` hold: [first, first + held) (a BatchShare's slice; all of
+  /// them by default, none when skipped).
+  std::int64_t first = 0, held = 0;
+  bool sliced = false;  ///< cut to a BatchShare's slice (a batch that cannot be cut comes whole)
+};
+
+/// Which samples of its next batch a caller needs (Note [Distributed runs]): slice `part` of
+/// `parts` near-equal slices (samples [rows * part / parts, rows * (part + 1) / parts)), or none
+/// (`skip`: the batch is only counted, its data neither checked nor, where the dataset maps its
+/// files, read). Batches whose inputs are not all batched along dim 0 come whole.
+struct BatchShare {
+  int part = 0, parts = 1;
+  bool skip = false;
 };
 
 class SPARSEBIT_API Dataset {
@@ -78,10 +96,18 @@ class SPARSEBIT_API NamedDataset {
 class SPARSEBIT_API Batcher {
  public:
   Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64_t batch_size, std::int64_t limit);
-  std::optional<Batch> next();
+  std::optional<Batch> next(const BatchShare& share = {});
   std::int64_t samples_delivered() const { return delivered_; }
 
  private:
+  /// Records, or what is left of them, waiting for a batch (records are joined only when a
+  /// batch is delivered, and only the samples asked for).
+  struct Part {
+    std::vector<at::Tensor> inputs;
+    std::string source;
+    std::int64_t offset = 0;  ///< of inputs' first sample in the record, for messages
+  };
+  std::int64_t rows_of(const Part& p) const;
   Dataset& data_;
   std::vector<ValueInfo> inputs_;
   std::vector<bool> scalar_;      ///< inputs the model declares 0-d (a sample rate): passed as they are
@@ -89,11 +115,35 @@ class SPARSEBIT_API Batcher {
   std::vector<bool> other_axis_;  ///< inputs whose dim 0 is not the batch (a recurrent state)
   bool whole_records_ = false;    ///< some input is other_axis_: records are batches as they are
   std::int64_t batch_size_, limit_, delivered_ = 0;
-  std::vector<at::Tensor> pending_;
-  std::string pending_source_;
-  std::vector<at::Tensor> held_;  ///< a record of other sizes, first in the next batch
-  std::string held_source_;
+  std::vector<Part> pending_;
+  std::optional<Part> held_;  ///< a record of other sizes, first in the next batch
   bool exhausted_ = false;
+};
+
+/// A Batcher's batches, read ahead on a background thread (at most `depth` waiting), so reading
+/// and decoding the next batch overlaps the work on the current one. The Batcher and its
+/// dataset are used only from that thread until the Prefetcher is destroyed.
+class SPARSEBIT_API Prefetcher {
+ public:
+  /// `share`: what the caller needs of batch number i (0-based); all of every batch by default.
+  explicit Prefetcher(Batcher& batcher, std::function<BatchShare(std::int64_t)> share = {}, std::size_t depth = 2);
+  ~Prefetcher();
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+  /// The next batch, or nullopt at the end; rethrows what the reader threw.
+  std::optional<Batch> next();
+
+ private:
+  void read();
+  Batcher& batcher_;
+  std::function<BatchShare(std::int64_t)> share_;
+  std::size_t depth_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Batch> ready_;
+  bool done_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread reader_;
 };
 
 /// Samples [first, first + count) of another dataset (count 0: to its end), one sample per

@@ -1,0 +1,94 @@
+#pragma once
+/// \file
+/// Runs spread over several processes, on one host or several (docs/DISTRIBUTED.md), on
+/// LibTorch's c10d: a TCPStore for the rendezvous, ProcessGroupGloo for CPU tensors and
+/// ProcessGroupNCCL for CUDA tensors where LibTorch has it.
+///
+/// Note [Distributed runs]
+/// Every process runs the same pipeline on the same model and config and makes the same
+/// decisions; only the data is divided. Calibration: process r takes batches r, r + W, r + 2W,
+/// ... of the one batch sequence a single process would see (so every batch is computed exactly
+/// as it would be alone), and observers merge their states in rank order (Note [Distributed
+/// observers], observer.h); the parameters then equal one process's (bit for bit for minmax).
+/// Layerwise modes cache each process's batches and merge at every layer (GPTQ's Hessians
+/// too). QAT: each global batch is cut into W slices, each process backpropagates its slice
+/// weighted by its share of the samples, and gradients are summed, so a step equals one
+/// process's step on the whole batch up to summation order. Only rank 0 writes files; every
+/// process logs with its rank.
+///
+/// Failures: each collective is numbered; before it, a process records its number and name in
+/// the store, and a watchdog thread beats there every second. A process that fails records its
+/// message; one whose collective fails or waits longer than the timeout names the rank that
+/// failed, stopped beating (killed or frozen) or never reached the collective, removes its
+/// temporary files and exits with status 1. Rank 0 holds the store.
+///
+///     sparsebit::init_distributed("cpu");          // from RANK, WORLD_SIZE, MASTER_ADDR, ...
+///     if (auto* d = sparsebit::distributed()) ...  // null: one process
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sparsebit/sdk/export.h"
+
+namespace sparsebit {
+
+struct SPARSEBIT_API DistributedSettings {
+  int rank = 0, world_size = 1, local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  /// How long a process waits for the others at a collective or at the rendezvous.
+  std::chrono::seconds timeout{300};
+  /// From RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and SPARSEBIT_DIST_TIMEOUT
+  /// (seconds); nullopt when WORLD_SIZE is unset or 1. Malformed values are an error naming
+  /// the variable.
+  static std::optional<DistributedSettings> from_env();
+};
+
+class SPARSEBIT_API Distributed {
+ public:
+  /// Joins the group: waits until every rank has reached the store, then builds the process
+  /// groups. `device` is the run's device ("cpu", "cuda", "cuda:N").
+  Distributed(const DistributedSettings& settings, const std::string& device);
+  ~Distributed();
+  Distributed(const Distributed&) = delete;
+  Distributed& operator=(const Distributed&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  bool is_root() const { return rank() == 0; }
+  const DistributedSettings& settings() const;
+
+  /// Sums `tensors` in place over all processes (all on the CPU, or all on the run's GPU).
+  void all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what);
+  /// Every process's `mine`, in rank order (any dtypes and devices; returned on the CPU).
+  std::vector<std::vector<at::Tensor>> all_gather(const std::vector<at::Tensor>& mine, const std::string& what);
+  /// Waits for every process.
+  void barrier(const std::string& what);
+  /// Records that this process is failing with `message`, for the others to report; rank 0
+  /// waits a few seconds for them to read it (the store lives in its process).
+  void report_failure(const std::string& message) noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// This process's group, or null in a single-process run.
+SPARSEBIT_API Distributed* distributed();
+/// Joins the group the environment describes, once per process; a no-op returning null when
+/// WORLD_SIZE is unset or 1. Logs carry the rank from then on. With `device` "cuda" and several
+/// GPUs visible, GPU LOCAL_RANK becomes this process's current one (what "cuda" means).
+SPARSEBIT_API Distributed* init_distributed(const std::string& device);
+/// Leaves the group (at the end of a run; the CLI calls it before exiting).
+SPARSEBIT_API void shutdown_distributed();
+/// Whether this process writes the outputs (rank 0, or a single process).
+SPARSEBIT_API bool writes_outputs();
+/// Records a failure for the other processes (no-op in a single-process run).
+SPARSEBIT_API void report_distributed_failure(const std::string& message) noexcept;
+
+}  // namespace sparsebit

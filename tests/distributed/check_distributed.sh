@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Runs over several processes on this machine (Gloo on localhost; docs/DISTRIBUTED.md), each
+# against the single-process run of the same job:
+#   - streaming and layerwise calibration with --nproc 2 and 3 write byte-identical models
+#     (minmax, percentile, kl_histogram; merged observer states give the same parameters);
+#   - the same with the workers started as a standard launcher does (RANK, WORLD_SIZE, ...);
+#   - GPTQ with the Hessians merged: the layers' output errors within 2% of one process's;
+#   - QAT: the same epoch losses within summation-order tolerance, one checkpoint, one model;
+#   - a worker killed (SIGKILL) or frozen (SIGSTOP) during calibration, and a rank that never
+#     joins: the run fails with a message naming that rank, and no output file is written.
+# Usage: check_distributed.sh SPARSEBIT_BINARY SOURCE_DIR
+set -euo pipefail
+bin="$(realpath "$1")"
+src="$(realpath "$2")"
+model="$src/examples/fashion_mnist/fashion_mnist_cnn.onnx"
+data=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+work="$(mktemp -d)"
+trap 'pkill -KILL -P $$ 2>/dev/null || true; rm -rf "$work"' EXIT
+cd "$work"
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# One thread per process in both runs: the float arithmetic of a batch is then the same.
+run() { "$bin" -q --threads 1 "$@"; }
+
+for observer in minmax percentile kl_histogram; do
+  for mode in streaming layerwise; do
+    cat >"$observer.toml" <<EOF
+backend = "onnxruntime"
+[w]
+qscheme = "per-channel-symmetric"
+[a]
+qscheme = "per-tensor-affine"
+observer = "$observer"
+[calibration]
+mode = "$mode"
+EOF
+    run quantize "$model" -c "$observer.toml" --calib "$data" --batch-size 32 --calib-count 320 -o one.onnx 2>/dev/null
+    for n in 2 3; do
+      run quantize "$model" -c "$observer.toml" --calib "$data" --batch-size 32 --calib-count 320 -o "n$n.onnx" \
+        --nproc "$n" 2>/dev/null
+      cmp -s one.onnx "n$n.onnx" || fail "$observer, $mode: --nproc $n differs from one process"
+    done
+    echo "ok: $observer $mode calibration, --nproc 2 and 3 byte-identical to one process"
+  done
+done
+
+# Workers started by hand, as torchrun or a cluster scheduler starts them.
+port=$((20000 + RANDOM % 20000))
+for rank in 0 1; do
+  RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$bin" -q --threads 1 quantize "$model" -c percentile.toml --calib "$data" --batch-size 32 --calib-count 320 \
+    -o env.onnx 2>"env$rank.log" &
+done
+wait
+[[ -f env.onnx ]] || fail "workers from the environment wrote nothing: $(cat env0.log env1.log)"
+run quantize "$model" -c percentile.toml --calib "$data" --batch-size 32 --calib-count 320 -o one.onnx 2>/dev/null
+cmp -s one.onnx env.onnx || fail "workers from the environment differ from one process"
+echo "ok: workers from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT byte-identical to one process"
+
+# GPTQ (8-bit, so numpy reads the weights): Hessians merged, not bit-identical; same quality.
+cat >gptq.toml <<'EOF'
+[w]
+qscheme = "per-channel-symmetric"
+quantizer = "gptq"
+[calibration]
+mode = "asym"
+EOF
+run quantize "$model" -c gptq.toml --calib "$data" --batch-size 32 --calib-count 256 -o g1.onnx --report g1.json 2>/dev/null
+run quantize "$model" -c gptq.toml --calib "$data" --batch-size 32 --calib-count 256 -o g2.onnx --report g2.json \
+  --nproc 2 2>/dev/null
+/usr/bin/python3 - g1.json g2.json <<'EOF'
+import json, sys
+one, two = (json.load(open(p))["calibration"]["reconstructions"] for p in sys.argv[1:])
+assert [r["node"] for r in one] == [r["node"] for r in two] and one, (one, two)
+for a, b in zip(one, two):
+    rel = abs(a["mse_learnt"] - b["mse_learnt"]) / a["mse_learnt"]
+    print(f"  gptq {a['node']}: output MSE {a['mse_learnt']:.4g} (1 process), {b['mse_learnt']:.4g} (2), {rel:.2%} apart")
+    assert rel < 0.02, a["node"]
+    assert b["mse_learnt"] < b["mse_nearest"], a["node"]
+EOF
+echo "ok: gptq over 2 processes, layer errors within 2% of one process's"
+
+# QAT: 8-bit STE, lr small enough that no weight sits on a rounding edge the summation order
+# could tip; the epoch losses agree, rank 0 alone writes the model, report and checkpoint.
+cat >qat.toml <<'EOF'
+backend = "virtual"
+[w]
+qscheme = "per-channel-symmetric"
+[a]
+qscheme = "per-tensor-affine"
+[calibration]
+count = 128
+batch_size = 32
+[qat]
+epochs = 2
+batch_size = 64
+count = 512
+lr = 1e-4
+EOF
+run qat "$model" -c qat.toml --calib "$data" --train "$data" -o q1.onnx --report q1.json 2>/dev/null
+run qat "$model" -c qat.toml --calib "$data" --train "$data" -o q2.onnx --report q2.json --nproc 2 2>/dev/null
+[[ -f q2.onnx.ckpt ]] || fail "no checkpoint from the 2-process QAT run"
+/usr/bin/python3 - q1.json q2.json <<'EOF'
+import json, sys
+one, two = (json.load(open(p))["qat"]["epochs"] for p in sys.argv[1:])
+assert len(one) == len(two) == 2
+for a, b in zip(one, two):
+    rel = abs(a["loss"] - b["loss"]) / a["loss"]
+    print(f"  qat epoch {a['epoch']}: loss {a['loss']:.7g} (1 process), {b['loss']:.7g} (2), {rel:.1e} apart")
+    assert a["samples"] == b["samples"] == 512
+    assert rel < 1e-3, (a, b)
+EOF
+# Resumed by both workers from rank 0's checkpoint: one more epoch.
+run qat "$model" -c qat.toml --calib "$data" --train "$data" -o q2.onnx --report q3.json --nproc 2 --epochs 3 \
+  2>/dev/null
+/usr/bin/python3 -c "
+import json; r = json.load(open('q3.json'))['qat']
+assert r['resumed_after_epoch'] == 2 and [e['epoch'] for e in r['epochs']] == [3], r"
+echo "ok: qat over 2 processes, epoch losses as one process's; checkpoint resumed by both"
+
+# Failures. Calibration over 40000 samples takes several seconds: long enough to hit a worker.
+cat >slow.toml <<'EOF'
+backend = "onnxruntime"
+[w]
+qscheme = "per-channel-symmetric"
+[a]
+qscheme = "per-tensor-affine"
+EOF
+hit_worker() {  # SIGNAL: sends it to rank 1 once rank 0 is calibrating; prints the run's status
+  local signal="$1"
+  SPARSEBIT_DIST_TIMEOUT=5 "$bin" --threads 1 quantize "$model" -c slow.toml --calib "$data" --batch-size 8 \
+    --calib-count 40000 -o dead.onnx --nproc 2 2>"$signal.log" &
+  local parent=$!
+  for _ in $(seq 300); do
+    grep -q "calibrating on" "$signal.log" 2>/dev/null && break
+    sleep 0.05
+  done
+  local worker=""
+  for pid in $(pgrep -P "$parent"); do
+    tr '\0' '\n' <"/proc/$pid/environ" | grep -qx RANK=1 && worker=$pid
+  done
+  [[ -n $worker ]] || fail "no worker of rank 1 under $parent"
+  kill "-$signal" "$worker"
+  local status=0
+  wait "$parent" || status=$?
+  kill -KILL "$worker" 2>/dev/null || true
+  echo "$status"
+}
+status=$(hit_worker KILL)
+[[ $status -ne 0 ]] || fail "a killed worker did not fail the run"
+grep -q "worker rank 1 .* was killed by signal 9" KILL.log || fail "the message does not name rank 1: $(cat KILL.log)"
+[[ ! -e dead.onnx ]] || fail "a run with a killed worker wrote its output"
+echo "ok: a killed worker ends the run: $(grep 'worker rank 1' KILL.log)"
+
+start=$(date +%s)
+status=$(hit_worker STOP)
+[[ $status -ne 0 ]] || fail "a frozen worker did not fail the run"
+grep -q "rank 1 stopped responding" STOP.log || fail "the message does not name the frozen rank 1: $(cat STOP.log)"
+[[ ! -e dead.onnx ]] || fail "a run with a frozen worker wrote its output"
+echo "ok: a frozen worker ends the run in $(($(date +%s) - start)) s: $(grep -o 'rank 1 stopped responding.*' STOP.log | head -1)"
+
+# A rank that never joins: rank 0 alone, the rendezvous times out naming rank 1.
+status=0
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 1)) SPARSEBIT_DIST_TIMEOUT=3 \
+  "$bin" --threads 1 quantize "$model" -c slow.toml --calib "$data" -o alone.onnx 2>alone.log || status=$?
+[[ $status -ne 0 ]] || fail "rank 0 without rank 1 did not fail"
+grep -q "rank(s) 1 of 2 did not join within 3 s" alone.log || fail "no rendezvous message naming rank 1: $(cat alone.log)"
+[[ ! -e alone.onnx ]] || fail "rank 0 alone wrote its output"
+echo "ok: a rank that never joins is named: $(grep -o 'rank(s) 1 of 2 did not join.*' alone.log)"
+echo "check passed"
