@@ -23,6 +23,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -50,8 +51,10 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Python errors raised inside callbacks (Note [Python calls])
 
-/// The Python exception a callback raised during the current call on this thread.
-thread_local std::unique_ptr<py::error_already_set> parked_error;
+/// The Python exception a callback raised during the current call. Not per thread: a data
+/// loader may be called from the thread that reads batches ahead (sparsebit::Prefetcher).
+std::mutex parked_mutex;
+std::unique_ptr<py::error_already_set> parked_error;
 
 /// Thrown through C++ in place of a parked Python exception.
 struct PythonRaised : sb::Error {
@@ -59,22 +62,30 @@ struct PythonRaised : sb::Error {
 };
 
 [[noreturn]] void park_and_unwind(py::error_already_set& e) {
-  parked_error = std::make_unique<py::error_already_set>(std::move(e));
+  {
+    std::lock_guard<std::mutex> lock(parked_mutex);
+    if (!parked_error) parked_error = std::make_unique<py::error_already_set>(std::move(e));
+  }
   throw PythonRaised();
 }
 
 /// Runs `f` without the GIL; a Python exception parked meanwhile is raised as itself.
 template <class F>
 auto without_gil(F&& f) -> decltype(f()) {
-  parked_error.reset();
+  {
+    std::lock_guard<std::mutex> lock(parked_mutex);
+    parked_error.reset();
+  }
   try {
     py::gil_scoped_release released;
     return f();
   } catch (...) {
-    if (parked_error) {
-      std::unique_ptr<py::error_already_set> e = std::move(parked_error);
-      throw py::error_already_set(std::move(*e));
+    std::unique_ptr<py::error_already_set> e;
+    {
+      std::lock_guard<std::mutex> lock(parked_mutex);
+      e = std::move(parked_error);
     }
+    if (e) throw py::error_already_set(std::move(*e));
     throw;
   }
 }

@@ -156,8 +156,8 @@ struct Distributed::Impl {
         const std::int64_t their = std::stoll(at.substr(0, tab));
         if (their < my_seq)
           behind += (behind.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) +
-                    " has not reached it (it is at collective #" + std::to_string(their) + ", " +
-                    at.substr(tab + 1) + ")";
+                    " has not reached it (it is at collective #" + std::to_string(their) + ", " + at.substr(tab + 1) +
+                    ")";
       }
       return behind;
     } catch (const std::exception&) {
@@ -212,8 +212,7 @@ struct Distributed::Impl {
     try {
       store->set(key("at", s.rank), bytes_of(std::to_string(n) + "\t" + what));
     } catch (const std::exception&) {
-      throw Error("distributed run: rank 0 is gone (it holds the rendezvous store at " + where() + ") before " +
-                  what);
+      throw Error("distributed run: rank 0 is gone (it holds the rendezvous store at " + where() + ") before " + what);
     }
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -288,8 +287,7 @@ Distributed::Distributed(const DistributedSettings& settings, const std::string&
     gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
   else if (settings.master_addr == "127.0.0.1" || settings.master_addr == "localhost")
     gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  else
-    gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  else gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   m.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", m.store),
                                                        settings.rank, settings.world_size, gloo_opts);
   if (at::Device(device).is_cuda()) {
@@ -422,7 +420,8 @@ Distributed* init_distributed(const std::string& device) {
   if (at::Device(device).is_cuda() && !at::Device(device).has_index()) {
     const int visible = static_cast<int>(at::detail::getCUDAHooks().getNumGPUs());
     if (visible > 1)
-      c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(settings->local_rank % visible)));
+      c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(
+          at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(settings->local_rank % visible)));
   }
   g_owned = std::make_unique<Distributed>(*settings, device);
   g_current = g_owned.get();

@@ -19,7 +19,8 @@ Distributed* dividing_group(const QuantSlots& slots, bool layer_passes, bool rec
     if (!why.empty()) break;
     if (!s.active() || !s.observer) continue;
     if (s.role == InputRole::kActivation && !s.observer->mergeable())
-      why = s.where() + ": observer '" + s.observer_name + "' (plugin '" + s.observer_plugin + "') cannot merge its state";
+      why = s.where() + ": observer '" + s.observer_name + "' (plugin '" + s.observer_plugin +
+            "') cannot merge its state";
     else if (s.role == InputRole::kWeight && s.quantizer && s.quantizer->solves_from_inputs() &&
              !s.quantizer->merges_inputs())
       why = s.where() + ": quantizer '" + s.quantizer_name + "' (plugin '" + s.quantizer_plugin +
@@ -69,11 +70,9 @@ void merge_observers(Distributed& group, const std::vector<QuantSlot*>& slots, c
 }
 
 void merge_quantizer_inputs(Distributed& group, QuantSlot& slot, const std::string& what) {
-  const auto mine = plugin_call(slot, false, "input_state", [&] { return slot.quantizer->input_state(); });
-  auto all = group.all_gather(mine, what);
-  for (auto& state : all)
-    for (std::size_t k = 0; k < state.size() && k < mine.size(); ++k) state[k] = state[k].to(mine[k].device());
-  plugin_call(slot, false, "merge_inputs", [&] { slot.quantizer->merge_inputs(all); });
+  auto sums = plugin_call(slot, false, "input_state", [&] { return slot.quantizer->input_state(); });
+  group.all_reduce_sum(sums, what);
+  plugin_call(slot, false, "merge_inputs", [&] { slot.quantizer->merge_inputs(sums); });
 }
 
 }  // namespace sparsebit

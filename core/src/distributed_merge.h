@@ -22,7 +22,8 @@ Distributed* dividing_group(const QuantSlots& slots, bool layer_passes, bool rec
 void merge_observers(Distributed& group, const std::vector<QuantSlot*>& slots, const at::Device& device,
                      const std::string& what);
 
-/// The same for a weight quantizer's accumulated inputs (Note [Weights solved from layer inputs]).
+/// Sums a weight quantizer's accumulated inputs over the processes (Note [Weights solved from
+/// layer inputs]); on GPUs through NCCL.
 void merge_quantizer_inputs(Distributed& group, QuantSlot& slot, const std::string& what);
 
 }  // namespace sparsebit

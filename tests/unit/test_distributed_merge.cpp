@@ -124,10 +124,11 @@ TEST(DistributedMerge, GptqHessiansMergeAsTheMeanOverAllSamples) {
     merged->accumulate_inputs(rows[b].narrow(0, 0, 1));  // replaced by the merge
   }
   ASSERT_TRUE(merged->merges_inputs());
-  merged->merge_inputs({first->input_state(), second->input_state()});
+  const auto a_half = first->input_state(), b_half = second->input_state();
+  merged->merge_inputs({a_half[0] + b_half[0], a_half[1] + b_half[1]});  // what the runner's sum gives
   const auto w = whole->input_state(), m = merged->input_state();
-  EXPECT_EQ(w[1].item<std::int64_t>(), m[1].item<std::int64_t>());
-  EXPECT_TRUE(at::allclose(w[0], m[0], 1e-5, 1e-6)) << (w[0] - m[0]).abs().max();
+  EXPECT_EQ(w[1].item<double>(), m[1].item<double>());
+  EXPECT_TRUE(at::allclose(w[0], m[0], 1e-5, 1e-4)) << (w[0] - m[0]).abs().max();
   whole->solve(weight, 0);
   merged->solve(weight, 0);
   const at::Tensor a = whole->forward(weight), b = merged->forward(weight);

@@ -92,31 +92,19 @@ class WeightRounding : public Quantizer {
     hessian_.addmm_(rows.t(), rows, 1.0, 2.0 / double(samples_));
   }
 
-  // The running mean of each process with its sample count; merged as the mean over all.
+  // The running mean times its sample count, and the count: both add up over processes.
   bool merges_inputs() const override { return true; }
   std::vector<at::Tensor> input_state() const override {
-    if (!hessian_.defined()) return {};
-    return {hessian_, at::tensor({samples_}, at::TensorOptions().dtype(at::kLong))};
+    if (!hessian_.defined()) throw Error(where_ + ": " + name_ + " has no layer inputs to merge");
+    return {hessian_ * double(samples_), at::full({1}, double(samples_), hessian_.options().dtype(at::kDouble))};
   }
-  void merge_inputs(const std::vector<std::vector<at::Tensor>>& states) override {
-    const at::Device device = hessian_.defined() ? hessian_.device() : at::Device(at::kCPU);
-    std::int64_t total = 0;
-    for (const auto& s : states)
-      if (s.size() == 2) total += s[1].to(at::kCPU).item<std::int64_t>();
-    if (total == 0) return;
-    at::Tensor merged;
-    for (const auto& s : states) {
-      if (s.empty()) continue;
-      if (s.size() != 2) throw Error(where_ + ": not a " + name_ + " input state");
-      const double share = double(s[1].to(at::kCPU).item<std::int64_t>()) / double(total);
-      const at::Tensor h = s[0].to(device, at::kFloat) * share;
-      if (merged.defined() && merged.sizes() != h.sizes())
-        throw Error(where_ + ": layer inputs of " + std::to_string(h.size(0)) + " features in one process, " +
-                    std::to_string(merged.size(0)) + " in another");
-      merged = merged.defined() ? merged.add_(h) : h;
-    }
-    hessian_ = merged;
-    samples_ = total;
+  void merge_inputs(const std::vector<at::Tensor>& sums) override {
+    if (sums.size() != 2 || !hessian_.defined() || sums[0].sizes() != hessian_.sizes())
+      throw Error(where_ + ": not a " + name_ + " input state of " + c10::str(hessian_.sizes()));
+    const double total = sums[1].item<double>();
+    if (!(total > 0)) return;
+    hessian_ = sums[0].to(hessian_.device(), at::kFloat).div_(total);
+    samples_ = static_cast<std::int64_t>(total);
   }
 
  protected:

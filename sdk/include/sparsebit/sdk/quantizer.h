@@ -77,14 +77,15 @@ class Quantizer {
     (void)reduction_axis;
   }
   /// For runs spread over several processes (Note [Distributed observers] in observer.h):
-  /// input_state() is what accumulate_inputs() gathered (a Hessian and its sample count, say);
-  /// merge_inputs() replaces it by the merge of `states`, every process's input_state() in rank
-  /// order (this one's among them), so every process solves from the statistics of all the data
-  /// and all get the same weight. Quantizers that return false from merges_inputs() see every
-  /// batch in every process.
+  /// input_state() is what accumulate_inputs() gathered, as tensors that add up over the data
+  /// (a Hessian times its sample count, and the count), the same shapes in every process (on
+  /// the device of the layer's inputs); the runner sums them over the processes (NCCL on GPUs)
+  /// and merge_inputs() replaces the statistics by that sum, so every process solves from the
+  /// statistics of all the data and all get the same weight. Quantizers that return false from
+  /// merges_inputs() see every batch in every process.
   virtual bool merges_inputs() const { return false; }
   virtual std::vector<at::Tensor> input_state() const { return {}; }
-  virtual void merge_inputs(const std::vector<std::vector<at::Tensor>>& states) { (void)states; }
+  virtual void merge_inputs(const std::vector<at::Tensor>& sums) { (void)sums; }
 };
 
 }  // namespace sparsebit
