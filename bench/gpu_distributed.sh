@@ -5,7 +5,9 @@
 #     distillation from the float model; the epoch is the second of two (the first warms up);
 #   - calibration time, resnet50 at batch 64 over 4,096 samples, W8A8 minmax;
 # each with `--nproc 1, 2` (and 4 where the machine has 4 GPUs), as a Markdown table with the
-# speed-up over one GPU. Also checks that the calibrated models are byte-identical.
+# speed-up over one GPU; on 2 (and 4) GPUs, QAT with the gradients summed after backward
+# (SPARSEBIT_GRADIENT_BUCKET_MB=0) against during it. Also checks that the calibrated models are
+# byte-identical.
 # Needs a CUDA build (scripts/device-build.sh) and Python with torch, torchvision and numpy.
 #   bench/gpu_distributed.sh SPARSEBIT_BINARY [WORK_DIR]
 set -euo pipefail
@@ -58,6 +60,15 @@ for n in $counts; do
     --batch-size 64 --calib-count 4096 --device cuda --nproc "$n" -o "$work/cal_$n.onnx" --report "$work/cal_$n.json"
   echo "$t0 $(date +%s.%N)" > "$work/cal_$n.time"
 done
+# The same QAT with the gradients summed after backward in one buffer: what the buckets summed
+# during backward (Note [Gradient buckets]) gain.
+for n in ${counts#1 }; do
+  for cfg in w8a8_qat w8a8_qat_b256; do
+    SPARSEBIT_GRADIENT_BUCKET_MB=0 "$bin" -q qat "$work/zoo/resnet18/model.onnx" -c "$work/$cfg.toml" \
+      --calib "$work/data" --train "$work/data" --device cuda --nproc "$n" --restart -o "$work/qat_${cfg}_after.onnx" \
+      --report "$work/qat_${cfg}_${n}_after.json"
+  done
+done
 for n in $counts; do
   cmp -s "$work/cal_1.onnx" "$work/cal_$n.onnx" || { echo "FAIL: calibration with $n GPUs differs from one" >&2; exit 1; }
 done
@@ -83,5 +94,10 @@ for n in counts:
 for cfg in ("w8a8_qat", "w4a4_lsq", "w8a8_qat_b256"):
     print(f"{cfg}: last-epoch loss " + ", ".join(f"{n} GPU(s) {epoch(cfg, n)[1]:.6g}" for n in counts) +
           f" ({epoch(cfg, counts[0])[2]} samples per epoch)")
+for n in counts[1:]:
+    for cfg in ("w8a8_qat", "w8a8_qat_b256"):
+        after = json.load(open(f"{w}/qat_{cfg}_{n}_after.json"))["qat"]["epochs"][-1]["seconds"]
+        print(f"{cfg} on {n} GPUs: {epoch(cfg, n)[0]:.2f} s/epoch with gradient buckets summed during backward, "
+              f"{after:.2f} s summed after it ({after / epoch(cfg, n)[0]:.2f}x)")
 print("calibrated models byte-identical for " + ", ".join(f"{n}" for n in counts) + " GPUs")
 PY

@@ -608,7 +608,9 @@ std::optional<Batch> Batcher::next(const BatchShare& share) {
 
   // The batch's samples [0, rows) are the first of the pending parts; the caller gets
   // [first, first + held) of them, joined from the parts that overlap it.
-  const bool sliceable = !whole_records_ && lead_ != std::string::npos;
+  // A batch of fewer samples than processes comes whole: every process then holds some
+  // (batch statistics summed over the processes need every one of them to compute).
+  const bool sliceable = !whole_records_ && lead_ != std::string::npos && rows >= share.parts;
   std::int64_t first = 0, held = rows;
   if (share.skip) {
     held = 0;

@@ -14,6 +14,7 @@
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
+#include "sparsebit/core/gradient_sync.h"
 #include "sparsebit/core/qat.h"
 
 namespace sparsebit::detail {
@@ -31,12 +32,16 @@ struct DistillStep {
   /// Tensors training updates in place without gradients (BatchNormalization's running
   /// statistics): averaged over the processes after every step of a distributed run.
   std::vector<at::Tensor> running_states = {};
+  /// A distributed run's gradient buckets (Note [Gradient buckets]): made at the first step,
+  /// kept across epochs, which then reuse the bucket order it learnt.
+  mutable std::shared_ptr<GradientSync> gradients = {};
 };
 
 /// Trains one pass over the data `open_train` yields; returns the epoch's mean loss and samples
 /// (seconds measured). Throws Error when the loss stops being finite. In a distributed run
-/// (Note [Distributed runs]) each process takes its slice of every batch and gradients, losses
-/// and running statistics are summed over the processes.
+/// (Note [Distributed runs]) each process takes its slice of every batch, batch statistics are
+/// those of the whole batch (Note [Batch statistics over processes]), gradients are summed
+/// while backward runs, losses and running statistics after it.
 QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<std::unique_ptr<Dataset>()>& open_train,
                        const QatProgressFn& progress);
 

@@ -15,10 +15,12 @@
 #endif
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -125,8 +127,13 @@ struct Distributed::Impl {
   std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;
-  std::optional<std::pair<std::int64_t, std::string>> in_flight;
-  std::chrono::steady_clock::time_point in_flight_since;
+  struct Started {
+    std::int64_t seq;
+    std::string what;
+    std::chrono::steady_clock::time_point since;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::deque<Started> in_flight;  // oldest first; guarded by mu
   std::thread watchdog;
 
   std::string key(const std::string& what, int rank) const { return "sparsebit/" + what + "/" + std::to_string(rank); }
@@ -194,8 +201,10 @@ struct Distributed::Impl {
       }
       lock.lock();
       // Gloo reports its own timeout; this catches collectives that block elsewhere (NCCL).
-      if (in_flight && std::chrono::steady_clock::now() - in_flight_since > s.timeout + std::chrono::seconds(15)) {
-        const auto [seq_now, what] = *in_flight;
+      if (!in_flight.empty() &&
+          std::chrono::steady_clock::now() - in_flight.front().since > s.timeout + std::chrono::seconds(15)) {
+        const std::int64_t seq_now = in_flight.front().seq;
+        const std::string what = in_flight.front().what;
         lock.unlock();
         const std::string who = culprit(seq_now);
         die("collective #" + std::to_string(seq_now) + " (" + what + ") waited more than " +
@@ -205,8 +214,22 @@ struct Distributed::Impl {
     }
   }
 
+  [[noreturn]] void failed(std::int64_t n, const std::string& what, const std::exception& e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      in_flight.clear();
+    }
+    const std::string who = culprit(n);
+    std::string cause = e.what();
+    if (auto nl = cause.find('\n'); nl != std::string::npos) cause.resize(nl);
+    throw Error("distributed run: collective #" + std::to_string(n) + " (" + what + ") failed on rank " +
+                std::to_string(s.rank) + ": " + (who.empty() ? cause.substr(0, 300) : who));
+  }
+
+  /// Numbers the collective `launch` starts, records it for the others, and keeps its work
+  /// until finish() waits for it. Every process starts the same collectives in the same order.
   template <class Launch>
-  void collective(const std::string& what, Launch&& launch) {
+  void start(const std::string& what, Launch&& launch) {
     const std::int64_t n = ++seq;
     c10::InferenceMode normal_tensors(false);  // the backends update buffers in place on their threads
     try {
@@ -214,27 +237,39 @@ struct Distributed::Impl {
     } catch (const std::exception&) {
       throw Error("distributed run: rank 0 is gone (it holds the rendezvous store at " + where() + ") before " + what);
     }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      in_flight = std::make_pair(n, what);
-      in_flight_since = std::chrono::steady_clock::now();
-    }
+    c10::intrusive_ptr<c10d::Work> work;
     try {
-      c10::intrusive_ptr<c10d::Work> work = launch();
-      work->wait();
+      work = launch();
     } catch (const std::exception& e) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        in_flight.reset();
-      }
-      const std::string who = culprit(n);
-      std::string cause = e.what();
-      if (auto nl = cause.find('\n'); nl != std::string::npos) cause.resize(nl);
-      throw Error("distributed run: collective #" + std::to_string(n) + " (" + what + ") failed on rank " +
-                  std::to_string(s.rank) + ": " + (who.empty() ? cause.substr(0, 300) : who));
+      failed(n, what, e);
     }
     std::lock_guard<std::mutex> lock(mu);
-    in_flight.reset();
+    in_flight.push_back({n, what, std::chrono::steady_clock::now(), work});
+  }
+
+  /// Waits for every started collective, oldest first.
+  void finish() {
+    for (;;) {
+      Started next;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (in_flight.empty()) return;
+        next = in_flight.front();
+      }
+      try {
+        next.work->wait();
+      } catch (const std::exception& e) {
+        failed(next.seq, next.what, e);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      in_flight.pop_front();
+    }
+  }
+
+  template <class Launch>
+  void collective(const std::string& what, Launch&& launch) {
+    start(what, std::forward<Launch>(launch));
+    finish();
   }
 
   Backend& group_for(const at::Tensor& t) {
@@ -367,6 +402,42 @@ void Distributed::all_reduce_sum(std::vector<at::Tensor>& tensors, const std::st
       offset += n;
     }
   }
+}
+
+void Distributed::start_sum(const at::Tensor& flat, const std::string& what) {
+  std::vector<at::Tensor> buffer{flat};
+  impl_->start(what, [&] { return impl_->group_for(flat).allreduce(buffer); });
+}
+
+void Distributed::finish_sums() { impl_->finish(); }
+
+namespace {
+
+// The sum over the processes as an autograd op: the gradient of each process's input is the
+// sum of every process's gradient of the result (Note [Batch statistics over processes]).
+struct SumOverProcesses : torch::autograd::Function<SumOverProcesses> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t, Distributed* group,
+                            const std::string& what) {
+    ctx->saved_data["what"] = what;
+    ctx->saved_data["group"] = reinterpret_cast<std::int64_t>(group);
+    std::vector<at::Tensor> sum{t.detach().clone()};
+    group->all_reduce_sum(sum, what);
+    return sum[0];
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* group = reinterpret_cast<Distributed*>(ctx->saved_data["group"].toInt());
+    std::vector<at::Tensor> sum{grads[0].defined() ? grads[0].detach().clone() : at::Tensor()};
+    if (!sum[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    group->all_reduce_sum(sum, "gradient of " + ctx->saved_data["what"].toStringRef());
+    return {sum[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor Distributed::sum_with_gradient(const at::Tensor& t, const std::string& what) {
+  return SumOverProcesses::apply(t, this, what);
 }
 
 std::vector<std::vector<at::Tensor>> Distributed::all_gather(const std::vector<at::Tensor>& mine,

@@ -16,6 +16,7 @@
 #include "distill_epoch.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/distributed.h"
+#include "sparsebit/sdk/data_parallel.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
@@ -194,9 +195,21 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
   e.epoch = epoch;
   double loss_sum = 0;
   std::int64_t batches = 0;
-  std::vector<at::Tensor> params;
-  for (auto& g : step.optimizer.param_groups())
-    for (auto& p : g.params()) params.push_back(p);
+  if (group && !step.gradients) {
+    std::vector<at::Tensor> params;
+    for (auto& g : step.optimizer.param_groups())
+      for (auto& p : g.params()) params.push_back(p);
+    step.gradients = std::make_shared<GradientSync>(*group, params);
+  }
+  // Ops normalizing with batch statistics sum them over the processes during the epoch.
+  struct BatchStatistics {
+    explicit BatchStatistics(Distributed* group) {
+      if (group)
+        sdk::set_process_sum(group->world_size(),
+                             [group](const at::Tensor& t) { return group->sum_with_gradient(t, "batch statistics"); });
+    }
+    ~BatchStatistics() { sdk::set_process_sum(1, {}); }
+  } batch_statistics(group);
   while (auto b = ahead.next()) {
     // This process's slice of the batch and its share of the samples (all of it alone). A
     // batch that cannot be sliced (a recurrent state) comes whole to every process: each
@@ -205,6 +218,8 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
     const bool whole = group && !b->sliced;
     const double share = whole ? 1.0 / group->world_size() : b->rows > 0 ? double(count) / double(b->rows) : 1.0;
     step.optimizer.zero_grad();
+    const std::string name = "step " + std::to_string(batches + 1) + " of epoch " + std::to_string(epoch);
+    if (group) step.gradients->begin_step("gradients of " + name);
     at::Tensor loss;
     if (count > 0) {
       std::vector<at::Tensor> student_in;
@@ -224,18 +239,14 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
     }
     double value = 0;
     if (group) {
-      // Gradients, the loss and the running statistics summed in one collective per dtype.
-      std::vector<at::Tensor> sums;
-      for (auto& p : params) {
-        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-        sums.push_back(p.grad());
-      }
-      sums.push_back(loss.defined() ? loss.detach().reshape({1}).to(at::kFloat)
-                                    : at::zeros({1}, at::TensorOptions().device(step.device)));
+      step.gradients->finish_step();
+      // The loss and the running statistics (equal already where batch statistics are summed;
+      // averaged for ops that keep their own) in one more collective.
+      std::vector<at::Tensor> sums{loss.defined() ? loss.detach().reshape({1}).to(at::kFloat)
+                                                  : at::zeros({1}, at::TensorOptions().device(step.device))};
       for (auto& st : step.running_states) sums.push_back(st);
-      group->all_reduce_sum(sums,
-                            "gradients of step " + std::to_string(batches + 1) + " of epoch " + std::to_string(epoch));
-      value = sums[params.size()].item<double>();
+      group->all_reduce_sum(sums, "loss of " + name);
+      value = sums[0].item<double>();
       for (auto& st : step.running_states) st.detach().div_(group->world_size());
     } else {
       value = loss.item<double>();

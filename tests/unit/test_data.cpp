@@ -79,12 +79,21 @@ TEST(Data, BatchesAreSlicedAndSkippedWithoutReadingOtherProcessesSamples) {
       batchers.push_back(std::make_unique<Batcher>(*data.back(), image_input(), 8, 0));
     }
     std::int64_t at_row = 0;
+    int whole = 0;
     for (std::int64_t index = 0;; ++index) {
       std::vector<at::Tensor> slices;
       std::optional<Batch> b;
       for (int p = 0; p < parts; ++p) {
         b = batchers[static_cast<std::size_t>(p)]->next(BatchShare{p, parts, false});
         if (!b) break;
+        if (b->rows < parts) {  // fewer samples than processes: whole to each
+          EXPECT_FALSE(b->sliced);
+          EXPECT_EQ(b->first, 0);
+          EXPECT_EQ(b->held, b->rows);
+          if (p == 0) slices.push_back(b->inputs[0]);
+          ++whole;
+          continue;
+        }
         EXPECT_EQ(b->sliced, parts > 1);
         EXPECT_EQ(b->first, b->rows * p / parts);
         if (b->held > 0) slices.push_back(b->inputs[0]);
@@ -94,6 +103,7 @@ TEST(Data, BatchesAreSlicedAndSkippedWithoutReadingOtherProcessesSamples) {
       at_row += b->rows;
     }
     EXPECT_EQ(at_row, all.size(0));
+    EXPECT_EQ(whole, parts == 3 ? 3 : 0);  // the last batch holds 418 % 8 = 2 samples
   }
   // Skipped: counted, nothing held. A NaN in sample 5 of record 3 is the second slice's.
   at::Tensor bad = records[3].clone();

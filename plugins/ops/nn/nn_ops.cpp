@@ -9,8 +9,10 @@
 // their input and keep scale and bias in float.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include "ops_common.h"
+#include "sparsebit/sdk/data_parallel.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::ops {
@@ -167,8 +169,10 @@ class QBatchNorm final : public NodeQModule {
     const at::Tensor &scale = in.at(1), &bias = in.at(2), &mean = in.at(3), &var = in.at(4);
     // QAT (QuantModel::train): batch statistics, running ones updated in place, as PyTorch does
     // (ONNX momentum m keeps m of the old value).
-    if (qat_training_ && !training_)
+    if (qat_training_ && !training_) {
+      if (sdk::training_processes() > 1) return {synchronized(x, scale, bias, mean, var)};
       return {at::batch_norm(x, scale, bias, mean, var, true, 1.0 - momentum_, eps_, false)};
+    }
     if (!training_) return {at::batch_norm(x, scale, bias, mean, var, false, 0.0, eps_, false)};
     // Training mode: normalize with batch statistics and update the running ones (population
     // variance, as the ONNX reference does).
@@ -184,6 +188,31 @@ class QBatchNorm final : public NodeQModule {
   }
 
  private:
+  // QAT over several processes, each with a slice of the batch: the statistics of the whole
+  // batch (Note [Batch statistics over processes]), so a step equals one process's. The
+  // variance sums squares around the global mean (a second sum), not E[x^2] - E[x]^2.
+  at::Tensor synchronized(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& bias, const at::Tensor& mean,
+                          const at::Tensor& var) const {
+    std::vector<std::int64_t> dims{0};
+    for (std::int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim()), 1);
+    shape[1] = x.size(1);
+    const std::int64_t channels = x.size(1);
+    const double local = x.size(1) ? double(x.numel() / x.size(1)) : 0.0;
+    const at::Tensor sums = sdk::sum_over_processes(at::cat({x.sum(dims), at::full({1}, local, x.options())}));
+    const at::Tensor count = sums.narrow(0, channels, 1).detach();  // a tensor: no wait for the device
+    const at::Tensor bmean = sums.narrow(0, 0, channels) / count;
+    const at::Tensor centered = x - bmean.reshape(shape);
+    const at::Tensor bvar = sdk::sum_over_processes(centered.pow(2).sum(dims)) / count;
+    {
+      // Running statistics as at::batch_norm keeps them: the unbiased variance.
+      c10::NoGradGuard no_grad;
+      mean.mul_(momentum_).add_(bmean.detach() * (1 - momentum_));
+      var.mul_(momentum_).add_(bvar.detach() * (count / (count - 1).clamp_min(1)) * (1 - momentum_));
+    }
+    return centered * at::rsqrt(bvar.reshape(shape) + eps_) * scale.reshape(shape) + bias.reshape(shape);
+  }
+
   double eps_, momentum_;
   bool training_;  // the node's own training_mode: ONNX training semantics, running stats as outputs
   bool qat_training_ = false;

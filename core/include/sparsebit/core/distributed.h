@@ -65,6 +65,14 @@ class SPARSEBIT_API Distributed {
 
   /// Sums `tensors` in place over all processes (all on the CPU, or all on the run's GPU).
   void all_reduce_sum(std::vector<at::Tensor>& tensors, const std::string& what);
+  /// Starts summing `flat` in place over all processes and returns at once; finish_sums()
+  /// waits for every sum started so far (gradient buckets during backward). Every process
+  /// starts the same sums in the same order.
+  void start_sum(const at::Tensor& flat, const std::string& what);
+  void finish_sums();
+  /// The sum of `t` over all processes as a differentiable op: in backward, each process's
+  /// gradient is the sum of every process's gradient of the result.
+  at::Tensor sum_with_gradient(const at::Tensor& t, const std::string& what);
   /// Every process's `mine`, in rank order (any dtypes and devices; returned on the CPU).
   std::vector<std::vector<at::Tensor>> all_gather(const std::vector<at::Tensor>& mine, const std::string& what);
   /// Waits for every process.

@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 13;  // 13: observer state()/merge(), quantizer input_state()
+inline constexpr std::uint32_t kAbiVersion = 14;  // 14: data_parallel.h (sum_over_processes)
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 13;
+inline constexpr std::uint32_t kSdkVersionMinor = 14;
 
 }  // namespace sparsebit::sdk
 
