@@ -23,23 +23,26 @@ namespace {
 // The live temporaries, in fixed storage a signal handler can read (Note [Interrupted runs]).
 constexpr int kSlots = 64;
 constexpr std::size_t kPathMax = 4096;
+// A slot is free (0), being filled by one thread (1), or holds a live path (2): writers on
+// several threads (a checkpoint written while training goes on) never share one.
 char g_paths[kSlots][kPathMax];
-std::atomic<bool> g_live[kSlots];
+std::atomic<int> g_state[kSlots];
 char g_what[512];
 
 int claim_slot(const std::string& path) {
   if (path.size() >= kPathMax) return -1;
   for (int i = 0; i < kSlots; ++i) {
-    if (g_live[i].load()) continue;
+    int free = 0;
+    if (!g_state[i].compare_exchange_strong(free, 1)) continue;
     std::memcpy(g_paths[i], path.c_str(), path.size() + 1);
-    g_live[i].store(true);
+    g_state[i].store(2);
     return i;
   }
   return -1;  // more writers than slots: still removed by their destructors
 }
 
 void release_slot(int slot) {
-  if (slot >= 0) g_live[slot].store(false);
+  if (slot >= 0) g_state[slot].store(0);
 }
 
 void write_all(const char* s) {
@@ -77,7 +80,7 @@ mode_t new_file_mode() {
 
 void remove_temporary_files() noexcept {
   for (int i = 0; i < kSlots; ++i)
-    if (g_live[i].load()) ::unlink(g_paths[i]);
+    if (g_state[i].load() == 2) ::unlink(g_paths[i]);
 }
 
 void install_interrupt_cleanup(const std::string& what) {

@@ -409,7 +409,9 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     c.export_options.accuracy_level = level;
   }
   if (auto* t = table("qat")) {
-    r.check_keys(*t, "qat", {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed"});
+    r.check_keys(*t, "qat",
+                 {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed", "tf32",
+                  "cache_teacher"});
     auto positive_int = [&](const char* key, int current, std::int64_t min) {
       const std::int64_t v = r.get<std::int64_t>(*t, "qat", key, current, "an integer");
       if (v < min || v > (1 << 30)) throw Error(r.key_path("qat", key) + " must be at least " + std::to_string(min));
@@ -428,6 +430,8 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     c.qat.temperature = r.get<double>(*t, "qat", "temperature", c.qat.temperature, "a number");
     if (!(c.qat.temperature > 0)) throw Error(r.key_path("qat", "temperature") + " must be > 0");
     c.qat.seed = r.get<std::int64_t>(*t, "qat", "seed", c.qat.seed, "an integer");
+    c.qat.tf32 = r.get<bool>(*t, "qat", "tf32", c.qat.tf32, "true or false");
+    c.qat.cache_teacher = r.get<bool>(*t, "qat", "cache_teacher", c.qat.cache_teacher, "true or false");
   }
   if (auto* t = table("target")) {
     r.check_keys(*t, "target", {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict"});

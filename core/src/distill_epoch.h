@@ -35,6 +35,14 @@ struct DistillStep {
   /// A distributed run's gradient buckets (Note [Gradient buckets]): made at the first step,
   /// kept across epochs, which then reuse the bucket order it learnt.
   mutable std::shared_ptr<GradientSync> gradients = {};
+  /// [qat] cache_teacher: the teacher's outputs per step of the epoch that filled the cache,
+  /// with a digest of the step's inputs to notice data that change between epochs.
+  struct CachedTarget {
+    std::vector<at::Tensor> outputs;
+    at::Tensor digest;
+  };
+  mutable std::vector<CachedTarget> teacher_cache = {};
+  mutable int teacher_cache_epoch = 0;  ///< the epoch that filled it (0: none yet)
 };
 
 /// Trains one pass over the data `open_train` yields; returns the epoch's mean loss and samples

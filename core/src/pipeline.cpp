@@ -271,8 +271,8 @@ std::string qat_fingerprint(const QatJob& job) {
   std::ostringstream s;
   s << file_id(job.model) << "|" << file_id(c.source) << "|" << fs::absolute(job.calib).string() << "|"
     << fs::absolute(job.train).string() << "|" << c.qat.lr << "|" << c.qat.weight_decay << "|" << c.qat.batch_size
-    << "|" << c.qat.count << "|" << c.qat.loss << "|" << c.qat.temperature << "|" << c.qat.seed << "|"
-    << c.calibration.batch_size << "|" << c.calibration.count << "|" << c.calibration.mode;
+    << "|" << c.qat.count << "|" << c.qat.loss << "|" << c.qat.temperature << "|" << c.qat.seed << "|" << c.qat.tf32
+    << "|" << c.calibration.batch_size << "|" << c.calibration.count << "|" << c.calibration.mode;
   return s.str();
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "distill_epoch.h"
+#include "sparsebit/core/fused_adam.h"
 #include "glob.h"
 #include "prune_internal.h"
 #include "sparsebit/core/executor.h"
@@ -232,7 +233,7 @@ std::vector<double> finetune(Model& student, const Model& teacher, const Registr
   if (names.empty()) throw Error("fine-tuning: the model has no weights to train");
   std::vector<at::Tensor> params;
   for (const auto& name : names) params.push_back(ex.constants().at(name));
-  torch::optim::Adam adam(params, torch::optim::AdamOptions(settings.lr).weight_decay(settings.weight_decay));
+  FusedAdam adam(params, torch::optim::AdamOptions(settings.lr).weight_decay(settings.weight_decay));
   std::vector<double> losses;
   std::map<std::string, at::Tensor> feeds;
   const detail::DistillStep step{[&](const std::vector<at::Tensor>& in) {

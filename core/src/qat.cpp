@@ -3,22 +3,33 @@
 #include "sparsebit/core/qat.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/optim/adam.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <future>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include "distill_epoch.h"
+#include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/distributed.h"
 #include "sparsebit/sdk/data_parallel.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/version.h"
 
 namespace sparsebit {
 
@@ -57,8 +68,10 @@ at::Tensor distillation_loss(const std::vector<at::Tensor>& student, const std::
 
 namespace {
 
-void save_checkpoint(const std::string& path, const std::string& fingerprint, int epoch,
-                     const std::vector<std::pair<std::string, at::Tensor>>& params, torch::optim::Adam& adam) {
+/// The checkpoint's bytes; written to its file by the caller (on a thread, while the next
+/// epoch trains).
+std::string checkpoint_bytes(const std::string& fingerprint, int epoch,
+                             const std::vector<std::pair<std::string, at::Tensor>>& params, torch::optim::Adam& adam) {
   torch::serialize::OutputArchive archive;
   archive.write("fingerprint", c10::IValue(fingerprint));
   archive.write("epoch", c10::IValue(static_cast<std::int64_t>(epoch)));
@@ -70,9 +83,7 @@ void save_checkpoint(const std::string& path, const std::string& fingerprint, in
   archive.write("optimizer", optimizer);
   std::ostringstream bytes;
   archive.save_to(bytes);
-  AtomicFile out(path);
-  out.write(bytes.str());
-  out.commit();
+  return bytes.str();
 }
 
 /// Restores a checkpoint into `params` and `adam`; returns the epochs it had finished.
@@ -146,7 +157,7 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
   auto params = trained;  // what a checkpoint holds: parameters and running statistics
   for (auto& st : student.named_states()) params.push_back(st);
   student.train(true);
-  torch::optim::Adam adam(tensors, torch::optim::AdamOptions(s.lr).weight_decay(s.weight_decay));
+  FusedAdam adam(tensors, torch::optim::AdamOptions(s.lr).weight_decay(s.weight_decay));
 
   QatResult result;
   namespace fs = std::filesystem;
@@ -165,19 +176,158 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
                            options.after_step,
                            "QAT"};
   for (auto& st : student.named_states()) step.running_states.push_back(st.second);
+  // The last checkpoint's file is written on a thread while the next epoch trains.
+  std::future<void> writing;
   for (int epoch = result.resumed_after + 1; epoch <= s.epochs; ++epoch) {
     const QatEpoch e = detail::distill_epoch(step, epoch, open_train, progress);
     result.epochs.push_back(e);
     sdk::log_info("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs) + ": loss " +
                   std::to_string(e.loss) + " over " + std::to_string(e.samples) + " samples, " +
                   std::to_string(e.seconds) + " s");
-    if (!options.checkpoint.empty() && writes_outputs())
-      save_checkpoint(options.checkpoint, options.fingerprint, epoch, params, adam);
+    if (!options.checkpoint.empty() && writes_outputs()) {
+      std::string bytes = checkpoint_bytes(options.fingerprint, epoch, params, adam);
+      if (writing.valid()) writing.get();
+      writing = std::async(std::launch::async, [path = options.checkpoint, bytes = std::move(bytes)] {
+        AtomicFile out(path);
+        out.write(bytes);
+        out.commit();
+      });
+    }
   }
+  if (writing.valid()) writing.get();
   return result;
 }
 
 namespace detail {
+
+namespace {
+
+// Each step's loss, read one step late on a GPU: copied to pinned host memory behind an event,
+// so the host queues step k + 1 while the GPU still computes step k (a read of step k's value
+// at once would make the host wait for it every step). On the CPU the value is ready at once.
+class LaggedLoss {
+ public:
+  explicit LaggedLoss(const at::Device& device) : lag_(device.is_cuda() && TORCH_VERSION_MAJOR >= 2) {}
+  /// Takes this step's loss; returns the value of the one before it (this one's on the CPU).
+  std::optional<double> push(const at::Tensor& loss) {
+    if (!lag_) return loss.item<double>();
+    std::optional<double> previous = take();
+#if TORCH_VERSION_MAJOR >= 2
+    host_ = at::empty({1}, at::TensorOptions().dtype(loss.scalar_type()).pinned_memory(true));
+    host_.copy_(loss.detach().reshape({1}), /*non_blocking=*/true);
+    const auto* cuda = c10::impl::getDeviceGuardImpl(at::kCUDA);
+    event_.emplace(at::kCUDA);
+    event_->record(cuda->getStream(cuda->getDevice()));
+#endif
+    return previous;
+  }
+  /// The value still held (at the end of an epoch).
+  std::optional<double> take() {
+    if (!event_) return std::nullopt;
+#if TORCH_VERSION_MAJOR >= 2
+    event_->synchronize();
+#endif
+    event_.reset();
+    return host_.item<double>();
+  }
+
+ private:
+  bool lag_;
+  at::Tensor host_;
+  std::optional<c10::Event> event_;
+};
+
+// TensorFloat-32 while training when [qat] tf32 asks; full FP32 again afterwards.
+struct Tf32WhileTraining {
+  explicit Tf32WhileTraining(bool on) : on_(on) {
+    if (on_) set(true);
+  }
+  ~Tf32WhileTraining() {
+    if (on_) set(false);
+  }
+  static void set(bool allow) {
+    at::globalContext().setAllowTF32CuBLAS(allow);
+    at::globalContext().setAllowTF32CuDNN(allow);
+  }
+  bool on_;
+};
+
+// Ops normalizing with batch statistics sum them over the processes during the epoch.
+struct BatchStatistics {
+  explicit BatchStatistics(Distributed* group) {
+    if (group)
+      sdk::set_process_sum(group->world_size(),
+                           [group](const at::Tensor& t) { return group->sum_with_gradient(t, "batch statistics"); });
+  }
+  ~BatchStatistics() { sdk::set_process_sum(1, {}); }
+};
+
+std::atomic<std::int64_t> g_dispatched{0};  // ATen operators seen by StepProfile's callback
+
+// SPARSEBIT_QAT_PROFILE=1: the device is synchronized between the phases of every step and
+// their mean times are logged per epoch, with the ATen operators dispatched per step (the host
+// cost a CUDA graph would remove). Slower than a normal run: for finding where time goes.
+class StepProfile {
+ public:
+  StepProfile(const at::Device& device) : device_(device) {
+    const char* v = std::getenv("SPARSEBIT_QAT_PROFILE");
+    on_ = v && *v && std::string(v) != "0";
+    if (!on_) return;
+    g_dispatched.store(0);
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(+[](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+          g_dispatched.fetch_add(1, std::memory_order_relaxed);
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    last_ = std::chrono::steady_clock::now();
+  }
+  ~StepProfile() {
+    if (on_) at::removeCallback(handle_);
+  }
+  /// Ends phase `name` of the current step.
+  void mark(const char* name) {
+    if (!on_) return;
+    if (device_.is_cuda()) (void)at::zeros({1}, at::TensorOptions().device(device_)).item<float>();
+    const auto now = std::chrono::steady_clock::now();
+    ms_[name] += std::chrono::duration<double, std::milli>(now - last_).count();
+    if (std::find(order_.begin(), order_.end(), name) == order_.end()) order_.push_back(name);
+    last_ = now;
+  }
+  void log(const std::string& what, int epoch, std::int64_t steps) const {
+    if (!on_ || steps == 0) return;
+    std::string line;
+    double total = 0;
+    for (const auto& n : order_) {
+      const double ms = ms_.at(n) / double(steps);
+      total += ms;
+      line += (line.empty() ? "" : ", ") + n + " " + c10::str(std::round(ms * 100) / 100) + " ms";
+    }
+    sdk::log_info(what + " profile, epoch " + std::to_string(epoch) + ", per step: " + line + "; total " +
+                  c10::str(std::round(total * 100) / 100) + " ms; " + std::to_string(g_dispatched.load() / steps) +
+                  " ATen operators dispatched");
+  }
+
+ private:
+  at::Device device_;
+  bool on_ = false;
+  at::CallbackHandle handle_ = 0;
+  std::chrono::steady_clock::time_point last_;
+  std::map<std::string, double> ms_;
+  std::vector<std::string> order_;
+};
+
+/// A digest of a batch's inputs, to notice training data that change between epochs while the
+/// teacher's outputs are cached.
+at::Tensor digest(const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> parts;
+  for (const auto& x : inputs) {
+    const at::Tensor d = x.to(at::kDouble);
+    parts.push_back(at::stack({d.sum(), d.abs().sum(), at::scalar_tensor(double(x.numel()), d.options())}));
+  }
+  return at::cat(parts);
+}
+
+}  // namespace
 
 QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<std::unique_ptr<Dataset>()>& open_train,
                        const QatProgressFn& progress) {
@@ -194,23 +344,33 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
   QatEpoch e;
   e.epoch = epoch;
   double loss_sum = 0;
-  std::int64_t batches = 0;
+  std::int64_t batches = 0, reported = 0;
   if (group && !step.gradients) {
     std::vector<at::Tensor> params;
     for (auto& g : step.optimizer.param_groups())
       for (auto& p : g.params()) params.push_back(p);
     step.gradients = std::make_shared<GradientSync>(*group, params);
   }
-  // Ops normalizing with batch statistics sum them over the processes during the epoch.
-  struct BatchStatistics {
-    explicit BatchStatistics(Distributed* group) {
-      if (group)
-        sdk::set_process_sum(group->world_size(),
-                             [group](const at::Tensor& t) { return group->sum_with_gradient(t, "batch statistics"); });
+  BatchStatistics batch_statistics(group);
+  Tf32WhileTraining tf32(s.tf32 && step.device.is_cuda());
+  StepProfile profile(step.device);
+  LaggedLoss lagged(step.device);
+  const bool cached = s.cache_teacher && step.teacher_cache_epoch != 0;
+  at::Tensor data_changed;         // cached teacher outputs: set where a batch differs from epoch 1's
+  std::vector<std::int64_t> rows;  // samples per step, for the progress report
+  auto report = [&](double value) {
+    if (!std::isfinite(value)) {
+      throw Error(step.what + ": the loss became " + std::to_string(value) + " in step " +
+                  std::to_string(reported + 1) + " of epoch " + std::to_string(epoch) + "; lower [qat] lr (now " +
+                  std::to_string(s.lr) + ")");
     }
-    ~BatchStatistics() { sdk::set_process_sum(1, {}); }
-  } batch_statistics(group);
+    loss_sum += value;
+    e.samples += rows[static_cast<std::size_t>(reported)];
+    ++reported;
+    if (progress) progress(epoch, e.samples, total, loss_sum / double(reported));
+  };
   while (auto b = ahead.next()) {
+    profile.mark("data");
     // This process's slice of the batch and its share of the samples (all of it alone). A
     // batch that cannot be sliced (a recurrent state) comes whole to every process: each
     // then weighs it 1 / N.
@@ -229,15 +389,28 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
         teacher_in[step.inputs[i].name] = student_in.back();
       }
       std::vector<at::Tensor> target;
-      {
+      const auto index = static_cast<std::size_t>(batches);
+      if (cached && index < step.teacher_cache.size() && step.teacher_cache[index].digest.defined()) {
+        target = step.teacher_cache[index].outputs;
+        const at::Tensor differs = (digest(student_in) != step.teacher_cache[index].digest).any();
+        data_changed = data_changed.defined() ? data_changed.logical_or(differs) : differs;
+      } else {
         c10::NoGradGuard no_grad;
         target = step.teacher.run(teacher_in);
+        if (s.cache_teacher && !cached) {
+          if (step.teacher_cache.size() <= index) step.teacher_cache.resize(index + 1);
+          step.teacher_cache[index] = {target, digest(student_in)};
+        }
       }
-      loss = distillation_loss(step.student(student_in), target, s.loss, s.temperature);
+      profile.mark("teacher forward");
+      const auto outputs = step.student(student_in);
+      profile.mark("student forward");
+      loss = distillation_loss(outputs, target, s.loss, s.temperature);
       if (group) loss = loss * share;
       loss.backward();
+      profile.mark("backward");
     }
-    double value = 0;
+    at::Tensor value;
     if (group) {
       step.gradients->finish_step();
       // The loss and the running statistics (equal already where batch statistics are summed;
@@ -246,23 +419,29 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
                                                   : at::zeros({1}, at::TensorOptions().device(step.device))};
       for (auto& st : step.running_states) sums.push_back(st);
       group->all_reduce_sum(sums, "loss of " + name);
-      value = sums[0].item<double>();
+      value = sums[0];
       for (auto& st : step.running_states) st.detach().div_(group->world_size());
+      profile.mark("gradient and loss sums");
     } else {
-      value = loss.item<double>();
+      value = loss.detach();
     }
-    if (!std::isfinite(value)) {
-      throw Error(step.what + ": the loss became " + std::to_string(value) + " in epoch " + std::to_string(epoch) +
-                  "; lower [qat] lr (now " + std::to_string(s.lr) + ")");
-    }
+    rows.push_back(b->rows);
+    ++batches;
+    const auto previous = lagged.push(value);
     step.optimizer.step();
     if (step.after_step) step.after_step();
-    loss_sum += value;
-    ++batches;
-    e.samples += b->rows;
-    if (progress) progress(epoch, e.samples, total, loss_sum / double(batches));
+    profile.mark("optimizer");
+    if (previous) report(*previous);
   }
-  e.loss = batches ? loss_sum / double(batches) : 0;
+  if (const auto last = lagged.take()) report(*last);
+  if (data_changed.defined() && data_changed.item<bool>()) {
+    throw Error(step.what + ": [qat] cache_teacher = true, but the training data of epoch " + std::to_string(epoch) +
+                " differ from epoch " + std::to_string(step.teacher_cache_epoch) +
+                "'s (augmented or reshuffled data?); set cache_teacher = false");
+  }
+  if (s.cache_teacher && step.teacher_cache_epoch == 0) step.teacher_cache_epoch = epoch;
+  profile.log(step.what, epoch, batches);
+  e.loss = reported ? loss_sum / double(reported) : 0;
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return e;
 }

@@ -101,6 +101,9 @@ mode = "layerwise"
 paths = ["extra"]
 enable = ["sparsebit.*"]
 disable = ["*.minmax"]
+[qat]
+tf32 = true
+cache_teacher = true
 )",
                                  "/cfg/dir/test.toml");
   EXPECT_EQ(c.backend, "onnxruntime");
@@ -122,6 +125,12 @@ disable = ["*.minmax"]
   EXPECT_EQ(c.calibration.mode, "layerwise");
   EXPECT_EQ(c.plugins.paths, std::vector<std::string>{"/cfg/dir/extra"});  // relative to the config
   EXPECT_EQ(c.plugins.disable, std::vector<std::string>{"*.minmax"});
+  EXPECT_TRUE(c.qat.tf32);
+  EXPECT_TRUE(c.qat.cache_teacher);
+  EXPECT_FALSE(defaults.qat.tf32);  // training in full FP32 unless asked
+  const std::string e = error_of("[qat]\ntf32 = \"yes\"\n");
+  EXPECT_NE(e.find("tf32"), std::string::npos) << e;
+  EXPECT_NE(e.find("true or false"), std::string::npos) << e;
 }
 
 TEST(Config, UnknownKeysSuggestTheNearestValidKey) {

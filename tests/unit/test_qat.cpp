@@ -6,10 +6,14 @@
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cmath>
 #include <set>
+#include <sstream>
 
+#include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/qat.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
@@ -130,6 +134,95 @@ TEST(Qat, ResumingFromACheckpointEndsWhereAnUninterruptedRunEnds) {
     distill(other.student, other.teacher, other.train_data(), {c.qat, dir / "b.ckpt", "another run"});
   });
   EXPECT_NE(msg.find("--restart"), std::string::npos) << msg;
+}
+
+// Note [Fused Adam]: the same parameters and state as torch::optim::Adam to the bit, with weight
+// decay, a tensor that misses a step (its own step count) and a saved state loaded into Adam.
+TEST(Qat, FusedAdamStepsExactlyAsAdam) {
+  for (double decay : {0.0, 0.01}) {
+    at::manual_seed(4);
+    std::vector<at::Tensor> start{at::randn({7, 3}), at::randn({5}), at::randn({2, 2, 3})};
+    auto make = [&] {
+      std::vector<at::Tensor> p;
+      for (const auto& t : start) p.push_back(t.clone().set_requires_grad(true));
+      return p;
+    };
+    auto a = make(), b = make();
+    const auto options = torch::optim::AdamOptions(1e-2).weight_decay(decay);
+    torch::optim::Adam plain(a, options);
+    FusedAdam fused(b, options);
+    for (int step = 0; step < 6; ++step) {
+      at::manual_seed(100 + step);
+      std::vector<at::Tensor> g{at::randn({7, 3}), at::randn({5}), at::randn({2, 2, 3})};
+      plain.zero_grad();
+      fused.zero_grad();
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        if (i == 1 && step == 2) {  // no gradient this step
+          a[i].mutable_grad() = at::Tensor();
+          b[i].mutable_grad() = at::Tensor();
+          continue;
+        }
+        a[i].mutable_grad() = g[i].clone();
+        b[i].mutable_grad() = g[i].clone();
+      }
+      plain.step();
+      fused.step();
+      for (std::size_t i = 0; i < a.size(); ++i)
+        ASSERT_TRUE(at::equal(a[i], b[i])) << "decay " << decay << ", step " << step << ", tensor " << i;
+    }
+    // Its state is Adam's: saved by one, loaded by the other, the next steps agree.
+    torch::serialize::OutputArchive saved;
+    fused.save(saved);
+    std::ostringstream bytes;
+    saved.save_to(bytes);
+    std::istringstream in(bytes.str());
+    torch::serialize::InputArchive loaded;
+    loaded.load_from(in);
+    auto c = make();
+    for (std::size_t i = 0; i < c.size(); ++i) c[i].detach().copy_(b[i].detach());
+    torch::optim::Adam restored(c, options);
+    restored.load(loaded);
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      b[i].mutable_grad() = at::ones_like(b[i]);
+      c[i].mutable_grad() = at::ones_like(c[i]);
+    }
+    fused.step();
+    restored.step();
+    for (std::size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(at::equal(b[i], c[i])) << "restored tensor " << i;
+  }
+}
+
+// [qat] cache_teacher: the teacher runs in epoch 1 only and the losses are bit for bit those of
+// a run that asks it every epoch; data that change between epochs are an error naming the key.
+TEST(Qat, CachedTeacherOutputsGiveTheSameLossesAndNoticeChangingData) {
+  Config c = w4a4_lsq(96);
+  c.qat.epochs = 3;
+  auto losses = [&](bool cache) {
+    Config cc = c;
+    cc.qat.cache_teacher = cache;
+    QatSetup s(cc);
+    std::vector<double> out;
+    for (const auto& e : distill(s.student, s.teacher, s.train_data(), {cc.qat, "", ""}).epochs) out.push_back(e.loss);
+    return out;
+  };
+  const auto plain = losses(false), cached = losses(true);
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(plain, cached);
+  EXPECT_GT(plain[0], plain[2]);
+
+  Config cc = c;
+  cc.qat.cache_teacher = true;
+  QatSetup s(cc);
+  int opened = 0;
+  auto changing = [&]() -> std::unique_ptr<Dataset> {
+    // Epoch 2 reads other images: the first 96 of them shifted by one sample.
+    auto data = open_dataset(kImages, s.student.graph().inputs);
+    if (++opened == 2) (void)data->next();
+    return data;
+  };
+  const std::string msg = testing::error_of([&] { distill(s.student, s.teacher, changing, {cc.qat, "", ""}); });
+  EXPECT_NE(msg.find("cache_teacher"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("epoch 2"), std::string::npos) << msg;
 }
 
 // x -> Conv -> BatchNormalization -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> y, with

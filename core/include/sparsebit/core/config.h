@@ -109,6 +109,13 @@ struct QatConfig {
   std::string loss = "mse";  ///< mse | kl (on softmax over axis 1 at `temperature`)
   double temperature = 1;
   std::int64_t seed = 0;
+  /// TensorFloat-32 convolutions and matrix products on GPUs while training (calibration and
+  /// evaluation keep full FP32): faster, with products rounded to 10 mantissa bits.
+  bool tf32 = false;
+  /// Keep the teacher's outputs of each batch from the first epoch for the next ones (the
+  /// training data come in the same order every epoch): no teacher forward after epoch 1, at
+  /// the cost of the outputs' size x samples in memory on the training device.
+  bool cache_teacher = false;
 };
 
 /// `[export]`: how quantized weights are written.
