@@ -88,18 +88,11 @@ class AciqObserver final : public Observer {
 
   bool mergeable() const override { return true; }
   std::vector<at::Tensor> state() const override {
-    if (hist_.empty()) return {};
-    auto s = hist_.state();
-    s.push_back(shape_state(shape_));
-    s.push_back(at::tensor({per_sample_}, at::TensorOptions().dtype(at::kLong)));
-    return s;
+    return histogram_observer_state(hist_, shape_, {at::tensor({per_sample_}, at::TensorOptions().dtype(at::kLong))});
   }
   void merge(const std::vector<at::Tensor>& other) override {
-    if (other.empty()) return;
-    if (other.size() != 8) throw Error(where_ + ": not an aciq state");
-    hist_.merge({other.begin(), other.begin() + 6});
-    shape_ = shape_from_state(other[6]);
-    per_sample_ = other[7].to(at::kCPU, at::kLong).item<std::int64_t>();
+    const auto extra = merge_histogram_observer_state(other, 1, hist_, shape_, where_ + ": not an aciq state");
+    if (!extra.empty()) per_sample_ = extra[0].to(at::kCPU, at::kLong).item<std::int64_t>();
   }
 
  private:

@@ -263,6 +263,31 @@ inline std::vector<std::int64_t> shape_from_state(const at::Tensor& t) {
   return std::vector<std::int64_t>(c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel());
 }
 
+/// The state() of an observer built on a StreamingHistogram (Note [Distributed observers]): the
+/// histogram's, the observed tensor's shape, then the observer's own `extra` tensors.
+inline std::vector<at::Tensor> histogram_observer_state(const StreamingHistogram& hist,
+                                                        const std::vector<std::int64_t>& shape,
+                                                        const std::vector<at::Tensor>& extra = {}) {
+  if (hist.empty()) return {};
+  auto s = hist.state();
+  s.push_back(shape_state(shape));
+  s.insert(s.end(), extra.begin(), extra.end());
+  return s;
+}
+
+/// Merges such a state with `extras` extra tensors into `hist` and `shape` and returns the
+/// extras (none for an empty state); another size is an error naming `what`.
+inline std::vector<at::Tensor> merge_histogram_observer_state(const std::vector<at::Tensor>& other, std::size_t extras,
+                                                              StreamingHistogram& hist,
+                                                              std::vector<std::int64_t>& shape,
+                                                              const std::string& what) {
+  if (other.empty()) return {};
+  if (other.size() != 7 + extras) throw Error(what);
+  hist.merge({other.begin(), other.begin() + 6});
+  shape = shape_from_state(other[6]);
+  return {other.begin() + 7, other.end()};
+}
+
 /// QParams of per-row ranges (rows of quant_rows for a tensor of `shape`).
 inline QParams range_qparams(const at::Tensor& lo, const at::Tensor& hi, const QSpec& spec, const std::string& where,
                              const std::vector<std::int64_t>& shape) {

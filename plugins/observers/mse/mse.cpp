@@ -71,17 +71,9 @@ class MseObserver final : public Observer {
   }
 
   bool mergeable() const override { return true; }
-  std::vector<at::Tensor> state() const override {
-    if (hist_.empty()) return {};
-    auto s = hist_.state();
-    s.push_back(shape_state(shape_));
-    return s;
-  }
+  std::vector<at::Tensor> state() const override { return histogram_observer_state(hist_, shape_); }
   void merge(const std::vector<at::Tensor>& other) override {
-    if (other.empty()) return;
-    if (other.size() != 7) throw Error(where_ + ": not an mse state");
-    hist_.merge({other.begin(), other.begin() + 6});
-    shape_ = shape_from_state(other[6]);
+    merge_histogram_observer_state(other, 0, hist_, shape_, where_ + ": not an mse state");
   }
 
  private:

@@ -66,19 +66,11 @@ class PercentileObserver final : public Observer {
   }
 
   bool mergeable() const override { return true; }
-  std::vector<at::Tensor> state() const override {
-    if (hist_.empty()) return {};
-    auto s = hist_.state();
-    s.push_back(shape_state(shape_));
-    s.push_back(neg_);
-    return s;
-  }
+  std::vector<at::Tensor> state() const override { return histogram_observer_state(hist_, shape_, {neg_}); }
   void merge(const std::vector<at::Tensor>& other) override {
-    if (other.empty()) return;
-    if (other.size() != 8) throw Error(where_ + ": not a percentile state");
-    hist_.merge({other.begin(), other.begin() + 6});
-    shape_ = shape_from_state(other[6]);
-    const at::Tensor neg = other[7].to(at::kCPU, at::kDouble);
+    const auto extra = merge_histogram_observer_state(other, 1, hist_, shape_, where_ + ": not a percentile state");
+    if (extra.empty()) return;
+    const at::Tensor neg = extra[0].to(at::kCPU, at::kDouble);
     neg_ = neg_.defined() ? neg_ + neg : neg.clone();
   }
 
