@@ -192,6 +192,7 @@ void Executor::set_constant(const std::string& name, at::Tensor value) {
   auto it = constants_.find(name);
   if (it == constants_.end()) throw Error("set_constant: '" + name + "' is not a constant of the graph");
   it->second = std::move(value);
+  host_constants_.erase(name);
 }
 
 void Executor::add_constant(const std::string& name, at::Tensor value) {
@@ -206,7 +207,19 @@ void Executor::to(const std::string& device) {
     at::globalContext().setAllowTF32CuDNN(false);
     at::globalContext().setAllowTF32CuBLAS(false);
   }
+  // Note [Host copies of shape constants]
+  // Ops read shapes, axes, pads and counts on the host. A small constant moved to a GPU
+  // would be copied back and waited for at every run (a stall per Reshape, Pad or Slice, and a
+  // training step that cannot be recorded as a CUDA graph), so its host copy is kept too and
+  // given to the inputs whose op declares InputSpec::host; other readers get the device copy.
+  // Small: integer lists up to 4,096 values (shapes, index lists; not tables), other types up to
+  // 16 (Resize's scales, Clip's bounds, Pad's value).
+  host_constants_.clear();
   for (auto& kv : constants_) {
+    const at::Tensor& t = kv.second;
+    const bool integral = !t.is_floating_point() && !t.is_complex();
+    if (!d.is_cpu() && t.device().is_cpu() && !t.is_nested() && t.numel() <= (integral ? 4096 : 16))
+      host_constants_[kv.first] = t.clone();
     at::Tensor moved = kv.second.to(d);
     if (!moved.is_same(kv.second)) page_out(kv.second);  // Note [Mapped weights]: the device holds it now
     kv.second = std::move(moved);
@@ -435,6 +448,13 @@ std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<
   return out;
 }
 
+bool Executor::reads_on_host(std::size_t index, std::size_t input) const {
+  const auto& module = modules_[index].module;
+  if (!module) return false;
+  const auto specs = module->input_specs();
+  return input < specs.size() && specs[input].host;
+}
+
 std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& feeds, const InputHook& hook,
                                       const std::map<std::string, at::Tensor>* outer) {
   std::map<std::string, at::Tensor> live;
@@ -466,6 +486,7 @@ std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& f
       const std::string& name = n.inputs[k];
       if (name.empty()) continue;
       inputs[k] = lookup(name, n);
+      if (auto h = host_constants_.find(name); h != host_constants_.end() && reads_on_host(i, k)) inputs[k] = h->second;
       if (hook) inputs[k] = hook(base_ + i, k, inputs[k]);
     }
     std::map<std::string, at::Tensor> scope;  // what a control-flow node's bodies read

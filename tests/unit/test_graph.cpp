@@ -190,6 +190,38 @@ TEST(Executor, ConvOutputsComeBackContiguous) {
       at::allclose(out[0], at::relu(at::conv2d(x, g.initializers["w"], g.initializers["b"], 1, 1)), 1e-5, 1e-5));
 }
 
+// Note [Host copies of shape constants]: moved to a device, the executor gives the inputs an op
+// reads on the host (InputSpec::host) the host copy of a small constant, and every other reader
+// the device copy. ATen's meta device has shapes but no values: a shape, pads or slice bounds
+// taken from there could not be read at all, and a factor taken from the host would not mix
+// with meta data.
+TEST(Executor, OpsReadingOnTheHostGetHostCopiesOfSmallConstants) {
+  Graph g;
+  g.opset_imports[""] = 13;
+  g.inputs.push_back(ValueInfo{"x", 1, false, {}, ""});
+  g.outputs.push_back(ValueInfo{"y", 1, false, {}, ""});
+  auto longs = [](std::vector<std::int64_t> v) { return at::tensor(v, at::kLong); };
+  g.initializers["shape"] = longs({3, -1});
+  g.initializers["pads"] = longs({0, 1, 2, 0});
+  g.initializers["starts"] = longs({1});
+  g.initializers["ends"] = longs({100});
+  g.initializers["axes"] = longs({1});
+  g.initializers["factor"] = at::arange(8, at::kFloat);                       // small enough for a host copy too
+  g.append(testing::make_node("reshape", "Reshape", {"x", "shape"}, {"r"}));  // 3 x 8
+  g.append(testing::make_node("pad", "Pad", {"r", "pads"}, {"p"}));           // 5 x 9
+  g.append(testing::make_node("slice", "Slice", {"p", "starts", "ends", "axes"}, {"s"}));  // 5 x 8
+  g.append(testing::make_node("mul", "Mul", {"s", "factor"}, {"y"}));
+  Executor ex(g, testing::shipped_registry());
+  const at::Tensor x = at::randn({2, 3, 4});
+  const at::Tensor expected = ex.run({{"x", x}})[0];
+  EXPECT_EQ(expected.sizes(), (std::vector<std::int64_t>{5, 8}));
+  ex.to("meta");
+  const auto out = ex.run({{"x", x.to(at::kMeta)}});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].is_meta());
+  EXPECT_EQ(out[0].sizes(), expected.sizes());
+}
+
 TEST(OnnxIO, RoundTripKeepsNodesAttributesAndInitializers) {
   Model m = load_onnx(testing::fixture_model());
   EXPECT_EQ(m.graph.default_opset(), 13);

@@ -52,7 +52,7 @@ class QClip final : public NodeQModule {
       if (c.node.has_attr("max")) max_attr_ = c.node.attr_float("max", 0);
     }
   }
-  std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host(kQuantizeInput, {1, 2}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     std::optional<at::Scalar> lo, hi;

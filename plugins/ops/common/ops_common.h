@@ -5,11 +5,13 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/graph.h"
+#include "sparsebit/sdk/op.h"
 
 namespace sparsebit::ops {
 
@@ -102,6 +104,17 @@ inline at::Tensor onnx_conv(const at::Tensor& x, const at::Tensor& w, const at::
   }
   return at::convolution(input, w, b, win.strides, padding, win.dilations, false,
                          std::vector<std::int64_t>(k.size(), 0), group);
+}
+
+/// `specs` with inputs `which` marked as read on the host (InputSpec::host): a model on a GPU
+/// then gives them as host copies when they are constants (no device read per run).
+inline std::vector<sparsebit::InputSpec> reading_on_host(std::vector<sparsebit::InputSpec> specs,
+                                                         std::initializer_list<std::size_t> which) {
+  for (const std::size_t i : which) {
+    if (specs.size() <= i) specs.resize(i + 1);
+    specs[i].host = true;
+  }
+  return specs;
 }
 
 /// Values of a small integer tensor (axes, shapes, K, ...) read on the host.

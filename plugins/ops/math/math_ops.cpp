@@ -140,7 +140,7 @@ class QReduce final : public NodeQModule {
         keepdims_(c.node.attr_int("keepdims", 1) != 0),
         noop_(c.node.attr_int("noop_with_empty_axes", 0) != 0),
         attr_axes_(c.node.attr_ints("axes")) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   Tensors forward(const Tensors& in) override {
     const at::Tensor& x = in.at(0);
     std::vector<std::int64_t> axes = attr_axes_;
@@ -216,7 +216,7 @@ class QTopK final : public NodeQModule {
         axis_(c.node.attr_int("axis", -1)),
         largest_(c.node.attr_int("largest", 1) != 0),
         k_attr_(c.node.attr_int("k", -1)) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   Tensors forward(const Tensors& in) override {
     const at::Tensor& x = in.at(0);
     const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
@@ -245,7 +245,7 @@ class QCumSum final : public NodeQModule {
       : NodeQModule(c),
         exclusive_(c.node.attr_int("exclusive", 0) != 0),
         reverse_(c.node.attr_int("reverse", 0) != 0) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   Tensors forward(const Tensors& in) override {
     const at::Tensor& x = in.at(0);
     auto axes = int_list(in.at(1), node(), "axis");

@@ -158,7 +158,7 @@ class QResize final : public NodeQModule {
     if (c.node.attr_int("antialias", 0) != 0)
       throw Error(describe() + ": antialias=1 is not supported; export with antialias off");
   }
-  std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host(kQuantizeInput, {1, 2, 3}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     const std::int64_t rank = x.dim();
@@ -252,7 +252,7 @@ class QUpsample final : public NodeQModule {
     m_.coords = "asymmetric";
     m_.nearest = "floor";
   }
-  std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host(kQuantizeInput, {1}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     std::vector<double> scales = scales_attr_;

@@ -22,7 +22,7 @@ class QIdentity final : public QModule {
 class QDropout final : public NodeQModule {
  public:
   explicit QDropout(const OpContext& c) : NodeQModule(c) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1, 2}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     const bool training = in.size() > 2 && in[2].defined() && in[2].reshape({}).item<bool>();
@@ -60,7 +60,7 @@ class QFlatten final : public NodeQModule {
 class QReshape final : public NodeQModule {
  public:
   explicit QReshape(const OpContext& c) : NodeQModule(c), allowzero_(c.node.attr_int("allowzero", 0) != 0) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     at::Tensor s = in.at(1).to(at::kCPU, at::kLong).contiguous();
@@ -111,7 +111,7 @@ class QPad final : public NodeQModule {
       value_attr_ = c.node.attr_float("value", 0.0);
     }
   }
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1, 2, 3}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     const std::int64_t r = x.dim();
@@ -188,7 +188,7 @@ class QSplit final : public NodeQModule {
         axis_(c.node.attr_int("axis", 0)),
         split_attr_(c.node.attr_ints("split")),
         num_outputs_(c.node.attr_int("num_outputs", 0)) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
@@ -225,7 +225,7 @@ class QSlice final : public NodeQModule {
         starts_(c.node.attr_ints("starts")),
         ends_(c.node.attr_ints("ends")),
         axes_(c.node.attr_ints("axes")) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1, 2, 3, 4}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     at::Tensor y = in.at(0);
     std::vector<std::int64_t> starts = starts_, ends = ends_, axes = axes_, steps;
@@ -429,7 +429,7 @@ class QTranspose final : public NodeQModule {
 class QSqueeze final : public NodeQModule {
  public:
   explicit QSqueeze(const OpContext& c) : NodeQModule(c), axes_(c.node.attr_ints("axes")) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     std::vector<std::int64_t> axes = axes_;
@@ -455,7 +455,7 @@ class QSqueeze final : public NodeQModule {
 class QUnsqueeze final : public NodeQModule {
  public:
   explicit QUnsqueeze(const OpContext& c) : NodeQModule(c), axes_(c.node.attr_ints("axes")) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     std::vector<std::int64_t> axes = axes_;
@@ -480,7 +480,7 @@ class QUnsqueeze final : public NodeQModule {
 class QExpand final : public NodeQModule {
  public:
   explicit QExpand(const OpContext& c) : NodeQModule(c) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     // Bidirectional broadcast: a 1 in `shape` keeps the input's size.
@@ -494,7 +494,7 @@ class QExpand final : public NodeQModule {
 class QTile final : public NodeQModule {
  public:
   explicit QTile(const OpContext& c) : NodeQModule(c) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     auto repeats = int_list(in.at(1), node(), "repeats");
@@ -560,7 +560,7 @@ class QConstantOfShape final : public NodeQModule {
     value_ = c.node.has_attr("value") ? c.node.attr_tensor("value") : at::zeros({1}, at::kFloat);
     if (value_.numel() != 1) throw Error(describe() + ": value must hold exactly one element");
   }
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {0}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     auto shape = int_list(in.at(0), node(), "shape");
     for (auto v : shape)
@@ -575,7 +575,7 @@ class QConstantOfShape final : public NodeQModule {
 class QRange final : public NodeQModule {
  public:
   explicit QRange(const OpContext& c) : NodeQModule(c) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {0, 1, 2}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& start = in.at(0);
     const double s = start.item<double>(), l = in.at(1).item<double>(), d = in.at(2).item<double>();
@@ -604,7 +604,7 @@ class QNonZero final : public QModule {
 class QOneHot final : public NodeQModule {
  public:
   explicit QOneHot(const OpContext& c) : NodeQModule(c), axis_(c.node.attr_int("axis", -1)) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     at::Tensor idx = in.at(0);
     const auto depth = static_cast<std::int64_t>(in.at(1).reshape({-1})[0].item<double>());
@@ -626,7 +626,7 @@ class QOneHot final : public NodeQModule {
 class QTrilu final : public NodeQModule {
  public:
   explicit QTrilu(const OpContext& c) : NodeQModule(c), upper_(c.node.attr_int("upper", 1) != 0) {}
-  std::vector<InputSpec> input_specs() const override { return {}; }
+  std::vector<InputSpec> input_specs() const override { return reading_on_host({}, {1}); }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     std::int64_t k = 0;
     if (in.size() > 1 && in[1].defined()) k = int_list(in[1], node(), "k").at(0);

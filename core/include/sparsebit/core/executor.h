@@ -132,6 +132,8 @@ class SPARSEBIT_API Executor {
   Executor(const Graph& graph, const Registry& registry, const Executor* parent);
   /// Numbers this executor's nodes from `flat.size()` on, then its bodies' (Note [Flat node numbering]).
   void number(std::vector<FlatEntry>& flat);
+  /// Whether node `index`'s op reads input `input` on the host (InputSpec::host).
+  bool reads_on_host(std::size_t index, std::size_t input) const;
   std::vector<at::Tensor> run_control_flow(std::size_t index, const std::vector<at::Tensor>& inputs,
                                            const std::map<std::string, at::Tensor>& scope, const InputHook& hook);
 
@@ -142,6 +144,9 @@ class SPARSEBIT_API Executor {
   std::vector<BoundModule> modules_;
   std::map<std::size_t, std::unique_ptr<ControlFlow>> control_;  ///< node index -> its subgraph executors
   std::map<std::string, at::Tensor> constants_;
+  /// Note [Host copies of shape constants]: the host copies of small integer constants kept
+  /// when to() moves the constants to a GPU.
+  std::map<std::string, at::Tensor> host_constants_;
   std::size_t last_peak_live_ = 0;
   bool op_timing_ = false;
   std::map<std::string, OpTime> op_times_;

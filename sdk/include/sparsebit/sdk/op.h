@@ -39,6 +39,11 @@ struct InputSpec {
   /// A float constant the op updates in place while training (running statistics); saved in
   /// QAT checkpoints with the parameters.
   bool training_state = false;
+  /// The op reads this input's values on the host (a shape, axes, pads, a count). When the
+  /// model runs on a GPU, a small constant here comes as the host copy the executor
+  /// keeps (Note [Host copies of shape constants]): no copy from the device and no wait for it
+  /// per run, and a training step stays recordable as a CUDA graph. Other values come as they are.
+  bool host = false;
 };
 
 struct OpContext {

@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 14;  // 14: data_parallel.h (sum_over_processes)
+inline constexpr std::uint32_t kAbiVersion = 15;  // 15: InputSpec::host
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 14;
+inline constexpr std::uint32_t kSdkVersionMinor = 15;
 
 }  // namespace sparsebit::sdk
 
