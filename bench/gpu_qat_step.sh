@@ -3,9 +3,10 @@
 # "QAT step"): torchvision resnet18 and resnet50 (random weights), batch 64, 1,024 random
 # samples per epoch, distillation (MSE) from the float model with its forward in every step,
 # Adam. Ours: `sparsebit qat` W8A8 (per-channel weights, straight-through), the second of two
-# epochs, with TF32 off and on ([qat] tf32) and with the teacher's outputs cached
-# ([qat] cache_teacher); then a profiled run (SPARSEBIT_QAT_PROFILE=1: the phases of a step and
-# the ATen operators it dispatches). PyTorch: prepare_qat_fx with the default fbgemm QAT qconfig
+# epochs, with TF32 off and on ([qat] tf32), the teacher's outputs cached ([qat] cache_teacher),
+# steps replayed from CUDA graphs ([qat] cuda_graph), W4A4 LSQ, and deterministic algorithms with
+# and without graphs (their losses compared); then a profiled run (SPARSEBIT_QAT_PROFILE=1: the
+# phases of a step and the ATen operators it dispatches). PyTorch: prepare_qat_fx with the default fbgemm QAT qconfig
 # (8-bit fake quantization, per-channel weights), the same batches, TF32 off and on. Prints ms
 # per step and the ratio ours / PyTorch's.
 # Needs a CUDA build (scripts/device-build.sh) and Python with torch, torchvision and numpy.
@@ -29,32 +30,35 @@ for i in range(16):  # 1,024 samples in batches of 64
     if not os.path.exists(path):
         np.save(path, rng.standard_normal((64, 3, 224, 224), dtype=np.float32))
 PY
-cat >"$work/qat.toml" <<'EOF'
-backend = "virtual"
-[w]
-qscheme = "per-channel-symmetric"
-[a]
-qscheme = "per-tensor-affine"
-[calibration]
-batch_size = 64
-count = 128
-[qat]
-epochs = 2
-batch_size = 64
-count = 1024
-lr = 1e-5
-EOF
-printf '%s\n' 'tf32 = true' >"$work/tf32.extra"
-printf '%s\n' 'cache_teacher = true' >"$work/cache.extra"
-for variant in fp32 tf32 cache tf32_cache; do
-  cp "$work/qat.toml" "$work/$variant.toml"
-  [[ $variant == *tf32* ]] && cat "$work/tf32.extra" >>"$work/$variant.toml"
-  [[ $variant == *cache* ]] && cat "$work/cache.extra" >>"$work/$variant.toml"
-done
+# Our variants: the base W8A8 config plus [qat] keys; "lsq" is W4A4 with LSQ for weights and
+# activations (configs/w4a4_lsq.toml's scheme, every layer at 4 bits).
+config() {  # NAME BITS QUANTIZER QAT_KEYS...
+  local name=$1 bits=$2 quantizer=$3
+  shift 3
+  {
+    printf 'backend = "virtual"\n[w]\nqscheme = "per-channel-symmetric"\nbits = %s\nquantizer = "%s"\n' "$bits" "$quantizer"
+    printf '[a]\nqscheme = "per-tensor-affine"\nbits = %s\nquantizer = "%s"\n' "$bits" "$quantizer"
+    printf '[calibration]\nbatch_size = 64\ncount = 128\n'
+    printf '[qat]\nepochs = 2\nbatch_size = 64\ncount = 1024\nlr = 1e-5\n'
+    for key in "$@"; do printf '%s = true\n' "$key"; done
+  } >"$work/$name.toml"
+}
+config fp32 8 uniform
+config tf32 8 uniform tf32
+config cache 8 uniform cache_teacher
+config tf32_cache 8 uniform tf32 cache_teacher
+config graph 8 uniform cuda_graph
+config tf32_graph 8 uniform tf32 cuda_graph
+config tf32_cache_graph 8 uniform tf32 cache_teacher cuda_graph
+config lsq 4 lsq
+config lsq_graph 4 lsq cuda_graph
+config det 8 uniform deterministic
+config det_graph 8 uniform deterministic cuda_graph
+variants="fp32 tf32 cache tf32_cache graph tf32_graph tf32_cache_graph lsq lsq_graph det det_graph"
 for m in $models; do
-  for variant in fp32 tf32 cache tf32_cache; do
+  for variant in $variants; do
     "$bin" -q qat "$work/zoo/$m/model.onnx" -c "$work/$variant.toml" --calib "$work/data" --train "$work/data" \
-      --device cuda --restart -o "$work/${m}_$variant.onnx" --report "$work/${m}_$variant.json" 2>/dev/null
+      --device cuda --restart -o "$work/${m}_$variant.onnx" --report "$work/${m}_$variant.json" 2>"$work/${m}_$variant.log"
   done
   SPARSEBIT_QAT_PROFILE=1 "$bin" qat "$work/zoo/$m/model.onnx" -c "$work/fp32.toml" --calib "$work/data" \
     --train "$work/data" --device cuda --restart -o "$work/${m}_profile.onnx" 2>&1 | grep "profile, epoch 2" |
@@ -100,16 +104,29 @@ work, models = sys.argv[1], sys.argv[2:]
 def ours(m, v):
     e = json.load(open(f"{work}/{m}_{v}.json"))["qat"]["epochs"][-1]
     return e["seconds"] / (e["samples"] / 64) * 1000, e["loss"]
-print("| model | PyTorch FX QAT ms/step, TF32 off | ours | ours / PyTorch | PyTorch, TF32 on | ours, [qat] tf32 | ours / PyTorch "
-      "| ours, cache_teacher | ours, tf32 + cache_teacher |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| model | PyTorch FX QAT ms/step, TF32 off | ours | ours, cuda_graph | best ours / PyTorch "
+      "| PyTorch, TF32 on | ours, [qat] tf32 | tf32 + cuda_graph | best ours / PyTorch | tf32 + cache_teacher + cuda_graph |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for m in models:
     t = json.load(open(f"{work}/{m}_torch.json"))
-    o = {v: ours(m, v)[0] for v in ("fp32", "tf32", "cache", "tf32_cache")}
-    print(f"| {m} | {t['fp32']:.1f} | {o['fp32']:.1f} | {o['fp32'] / t['fp32']:.2f} | {t['tf32']:.1f} | {o['tf32']:.1f} "
-          f"| {o['tf32'] / t['tf32']:.2f} | {o['cache']:.1f} | {o['tf32_cache']:.1f} |")
+    o = {v: ours(m, v)[0] for v in ("fp32", "graph", "tf32", "tf32_graph", "tf32_cache_graph")}
+    print(f"| {m} | {t['fp32']:.1f} | {o['fp32']:.1f} | {o['graph']:.1f} | {min(o['fp32'], o['graph']) / t['fp32']:.2f} "
+          f"| {t['tf32']:.1f} | {o['tf32']:.1f} | {o['tf32_graph']:.1f} | {min(o['tf32'], o['tf32_graph']) / t['tf32']:.2f} "
+          f"| {o['tf32_cache_graph']:.1f} |")
+print()
+print("| model | W4A4 LSQ ms/step | LSQ + cuda_graph | cache_teacher | tf32 + cache_teacher |")
+print("|---|---:|---:|---:|---:|")
 for m in models:
-    print(f"{m}: last-epoch loss fp32 {ours(m, 'fp32')[1]:.6g}, cache_teacher {ours(m, 'cache')[1]:.6g}, "
-          f"tf32 {ours(m, 'tf32')[1]:.6g}")
+    o = {v: ours(m, v)[0] for v in ("lsq", "lsq_graph", "cache", "tf32_cache")}
+    print(f"| {m} | {o['lsq']:.1f} | {o['lsq_graph']:.1f} | {o['cache']:.1f} | {o['tf32_cache']:.1f} |")
+print()
+for m in models:
+    det, det_graph = ours(m, "det")[1], ours(m, "det_graph")[1]
+    print(f"{m}: last-epoch loss fp32 {ours(m, 'fp32')[1]:.7g}, cuda_graph {ours(m, 'graph')[1]:.7g}; deterministic "
+          f"{det:.7g}, deterministic + cuda_graph {det_graph:.7g} (relative difference {abs(det - det_graph) / det:.2e}); "
+          f"tf32 {ours(m, 'tf32')[1]:.7g}, tf32 + cuda_graph {ours(m, 'tf32_graph')[1]:.7g}")
+    for v in ("graph", "tf32_graph", "lsq_graph", "det_graph"):
+        e = json.load(open(f"{work}/{m}_{v}.json"))["qat"]["epochs"]
+        print(f"  {v}: steps replayed from graphs per epoch {[x.get('graphed_steps') for x in e]}")
     print(open(f"{work}/{m}_profile.txt").read().strip())
 PY

@@ -411,7 +411,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   if (auto* t = table("qat")) {
     r.check_keys(*t, "qat",
                  {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed", "tf32",
-                  "cache_teacher"});
+                  "cache_teacher", "cuda_graph", "deterministic"});
     auto positive_int = [&](const char* key, int current, std::int64_t min) {
       const std::int64_t v = r.get<std::int64_t>(*t, "qat", key, current, "an integer");
       if (v < min || v > (1 << 30)) throw Error(r.key_path("qat", key) + " must be at least " + std::to_string(min));
@@ -432,6 +432,8 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     c.qat.seed = r.get<std::int64_t>(*t, "qat", "seed", c.qat.seed, "an integer");
     c.qat.tf32 = r.get<bool>(*t, "qat", "tf32", c.qat.tf32, "true or false");
     c.qat.cache_teacher = r.get<bool>(*t, "qat", "cache_teacher", c.qat.cache_teacher, "true or false");
+    c.qat.cuda_graph = r.get<bool>(*t, "qat", "cuda_graph", c.qat.cuda_graph, "true or false");
+    c.qat.deterministic = r.get<bool>(*t, "qat", "deterministic", c.qat.deterministic, "true or false");
   }
   if (auto* t = table("target")) {
     r.check_keys(*t, "target", {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict"});

@@ -43,6 +43,9 @@ struct DistillStep {
   };
   mutable std::vector<CachedTarget> teacher_cache = {};
   mutable int teacher_cache_epoch = 0;  ///< the epoch that filled it (0: none yet)
+  /// [qat] cuda_graph: the recorded step and its fixed tensors (Note [CUDA graph steps]),
+  /// kept across epochs.
+  mutable std::shared_ptr<struct GraphedStep> graphed = {};
 };
 
 /// Trains one pass over the data `open_train` yields; returns the epoch's mean loss and samples

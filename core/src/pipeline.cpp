@@ -601,8 +601,11 @@ std::string report_json(const QatOutcome& r, const QatJob& job) {
                 {"lr", job.config.qat.lr},
                 {"epochs", json::array()}};
   for (const auto& e : r.training.epochs)
-    rep["qat"]["epochs"].push_back(
-        {{"epoch", e.epoch}, {"loss", e.loss}, {"samples", e.samples}, {"seconds", e.seconds}});
+    rep["qat"]["epochs"].push_back({{"epoch", e.epoch},
+                                    {"loss", e.loss},
+                                    {"samples", e.samples},
+                                    {"seconds", e.seconds},
+                                    {"graphed_steps", e.graphed_steps}});
   return rep.dump(2);
 }
 

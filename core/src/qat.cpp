@@ -22,6 +22,7 @@
 #include <optional>
 #include <sstream>
 
+#include "cuda_graph.h"
 #include "distill_epoch.h"
 #include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/atomic_file.h"
@@ -167,6 +168,9 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
     sdk::log_info("resuming from " + options.checkpoint + " after epoch " + std::to_string(result.resumed_after) +
                   " of " + std::to_string(s.epochs));
   }
+  // On a GPU, Adam counts its steps there from the first step: no host value per step, and
+  // eager steps do the arithmetic of recorded ones (Note [CUDA graph steps]).
+  if (device.is_cuda()) (void)adam.count_steps_on_device();
   detail::DistillStep step{[&](const std::vector<at::Tensor>& in) { return student.forward(in); },
                            teacher,
                            gin,
@@ -262,6 +266,30 @@ struct BatchStatistics {
   ~BatchStatistics() { sdk::set_process_sum(1, {}); }
 };
 
+// [qat] deterministic: ATen's deterministic algorithms while training (an operator without one
+// is an error naming it), the previous settings afterwards.
+struct DeterministicWhileTraining {
+  explicit DeterministicWhileTraining(bool on) : on_(on) {
+    if (!on_) return;
+    auto& ctx = at::globalContext();
+    was_ = {ctx.deterministicAlgorithms(), ctx.deterministicCuDNN(), ctx.benchmarkCuDNN()};
+    // cuBLAS is deterministic with a fixed workspace; read when its first handle is made.
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    ctx.setDeterministicAlgorithms(true, /*warn_only=*/false);
+    ctx.setDeterministicCuDNN(true);
+    ctx.setBenchmarkCuDNN(false);
+  }
+  ~DeterministicWhileTraining() {
+    if (!on_) return;
+    auto& ctx = at::globalContext();
+    ctx.setDeterministicAlgorithms(std::get<0>(was_), false);
+    ctx.setDeterministicCuDNN(std::get<1>(was_));
+    ctx.setBenchmarkCuDNN(std::get<2>(was_));
+  }
+  bool on_;
+  std::tuple<bool, bool, bool> was_{};
+};
+
 std::atomic<std::int64_t> g_dispatched{0};  // ATen operators seen by StepProfile's callback
 
 // SPARSEBIT_QAT_PROFILE=1: the device is synchronized between the phases of every step and
@@ -284,6 +312,7 @@ class StepProfile {
   ~StepProfile() {
     if (on_) at::removeCallback(handle_);
   }
+  bool on() const { return on_; }
   /// Ends phase `name` of the current step.
   void mark(const char* name) {
     if (!on_) return;
@@ -329,6 +358,98 @@ at::Tensor digest(const std::vector<at::Tensor>& inputs) {
 
 }  // namespace
 
+// Note [CUDA graph steps]: the fixed tensors a recorded step reads and writes.
+struct GraphedStep {
+  static constexpr int kEagerSteps = 3;  // before recording (workspaces, algorithms, Adam state)
+  int eager_steps = 0;
+  bool failed = false;  // recording failed: eager from then on
+  StepGraph teacher, train;
+  std::vector<at::Tensor> inputs, target;
+  at::Tensor loss;
+
+  bool fits(const std::vector<at::Tensor>& batch) const {
+    if (inputs.empty()) return true;
+    for (std::size_t i = 0; i < batch.size(); ++i)
+      if (batch[i].sizes() != inputs[i].sizes() || batch[i].scalar_type() != inputs[i].scalar_type()) return false;
+    return true;
+  }
+  void give_up(const std::string& what, const std::string& why) {
+    failed = true;
+    sdk::log_warn(what + ": [qat] cuda_graph: the training step could not be recorded as a CUDA graph (" + why +
+                  "); training continues without graphs");
+  }
+};
+
+// One step through the recorded graphs (recording them the first time); false when recording
+// failed, the step's work then not done (the caller runs it eagerly).
+bool graphed_step(const DistillStep& step, GraphedStep& g, FusedAdam& adam, const Batch& b, std::size_t index,
+                  bool cached, at::Tensor& data_changed, at::Tensor& loss) {
+  const QatConfig& s = step.settings;
+  if (g.inputs.empty())
+    for (const auto& x : b.inputs) g.inputs.push_back(at::empty(x.sizes(), x.options().device(step.device)));
+  for (std::size_t i = 0; i < b.inputs.size(); ++i) g.inputs[i].copy_(b.inputs[i], /*non_blocking=*/true);
+
+  if (cached && index < step.teacher_cache.size() && step.teacher_cache[index].digest.defined()) {
+    const auto& c = step.teacher_cache[index];
+    if (g.target.empty())
+      for (const auto& t : c.outputs) g.target.push_back(at::empty_like(t));
+    for (std::size_t i = 0; i < c.outputs.size(); ++i) g.target[i].copy_(c.outputs[i], /*non_blocking=*/true);
+    const at::Tensor differs = (digest(g.inputs) != c.digest).any();
+    data_changed = data_changed.defined() ? data_changed.logical_or(differs) : differs;
+  } else {
+    if (!g.teacher.recorded()) {
+      std::map<std::string, at::Tensor> feeds;
+      for (std::size_t i = 0; i < step.inputs.size(); ++i) feeds[step.inputs[i].name] = g.inputs[i];
+      const std::string why = g.teacher.record([&] {
+        c10::NoGradGuard no_grad;
+        auto out = step.teacher.run(feeds);
+        if (g.target.empty()) {
+          g.target = std::move(out);  // the graph writes these tensors at every replay
+        } else {
+          for (std::size_t i = 0; i < out.size(); ++i) g.target[i].copy_(out[i]);
+        }
+      });
+      if (!why.empty()) {
+        g.give_up(step.what, "in the float model: " + why);
+        return false;
+      }
+    }
+    g.teacher.replay();
+    if (s.cache_teacher && !cached) {
+      if (step.teacher_cache.size() <= index) step.teacher_cache.resize(index + 1);
+      std::vector<at::Tensor> kept;
+      for (const auto& t : g.target) kept.push_back(t.clone());
+      step.teacher_cache[index] = {std::move(kept), digest(g.inputs)};
+    }
+  }
+
+  if (!g.train.recorded()) {
+    if (!adam.count_steps_on_device()) {
+      g.give_up(step.what, "the optimizer's parameters are at different steps (a resumed checkpoint)");
+      return false;
+    }
+    // Gradients made inside the recording are the graph's own tensors, written at every replay.
+    for (auto& group : adam.param_groups())
+      for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
+    const std::string why = g.train.record([&] {
+      const auto outputs = step.student(g.inputs);
+      const at::Tensor l = distillation_loss(outputs, g.target, s.loss, s.temperature);
+      l.backward();
+      adam.step();
+      if (step.after_step) step.after_step();
+      g.loss = l.detach();
+    });
+    if (!why.empty()) {
+      g.loss = at::Tensor();
+      g.give_up(step.what, why);
+      return false;
+    }
+  }
+  g.train.replay();
+  loss = g.loss;
+  return true;
+}
+
 QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<std::unique_ptr<Dataset>()>& open_train,
                        const QatProgressFn& progress) {
   const QatConfig& s = step.settings;
@@ -353,7 +474,26 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
   }
   BatchStatistics batch_statistics(group);
   Tf32WhileTraining tf32(s.tf32 && step.device.is_cuda());
+  DeterministicWhileTraining deterministic(s.deterministic);
   StepProfile profile(step.device);
+  auto* fused = dynamic_cast<FusedAdam*>(&step.optimizer);
+  bool graphs = s.cuda_graph && step.device.is_cuda();
+  if (s.cuda_graph && !step.device.is_cuda()) {
+    if (epoch == 1)
+      sdk::log_info(step.what + ": [qat] cuda_graph applies to GPU training; training on the CPU without");
+  } else if (graphs && (!cuda_graphs_supported() || group || profile.on() || !fused)) {
+    if (epoch == 1)
+      sdk::log_warn(step.what + ": [qat] cuda_graph is off for this run: " +
+                    (!cuda_graphs_supported() ? std::string("this build has no CUDA graphs")
+                     : group                  ? std::string("distributed runs sum gradients on the host's schedule")
+                     : profile.on()           ? std::string("SPARSEBIT_QAT_PROFILE synchronizes inside the step")
+                                              : std::string("the optimizer is not a FusedAdam")));
+    graphs = false;
+  }
+  if (graphs && !step.graphed) step.graphed = std::make_shared<GraphedStep>();
+  GraphedStep* g = graphs && !step.graphed->failed ? step.graphed.get() : nullptr;
+  std::optional<CaptureStream> capture_stream;  // graphs are recorded and replayed off the default stream
+  if (g) capture_stream.emplace(step.device);
   LaggedLoss lagged(step.device);
   const bool cached = s.cache_teacher && step.teacher_cache_epoch != 0;
   at::Tensor data_changed;         // cached teacher outputs: set where a batch differs from epoch 1's
@@ -377,11 +517,21 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
     const std::int64_t count = b->held;
     const bool whole = group && !b->sliced;
     const double share = whole ? 1.0 / group->world_size() : b->rows > 0 ? double(count) / double(b->rows) : 1.0;
-    step.optimizer.zero_grad();
     const std::string name = "step " + std::to_string(batches + 1) + " of epoch " + std::to_string(epoch);
-    if (group) step.gradients->begin_step("gradients of " + name);
     at::Tensor loss;
-    if (count > 0) {
+    const auto index = static_cast<std::size_t>(batches);
+    // Recorded steps (Note [CUDA graph steps]) take batches of the recorded shape once the
+    // eager warm-up steps are done; the optimizer step is then part of the graph.
+    bool stepped = false;
+    if (count > 0 && g && g->eager_steps >= GraphedStep::kEagerSteps && g->fits(b->inputs)) {
+      stepped = graphed_step(step, *g, *fused, *b, index, cached, data_changed, loss);
+      if (stepped) ++e.graphed_steps;
+      if (g->failed) g = nullptr;
+    }
+    if (!stepped) step.optimizer.zero_grad();
+    if (group) step.gradients->begin_step("gradients of " + name);
+    if (count > 0 && !stepped) {
+      if (g) ++g->eager_steps;
       std::vector<at::Tensor> student_in;
       std::map<std::string, at::Tensor> teacher_in;
       for (std::size_t i = 0; i < step.inputs.size(); ++i) {
@@ -389,7 +539,6 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
         teacher_in[step.inputs[i].name] = student_in.back();
       }
       std::vector<at::Tensor> target;
-      const auto index = static_cast<std::size_t>(batches);
       if (cached && index < step.teacher_cache.size() && step.teacher_cache[index].digest.defined()) {
         target = step.teacher_cache[index].outputs;
         const at::Tensor differs = (digest(student_in) != step.teacher_cache[index].digest).any();
@@ -428,12 +577,16 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
     rows.push_back(b->rows);
     ++batches;
     const auto previous = lagged.push(value);
-    step.optimizer.step();
-    if (step.after_step) step.after_step();
+    if (!stepped) {
+      step.optimizer.step();
+      if (step.after_step) step.after_step();
+    }
     profile.mark("optimizer");
     if (previous) report(*previous);
   }
   if (const auto last = lagged.take()) report(*last);
+  capture_stream.reset();
+  if (fused && fused->counts_steps_on_device()) fused->sync_steps();  // what a checkpoint saves
   if (data_changed.defined() && data_changed.item<bool>()) {
     throw Error(step.what + ": [qat] cache_teacher = true, but the training data of epoch " + std::to_string(epoch) +
                 " differ from epoch " + std::to_string(step.teacher_cache_epoch) +

@@ -1,6 +1,7 @@
 #include "sparsebit/sdk/quant.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -377,7 +378,10 @@ at::Tensor lsq_fake_quantize(const at::Tensor& x, const at::Tensor& scale, const
   if (per_tensor(spec))
     if (const auto perm = contiguous_permutation(x); !perm.empty())  // Note [Dense layouts]
       return lsq_fake_quantize(x.permute(perm), scale, zero_point, spec).permute(inverse(perm));
-  if (kernels_for(x, scale, spec) && zero_point.numel() == scale.numel())
+  // The kernels' backward sums the scale's gradient with atomics, in an order that varies from
+  // run to run: under ATen's deterministic switch ([qat] deterministic) the reference runs.
+  if (kernels_for(x, scale, spec) && zero_point.numel() == scale.numel() &&
+      !at::globalContext().deterministicAlgorithms())
     return LsqFn::apply(x, scale, zero_point, make_args(x, scale, zero_point, spec));
   const at::Tensor s = broadcastable(scale.to(x.device()), x, spec);
   const at::Tensor zp = broadcastable(zero_point.to(x.device(), x.scalar_type()), x, spec);

@@ -104,6 +104,8 @@ disable = ["*.minmax"]
 [qat]
 tf32 = true
 cache_teacher = true
+cuda_graph = true
+deterministic = true
 )",
                                  "/cfg/dir/test.toml");
   EXPECT_EQ(c.backend, "onnxruntime");
@@ -127,6 +129,10 @@ cache_teacher = true
   EXPECT_EQ(c.plugins.disable, std::vector<std::string>{"*.minmax"});
   EXPECT_TRUE(c.qat.tf32);
   EXPECT_TRUE(c.qat.cache_teacher);
+  EXPECT_TRUE(c.qat.cuda_graph);
+  EXPECT_TRUE(c.qat.deterministic);
+  EXPECT_FALSE(defaults.qat.cuda_graph);
+  EXPECT_FALSE(defaults.qat.deterministic);
   EXPECT_FALSE(defaults.qat.tf32);  // training in full FP32 unless asked
   const std::string e = error_of("[qat]\ntf32 = \"yes\"\n");
   EXPECT_NE(e.find("tf32"), std::string::npos) << e;

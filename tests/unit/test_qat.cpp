@@ -192,6 +192,52 @@ TEST(Qat, FusedAdamStepsExactlyAsAdam) {
   }
 }
 
+// Counting steps on the device (what a CUDA graph records) keeps Adam's arithmetic: after a
+// host-counted start, six more steps agree with torch::optim::Adam to rounding, and the count
+// written back is what Adam's state holds.
+TEST(Qat, FusedAdamCountingStepsOnTheDeviceStaysAdam) {
+  for (double decay : {0.0, 0.01}) {
+    at::manual_seed(5);
+    std::vector<at::Tensor> start{at::randn({7, 3}), at::randn({5}), at::randn({2, 2, 3})};
+    auto make = [&] {
+      std::vector<at::Tensor> p;
+      for (const auto& t : start) p.push_back(t.clone().set_requires_grad(true));
+      return p;
+    };
+    auto a = make(), b = make();
+    const auto options = torch::optim::AdamOptions(1e-2).weight_decay(decay);
+    torch::optim::Adam plain(a, options);
+    FusedAdam fused(b, options);
+    for (int step = 0; step < 8; ++step) {
+      if (step == 2) ASSERT_TRUE(fused.count_steps_on_device());
+      at::manual_seed(200 + step);
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const at::Tensor g = at::randn(a[i].sizes());
+        a[i].mutable_grad() = g.clone();
+        b[i].mutable_grad() = g.clone();
+      }
+      plain.step();
+      fused.step();
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const double diff = (a[i] - b[i]).abs().max().item<double>();
+        ASSERT_LE(diff, 1e-6) << "decay " << decay << ", step " << step << ", tensor " << i;
+        if (step < 2) ASSERT_TRUE(at::equal(a[i], b[i]));
+      }
+    }
+    EXPECT_TRUE(fused.counts_steps_on_device());
+    fused.sync_steps();
+    ASSERT_EQ(fused.state().size(), b.size());
+    for (const auto& [key, st] : fused.state()) EXPECT_EQ(static_cast<torch::optim::AdamParamState&>(*st).step(), 8);
+  }
+  // Parameters at different steps cannot share a count: the host keeps counting.
+  std::vector<at::Tensor> p{at::zeros({2}).set_requires_grad(true), at::zeros({3}).set_requires_grad(true)};
+  FusedAdam adam(p, torch::optim::AdamOptions(1e-3));
+  p[0].mutable_grad() = at::ones({2});
+  adam.step();
+  EXPECT_FALSE(adam.count_steps_on_device());
+  EXPECT_FALSE(adam.counts_steps_on_device());
+}
+
 // [qat] cache_teacher: the teacher runs in epoch 1 only and the losses are bit for bit those of
 // a run that asks it every epoch; data that change between epochs are an error naming the key.
 TEST(Qat, CachedTeacherOutputsGiveTheSameLossesAndNoticeChangingData) {

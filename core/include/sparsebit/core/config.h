@@ -116,6 +116,14 @@ struct QatConfig {
   /// training data come in the same order every epoch): no teacher forward after epoch 1, at
   /// the cost of the outputs' size x samples in memory on the training device.
   bool cache_teacher = false;
+  /// On a GPU, record one training step (teacher forward, student forward, loss, backward,
+  /// Adam) as CUDA graphs after a few eager steps and replay them for every batch of the same
+  /// shape (Note [CUDA graph steps]): no per-operator host work. A model whose step cannot be
+  /// recorded (an operator that reads values on the host) trains eagerly, with a warning.
+  bool cuda_graph = false;
+  /// Deterministic algorithms while training (ATen's switch; on GPUs cuDNN's deterministic
+  /// convolutions and CUBLAS_WORKSPACE_CONFIG): the same losses on every run, slower.
+  bool deterministic = false;
 };
 
 /// `[export]`: how quantized weights are written.

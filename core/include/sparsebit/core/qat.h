@@ -33,9 +33,12 @@ namespace sparsebit {
 
 struct QatOptions {
   QatConfig settings;
-  std::string checkpoint;            ///< written after every epoch and resumed from ("": none)
-  std::string fingerprint;           ///< identifies the run (model, config, data); must match to resume
-  std::function<void()> after_step;  ///< called after every optimizer step (pruning keeps its zeros here)
+  std::string checkpoint;   ///< written after every epoch and resumed from ("": none)
+  std::string fingerprint;  ///< identifies the run (model, config, data); must match to resume
+  /// Called after every optimizer step (pruning keeps its zeros here). With [qat] cuda_graph it
+  /// is recorded into the step's graph once: only the GPU work it queues repeats, so it must
+  /// not count or read on the host (a read makes recording fail: eager steps, with a warning).
+  std::function<void()> after_step;
 };
 
 struct QatEpoch {
@@ -43,6 +46,7 @@ struct QatEpoch {
   double loss = 0;  ///< mean distillation loss over the epoch's batches
   std::int64_t samples = 0;
   double seconds = 0;
+  std::int64_t graphed_steps = 0;  ///< steps replayed from CUDA graphs ([qat] cuda_graph)
 };
 
 struct QatResult {

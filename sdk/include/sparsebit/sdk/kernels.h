@@ -10,8 +10,9 @@
 /// (float32, with parameters that fit the layout below) and the reference for everything else.
 /// A kernel must give the reference's integers bit for bit (same float32 operations in the
 /// same order, no fused multiply-add, round half to even); gradients may differ by float
-/// summation order. SPARSEBIT_KERNELS=0 in the environment (or use_device_kernels(false))
-/// switches every registered kernel off, which is how the two paths are compared.
+/// summation order (lsq's, summed with atomics, also from run to run: with ATen's deterministic
+/// algorithms switched on its reference runs instead). SPARSEBIT_KERNELS=0 in the environment (or
+/// use_device_kernels(false)) switches every registered kernel off, which is how the two paths are compared.
 ///
 /// Note [Parameter layout]
 /// x (contiguous) is viewed as [outer, n, inner] around the quantization axis; the parameter
