@@ -11,24 +11,34 @@
 # per step and the ratio ours / PyTorch's.
 # Needs a CUDA build (scripts/device-build.sh) and Python with torch, torchvision and numpy.
 #   bench/gpu_qat_step.sh SPARSEBIT_BINARY [WORK_DIR [MODELS]]
+# QAT_STEP_REDUCED=1 is the setting CI runs on the CPU (ctest bench.qat_step_reduced): resnet18,
+# 3 batches of 4, no TF32 or profile; it checks that the variants that must not change the
+# arithmetic there (cache_teacher, cuda_graph, which applies to GPUs only, deterministic) give
+# the plain run's losses to the last bit, and prints ours against PyTorch's FX QAT on the CPU.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 bin="$1"
 work="${2:-$(mktemp -d)}"
-models="${3:-resnet18 resnet50}"
 python="${PYTHON:-python3}"
+if [[ ${QAT_STEP_REDUCED:-0} == 1 ]]; then
+  device=cpu batch=4 batches=3 models="${3:-resnet18}" variants="fp32 cache graph det"
+else
+  device=cuda batch=64 batches=16 models="${3:-resnet18 resnet50}"
+  variants="fp32 tf32 cache tf32_cache graph tf32_graph tf32_cache_graph lsq lsq_graph det det_graph"
+fi
 mkdir -p "$work/data"
 for m in $models; do
   [[ -f "$work/zoo/$m/model.onnx" ]] || "$python" "$root/tests/models/make_models.py" "$work/zoo" "$m" >/dev/null 2>&1
 done
-"$python" - "$work/data" <<'PY'
+"$python" - "$work/data" "$batch" "$batches" <<'PY'
 import os, sys, numpy as np
 rng = np.random.default_rng(0)
-for i in range(16):  # 1,024 samples in batches of 64
+batch, batches = int(sys.argv[2]), int(sys.argv[3])
+for i in range(batches):  # 1,024 samples in batches of 64 (12 in batches of 4 reduced)
     path = f"{sys.argv[1]}/batch{i:02d}.npy"
     if not os.path.exists(path):
-        np.save(path, rng.standard_normal((64, 3, 224, 224), dtype=np.float32))
+        np.save(path, rng.standard_normal((batch, 3, 224, 224), dtype=np.float32))
 PY
 # Our variants: the base W8A8 config plus [qat] keys; "lsq" is W4A4 with LSQ for weights and
 # activations (configs/w4a4_lsq.toml's scheme, every layer at 4 bits).
@@ -38,8 +48,8 @@ config() {  # NAME BITS QUANTIZER QAT_KEYS...
   {
     printf 'backend = "virtual"\n[w]\nqscheme = "per-channel-symmetric"\nbits = %s\nquantizer = "%s"\n' "$bits" "$quantizer"
     printf '[a]\nqscheme = "per-tensor-affine"\nbits = %s\nquantizer = "%s"\n' "$bits" "$quantizer"
-    printf '[calibration]\nbatch_size = 64\ncount = 128\n'
-    printf '[qat]\nepochs = 2\nbatch_size = 64\ncount = 1024\nlr = 1e-5\n'
+    printf '[calibration]\nbatch_size = %s\ncount = %s\n' "$batch" $((2 * batch))
+    printf '[qat]\nepochs = 2\nbatch_size = %s\ncount = %s\nlr = 1e-5\n' "$batch" $((batch * batches))
     for key in "$@"; do printf '%s = true\n' "$key"; done
   } >"$work/$name.toml"
 }
@@ -54,36 +64,38 @@ config lsq 4 lsq
 config lsq_graph 4 lsq cuda_graph
 config det 8 uniform deterministic
 config det_graph 8 uniform deterministic cuda_graph
-variants="fp32 tf32 cache tf32_cache graph tf32_graph tf32_cache_graph lsq lsq_graph det det_graph"
 for m in $models; do
   for variant in $variants; do
     "$bin" -q qat "$work/zoo/$m/model.onnx" -c "$work/$variant.toml" --calib "$work/data" --train "$work/data" \
-      --device cuda --restart -o "$work/${m}_$variant.onnx" --report "$work/${m}_$variant.json" 2>"$work/${m}_$variant.log"
+      --device $device --restart -o "$work/${m}_$variant.onnx" --report "$work/${m}_$variant.json" 2>"$work/${m}_$variant.log"
   done
-  SPARSEBIT_QAT_PROFILE=1 "$bin" qat "$work/zoo/$m/model.onnx" -c "$work/fp32.toml" --calib "$work/data" \
-    --train "$work/data" --device cuda --restart -o "$work/${m}_profile.onnx" 2>&1 | grep "profile, epoch 2" |
-    sed "s/^/$m: /" >"$work/${m}_profile.txt"
-  "$python" - "$work" "$m" <<'PY'
+  if [[ $device == cuda ]]; then
+    SPARSEBIT_QAT_PROFILE=1 "$bin" qat "$work/zoo/$m/model.onnx" -c "$work/fp32.toml" --calib "$work/data" \
+      --train "$work/data" --device cuda --restart -o "$work/${m}_profile.onnx" 2>&1 | grep "profile, epoch 2" |
+      sed "s/^/$m: /" >"$work/${m}_profile.txt"
+  fi
+  "$python" - "$work" "$m" "$device" <<'PY'
 import glob, json, sys, time
 import numpy as np, torch, torchvision
 from torch.ao.quantization import get_default_qat_qconfig_mapping
 from torch.ao.quantization.quantize_fx import prepare_qat_fx
-work, name = sys.argv[1], sys.argv[2]
+work, name, device = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.manual_seed(0)
-batches = [torch.from_numpy(np.load(p)).cuda() for p in sorted(glob.glob(f"{work}/data/*.npy"))]
+batches = [torch.from_numpy(np.load(p)).to(device) for p in sorted(glob.glob(f"{work}/data/*.npy"))]
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 out = {}
-for tf32 in (False, True):
+for tf32 in ((False, True) if device == "cuda" else (False,)):
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    teacher = getattr(torchvision.models, name)().cuda().eval()
+    teacher = getattr(torchvision.models, name)().to(device).eval()
     student = getattr(torchvision.models, name)()
     student.load_state_dict(teacher.state_dict())
     student = prepare_qat_fx(student.train(), get_default_qat_qconfig_mapping("fbgemm"),
-                             (batches[0][:1].cpu(),)).cuda()
+                             (batches[0][:1].cpu(),)).to(device)
     adam = torch.optim.Adam(student.parameters(), lr=1e-5)
     times = []
     for epoch in range(2):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for x in batches:
             with torch.no_grad():
@@ -92,18 +104,32 @@ for tf32 in (False, True):
             adam.zero_grad()
             loss.backward()
             adam.step()
-        torch.cuda.synchronize()
+        sync()
         times.append((time.perf_counter() - t0) / len(batches) * 1000)
     out["tf32" if tf32 else "fp32"] = times[-1]
 json.dump(out, open(f"{work}/{name}_torch.json", "w"))
 PY
 done
-"$python" - "$work" $models <<'PY'
+"$python" - "$work" "$batch" "$device" $models <<'PY'
 import json, sys
-work, models = sys.argv[1], sys.argv[2:]
+work, batch, device, models = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 def ours(m, v):
     e = json.load(open(f"{work}/{m}_{v}.json"))["qat"]["epochs"][-1]
-    return e["seconds"] / (e["samples"] / 64) * 1000, e["loss"]
+    return e["seconds"] / (e["samples"] / batch) * 1000, e["loss"]
+if device == "cpu":  # the reduced setting: exactness checks, then the times
+    failed = False
+    for m in models:
+        t = json.load(open(f"{work}/{m}_torch.json"))
+        plain = ours(m, "fp32")
+        print(f"{m} on the CPU, batch {batch}: ours {plain[0]:.1f} ms/step, PyTorch FX QAT {t['fp32']:.1f} ms/step, "
+              f"ratio {plain[0] / t['fp32']:.2f}; last-epoch loss {plain[1]:.9g}")
+        for v in ("cache", "graph", "det"):
+            loss = ours(m, v)[1]
+            graphed = [e.get("graphed_steps") for e in json.load(open(f"{work}/{m}_{v}.json"))["qat"]["epochs"]]
+            same = loss == plain[1] and graphed == [0, 0]
+            failed |= not same
+            print(f"  {v}: loss {loss:.9g} ({'the same' if same else 'DIFFERENT'}), graphed steps {graphed}")
+    sys.exit(1 if failed else 0)
 print("| model | PyTorch FX QAT ms/step, TF32 off | ours | ours, cuda_graph | best ours / PyTorch "
       "| PyTorch, TF32 on | ours, [qat] tf32 | tf32 + cuda_graph | best ours / PyTorch | tf32 + cache_teacher + cuda_graph |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
