@@ -27,6 +27,7 @@ else
   device=cuda batch=64 batches=16 models="${3:-resnet18 resnet50}"
   variants="fp32 tf32 cache tf32_cache graph tf32_graph tf32_cache_graph lsq lsq_graph det det_graph"
 fi
+variants="${QAT_STEP_VARIANTS:-$variants}"  # a subset, e.g. "fp32 tf32
 mkdir -p "$work/data"
 for m in $models; do
   [[ -f "$work/zoo/$m/model.onnx" ]] || "$python" "$root/tests/models/make_models.py" "$work/zoo" "$m" >/dev/null 2>&1

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -79,6 +80,19 @@ inline at::Tensor pad_spatial(const at::Tensor& x, const std::vector<std::int64_
   return at::constant_pad_nd(x, torch_pads, value);
 }
 
+/// Note [Channels-last on GPUs]
+/// cuDNN's channels-last convolutions pay off on GPUs with TensorFloat-32 and lose in full FP32
+/// (H200, QAT step at batch 64, docs/GPU.md: resnet18 TF32 21.2 -> 18.6 ms, FP32 36.5 -> 40.4
+/// ms; resnet50 TF32 50.0 -> 47.8, FP32 107.0 -> 114.7), so they follow cuDNN's TF32 switch
+/// ([qat] tf32 while training). SPARSEBIT_GPU_CHANNELS_LAST=1 or 0 forces them on or off.
+inline bool gpu_channels_last() {
+  static const int forced = [] {
+    const char* v = std::getenv("SPARSEBIT_GPU_CHANNELS_LAST");
+    return v && std::string(v) == "1" ? 1 : v && std::string(v) == "0" ? 0 : -1;
+  }();
+  return forced >= 0 ? forced == 1 : at::globalContext().allowTF32CuDNN();
+}
+
 /// ONNX Conv on ATen (any float type): resolves auto_pad against the input and pads asymmetric
 /// cases explicitly, which ATen's symmetric padding cannot express.
 inline at::Tensor onnx_conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, Window win,
@@ -92,12 +106,13 @@ inline at::Tensor onnx_conv(const at::Tensor& x, const at::Tensor& w, const at::
   std::vector<std::int64_t> padding(k.size(), 0);
   if (symmetric(pads)) padding.assign(pads.begin(), pads.begin() + static_cast<long>(k.size()));
   else input = pad_spatial(x, pads, 0.0);
-  if (input.dim() == 4 && input.device().is_cpu() && input.scalar_type() == at::kFloat) {
+  if (input.dim() == 4 && input.scalar_type() == at::kFloat &&
+      (input.device().is_cpu() || (input.device().is_cuda() && gpu_channels_last()))) {
     // Note [Channels-last convolutions]: oneDNN runs 2-D convolutions on channels-last data
     // about twice as fast (MobileNetV2, batch 32, 2 threads: 1.00 s -> 0.49 s; depthwise 1x64x16x50
     // 0.125 -> 0.029 ms), so the result stays channels-last: the element-wise ops, pools and
     // convolutions after it keep that layout, and the executor hands graph outputs back
-    // contiguous.
+    // contiguous. On GPUs only with TensorFloat-32 (Note [Channels-last on GPUs]).
     const auto cl = at::MemoryFormat::ChannelsLast;
     return at::convolution(input.contiguous(cl), w.contiguous(cl), b, win.strides, padding, win.dilations, false,
                            std::vector<std::int64_t>(k.size(), 0), group);

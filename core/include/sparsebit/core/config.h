@@ -110,7 +110,8 @@ struct QatConfig {
   double temperature = 1;
   std::int64_t seed = 0;
   /// TensorFloat-32 convolutions and matrix products on GPUs while training (calibration and
-  /// evaluation keep full FP32): faster, with products rounded to 10 mantissa bits.
+  /// evaluation keep full FP32): faster, with products rounded to 10 mantissa bits; 2-D
+  /// convolutions then run channels-last (Note [Channels-last on GPUs]).
   bool tf32 = false;
   /// Keep the teacher's outputs of each batch from the first epoch for the next ones (the
   /// training data come in the same order every epoch): no teacher forward after epoch 1, at
