@@ -234,6 +234,7 @@ std::vector<double> finetune(Model& student, const Model& teacher, const Registr
   std::vector<at::Tensor> params;
   for (const auto& name : names) params.push_back(ex.constants().at(name));
   FusedAdam adam(params, torch::optim::AdamOptions(settings.lr).weight_decay(settings.weight_decay));
+  if (at::Device(device).is_cuda()) (void)adam.count_steps_on_device();  // as QAT does (Note [CUDA graph steps])
   std::vector<double> losses;
   std::map<std::string, at::Tensor> feeds;
   const detail::DistillStep step{[&](const std::vector<at::Tensor>& in) {
