@@ -136,17 +136,20 @@ TEST(Qat, ResumingFromACheckpointEndsWhereAnUninterruptedRunEnds) {
   EXPECT_NE(msg.find("--restart"), std::string::npos) << msg;
 }
 
+// Fresh leaf tensors with the values of `start`, for optimizers compared side by side.
+std::vector<at::Tensor> trainable_copies(const std::vector<at::Tensor>& start) {
+  std::vector<at::Tensor> p;
+  for (const auto& t : start) p.push_back(t.clone().set_requires_grad(true));
+  return p;
+}
+
 // Note [Fused Adam]: the same parameters and state as torch::optim::Adam to the bit, with weight
 // decay, a tensor that misses a step (its own step count) and a saved state loaded into Adam.
 TEST(Qat, FusedAdamStepsExactlyAsAdam) {
   for (double decay : {0.0, 0.01}) {
     at::manual_seed(4);
-    std::vector<at::Tensor> start{at::randn({7, 3}), at::randn({5}), at::randn({2, 2, 3})};
-    auto make = [&] {
-      std::vector<at::Tensor> p;
-      for (const auto& t : start) p.push_back(t.clone().set_requires_grad(true));
-      return p;
-    };
+    const std::vector<at::Tensor> start{at::randn({7, 3}), at::randn({5}), at::randn({2, 2, 3})};
+    auto make = [&] { return trainable_copies(start); };
     auto a = make(), b = make();
     const auto options = torch::optim::AdamOptions(1e-2).weight_decay(decay);
     torch::optim::Adam plain(a, options);
@@ -198,12 +201,8 @@ TEST(Qat, FusedAdamStepsExactlyAsAdam) {
 TEST(Qat, FusedAdamCountingStepsOnTheDeviceStaysAdam) {
   for (double decay : {0.0, 0.01}) {
     at::manual_seed(5);
-    std::vector<at::Tensor> start{at::randn({7, 3}), at::randn({5}), at::randn({2, 2, 3})};
-    auto make = [&] {
-      std::vector<at::Tensor> p;
-      for (const auto& t : start) p.push_back(t.clone().set_requires_grad(true));
-      return p;
-    };
+    const std::vector<at::Tensor> start{at::randn({7, 3}), at::randn({5}), at::randn({2, 2, 3})};
+    auto make = [&] { return trainable_copies(start); };
     auto a = make(), b = make();
     const auto options = torch::optim::AdamOptions(1e-2).weight_decay(decay);
     torch::optim::Adam plain(a, options);
