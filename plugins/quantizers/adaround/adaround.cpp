@@ -107,6 +107,19 @@ class AdaRoundQuantizer final : public Quantizer {
     return lambda_ * (1 - (2 * rectified_sigmoid(v_) - 1).abs().pow(beta)).sum();
   }
 
+  // The same arithmetic with the step on the device; the regularizer's weight is 0 during the
+  // warm-up instead of the term being left out, and |2h - 1| is kept above 1e-30 so that
+  // its gradient stays finite (times 0) for beta < 1.
+  std::optional<at::Tensor> reconstruction_penalty_on_device(const at::Tensor& step) override {
+    if (state_ != State::kSoft || lambda_ == 0) return at::Tensor();
+    const double warm = warm_up_ * double(settings_.iterations);
+    const at::Tensor t = step.to(at::kDouble);
+    const at::Tensor rel = (t - warm) / std::max(1.0, double(settings_.iterations) - warm);
+    const at::Tensor beta = ((1 - rel).clamp_min(0) * (beta_start_ - beta_end_) + beta_end_).to(v_.scalar_type());
+    const at::Tensor on = (t >= warm).to(v_.scalar_type()) * lambda_;
+    return on * (1 - (2 * rectified_sigmoid(v_) - 1).abs().clamp_min(1e-30).pow(beta)).sum();
+  }
+
   void end_reconstruction() override {
     if (state_ != State::kSoft) return;
     v_ = v_.detach();

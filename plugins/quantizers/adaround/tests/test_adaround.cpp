@@ -81,6 +81,48 @@ TEST(AdaRound, RegularizerFollowsWarmUpAndBetaSchedule) {
   }
 }
 
+// The penalty with its step in a tensor (what recorded GPU steps replay) follows the same
+// schedule: 0 in the warm-up, the hand formula after it, the host penalty's gradient.
+TEST(AdaRound, RegularizerWithTheStepInATensorFollowsTheSameSchedule) {
+  Options o("[w.quantizer_options]");
+  o.set("iterations", std::int64_t{100});
+  o.set("lambda", 0.01);
+  o.set("beta_end", 0.5);  // beta < 1: |2h - 1|^beta has an infinite slope at 0
+  auto q = make_adaround(int4_weight(), o);
+  q->initialize(per_tensor(0.5));
+  q->begin_reconstruction(at::tensor({0.3f, -0.8f, 1.1f, 3.9f, 0.25f}));  // 0.25 / 0.5 is half way: |2h - 1| = 0
+  auto expected = [](double beta) {
+    return 0.01 * (2 * (1 - std::pow(0.2, beta)) + 2 * (1 - std::pow(0.6, beta)) + 1);
+  };
+  auto on_device = [&](std::int64_t step) {
+    auto p = q->reconstruction_penalty_on_device(at::scalar_tensor(step, at::kLong));
+    EXPECT_TRUE(p.has_value());
+    return *p;
+  };
+  EXPECT_EQ(on_device(0).item<double>(), 0.0);
+  EXPECT_EQ(on_device(19).item<double>(), 0.0);
+  EXPECT_NEAR(on_device(20).item<double>(), expected(20), 1e-7);
+  EXPECT_NEAR(on_device(60).item<double>(), expected(10.25), 1e-7);  // 0.5 + 19.5 / 2
+  EXPECT_NEAR(on_device(100).item<double>(), expected(0.5), 1e-7);
+  at::Tensor v = q->parameters()[0];
+  for (std::int64_t step : {5, 60, 100}) {
+    on_device(step).backward();
+    const at::Tensor device_grad = v.grad().clone();
+    v.mutable_grad() = at::Tensor();
+    at::Tensor host = q->reconstruction_penalty(step);
+    at::Tensor host_grad = at::zeros_like(v);
+    if (host.requires_grad()) {
+      host.backward();
+      host_grad = v.grad().clone();
+      v.mutable_grad() = at::Tensor();
+    }
+    // The element at |2h - 1| = 0 has no gradient on the device; the host's is NaN or 0 there.
+    EXPECT_TRUE(at::isfinite(device_grad).all().item<bool>()) << step;
+    EXPECT_EQ(device_grad[4].item<double>(), 0.0) << step;
+    EXPECT_TRUE(at::allclose(device_grad.narrow(0, 0, 4), host_grad.narrow(0, 0, 4), 1e-5, 1e-8)) << step;
+  }
+}
+
 TEST(AdaRound, HardRoundingFollowsTheLearntVariableNotTheNearestValue) {
   Options o("[w.quantizer_options]");
   auto q = make_adaround(int4_weight(), o);

@@ -58,6 +58,16 @@ class Quantizer {
     (void)step;
     return {};
   }
+  /// The same penalty with the step given as a 0-dim int64 tensor on the weight's device,
+  /// computed without reading it on the host, so that a reconstruction step recorded as a CUDA
+  /// graph replays it (Note [Recorded reconstruction steps] in sparsebit/core/quant_model.h).
+  /// On GPUs the runner uses it whenever it is given, recorded or not; nullopt (the default)
+  /// says the quantizer cannot, and its steps then run eagerly with reconstruction_penalty().
+  /// An undefined tensor means no penalty.
+  virtual std::optional<at::Tensor> reconstruction_penalty_on_device(const at::Tensor& step) {
+    (void)step;
+    return std::nullopt;
+  }
   virtual void end_reconstruction() {}
 
   /// Note [Weights solved from layer inputs]
