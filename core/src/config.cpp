@@ -381,7 +381,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     for (auto& e : c.schedule) e.enabled = r.get<bool>(*t, "schedule", e.pass, e.enabled, "true or false");
   }
   if (auto* t = table("calibration")) {
-    r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode"});
+    r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode", "cuda_graph"});
     std::int64_t bs = r.get<std::int64_t>(*t, "calibration", "batch_size", c.calibration.batch_size, "an integer");
     if (bs < 1) throw Error(r.key_path("calibration", "batch_size") + " must be at least 1");
     c.calibration.batch_size = static_cast<int>(bs);
@@ -392,6 +392,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     if (!std::regex_match(c.calibration.device, std::regex("cpu|cuda(:[0-9]{1,3})?")))
       throw Error(r.key_path("calibration", "device") + " must be cpu, cuda or cuda:N, got '" +
                   printable(c.calibration.device, 40) + "'");
+    c.calibration.cuda_graph = r.get<bool>(*t, "calibration", "cuda_graph", c.calibration.cuda_graph, "true or false");
     c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
     if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
       throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");

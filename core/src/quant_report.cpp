@@ -95,6 +95,7 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
                      {"mse_nearest", x.mse_nearest},
                      {"mse_learnt", x.mse_learnt},
                      {"iterations", x.iterations},
+                     {"recorded_steps", x.recorded_steps},
                      {"seconds", x.seconds}});
   }
   return j;

@@ -2,7 +2,9 @@
 // deterministic algorithms on, the same loss at every step and the same trained tensors, from
 // replayed graphs (counted); with the teacher's outputs cached too; and a step that cannot be
 // recorded (a callback after it reads a value from the GPU) trains eagerly to the same losses
-// after a warning. Needs a CUDA build and a GPU (docs/GPU.md).
+// after a warning. AdaRound's reconstruction with [calibration] cuda_graph = true against eager
+// steps (Note [Recorded reconstruction steps]): the same learnt rounding, steps replayed
+// (counted), a short batch's steps eager. Needs a CUDA build and a GPU (docs/GPU.md).
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -173,6 +175,100 @@ TEST(TrainingGraphs, AStepThatCannotBeRecordedTrainsEagerly) {
   EXPECT_EQ(seen, 60.0);  // called after all 30 steps of both runs
   EXPECT_EQ(fallback.graphed, (std::vector<std::int64_t>{0, 0, 0}));
   expect_same(fallback, eager, 1e-5);
+}
+
+// Deterministic algorithms (cuDNN's too) while alive.
+class Deterministic {
+ public:
+  Deterministic()
+      : algorithms_(at::globalContext().deterministicAlgorithms()),
+        cudnn_(at::globalContext().deterministicCuDNN()),
+        benchmark_(at::globalContext().benchmarkCuDNN()) {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
+  }
+  ~Deterministic() {
+    at::globalContext().setDeterministicAlgorithms(algorithms_, false);
+    at::globalContext().setDeterministicCuDNN(cudnn_);
+    at::globalContext().setBenchmarkCuDNN(benchmark_);
+  }
+
+ private:
+  bool algorithms_, cudnn_, benchmark_;
+};
+
+// AdaRound over the fixture CNN on the GPU: each layer's report, and every initializer of the
+// exported model (the weights' integers among them).
+struct Reconstruction {
+  std::vector<ReconstructionReport> layers;
+  std::vector<at::Tensor> weights;
+};
+
+Reconstruction reconstruct(bool graphs, std::int64_t samples) {
+  Config c = Config::from_string(R"(
+backend = "virtual"
+[w]
+qscheme = "per-channel-symmetric"
+bits = 4
+quantizer = "adaround"
+[w.quantizer_options]
+iterations = 300
+batch_size = 20
+learning_rate = 1e-2
+[a]
+qscheme = "per-tensor-affine"
+bits = 8
+[calibration]
+batch_size = 32
+device = "cuda"
+mode = "asym"
+)",
+                                 "reconstruction graphs test");
+  c.calibration.cuda_graph = graphs;
+  c.calibration.count = static_cast<int>(samples);
+  c.plugins.use_environment = false;
+  QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
+  Images calib(4);
+  Deterministic deterministic;
+  Reconstruction r;
+  r.layers = qm.calibrate(calib).reconstructions;
+  for (const auto& [name, t] : qm.export_graph().initializers) r.weights.push_back(t.detach().cpu());
+  return r;
+}
+
+void expect_same(const Reconstruction& a, const Reconstruction& b) {
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  for (std::size_t i = 0; i < a.layers.size(); ++i) {
+    EXPECT_EQ(a.layers[i].mse_learnt, b.layers[i].mse_learnt) << a.layers[i].node;
+    EXPECT_EQ(a.layers[i].mse_nearest, b.layers[i].mse_nearest) << a.layers[i].node;
+    EXPECT_LT(a.layers[i].mse_learnt, a.layers[i].mse_nearest) << a.layers[i].node;  // it learnt something
+  }
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (std::size_t i = 0; i < a.weights.size(); ++i) EXPECT_TRUE(at::equal(a.weights[i], b.weights[i])) << i;
+}
+
+TEST(ReconstructionGraphs, RecordedStepsLearnTheEagerRounding) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU";
+  // 96 samples: three batches of 32, every step draws 20 rows of one.
+  const Reconstruction eager = reconstruct(false, 96);
+  ASSERT_GE(eager.layers.size(), 3u);
+  for (const auto& l : eager.layers) EXPECT_EQ(l.recorded_steps, 0) << l.node;
+  const Reconstruction graphed = reconstruct(true, 96);
+  for (const auto& l : graphed.layers) EXPECT_EQ(l.recorded_steps, 297) << l.node;  // after 3 eager steps
+  expect_same(graphed, eager);
+}
+
+TEST(ReconstructionGraphs, AShortBatchsStepsRunEagerly) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU";
+  // 80 samples: batches of 32, 32 and 16; a step on the last takes its 16 rows whole.
+  const Reconstruction eager = reconstruct(false, 80);
+  const Reconstruction graphed = reconstruct(true, 80);
+  for (const auto& l : graphed.layers) {
+    EXPECT_GT(l.recorded_steps, 150) << l.node;
+    EXPECT_LT(l.recorded_steps, 297) << l.node;
+  }
+  expect_same(graphed, eager);
 }
 
 }  // namespace

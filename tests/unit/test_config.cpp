@@ -97,6 +97,7 @@ batch_size = 7
 count = 100
 device = "cpu"
 mode = "layerwise"
+cuda_graph = false
 [plugins]
 paths = ["extra"]
 enable = ["sparsebit.*"]
@@ -125,6 +126,8 @@ deterministic = true
   EXPECT_EQ(c.calibration.batch_size, 7);
   EXPECT_EQ(c.calibration.count, 100);
   EXPECT_EQ(c.calibration.mode, "layerwise");
+  EXPECT_FALSE(c.calibration.cuda_graph);
+  EXPECT_TRUE(defaults.calibration.cuda_graph);  // recorded reconstruction steps replay the eager arithmetic
   EXPECT_EQ(c.plugins.paths, std::vector<std::string>{"/cfg/dir/extra"});  // relative to the config
   EXPECT_EQ(c.plugins.disable, std::vector<std::string>{"*.minmax"});
   EXPECT_TRUE(c.qat.tf32);
@@ -137,6 +140,9 @@ deterministic = true
   const std::string e = error_of("[qat]\ntf32 = \"yes\"\n");
   EXPECT_NE(e.find("tf32"), std::string::npos) << e;
   EXPECT_NE(e.find("true or false"), std::string::npos) << e;
+  const std::string g = error_of("[calibration]\ncuda_graph = 1\n");
+  EXPECT_NE(g.find("calibration.cuda_graph"), std::string::npos) << g;
+  EXPECT_NE(g.find("true or false"), std::string::npos) << g;
 }
 
 TEST(Config, UnknownKeysSuggestTheNearestValidKey) {

@@ -97,6 +97,10 @@ struct CalibrationConfig {
   int count = 0;  ///< 0: every sample
   std::string device = "cpu";
   std::string mode = "streaming";
+  /// On a GPU, each reconstruction step (AdaRound's) is recorded as a CUDA graph after a few
+  /// eager ones and replayed (Note [Recorded reconstruction steps]); eager where it cannot be.
+  /// The same arithmetic as eager steps, so on by default.
+  bool cuda_graph = true;
 };
 
 /// `[qat]`: quantization-aware training by distillation (sparsebit/core/qat.h).

@@ -30,6 +30,21 @@
 ///     mean over samples/positions of sum over channels (y - y_float)^2 + penalty(step).
 /// kLayer passes (bias correction) run after it, on the final weights.
 ///
+/// Note [Recorded reconstruction steps]
+/// A layer's thousands of steps are each a few dozen small operators: on a GPU the host's
+/// dispatch, not the GPU, sets their pace. So on a GPU the samples of every step are drawn on
+/// the host a chunk of steps ahead (the same draws, in the same order) and copied there once per
+/// chunk; Adam counts its steps there and the penalty reads its step from a tensor there
+/// (Quantizer::reconstruction_penalty_on_device): no step waits for the GPU. With
+/// `[calibration] cuda_graph = true` (the default) the step (the inputs' fake quantization, the soft weight,
+/// the node, the loss and penalty, backward and Adam) is recorded as a CUDA graph after three
+/// eager ones, and each later step gathers its samples into the recorded inputs and replays it:
+/// the same arithmetic as the eager steps. Steps whose samples have another shape (a short
+/// batch) run eagerly; a step that cannot be recorded (an operator that reads a value on the
+/// host) leaves the layer eager, with a warning. Runs over several processes stay eager (their
+/// gradients are summed on the host's schedule). Layers are reconstructed one after the other,
+/// not batched together: in asym mode a layer's inputs depend on the layers before it.
+///
 /// Note [QAT]
 /// init_qat() replaces the executor's copies of the weights and biases of every node with an
 /// active weight quantizer by leaf tensors that require gradients; the graph's initializers
@@ -64,6 +79,7 @@ struct ReconstructionReport {
   std::string quantizer;  ///< adaround, gptq, ...; iterations is 0 for weights solved from inputs
   double mse_nearest = 0, mse_learnt = 0;
   std::int64_t iterations = 0;
+  std::int64_t recorded_steps = 0;  ///< of `iterations`, replayed from a CUDA graph
   double seconds = 0;
 };
 
