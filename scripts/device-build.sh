@@ -11,7 +11,8 @@
 #   scripts/device-build.sh [BUILD_DIR] [DEBS_DIR]     (defaults: build-gpu, .device-debs)
 #
 # Environment: PYTHON (default: python3) is the Python whose torch provides LibTorch;
-# JOBS (default: all cores); SPARSEBIT_CMAKE_ARGS adds CMake options.
+# JOBS (default: all cores); SPARSEBIT_CMAKE_ARGS adds CMake options; TARGETS (default: all)
+# builds only these targets, e.g. "sparsebit sparsebit_gpu_training_tests".
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build-gpu}"
@@ -49,5 +50,6 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DSPARSEBIT_PREFER_INCLUDES="$prefer" \
   -DCMAKE_BUILD_RPATH="$multiarch" \
   ${SPARSEBIT_CMAKE_ARGS:-}
-cmake --build "$build" -j "$jobs"
+# shellcheck disable=SC2086 # TARGETS is a list
+cmake --build "$build" -j "$jobs" ${TARGETS:+--target $TARGETS}
 echo "built $build (LibTorch from $torch_prefix, CUDA ${cuda:-none})"
