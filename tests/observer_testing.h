@@ -8,7 +8,10 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "sparsebit/core/data.h"
 #include "sparsebit/sdk/error.h"
@@ -63,6 +66,31 @@ inline QParams observe_streaming(const std::string& name, const Options& options
   auto obs = make_observer(name, symmetric8(false), options);
   for (const auto& chunk : reference().data.chunk(8)) obs->observe(chunk.reshape({-1, 8}));
   return obs->compute();
+}
+
+/// An activation of PP-OCRv4's recognizer (tests/observers/NAME_hist.npy: the counts of its
+/// 3,686,400 values over 16 lines in 8,192 bins over [-range, range]), as the bin centres
+/// repeated by their counts.
+inline at::Tensor real_activation(const std::string& name, double range) {
+  const at::Tensor counts = read_npy(source_path("tests/observers/" + name + "_hist.npy")).to(at::kLong);
+  const std::int64_t bins = counts.numel();
+  const at::Tensor centers =
+      (at::arange(bins, at::TensorOptions().dtype(at::kDouble)) + 0.5) * (2 * range / double(bins)) - range;
+  return at::repeat_interleave(centers.to(at::kFloat), counts);
+}
+
+/// The two of them: a spike just off zero with a long tail that matters downstream.
+inline std::vector<std::pair<std::string, at::Tensor>> real_activations() {
+  return {{"conv14 input", real_activation("ppocr_rec_conv14_input", 0.5)},
+          {"add178 input", real_activation("ppocr_rec_add178_input", 8.0)}};
+}
+
+/// Note [Clipping floor], by hand: the |x| that keeps all but 0.1% of the non-zero values.
+inline double clipping_floor(const at::Tensor& x) {
+  const at::Tensor a = x.to(at::kDouble).abs().reshape({-1});
+  const at::Tensor nz = a.masked_select(a != 0);
+  const auto k = static_cast<std::int64_t>(std::ceil((1 - 1e-3) * double(nz.numel())));
+  return std::get<0>(at::kthvalue(nz, std::max<std::int64_t>(k, 1))).item<double>();
 }
 
 }  // namespace sparsebit::testing

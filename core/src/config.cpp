@@ -61,6 +61,7 @@ QSpec QuantTableConfig::spec(bool is_weight, std::int64_t channel_axis) const {
 Config::Config() {
   w.qscheme = "per-channel-symmetric";
   a.qscheme = "per-tensor-symmetric";
+  a.observer = "auto";  // Note [Range selection]: the range each input's layer does best with
   w.observer_options = Options("[w.observer_options]");
   w.quantizer_options = Options("[w.quantizer_options]");
   a.observer_options = Options("[a.observer_options]");
@@ -381,7 +382,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     for (auto& e : c.schedule) e.enabled = r.get<bool>(*t, "schedule", e.pass, e.enabled, "true or false");
   }
   if (auto* t = table("calibration")) {
-    r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode", "cuda_graph"});
+    r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode", "cuda_graph", "range_samples"});
     std::int64_t bs = r.get<std::int64_t>(*t, "calibration", "batch_size", c.calibration.batch_size, "an integer");
     if (bs < 1) throw Error(r.key_path("calibration", "batch_size") + " must be at least 1");
     c.calibration.batch_size = static_cast<int>(bs);
@@ -393,6 +394,12 @@ Config Config::from_string(const std::string& text, const std::string& source_na
       throw Error(r.key_path("calibration", "device") + " must be cpu, cuda or cuda:N, got '" +
                   printable(c.calibration.device, 40) + "'");
     c.calibration.cuda_graph = r.get<bool>(*t, "calibration", "cuda_graph", c.calibration.cuda_graph, "true or false");
+    const std::int64_t rs =
+        r.get<std::int64_t>(*t, "calibration", "range_samples", c.calibration.range_samples, "an integer");
+    if (rs < 0 || rs > 1000000)
+      throw Error(r.key_path("calibration", "range_samples") + " must be between 0 (off) and 1000000, got " +
+                  std::to_string(rs));
+    c.calibration.range_samples = static_cast<int>(rs);
     c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
     if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
       throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "glob.h"
 #include "reports.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/bn_tuning.h"
@@ -138,6 +141,173 @@ void log_op_times(const std::map<std::string, OpTime>& times, double total) {
                   total > 0 ? 100 * (t.seconds + t.hook_seconds) / total : 0.0);
 }
 
+/// A dataset that notes the sizes its records give each model input (InputCoverage).
+class CoverageRecorder final : public Dataset {
+ public:
+  CoverageRecorder(std::unique_ptr<Dataset> data, const std::vector<ValueInfo>& inputs)
+      : data_(std::move(data)), inputs_(inputs), seen_(inputs.size()) {}
+  std::string describe() const override { return data_->describe(); }
+  std::optional<std::int64_t> num_samples() const override { return data_->num_samples(); }
+  std::optional<Batch> next() override {
+    auto b = data_->next();
+    if (!b) return b;
+    for (std::size_t i = 0; i < b->inputs.size() && i < inputs_.size(); ++i) {
+      const at::Tensor& t = b->inputs[i];
+      const auto rank = static_cast<std::int64_t>(inputs_[i].shape.size());
+      if (!t.defined() || rank < 2 || t.dim() < rank - 1) continue;
+      auto& c = seen_[i];
+      for (std::int64_t d = 1; d < rank; ++d) {  // sample dims, aligned from the right
+        const std::int64_t size = t.size(t.dim() - rank + d);
+        const auto k = static_cast<std::size_t>(d - 1);
+        if (c.min.size() <= k) c.min.push_back(size), c.max.push_back(size);
+        c.min[k] = std::min(c.min[k], size);
+        c.max[k] = std::max(c.max[k], size);
+      }
+    }
+    return b;
+  }
+  /// The inputs with an open sample dimension.
+  std::vector<InputCoverage> coverage() const {
+    std::vector<InputCoverage> out;
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      InputCoverage c = seen_[i];
+      c.input = inputs_[i].name;
+      bool any = false;
+      for (std::size_t d = 1; d < inputs_[i].shape.size(); ++d) {
+        const Dim& dim = inputs_[i].shape[d];
+        c.open.push_back(!(dim.value > 0 && dim.param.empty()));
+        any = any || c.open.back();
+      }
+      if (any && c.min.size() == c.open.size()) out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<Dataset> data_;
+  std::vector<ValueInfo> inputs_;
+  std::vector<InputCoverage> seen_;
+};
+
+std::string describe_dims(const InputCoverage& c) {
+  std::string s = "[N";
+  for (std::size_t d = 0; d < c.min.size(); ++d)
+    s += ", " +
+         (c.min[d] == c.max[d] ? std::to_string(c.min[d]) : std::to_string(c.min[d]) + ".." + std::to_string(c.max[d]));
+  return s + "]";
+}
+
+void log_coverage(const std::vector<InputCoverage>& coverage) {
+  for (const auto& c : coverage) {
+    bool fixed = true;
+    for (std::size_t d = 0; d < c.open.size(); ++d) fixed = fixed && (!c.open[d] || c.min[d] == c.max[d]);
+    spdlog::info(
+        "calibration data gave input '{}' the sizes {}{}", c.input, describe_dims(c),
+        fixed ? "; the model accepts other sizes in its open dimensions: ranges calibrated on one size can be off "
+                "for others, so calibrate on the sizes it will run on"
+              : "");
+  }
+}
+
+/// Note [Agreement check]
+/// After calibration (and the target), every quantize runs the model in float and quantized on
+/// a few samples and compares each floating output: cosine over the whole output and SQNR
+/// (10 log10 of signal over error energy). The samples are held out where the data allows (those
+/// after [calibration] count, or the target's holdout), else the first calibration samples, and
+/// the message says which. A cosine below AgreementCheck::kPoorCosine warns with what to try.
+/// Eight samples cost two forward passes over them: small beside calibration.
+AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int64_t target_holdout) {
+  constexpr std::int64_t kSamples = 8;
+  c10::InferenceMode guard;
+  const auto& inputs = qm.graph().inputs;
+  const Config& config = job.config;
+  AgreementCheck r;
+  std::int64_t first = 0;
+  if (target_holdout > 0) {
+    r.held_out = true;
+  } else if (config.calibration.count > 0) {
+    auto probe = open_dataset(job.calib, inputs);
+    const auto n = probe->num_samples();
+    if (n && *n > config.calibration.count) first = config.calibration.count, r.held_out = true;
+  }
+  const std::int64_t take = target_holdout > 0 ? std::min(kSamples, target_holdout) : kSamples;
+  SampleWindow window(open_dataset(job.calib, inputs), inputs, first, take);
+  Batcher batches(window, inputs,
+                  std::max<std::int64_t>(1, std::min<std::int64_t>(config.calibration.batch_size, take)), take);
+  const at::Device device(config.calibration.device);
+  const auto& outs = qm.graph().outputs;
+  std::vector<double> ff(outs.size(), 0), qq(outs.size(), 0), fq(outs.size(), 0), ee(outs.size(), 0);
+  std::vector<bool> floating(outs.size(), false);
+  while (auto b = batches.next()) {
+    std::vector<at::Tensor> in;
+    for (auto& t : b->inputs) in.push_back(t.to(device));
+    qm.set_quant(false, false);
+    const auto f = qm.forward(in);
+    qm.set_quant(true, true);
+    const auto q = qm.forward(in);
+    for (std::size_t i = 0; i < outs.size() && i < f.size() && i < q.size(); ++i) {
+      if (!f[i].defined() || f[i].is_nested() || !f[i].is_floating_point() || f[i].sizes() != q[i].sizes()) continue;
+      floating[i] = true;
+      const at::Tensor a = f[i].to(at::kDouble).nan_to_num(0, 0, 0), c = q[i].to(at::kDouble).nan_to_num(0, 0, 0);
+      ff[i] += a.mul(a).sum().item<double>();
+      qq[i] += c.mul(c).sum().item<double>();
+      fq[i] += a.mul(c).sum().item<double>();
+      ee[i] += (a - c).pow(2).sum().item<double>();
+    }
+    r.samples += b->rows;
+  }
+  qm.set_quant(false, false);
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    if (!floating[i]) continue;
+    AgreementCheck::Output o;
+    o.name = outs[i].name;
+    o.cosine = ff[i] > 0 && qq[i] > 0 ? fq[i] / std::sqrt(ff[i] * qq[i]) : (ee[i] == 0 ? 1.0 : 0.0);
+    o.sqnr_db = ee[i] > 0 ? 10 * std::log10(std::max(ff[i], 1e-300) / ee[i]) : std::numeric_limits<double>::infinity();
+    r.poor = r.poor || o.cosine < AgreementCheck::kPoorCosine;
+    r.outputs.push_back(o);
+  }
+  return r;
+}
+
+void log_agreement(const AgreementCheck& a) {
+  const std::string on = std::to_string(a.samples) + (a.held_out ? " held-out samples" : " calibration samples");
+  for (const auto& o : a.outputs)
+    spdlog::info("quantized vs float on {}: output '{}' cosine {:.4f}, SQNR {:.1f} dB", on, o.name, o.cosine,
+                 o.sqnr_db);
+  if (a.poor)
+    spdlog::warn(
+        "the quantized model agrees poorly with float (cosine below {} on {}): `sparsebit profile` shows which "
+        "layers lose it, --target \"cosine>=0.99\" keeps the most sensitive ones in higher precision, and another "
+        "[a] observer (auto, mse, percentile) may do better",
+        AgreementCheck::kPoorCosine, on);
+}
+
+/// Nothing quantized is almost never what the user meant: say why, loudly.
+void warn_if_nothing_quantized(QuantModel& qm, const Config& config) {
+  std::size_t active = 0, in_bodies = 0;
+  for (const auto& s : qm.slots()) {
+    active += s.active();
+    in_bodies += s.node_index >= qm.graph().num_nodes();
+  }
+  if (active > 0) return;
+  const std::size_t body_nodes = qm.executor().flat_size() - qm.graph().num_nodes();
+  std::string why = std::to_string(qm.slots().size()) + " quantizable inputs were fused away by backend '" +
+                    config.backend + "''s placement rules and the fuse passes";
+  std::size_t skipped = 0;
+  for (const Node* n : qm.graph().nodes()) skipped += matches_any(n->name, config.skip);
+  if (qm.slots().empty())
+    why = skipped > 0 ? "the skip globs keep " + std::to_string(skipped) +
+                            " nodes float, and no other node has an input its op quantizes"
+                      : "no node of the model has an input its op quantizes";
+  if (body_nodes > 0)
+    why += "; " + std::to_string(body_nodes) + " of the model's " + std::to_string(qm.executor().flat_size()) +
+           " nodes sit inside If/Loop/Scan bodies (" + std::to_string(in_bodies) + " of the quantizable inputs)";
+  spdlog::warn(
+      "NOTHING IS QUANTIZED: 0 quantized inputs ({}); the output runs in float. `sparsebit inspect` lists the ops "
+      "and which have a QModule; another backend may quantize what this one leaves",
+      why);
+}
+
 /// Calibrates the QuantModel on `data`, logging what it does.
 CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, const StepProgressFn& progress) {
   spdlog::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data.describe(),
@@ -155,6 +325,13 @@ CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, 
   else
     spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples,
                  stats.seconds);
+  if (stats.range_selected_inputs > 0) {  // Note [Choosing ranges by the consuming layer]
+    std::string chosen;
+    for (const auto& [name, n] : stats.range_choices)
+      chosen += (chosen.empty() ? "" : ", ") + name + " " + std::to_string(n);
+    spdlog::info("  ranges chosen by their layer's error on {} samples for {} inputs in {:.2f} s: {}",
+                 stats.range_selection_samples, stats.range_selected_inputs, stats.range_selection_seconds, chosen);
+  }
   if (timing) {
     log_op_times(qm.executor().op_times(), stats.seconds);
     const CpuCacheStats c = caching_cpu_allocator_stats();
@@ -206,10 +383,14 @@ QuantModel::DataSource calibration_source(const std::string& calib, const std::v
 /// Calibrates on all but the held-out samples, then meets the target.
 TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64_t holdout,
                               const QuantModel::DataSource& calibration, CalibrationStats& stats,
-                              const StepProgressFn& progress) {
+                              std::vector<InputCoverage>& coverage, const StepProgressFn& progress) {
   const TargetConfig& t = *job.config.target;
   const auto& inputs = qm.graph().inputs;
-  stats = calibrate(qm, *calibration(), job.config, progress);
+  {
+    CoverageRecorder recorded(calibration(), inputs);
+    stats = calibrate(qm, recorded, job.config, progress);
+    coverage = recorded.coverage();
+  }
   TargetData data;
   const std::int64_t measured = holdout > 0 ? holdout : 16;
   SampleWindow held(open_dataset(job.calib, inputs), inputs, 0, measured);
@@ -425,17 +606,24 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   const std::int64_t holdout = config.target ? holdout_count(*config.target, job.calib, model.graph.inputs) : 0;
   const auto source = calibration_source(job.calib, model.graph.inputs, holdout);
   QuantModel qm(std::move(model), config, registry, source);
+  warn_if_nothing_quantized(qm, config);
   phase("passes");
   if (config.target) {
-    r.target = meet_target_step(qm, job, holdout, source, r.calibration, progress);
+    r.target = meet_target_step(qm, job, holdout, source, r.calibration, r.input_coverage, progress);
     phase("calibration+target");
   } else {
-    r.calibration = calibrate(qm, *source(), config, progress);
+    CoverageRecorder recorded(source(), qm.graph().inputs);
+    r.calibration = calibrate(qm, recorded, config, progress);
+    r.input_coverage = recorded.coverage();
     phase("calibration");
     // Parameters are computed at the end of calibration: shown as their own phase.
     r.phase_seconds.back().second -= r.calibration.parameter_seconds;
     r.phase_seconds.emplace_back("parameters", r.calibration.parameter_seconds);
   }
+  log_coverage(r.input_coverage);
+  r.agreement = check_agreement(qm, job, holdout);
+  log_agreement(*r.agreement);
+  phase("agreement");
   r.quantized_inputs = qm.slots().size();
   r.quantization = qm.report(&r.calibration);
   if (job.evaluation) {
@@ -590,6 +778,21 @@ std::string report_json(const QuantizeOutcome& r) {
     rep["evaluation"] = ev;
   }
   if (r.target) rep["target"] = json::parse(target_report_json(*r.target));
+  if (r.agreement) {
+    json outs = json::array();
+    for (const auto& o : r.agreement->outputs)
+      outs.push_back({{"output", o.name},
+                      {"cosine", o.cosine},
+                      {"sqnr_db", std::isfinite(o.sqnr_db) ? json(o.sqnr_db) : json(nullptr)}});
+    rep["agreement"] = {{"samples", r.agreement->samples},
+                        {"held_out", r.agreement->held_out},
+                        {"poor", r.agreement->poor},
+                        {"outputs", outs}};
+  }
+  json coverage = json::array();
+  for (const auto& c : r.input_coverage)
+    coverage.push_back({{"input", c.input}, {"min", c.min}, {"max", c.max}, {"open", c.open}});
+  rep["input_coverage"] = coverage;
   return rep.dump(2);
 }
 

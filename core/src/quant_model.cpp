@@ -8,6 +8,7 @@
 #include "layerwise.h"
 #include "qdq_export.h"
 #include "plugin_call.h"
+#include "range_selection.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -284,6 +285,14 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   // Note [Distributed runs]: process r computes batches r, r + W, ...; observers merge below.
   Distributed* group = reads_data ? dividing_group(*slots_, false, false) : nullptr;
   std::int64_t index = -1;
+  // Note [Choosing ranges by the consuming layer]: the first samples (this process's share) are
+  // kept for the range selection; they are few and bounded whatever the data's size.
+  const std::int64_t keep_for_ranges =
+      config_.calibration.range_samples == 0 ? 0
+      : group ? (config_.calibration.range_samples + group->world_size() - 1) / group->world_size()
+              : config_.calibration.range_samples;
+  std::vector<std::map<std::string, at::Tensor>> range_batches;
+  std::int64_t range_samples = 0;
   // Memory is independent of the sample count: one batch in flight (and two read ahead),
   // observers stream.
   std::optional<Prefetcher> ahead;
@@ -304,6 +313,18 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
       slots_->observe(n, k, x);
       return x;
     });
+    if (range_samples < keep_for_ranges) {
+      // The first samples of a batch the Batcher stacked along dim 0; a batch it could not cut
+      // (inputs not all stacked) is kept whole.
+      const std::int64_t take = std::min(b->held, keep_for_ranges - range_samples);
+      const bool cut = take < b->held && std::all_of(feeds.begin(), feeds.end(), [&](const auto& f) {
+                         return f.second.dim() > 0 && f.second.size(0) == b->held;
+                       });
+      if (cut)
+        for (auto& [name, t] : feeds) t = t.narrow(0, 0, take);
+      range_samples += cut ? take : b->held;
+      range_batches.push_back(std::move(feeds));
+    }
     stats.samples += b->rows;
     ++stats.batches;
     if (progress) progress(stats.samples, total);
@@ -321,6 +342,14 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
     slots_->finish_all();
   }
   stats.parameter_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - params_start).count();
+  if (!range_batches.empty()) {
+    const auto chosen = detail::select_ranges(*executor_, *slots_, range_batches, range_samples, group);
+    range_batches.clear();
+    stats.range_selected_inputs = chosen.inputs;
+    stats.range_selection_samples = chosen.samples;
+    stats.range_selection_seconds = chosen.seconds;
+    stats.range_choices = chosen.chosen;
+  }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

@@ -30,6 +30,7 @@ QuantizationReport QuantModel::report(const CalibrationStats* stats) const {
     if (s.spec.per_channel) e.axis = s.spec.channel_axis;
     e.observer = s.observer_name;
     e.quantizer = s.quantizer_name;
+    e.range = s.range;
     e.calibrated = s.calibrated;
     e.fake_fused = s.fake_fused;
     e.enabled = s.enabled;
@@ -69,6 +70,7 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
     if (s.axis) e["axis"] = *s.axis;
     e["observer"] = s.observer;
     e["quantizer"] = s.quantizer;
+    if (!s.range.empty()) e["range"] = s.range;
     e["calibrated"] = s.calibrated;
     e["fake_fused"] = s.fake_fused;
     e["enabled"] = s.enabled;
@@ -88,6 +90,11 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
                         {"peak_cached_tensors", c.peak_cached_tensors},
                         {"peak_cached_bytes", c.peak_cached_bytes},
                         {"layer_pass_changes", c.layer_pass_changes}};
+    if (c.range_selected_inputs > 0)
+      j["calibration"]["range_selection"] = {{"inputs", c.range_selected_inputs},
+                                             {"samples", c.range_selection_samples},
+                                             {"seconds", c.range_selection_seconds},
+                                             {"chosen", c.range_choices}};
     auto& rec = j["calibration"]["reconstructions"] = json::array();
     for (const auto& x : c.reconstructions)
       rec.push_back({{"node", x.node},

@@ -414,6 +414,13 @@ void QuantSlots::finish(QuantSlot& s) {
     plugin_call(s, true, "observe", [&] { s.observer->observe(constant(s.node_index, s.tensor)); });
     page_out(constant(s.node_index, s.tensor));  // Note [Mapped weights]
   }
+  s.range_candidates.clear();
+  s.range.clear();
+  if (s.role == InputRole::kActivation) {
+    auto offered = plugin_call(s, true, "candidates", [&] { return s.observer->candidates(); });
+    for (const auto& c : offered) check_qparams(s, c.params, "candidates");
+    if (offered.size() >= 2) s.range_candidates = std::move(offered);
+  }
   const QParams p = plugin_call(s, true, "compute", [&] { return s.observer->compute(); });
   check_qparams(s, p, "compute");
   plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(p); });

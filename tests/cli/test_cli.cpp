@@ -48,6 +48,47 @@ class Cli : public ::testing::Test {
   std::string calib_, out_, config_;
 };
 
+// Note [Agreement check]: every quantize says how the quantized model agrees with float, on
+// held-out samples where the data has more than [calibration] count, and warns when it is poor.
+TEST_F(Cli, EveryQuantizeReportsItsAgreementWithFloat) {
+  auto r = run_cli(quantize(testing::fixture_model(), calib_, "--report " + out_ + "/r.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("quantized vs float on 8 calibration samples: output"), std::string::npos) << r.output;
+  std::ifstream in(out_ + "/r.json");
+  const auto report = nlohmann::json::parse(in);
+  const auto& a = report.at("agreement");
+  EXPECT_EQ(a.at("samples"), 8);
+  EXPECT_FALSE(a.at("held_out").get<bool>());
+  ASSERT_EQ(a.at("outputs").size(), 1u);
+  const double cosine = a.at("outputs")[0].at("cosine").get<double>();
+  EXPECT_GT(cosine, 0.9);
+  EXPECT_LE(cosine, 1.0 + 1e-12);
+  EXPECT_EQ(a.at("poor").get<bool>(), cosine < AgreementCheck::kPoorCosine);
+  EXPECT_TRUE(report.at("input_coverage").empty()) << "the fixture's input has no open sample dimension";
+
+  const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+  r = run_cli(quantize(testing::fixture_model(), images, "--calib-count 32 --report " + out_ + "/r.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("quantized vs float on 8 held-out samples"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, PoorAgreementWarnsWithWhatToTry) {
+  std::ofstream(out_ + "/../two_bit.toml") << "backend = \"virtual\"\n[w]\nbits = 2\n[a]\nbits = 2\n";
+  auto r = run_cli("quantize " + testing::fixture_model() + " -c " + out_ + "/../two_bit.toml --calib " + calib_ +
+                   " -o " + out_ + "/q.onnx");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : {"agrees poorly with float", "sparsebit profile", "--target"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << " missing in:\n" << r.output;
+}
+
+TEST_F(Cli, NothingQuantizedWarnsLoudly) {
+  std::ofstream(out_ + "/../skip_all.toml") << "skip = [\"*\"]\n[a]\nbits = 8\n";
+  auto r = run_cli("quantize " + testing::fixture_model() + " -c " + out_ + "/../skip_all.toml --calib " + calib_ +
+                   " -o " + out_ + "/q.onnx");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("NOTHING IS QUANTIZED: 0 quantized inputs"), std::string::npos) << r.output;
+}
+
 // Library users call the same pipeline the CLI does (Note [Pipeline order]): the same job gives
 // the same model bytes and the same report, and a refused job writes nothing.
 TEST_F(Cli, LibraryPipelineGivesWhatTheCliGives) {

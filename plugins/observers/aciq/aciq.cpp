@@ -9,7 +9,7 @@
 // Options: distribution = "gaus" | "laplace" (default "gaus").
 //
 // Weights use their exact values; activations keep running sums and a histogram (Note
-// [Streaming histogram]) for mean |x - mean|.
+// [Streaming histogram]) for mean |x - mean|, and never clip below Note [Clipping floor].
 
 #include <ATen/ATen.h>
 
@@ -77,6 +77,11 @@ class AciqObserver final : public Observer {
     const auto& table =
         distribution_ == "laplace" ? (half ? kLaplacePositive : kLaplace) : (half ? kGausPositive : kGaus);
     at::Tensor clip = scale_estimate * table.at(spec_.bits);
+    if (!exact_.defined()) {  // Note [Clipping floor]
+      clip = clip.clone();
+      for (std::int64_t c = 0; c < clip.size(0); ++c)
+        clip[c] = std::max(clip[c].item<double>(), hist_.abs_keeping(c, 1 - kMaxClippedFraction));
+    }
     at::Tensor low = half ? at::zeros_like(clip) : -clip;
     return range_qparams(low, clip, spec_, where_, shape_);
   }

@@ -33,6 +33,7 @@
 ///     count = 512                     # samples used (0: all)
 ///     device = "cpu"
 ///     mode = "streaming"              # streaming | layerwise | asym (Note [Layerwise runner])
+///     range_samples = 8               # samples the auto observer's ranges are chosen on (0: off)
 ///     [qat]                           # `sparsebit qat` (sparsebit/core/qat.h)
 ///     epochs = 1
 ///     lr = 1e-4
@@ -76,8 +77,8 @@ namespace sparsebit {
 struct SPARSEBIT_API QuantTableConfig {
   std::string qscheme;
   int bits = 8;
-  std::int64_t group_size = 0;  ///< block size for per-group-* schemes
-  std::string observer = "minmax";
+  std::int64_t group_size = 0;      ///< block size for per-group-* schemes
+  std::string observer = "minmax";  ///< [a]'s default is "auto" (Config::Config)
   std::string quantizer = "uniform";
   bool narrow_range = false;
   bool reduce_range = false;  ///< weights only: a 7-bit grid stored in 8 bits (QSpec::reduce_range)
@@ -101,6 +102,10 @@ struct CalibrationConfig {
   /// eager ones and replayed (Note [Recorded reconstruction steps]); eager where it cannot be.
   /// The same arithmetic as eager steps, so on by default.
   bool cuda_graph = true;
+  /// Calibration samples on which quantized inputs whose observer offers several ranges (auto)
+  /// choose one by their consuming layer's error (Note [Choosing ranges by the consuming
+  /// layer]); 0 leaves the choice to the observer.
+  int range_samples = 8;
 };
 
 /// `[qat]`: quantization-aware training by distillation (sparsebit/core/qat.h).

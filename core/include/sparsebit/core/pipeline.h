@@ -57,6 +57,28 @@ struct EvaluationResult {
   std::optional<double> simulated_accuracy;
 };
 
+/// Note [Agreement check]: how the quantized model's outputs agree with float's on a few samples,
+/// printed (and warned about when poor) by every quantize.
+struct AgreementCheck {
+  std::int64_t samples = 0;
+  bool held_out = false;  ///< the samples were not used for calibration
+  struct Output {
+    std::string name;
+    double cosine = 1, sqnr_db = 0;
+  };
+  std::vector<Output> outputs;
+  bool poor = false;  ///< some output's cosine is below kPoorCosine
+  static constexpr double kPoorCosine = 0.99;
+};
+
+/// The sizes the calibration data gave each model input with dimensions the model leaves open
+/// (symbolic or unknown), smallest and largest per dimension; the batch dimension is left out.
+struct InputCoverage {
+  std::string input;
+  std::vector<std::int64_t> min, max;  ///< per sample dimension (the model input's dims 1..)
+  std::vector<bool> open;              ///< whether the model leaves that dimension open
+};
+
 struct QuantizeJob {
   std::string model;  ///< float ONNX model
   std::string calib;  ///< calibration data
@@ -78,6 +100,8 @@ struct QuantizeOutcome {
   QuantizationReport quantization;      ///< every quantized input and its parameters
   std::optional<EvaluationResult> evaluation;
   std::optional<TargetReport> target;  ///< when [target] or --target asked for one
+  std::optional<AgreementCheck> agreement;
+  std::vector<InputCoverage> input_coverage;  ///< inputs with open dimensions
   bool external_data_written = false;
 };
 

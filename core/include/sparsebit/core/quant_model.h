@@ -93,6 +93,12 @@ struct CalibrationStats {
   std::int64_t peak_cached_bytes = 0;   ///< layerwise/asym: most bytes cached at once
   std::vector<ReconstructionReport> reconstructions;
   std::vector<std::string> layer_pass_changes;  ///< "pass: node" for every node a kLayer pass changed
+  /// Note [Choosing ranges by the consuming layer]: inputs that chose, on how many samples, in
+  /// how long (part of `seconds`), and how many took each candidate.
+  std::size_t range_selected_inputs = 0;
+  std::int64_t range_selection_samples = 0;
+  double range_selection_seconds = 0;
+  std::map<std::string, std::size_t> range_choices;
 };
 
 /// One quantized input in the report: where, the scheme, and the parameters once calibrated.
@@ -104,6 +110,7 @@ struct SlotReport {
   int bits = 8;
   std::optional<std::int64_t> axis;  ///< per-channel axis
   std::string observer, quantizer;
+  std::string range;  ///< the observer's candidate a range selection chose (empty: none ran)
   bool calibrated = false, fake_fused = false, enabled = true;
   std::vector<double> scale, zero_point;  ///< empty until calibrated
 };

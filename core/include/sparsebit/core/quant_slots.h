@@ -40,6 +40,10 @@ struct SPARSEBIT_API QuantSlot {
   std::unique_ptr<Observer> observer;
   std::unique_ptr<Quantizer> quantizer;
   bool calibrated = false;
+  /// Ranges the observer offered (Note [Range selection]); kept from finish() until a range
+  /// selection picks one, empty when it offered fewer than two.
+  std::vector<RangeCandidate> range_candidates;
+  std::string range;          ///< the candidate a range selection chose (empty: none ran)
   std::int64_t observed = 0;  ///< tensors observed since the last reset (activations)
   bool fake_fused = false;    ///< bypassed by a fuse pass: neither simulated nor exported
   bool enabled = true;        ///< switched off by the user (QuantModel::set_enabled)

