@@ -7,6 +7,8 @@
 # (classifier, 100 crops); with the wall time and peak memory of each quantize.
 #
 #   bench/real_models.sh [SPARSEBIT_BINARY] [WORK_DIR] [MODELS (default "rec det cls")]
+# BASES (default "w8a8_tensorrt w8a8_onnxruntime"), OBSERVERS (default "minmax percentile mse
+# kl_histogram aciq") and TARGETS=0 (no --target rows) choose fewer rows.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${1:-$root/build/bin/sparsebit}"
@@ -24,13 +26,15 @@ variant() {  # variant BASE_CONFIG NAME OBSERVER: the shipped config with [a] ob
 }
 echo "model | config | score vs FP32 in ONNX Runtime | seconds | peak MiB"
 for m in $models; do
-  for base in w8a8_tensorrt w8a8_onnxruntime; do
+  for base in ${BASES:-w8a8_tensorrt w8a8_onnxruntime}; do
     "$measure" "$bin" "$work" "$m" "$root/configs/$base.toml" "${base}_shipped"
-    for obs in minmax percentile mse kl_histogram aciq; do
+    for obs in ${OBSERVERS:-minmax percentile mse kl_histogram aciq}; do
       variant "$base" "${base}_$obs" "$obs"
       "$measure" "$bin" "$work" "$m" "$work/${base}_$obs.toml" "${base}_$obs"
     done
   done
+  [[ "${TARGETS:-1}" == 0 ]] && continue
+  variant w8a8_tensorrt w8a8_tensorrt_minmax minmax
   "$measure" "$bin" "$work" "$m" "$root/configs/w8a8_tensorrt.toml" "w8a8_tensorrt_shipped_target" --target "cosine>=0.99"
   "$measure" "$bin" "$work" "$m" "$work/w8a8_tensorrt_minmax.toml" "w8a8_tensorrt_minmax_target" --target "cosine>=0.99"
 done

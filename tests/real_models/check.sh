@@ -25,8 +25,16 @@ trt="$root/configs/w8a8_tensorrt.toml"
 variant() { sed "/^\[a\]/,/^\[/ s/^observer = .*/observer = \"$2\"/" "$trt" > "$work/$1.toml"; }
 row=$("$measure" "$bin" "$work" rec "$trt" shipped); echo "$row"
 check "$row" agreement-with-fp32 ">=" 97
-grep -q "input 'x' the sizes \[N, 3, 48, 320\]" "$work/rec_shipped.log" && echo "ok: input sizes reported" ||
-  { echo "FAILED: the recognizer's calibrated input sizes were not reported"; fail=1; }
+# The report says which sizes the calibration gave the open width, and that the rest are fixed.
+if /usr/bin/python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))["input_coverage"]
+sys.exit(not (c and c[0]["input"] == "x" and c[0]["min"] == [3, 48, 320] and c[0]["max"] == [3, 48, 320]
+              and c[0]["open"] == [False, False, True]))' "$work/rec_shipped.json"; then
+  echo "ok: input sizes reported"
+else
+  echo "FAILED: the report's input_coverage does not give the recognizer's calibrated sizes"
+  fail=1
+fi
 variant minmax minmax
 minmax=$("$measure" "$bin" "$work" rec "$work/minmax.toml" minmax); echo "$minmax"
 floor=$(sed -E 's/.*agreement-with-fp32 ([0-9.]+)%.*/\1/' <<<"$minmax")
