@@ -24,7 +24,7 @@ mkdir -p "$work"
 py=/usr/bin/python3
 
 kl="$work/w8a8_kl_histogram.toml"
-sed '/^\[a\]/,/^\[/ s/^observer = "minmax"/observer = "kl_histogram"/' "$root/configs/w8a8_onnxruntime.toml" > "$kl"
+sed '/^\[a\]/,/^\[/ s/^observer = "[a-z_]*"/observer = "kl_histogram"/' "$root/configs/w8a8_onnxruntime.toml" > "$kl"
 grep -q 'observer = "kl_histogram"' "$kl" || { echo "could not make the kl_histogram config" >&2; exit 1; }
 
 # model path, input kind, sample count
@@ -74,11 +74,13 @@ if [[ $reduced == 0 ]]; then
   for name in resnet50 mobilenet_v2; do
     model="$(model_of "$name")"
     data="$work/data_images_64"
-    read -r mm_s _ < <(measure "$bin" -q quantize "$model" -c "$root/configs/w8a8_onnxruntime.toml" --calib "$data" -o "$work/out.onnx")
+    mm="$work/w8a8_minmax.toml"
+    sed '/^\[a\]/,/^\[/ s/^observer = "[a-z_]*"/observer = "minmax"/' "$root/configs/w8a8_onnxruntime.toml" > "$mm"
+    read -r mm_s _ < <(measure "$bin" -q quantize "$model" -c "$mm" --calib "$data" -o "$work/out.onnx")
     line="$name: minmax $mm_s s"
-    for obs in kl_histogram percentile mse aciq; do
+    for obs in auto kl_histogram percentile mse aciq; do
       cfg="$work/w8a8_$obs.toml"
-      sed '/^\[a\]/,/^\[/ s/^observer = "minmax"/observer = "'"$obs"'"/' "$root/configs/w8a8_onnxruntime.toml" > "$cfg"
+      sed '/^\[a\]/,/^\[/ s/^observer = "[a-z_]*"/observer = "'"$obs"'"/' "$root/configs/w8a8_onnxruntime.toml" > "$cfg"
       read -r s _ < <(measure "$bin" -q quantize "$model" -c "$cfg" --calib "$data" -o "$work/out.onnx")
       line+=", $obs $s s ($(awk "BEGIN { printf \"%.2f\", $s / $mm_s }")x)"
     done

@@ -215,7 +215,8 @@ void log_coverage(const std::vector<InputCoverage>& coverage) {
 /// (10 log10 of signal over error energy). The samples are held out where the data allows (those
 /// after [calibration] count, or the target's holdout), else the first calibration samples, and
 /// the message says which. A cosine below AgreementCheck::kPoorCosine warns with what to try.
-/// Eight samples cost two forward passes over them: small beside calibration.
+/// Eight samples cost two forward passes over them: small beside calibration. Weight-only runs
+/// skip it: they read no data and keep host memory near one copy of the weights.
 AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int64_t target_holdout) {
   constexpr std::int64_t kSamples = 8;
   c10::InferenceMode guard;
@@ -621,9 +622,15 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
     r.phase_seconds.emplace_back("parameters", r.calibration.parameter_seconds);
   }
   log_coverage(r.input_coverage);
-  r.agreement = check_agreement(qm, job, holdout);
-  log_agreement(*r.agreement);
-  phase("agreement");
+  if (config.weight_only) {
+    // Weight-only runs read no data (and hold one copy of the weights): the float and
+    // quantized forwards of the check would break both.
+    spdlog::info("weight-only: no agreement check (bench/llm measures perplexity)");
+  } else {
+    r.agreement = check_agreement(qm, job, holdout);
+    log_agreement(*r.agreement);
+    phase("agreement");
+  }
   r.quantized_inputs = qm.slots().size();
   r.quantization = qm.report(&r.calibration);
   if (job.evaluation) {

@@ -285,20 +285,21 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   // Note [Distributed runs]: process r computes batches r, r + W, ...; observers merge below.
   Distributed* group = reads_data ? dividing_group(*slots_, false, false) : nullptr;
   std::int64_t index = -1;
-  // Note [Choosing ranges by the consuming layer]: the first samples (this process's share) are
-  // kept for the range selection; they are few and bounded whatever the data's size.
-  const std::int64_t keep_for_ranges =
-      config_.calibration.range_samples == 0 ? 0
-      : group ? (config_.calibration.range_samples + group->world_size() - 1) / group->world_size()
-              : config_.calibration.range_samples;
+  // Note [Choosing ranges by the consuming layer]: the first samples are kept for the range
+  // selection; they are few and bounded whatever the data's size. Every process reads the
+  // batches that hold them (only their owner observes them), so that all choose on the samples
+  // one process would.
+  const std::int64_t keep_for_ranges = config_.calibration.range_samples;
+  const std::int64_t batch_size = config_.calibration.batch_size;
   std::vector<std::map<std::string, at::Tensor>> range_batches;
   std::int64_t range_samples = 0;
+  auto mine = [group](std::int64_t i) { return !group || i % group->world_size() == group->rank(); };
   // Memory is independent of the sample count: one batch in flight (and two read ahead),
   // observers stream.
   std::optional<Prefetcher> ahead;
   if (reads_data)
-    ahead.emplace(batcher, [group](std::int64_t i) {
-      return BatchShare{0, 1, group && i % group->world_size() != group->rank()};
+    ahead.emplace(batcher, [mine, keep_for_ranges, batch_size](std::int64_t i) {
+      return BatchShare{0, 1, !mine(i) && i * batch_size >= keep_for_ranges};
     });
   while (auto b = ahead ? ahead->next() : std::nullopt) {
     ++index;
@@ -309,10 +310,11 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
     }
     std::map<std::string, at::Tensor> feeds;
     for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = b->inputs[i].to(device);
-    executor_->run(feeds, [this](std::size_t n, std::size_t k, const at::Tensor& x) {
-      slots_->observe(n, k, x);
-      return x;
-    });
+    if (mine(index))
+      executor_->run(feeds, [this](std::size_t n, std::size_t k, const at::Tensor& x) {
+        slots_->observe(n, k, x);
+        return x;
+      });
     if (range_samples < keep_for_ranges) {
       // The first samples of a batch the Batcher stacked along dim 0; a batch it could not cut
       // (inputs not all stacked) is kept whole.

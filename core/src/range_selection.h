@@ -10,8 +10,9 @@
 // that input fake-quantized on the candidate's grid and its weights on theirs (the layer as it
 // will be deployed); other activation inputs stay float, so each input is judged on its own.
 // The output errors, relative per slice (Note [Relative layer error] in range_selection.cpp),
-// add up over the samples (and over the processes of a distributed run, so that every process
-// makes the same choice); the least wins, the first offered on ties. Nodes inside control-flow bodies keep the
+// add up over the samples; the least wins, the first offered on ties. In a distributed run every
+// process evaluates the same first samples, and the errors are summed over the processes as well,
+// so that float differences between devices cannot split the choice. Nodes inside control-flow bodies keep the
 // observer's own choice. Cost: one float pass over those samples plus one run of each such node per candidate.
 
 #include <ATen/core/Tensor.h>
