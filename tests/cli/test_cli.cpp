@@ -130,8 +130,7 @@ TEST_F(Cli, LibraryPipelineGivesWhatTheCliGives) {
       phases.push_back(name);
       EXPECT_GE(seconds.get<double>(), 0.0) << name;
     }
-    EXPECT_EQ(phases,
-              (std::vector<std::string>{"agreement", "calibration", "export", "load", "parameters", "passes"}));
+    EXPECT_EQ(phases, (std::vector<std::string>{"agreement", "calibration", "export", "load", "parameters", "passes"}));
     report->erase("phase_seconds");
     report->erase("import_ms");
     (*report)["calibration"].erase("seconds");
