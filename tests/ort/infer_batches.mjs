@@ -1,18 +1,20 @@
 // Runs a model in ONNX Runtime (CPU) over a stacked [N, ...] .npy input in batches and writes
 // the first output, or its argmax over the last axis (a recognizer's character ids).
 //   node infer_batches.mjs MODEL.onnx INPUT.npy OUT.npy [--argmax] [--batch B] [--threads T]
+//        [--optimization disabled|basic|extended|all]  (basic: Q/DQ run as written, no integer kernels)
 import ort from 'onnxruntime-node';
 import { readNpy, writeNpy } from './npy.mjs';
 
 const [model, input, output, ...rest] = process.argv.slice(2);
-let argmax = false; let batch = 16; let threads = 2;
+let argmax = false; let batch = 16; let threads = 2; let optimization = 'all';
 for (let i = 0; i < rest.length; ++i) {
   if (rest[i] === '--argmax') argmax = true;
   else if (rest[i] === '--batch') batch = Number(rest[++i]);
   else if (rest[i] === '--threads') threads = Number(rest[++i]);
+  else if (rest[i] === '--optimization') optimization = rest[++i];
   else throw new Error(`unknown argument ${rest[i]}`);
 }
-const session = await ort.InferenceSession.create(model, { intraOpNumThreads: threads, interOpNumThreads: 1 });
+const session = await ort.InferenceSession.create(model, { intraOpNumThreads: threads, interOpNumThreads: 1, graphOptimizationLevel: optimization });
 const x = readNpy(input);
 const n = x.shape[0]; const per = x.data.length / n;
 const parts = []; let outShape = null;

@@ -5,7 +5,8 @@
 # where SCORE is exact-match for the recognizer, worst/mean page cosine and text-box IoU for
 # the detector, label agreement for the classifier (tests/real_models/ppocr.py).
 #   measure.sh SPARSEBIT WORK MODEL(rec|det|cls) CONFIG.toml NAME [sparsebit flags...]
-# WORK must hold the data `prepare` wrote (measure.sh prepare WORK [SMALL]).
+# WORK must hold the data `prepare` wrote (measure.sh prepare WORK [SMALL]). ORT_OPTIMIZATION
+# (default all) is ONNX Runtime's graph optimization level for the exports.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 py=/usr/bin/python3
@@ -45,7 +46,7 @@ esac
 out="$work/${model}_${name}"
 /usr/bin/time -f "%e %M" -o "$out.time" "$bin" --quiet quantize "$assets/$onnx" -c "$config" --calib "$work/$calib" \
   -o "$out.onnx" --report "$out.json" "$@" 2> "$out.log" || { cat "$out.log" >&2; exit 1; }
-node "$ort/infer_batches.mjs" "$out.onnx" "$work/$test" "$out.npy" "${infer[@]}"
+node "$ort/infer_batches.mjs" "$out.onnx" "$work/$test" "$out.npy" "${infer[@]}" --optimization "${ORT_OPTIMIZATION:-all}"
 case $model in
   rec) score=$("$py" "$here/ppocr.py" score-rec "$out.npy" "$work/lines_test/labels.txt" "$assets/ppocr_keys_v1.txt" "$work/rec_fp32.npy") ;;
   det) score=$("$py" "$here/ppocr.py" score-det "$out.npy" "$work/det_fp32.npy" "$work/pages_test/masks") ;;
