@@ -74,8 +74,10 @@ int cmd_quantize(const QuantizeArgs& a, const GlobalOptions& g) {
     std::printf("\n%-28s %s (%s)\n", "target", t.target.c_str(), t.reached ? "reached" : "NOT reached");
     std::printf("%-28s %.6g\n", "every layer quantized", t.before);
     std::printf("%-28s %.6g\n", "as exported", t.after);
-    std::printf("%-28s %zu of %zu (budget %zu)%s%s\n", "layers in fallback", t.fallback_layers.size(),
-                t.quantized_layers, t.budget, t.precision.empty() ? "" : ", ", t.precision.c_str());
+    std::string remedies;
+    for (const auto& [name, n] : t.remedies) remedies += ", " + name + " " + std::to_string(n);
+    std::printf("%-28s %zu of %zu (int16/float budget %zu)%s\n", "layers remedied", t.fallback_layers.size(),
+                t.quantized_layers, t.budget, remedies.c_str());
     std::printf("%-28s %d\n", "evaluations", t.evaluations);
   }
   return 0;

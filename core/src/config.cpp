@@ -454,10 +454,12 @@ Config Config::from_string(const std::string& text, const std::string& source_na
     tc.value = r.get<double>(*t, "target", "value", tc.value, "a number");
     if (t->get("fallback")) tc.fallback = r.strings(*t, "target", "fallback");
     for (const auto& f : tc.fallback)
-      if (f != "int16" && f != "float")
+      if (f != "range" && f != "per-channel" && f != "int16" && f != "float")
         throw Error(r.key_path("target", "fallback") + ": '" + printable(f, 40) +
-                    "' is not a precision; use \"int16\" (16-bit activations) and/or \"float\"");
-    if (tc.fallback.empty()) throw Error(r.key_path("target", "fallback") + " needs at least one precision");
+                    "' is not a precision or remedy; use any of \"range\" (another range for the layer's "
+                    "activations), \"per-channel\" (per-channel weights), \"int16\" (16-bit activations), "
+                    "\"float\"");
+    if (tc.fallback.empty()) throw Error(r.key_path("target", "fallback") + " needs at least one remedy");
     tc.max_fallback_layers =
         r.get<std::int64_t>(*t, "target", "max_fallback_layers", tc.max_fallback_layers, "an integer");
     if (tc.max_fallback_layers < 0 && t->get("max_fallback_layers"))

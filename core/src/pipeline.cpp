@@ -384,7 +384,8 @@ QuantModel::DataSource calibration_source(const std::string& calib, const std::v
 /// Calibrates on all but the held-out samples, then meets the target.
 TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64_t holdout,
                               const QuantModel::DataSource& calibration, CalibrationStats& stats,
-                              std::vector<InputCoverage>& coverage, const StepProgressFn& progress) {
+                              std::vector<InputCoverage>& coverage, const Registry& registry,
+                              const StepProgressFn& progress) {
   const TargetConfig& t = *job.config.target;
   const auto& inputs = qm.graph().inputs;
   {
@@ -414,20 +415,29 @@ TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64
     data.eval_labels = read_labels(job.evaluation->labels);
     data.eval_description = job.evaluation->data;
   }
+  if (const auto* histogram = registry.observer("auto")) data.range_observer = histogram->factory;
   spdlog::info("target {}: measuring on {}", t.describe(), data.holdout_description);
-  TargetReport r = meet_target(qm, t, data, stage(progress, "ranking layers"));
+  TargetReport r = meet_target(qm, t, data, stage(progress, "measuring layers"));
   end_step(progress);
+  std::string remedies;
+  std::size_t costly = 0;
+  for (const auto& [name, n] : r.remedies) {
+    remedies += (remedies.empty() ? "" : ", ") + name + " " + std::to_string(n);
+    if (name == "int16" || name == "float") costly += n;
+  }
   spdlog::info(
-      "target {}: {} {:.6g} with every layer quantized, {:.6g} with {} of {} layers in {} ({} evaluations, "
-      "{:.1f} s)",
+      "target {}: {} {:.6g} with every layer quantized, {:.6g} with {} of {} layers remedied{} ({} "
+      "evaluations, {:.1f} s)",
       t.describe(), t.metric, r.before, r.after, r.fallback_layers.size(), r.quantized_layers,
-      r.precision.empty() ? std::string("fallback") : r.precision, r.evaluations, r.seconds);
+      remedies.empty() ? "" : " (" + remedies + ")", r.evaluations, r.seconds);
   for (const auto& l : r.fallback_layers)
-    spdlog::info("  {} {} ({}, alone: SQNR {:.1f} dB)", r.precision, l.node, l.op_type, l.sqnr_db);
+    spdlog::info("  {} {} ({}): layer SQNR {:.1f} -> {:.1f} dB", l.remedy, l.node, l.op_type, l.sqnr_db,
+                 l.remedied_sqnr_db);
   if (!r.reached) {
     const std::string missed = "target " + t.describe() + " not reached: best " + t.metric + " " +
                                std::to_string(r.after) + " with " + std::to_string(r.fallback_layers.size()) +
-                               " layers in fallback (budget " + std::to_string(r.budget) + ")";
+                               " layers remedied, " + std::to_string(costly) + " of them in int16 or float (budget " +
+                               std::to_string(r.budget) + ")";
     if (t.strict)
       throw Error(missed +
                   "; nothing written (strict target). Allow more fallback layers "
@@ -610,7 +620,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   warn_if_nothing_quantized(qm, config);
   phase("passes");
   if (config.target) {
-    r.target = meet_target_step(qm, job, holdout, source, r.calibration, r.input_coverage, progress);
+    r.target = meet_target_step(qm, job, holdout, source, r.calibration, r.input_coverage, registry, progress);
     phase("calibration+target");
   } else {
     CoverageRecorder recorded(source(), qm.graph().inputs);

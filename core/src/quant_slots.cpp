@@ -316,14 +316,16 @@ std::vector<QuantSlot*> QuantSlots::matching(const std::string& node_glob, std::
 
 void QuantSlots::set_slot_bits(QuantSlot& s, int bits) {
   if (bits < 2 || bits > 16) throw Error("set_bits: bits must be between 2 and 16, got " + std::to_string(bits));
-  if (s.role == InputRole::kBias) throw Error(s.where() + ": a bias's precision follows its node's scales");
   QSpec spec = s.spec;
   spec.bits = bits;
+  set_slot_spec(s, spec, std::to_string(bits) + " bits");
+}
+
+void QuantSlots::set_slot_spec(QuantSlot& s, const QSpec& spec, const std::string& what) {
+  if (s.role == InputRole::kBias) throw Error(s.where() + ": a bias's precision follows its node's scales");
   for (const auto& why : {backend_->check(spec, s.role == InputRole::kWeight ? "w" : "a"),
                           backend_->check_input(executor_->flat_node(s.node_index), s.input_index, s.role, spec)}) {
-    if (why)
-      throw Error(s.where() + ": " + std::to_string(bits) + " bits break the rules of backend '" + backend_name_ +
-                  "': " + *why);
+    if (why) throw Error(s.where() + ": " + what + " break the rules of backend '" + backend_name_ + "': " + *why);
   }
   s.spec = spec;
   // New objects for the new grid; the previous calibration no longer applies.

@@ -6,19 +6,32 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
 
-#include "single_layer.h"
+#include "layer_error.h"
+#include "range_selection.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit {
 namespace {
 
-enum Precision { kQuantized = 0, kInt16 = 1, kFloat = 2 };
+/// Per-layer remedies, cheapest first (Note [Accuracy target] in target.h).
+enum Remedy { kNone = 0, kRange, kPerChannel, kInt16, kFloat, kRemedies };
+const char* const kRemedyNames[kRemedies] = {"", "range", "per-channel", "int16", "float"};
+bool costly(int r) { return r == kInt16 || r == kFloat; }  // count against the budget
+int remedy_of(const std::string& name) {
+  for (int r = kRange; r < kRemedies; ++r)
+    if (name == kRemedyNames[r]) return r;
+  throw Error("target: unknown remedy '" + name + "'");
+}
+constexpr double kUnknown = std::numeric_limits<double>::infinity();
+double sqnr_db(double relative_error) { return relative_error > 0 ? -10 * std::log10(relative_error) : 999.0; }
 
 /// Float outputs only: integer outputs (indices, lengths) carry no quantization error to measure.
 std::vector<at::Tensor> float_outputs(const std::vector<at::Tensor>& outs) {
@@ -61,15 +74,18 @@ struct Layer {
   std::vector<std::size_t> slots;        // non-bias slots in use
   std::vector<std::size_t> activations;  // of those, the activation slots
   std::vector<std::size_t> biases;
-  double sqnr_db = 0;
+  /// The layer's own output error against float under each remedy (Note [Relative layer
+  /// error]): kUnknown where the remedy does not apply or could not be measured.
+  std::array<double, kRemedies> error{kUnknown, kUnknown, kUnknown, kUnknown, 0.0};
 };
 
-/// A slot's precision-dependent objects, swapped in and out as a layer changes precision.
+/// A slot's remedy-dependent objects, swapped in and out as a layer changes remedy.
 struct SlotObjects {
   QSpec spec;
   std::unique_ptr<Observer> observer;
   std::unique_ptr<Quantizer> quantizer;
   bool calibrated = false;
+  std::string range;
 };
 
 void swap_objects(QuantSlot& s, SlotObjects& o) {
@@ -77,11 +93,25 @@ void swap_objects(QuantSlot& s, SlotObjects& o) {
   std::swap(s.observer, o.observer);
   std::swap(s.quantizer, o.quantizer);
   std::swap(s.calibrated, o.calibrated);
+  std::swap(s.range, o.range);
+}
+
+SlotObjects take(QuantSlot& s) {
+  return SlotObjects{s.spec, std::move(s.observer), std::move(s.quantizer), s.calibrated, s.range};
+}
+void put(QuantSlot& s, SlotObjects&& o) {
+  s.spec = o.spec;
+  s.observer = std::move(o.observer);
+  s.quantizer = std::move(o.quantizer);
+  s.calibrated = o.calibrated;
+  s.range = std::move(o.range);
 }
 
 class TargetSearch {
  public:
-  TargetSearch(QuantModel& qm, const TargetConfig& t, const TargetData& d) : qm_(qm), t_(t), d_(d) {}
+  TargetSearch(QuantModel& qm, const TargetConfig& t, const TargetData& d) : qm_(qm), t_(t), d_(d) {
+    for (const auto& name : t_.fallback) ladder_.push_back(remedy_of(name));
+  }
 
   TargetReport run(const ProgressFn& progress) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -92,58 +122,29 @@ class TargetSearch {
                                                  : std::max<std::size_t>(1, layers_.size() / 10);  // at most 10%
     report_.budget = std::min(report_.budget, layers_.size());
     cache_references();
-    state_.assign(layers_.size(), kQuantized);
+    state_.assign(layers_.size(), kNone);
     report_.before = measure();
-    double best = report_.before;
     std::vector<int> best_state = state_;
+    double best = report_.before;
     report_.reached = meets(best);
     if (!report_.reached && !layers_.empty()) {
       const auto s0 = std::chrono::steady_clock::now();
-      rank(progress);
+      prepare_remedies();
+      measure_layers(progress);
       report_.sensitivity_seconds = seconds_since(s0);
-      for (const auto& precision : t_.fallback) {
-        const int p = precision == "int16" ? kInt16 : kFloat;
-        if (p == kInt16 && !prepare_int16()) continue;
-        std::vector<std::size_t> order;  // ranked layers that can take this precision
-        for (auto l : ranked_)
-          if (p == kFloat || !layers_[l].activations.empty()) order.push_back(l);
-        const std::size_t k_max = std::min(report_.budget, order.size());
-        if (k_max == 0) continue;
-        auto try_k = [&](std::size_t k) {
-          std::vector<int> want(layers_.size(), kQuantized);
-          for (std::size_t i = 0; i < k; ++i) want[order[i]] = p;
-          configure(want);
-          const double v = measure();
-          spdlog::debug("target: {} layers in {}: {} = {:.6g}", k, precision, t_.metric, v);
-          if (better(v, best)) best = v, best_state = state_;
-          return v;
-        };
-        double v = try_k(k_max);
-        if (!meets(v)) continue;
-        std::size_t lo = 0, hi = k_max;  // lo misses (every layer quantized did), hi holds
-        double at_hi = v;
-        while (hi - lo > 1) {
-          const std::size_t mid = lo + (hi - lo) / 2;
-          const double m = try_k(mid);
-          if (meets(m)) hi = mid, at_hi = m;
-          else lo = mid;
-        }
-        std::vector<int> chosen(layers_.size(), kQuantized);
-        for (std::size_t i = 0; i < hi; ++i) chosen[order[i]] = p;
-        best_state = chosen, best = at_hi;
-        report_.reached = true;
-        report_.precision = precision;
-        break;
-      }
+      search(best, best_state);
     }
     configure(best_state);
     report_.after = best;
-    for (auto l : ranked_)
-      if (state_[l] != kQuantized) {
-        report_.fallback_layers.push_back(sensitivity(l));
-        if (report_.precision.empty()) report_.precision = state_[l] == kInt16 ? "int16" : "float";
-      }
-    for (auto l : ranked_) report_.ranking.push_back(sensitivity(l));
+    int costliest = kNone;
+    for (auto l : ranked_) {
+      report_.ranking.push_back(sensitivity(l));
+      if (state_[l] == kNone) continue;
+      report_.fallback_layers.push_back(sensitivity(l));
+      ++report_.remedies[kRemedyNames[state_[l]]];
+      costliest = std::max(costliest, state_[l]);
+    }
+    report_.precision = kRemedyNames[costliest];
     qm_.set_quant(false, false);
     report_.seconds = seconds_since(t0);
     return report_;
@@ -158,7 +159,10 @@ class TargetSearch {
 
   LayerSensitivity sensitivity(std::size_t l) const {
     const Node* n = &qm_.executor().flat_node(layers_[l].node);
-    return {n->name, n->op_type, layers_[l].sqnr_db};
+    const double e = layers_[l].error[kNone];
+    LayerSensitivity r{n->name, n->op_type, e == kUnknown ? std::nan("") : sqnr_db(e), kRemedyNames[state_[l]]};
+    if (state_[l] != kNone) r.remedied_sqnr_db = sqnr_db(layers_[l].error[state_[l]]);
+    return r;
   }
 
   void collect_layers() {
@@ -232,32 +236,103 @@ class TargetSearch {
     return a.metric(t_.metric);
   }
 
-  /// Each layer quantized alone (weights, activations and bias), from the cached float values
-  /// of each sample: only the nodes that read what the layer changed run again (Note
-  /// [Single-layer runs]).
-  void rank(const ProgressFn& progress) {
-    std::vector<std::size_t> nodes;
-    for (const auto& l : layers_) nodes.push_back(l.node);
-    std::vector<Agreement> errors(layers_.size());
-    detail::single_layer_outputs(
-        qm_, d_.holdout, nodes,
-        [&](std::size_t l, std::size_t x, const std::vector<at::Tensor>& outs) {
-          errors[l].add(reference_[x], float_outputs(outs));
-        },
-        [&](std::size_t x) {
-          if (progress) progress(static_cast<std::int64_t>(x + 1), static_cast<std::int64_t>(d_.holdout.size()));
-        });
-    for (std::size_t l = 0; l < layers_.size(); ++l) layers_[l].sqnr_db = errors[l].sqnr_db();
-    ranked_.resize(layers_.size());
-    std::iota(ranked_.begin(), ranked_.end(), 0);
-    std::stable_sort(ranked_.begin(), ranked_.end(),
-                     [&](std::size_t a, std::size_t b) { return layers_[a].sqnr_db < layers_[b].sqnr_db; });
+  std::map<std::string, at::Tensor> feeds(const std::vector<at::Tensor>& x) const {
+    std::map<std::string, at::Tensor> f;
+    for (std::size_t k = 0; k < x.size(); ++k) f[qm_.graph().inputs[k].name] = x[k];
+    return f;
+  }
+  bool top_level(const Layer& l) const { return l.node < qm_.graph().num_nodes(); }
+
+  void prepare_remedies() {
+    for (int r : ladder_) {
+      if (r == kRange) prepare_ranges();
+      if (r == kPerChannel) prepare_per_channel();
+      if (r == kInt16) prepare_int16();
+    }
   }
 
-  /// 16-bit objects for every activation slot of every layer, calibrated once on the
-  /// calibration data in float. False (with a warning) where the backend refuses 16 bits.
-  bool prepare_int16() {
-    if (int16_ready_) return true;
+  /// Range remedy: a histogram observer (the `auto` observer's candidates) on every activation
+  /// of every layer, streamed over the calibration data in float; then, per input, the
+  /// candidate (or the range as calibrated) under which the layer's output is closest to float
+  /// on the held-out samples (Note [Choosing ranges by the consuming layer]).
+  void prepare_ranges() {
+    if (!d_.range_observer) {
+      spdlog::warn(
+          "target: the range remedy is skipped: no observer offers candidate ranges (is the 'auto' "
+          "observer's plugin disabled?)");
+      return;
+    }
+    QuantSlots& qs = qm_.quant_slots();
+    const Options no_options("[target]");
+    std::map<std::size_t, std::unique_ptr<Observer>> observers;
+    for (const auto& l : layers_)
+      if (top_level(l))
+        for (auto i : l.activations) {
+          const QuantSlot& s = qs.all()[i];
+          observers[i] = d_.range_observer(ObserverContext{s.spec, no_options, s.where()});
+        }
+    if (observers.empty()) return;
+    std::set<std::pair<std::size_t, std::size_t>> edges;
+    std::map<std::pair<std::size_t, std::size_t>, std::size_t> slot_at;
+    for (const auto& [i, o] : observers) slot_at[{qs.all()[i].node_index, qs.all()[i].input_index}] = i;
+    stream_calibration([&](std::size_t n, std::size_t k, const at::Tensor& x) {
+      auto it = slot_at.find({n, k});
+      if (it != slot_at.end() && x.defined() && !x.is_nested() && x.is_floating_point())
+        observers[it->second]->observe(x);
+    });
+    // Each input chooses among its candidates and the range it has, which comes first and so
+    // stays on ties; the choices become the remedy's objects.
+    const std::string kAsCalibrated = "as calibrated";
+    std::map<std::size_t, SlotObjects> parked;
+    for (auto& [i, o] : observers) {
+      std::vector<RangeCandidate> offered = o->candidates();
+      if (offered.empty()) continue;
+      QuantSlot& s = qs.all()[i];
+      const QParams current = s.quantizer->qparams();
+      parked.emplace(i, take(s));
+      s.observer = s.make_observer(ObserverContext{s.spec, s.observer_options, s.where()});
+      s.quantizer = s.make_quantizer(QuantizerContext{s.spec, s.quantizer_options, s.where()});
+      s.range_candidates = {RangeCandidate{kAsCalibrated, current}};
+      for (auto& c : offered) s.range_candidates.push_back(std::move(c));
+    }
+    std::vector<std::map<std::string, at::Tensor>> batches;
+    for (const auto& x : d_.holdout) batches.push_back(feeds(x));
+    detail::select_ranges(qm_.executor(), qs, batches, static_cast<std::int64_t>(batches.size()), nullptr);
+    for (auto& [i, o] : parked) {
+      QuantSlot& s = qs.all()[i];
+      s.range_candidates.clear();
+      if (s.range != kAsCalibrated && !s.range.empty()) objects_[kRange][i] = take(s);
+      put(s, std::move(o));
+    }
+    finish_biases();
+  }
+
+  /// Per-channel remedy: per-tensor weights observed again per output channel, where the
+  /// backend allows it.
+  void prepare_per_channel() {
+    QuantSlots& qs = qm_.quant_slots();
+    for (const auto& l : layers_)
+      for (auto i : l.slots) {
+        QuantSlot& s = qs.all()[i];
+        if (s.role != InputRole::kWeight || s.spec.per_channel || s.spec.group_size > 0) continue;
+        QSpec wide = s.spec;
+        wide.per_channel = true;
+        SlotObjects parked = take(s);
+        try {
+          qs.set_slot_spec(s, wide, "per-channel weights");
+          qs.finish(s);
+          objects_[kPerChannel][i] = take(s);
+        } catch (const Error& e) {
+          spdlog::debug("target: no per-channel remedy for {}", e.what());
+        }
+        put(s, std::move(parked));
+      }
+    finish_biases();
+  }
+
+  /// Int16 remedy: 16-bit objects for every activation slot of every layer, calibrated once on
+  /// the calibration data in float. Skipped (with a warning) where the backend refuses 16 bits.
+  void prepare_int16() {
     QuantSlots& qs = qm_.quant_slots();
     std::set<std::size_t> wide;
     for (const auto& l : layers_) wide.insert(l.activations.begin(), l.activations.end());
@@ -268,31 +343,27 @@ class TargetSearch {
         parked.emplace(i, take(qs.all()[i]));
         qs.set_slot_bits(qs.all()[i], 16);
       }
-      observe_wide(wide);
+      std::set<std::pair<std::size_t, std::size_t>> edges;
+      for (auto i : wide) edges.insert({qs.all()[i].node_index, qs.all()[i].input_index});
+      const std::int64_t seen = stream_calibration([&](std::size_t n, std::size_t k, const at::Tensor& x) {
+        if (edges.count({n, k})) qs.observe(n, k, x);
+      });
+      if (seen == 0) throw Error("target: the calibration data yielded no samples for the 16-bit observers");
+      for (auto i : wide)
+        if (qs.all()[i].active()) qs.finish(qs.all()[i]);
     } catch (const Error& e) {
       for (auto& [i, o] : parked) put(qs.all()[i], std::move(o));
       finish_biases();
-      spdlog::warn("target: the int16 fallback is skipped: {}", e.what());
-      return false;
+      spdlog::warn("target: the int16 remedy is skipped: {}", e.what());
+      return;
     }
     for (auto& [i, o] : parked) {
-      int16_[i] = take(qs.all()[i]);
+      objects_[kInt16][i] = take(qs.all()[i]);
       put(qs.all()[i], std::move(o));
     }
     finish_biases();
-    int16_ready_ = true;
-    return true;
   }
 
-  static SlotObjects take(QuantSlot& s) {
-    return SlotObjects{s.spec, std::move(s.observer), std::move(s.quantizer), s.calibrated};
-  }
-  static void put(QuantSlot& s, SlotObjects&& o) {
-    s.spec = o.spec;
-    s.observer = std::move(o.observer);
-    s.quantizer = std::move(o.quantizer);
-    s.calibrated = o.calibrated;
-  }
   void finish_biases() {
     QuantSlots& qs = qm_.quant_slots();
     for (const auto& l : layers_)
@@ -300,48 +371,186 @@ class TargetSearch {
         if (qs.all()[b].enabled) qs.finish_bias(qs.all()[b]);
   }
 
-  /// Streams the calibration data through the float model into the 16-bit observers.
-  void observe_wide(const std::set<std::size_t>& wide) {
-    QuantSlots& qs = qm_.quant_slots();
-    std::set<std::pair<std::size_t, std::size_t>> edges;
-    for (auto i : wide) edges.insert({qs.all()[i].node_index, qs.all()[i].input_index});
+  /// Streams the calibration data through the float model; `see` gets every node input.
+  std::int64_t stream_calibration(const std::function<void(std::size_t, std::size_t, const at::Tensor&)>& see) {
     auto data = d_.calibration();
     const Config& c = qm_.config();
     Batcher batcher(*data, qm_.graph().inputs, c.calibration.batch_size, c.calibration.count);
     const at::Device device(c.calibration.device);
     std::int64_t seen = 0;
+    qm_.set_quant(false, false);
     while (auto b = batcher.next()) {
-      std::map<std::string, at::Tensor> feeds;
-      for (std::size_t k = 0; k < b->inputs.size(); ++k) feeds[qm_.graph().inputs[k].name] = b->inputs[k].to(device);
-      qm_.executor().run(feeds, [&](std::size_t n, std::size_t k, const at::Tensor& x) {
-        if (edges.count({n, k})) qs.observe(n, k, x);
+      std::map<std::string, at::Tensor> f;
+      for (std::size_t k = 0; k < b->inputs.size(); ++k) f[qm_.graph().inputs[k].name] = b->inputs[k].to(device);
+      qm_.executor().run(f, [&](std::size_t n, std::size_t k, const at::Tensor& x) {
+        see(n, k, x);
         return x;
       });
       seen += b->rows;
     }
-    if (seen == 0) throw Error("target: the calibration data yielded no samples for the 16-bit observers");
-    for (auto i : wide)
-      if (qs.all()[i].active()) qs.finish(qs.all()[i]);
+    return seen;
   }
 
-  /// Puts every layer at the precision `want` says.
+  /// Each layer's own output error under each remedy it can take, from one float pass per
+  /// held-out sample: at each layer the float inputs are at hand, and the layer runs once
+  /// per remedy with its weights and activations quantized as that remedy has them (biases
+  /// float: their int32 grid adds nothing measurable). Nodes inside control-flow bodies are
+  /// not measured; they rank last and can only go to float.
+  void measure_layers(const ProgressFn& progress) {
+    QuantSlots& qs = qm_.quant_slots();
+    Executor& ex = qm_.executor();
+    const Graph& graph = qm_.graph();
+    struct Work {
+      std::size_t layer = 0, last_input = 0;
+      std::vector<int> remedies;            // as calibrated first, then those that apply
+      std::vector<detail::SliceSums> sums;  // per output
+    };
+    std::map<std::size_t, Work> work;  // node -> what to measure there
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& layer = layers_[l];
+      if (!top_level(layer) || is_control_flow(graph.node(layer.node))) continue;
+      Work w{l};
+      const Node& n = graph.node(layer.node);
+      for (std::size_t k = 0; k < n.inputs.size(); ++k)
+        if (!n.inputs[k].empty()) w.last_input = k;
+      w.remedies.push_back(kNone);
+      for (int r : {kRange, kPerChannel, kInt16})
+        for (auto s : layer.slots)
+          if (objects_[r].count(s)) {
+            w.remedies.push_back(r);
+            break;
+          }
+      work.emplace(layer.node, std::move(w));
+    }
+    auto evaluate = [&](std::size_t node, Work& w, const std::vector<at::Tensor>& in) {
+      const detail::Reference ref = detail::reference_of(ex.run_node(node, in));
+      std::vector<std::vector<at::Tensor>> errs(ref.outputs.size());  // [output][remedy]
+      for (int r : w.remedies) {
+        std::vector<at::Tensor> q = in;
+        for (auto i : layers_[w.layer].slots) {
+          QuantSlot& s = qs.all()[i];
+          auto o = objects_[r].find(i);
+          if (o != objects_[r].end()) swap_objects(s, o->second);
+          q[s.input_index] = qs.apply(node, s.input_index, in[s.input_index], true);
+          if (o != objects_[r].end()) swap_objects(s, o->second);
+        }
+        const auto got = ex.run_node(node, q);
+        for (std::size_t o = 0; o < ref.outputs.size(); ++o) {
+          if (!ref.energy[o].defined()) continue;
+          const bool alike = o < got.size() && got[o].defined() && got[o].sizes() == ref.outputs[o].sizes();
+          errs[o].push_back(alike ? detail::slice_error(got[o], ref.outputs[o]) : ref.energy[o].clone());
+        }
+      }
+      if (w.sums.empty()) w.sums.resize(ref.outputs.size());
+      for (std::size_t o = 0; o < ref.outputs.size() && o < w.sums.size(); ++o)
+        if (ref.energy[o].defined()) w.sums[o].add(ref.energy[o], errs[o]);
+    };
+    qm_.set_quant(false, false);
+    std::map<std::size_t, std::vector<at::Tensor>> pending;
+    for (std::size_t x = 0; x < d_.holdout.size(); ++x) {
+      ex.run(feeds(d_.holdout[x]), [&](std::size_t n, std::size_t k, const at::Tensor& v) {
+        auto it = work.find(n);
+        if (it == work.end()) return v;
+        auto& in = pending[n];
+        if (in.empty()) in.resize(graph.node(n).inputs.size());
+        in[k] = v;
+        if (k == it->second.last_input) {
+          evaluate(n, it->second, in);
+          pending.erase(n);
+        }
+        return v;
+      });
+      if (progress) progress(static_cast<std::int64_t>(x + 1), static_cast<std::int64_t>(d_.holdout.size()));
+    }
+    for (auto& [node, w] : work) {
+      Layer& layer = layers_[w.layer];
+      for (std::size_t v = 0; v < w.remedies.size(); ++v) {
+        double e = 0;
+        for (const auto& sums : w.sums) e += sums.mean_relative(v);
+        layer.error[w.remedies[v]] = e;
+      }
+    }
+    ranked_.resize(layers_.size());
+    std::iota(ranked_.begin(), ranked_.end(), 0);
+    std::stable_sort(ranked_.begin(), ranked_.end(), [&](std::size_t a, std::size_t b) {
+      const double ea = layers_[a].error[kNone], eb = layers_[b].error[kNone];
+      if ((ea == kUnknown) != (eb == kUnknown)) return eb == kUnknown;  // measured layers first
+      return ea > eb;
+    });
+  }
+
+  /// The configuration that remedies the j layers whose own error is largest: each takes the
+  /// cheapest remedy of the ladder whose error is no larger than that of the first layer left
+  /// as calibrated (float has none); where none does, the one that errs least.
+  std::vector<int> remedied(std::size_t j) const {
+    std::vector<int> want(layers_.size(), kNone);
+    const double bound =
+        j < ranked_.size() && layers_[ranked_[j]].error[kNone] != kUnknown ? layers_[ranked_[j]].error[kNone] : 0.0;
+    for (std::size_t i = 0; i < j && i < ranked_.size(); ++i) {
+      const Layer& l = layers_[ranked_[i]];
+      int pick = kNone;
+      for (int r : ladder_)
+        if (l.error[r] <= bound) {
+          pick = r;
+          break;
+        }
+      if (pick == kNone) {
+        double least = l.error[kNone];
+        for (int r : ladder_)
+          if (l.error[r] < least) least = l.error[r], pick = r;
+      }
+      want[ranked_[i]] = pick;
+    }
+    return want;
+  }
+  std::size_t cost(const std::vector<int>& want) const {
+    return static_cast<std::size_t>(std::count_if(want.begin(), want.end(), costly));
+  }
+
+  /// Remedies the most erring layers, as many as the budget allows; if the target then
+  /// holds, bisection finds the fewest that still hold it.
+  void search(double& best, std::vector<int>& best_state) {
+    std::size_t j_max = 0;
+    for (std::size_t j = 1; j <= ranked_.size(); ++j)
+      if (cost(remedied(j)) <= report_.budget) j_max = j;
+    if (j_max == 0) return;
+    auto try_j = [&](std::size_t j) {
+      configure(remedied(j));
+      const double v = measure();
+      spdlog::debug("target: {} layers remedied: {} = {:.6g}", j, t_.metric, v);
+      if (better(v, best)) best = v, best_state = state_;
+      return v;
+    };
+    const double v = try_j(j_max);
+    if (!meets(v)) return;
+    std::size_t lo = 0, hi = j_max;  // lo misses (as calibrated did), hi holds
+    double at_hi = v;
+    while (hi - lo > 1) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      const double m = try_j(mid);
+      if (meets(m)) hi = mid, at_hi = m;
+      else lo = mid;
+    }
+    best_state = remedied(hi), best = at_hi;
+    report_.reached = true;
+  }
+
+  /// Puts every layer under the remedy `want` says.
   void configure(const std::vector<int>& want) {
     QuantSlots& qs = qm_.quant_slots();
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       if (state_[l] == want[l]) continue;
       const Layer& layer = layers_[l];
-      // Back to the calibrated 8-bit state first.
-      if (state_[l] == kFloat) {
-        for (auto s : layer.slots) qs.all()[s].enabled = true;
-        for (auto s : layer.biases) qs.all()[s].enabled = bias_enabled_[s];
-      } else if (state_[l] == kInt16) {
-        for (auto s : layer.activations) swap_objects(qs.all()[s], int16_.at(s));
-      }
-      if (want[l] == kFloat) {
-        for (auto s : layer.slots) qs.all()[s].enabled = false;
-        for (auto s : layer.biases) qs.all()[s].enabled = false;
-      } else if (want[l] == kInt16) {
-        for (auto s : layer.activations) swap_objects(qs.all()[s], int16_.at(s));
+      // Back to the calibrated state first, then into the wanted one.
+      for (int r : {state_[l], want[l]}) {
+        if (r == kFloat) {
+          const bool back = r == state_[l];
+          for (auto s : layer.slots) qs.all()[s].enabled = back;
+          for (auto s : layer.biases) qs.all()[s].enabled = back && bias_enabled_[s];
+        } else if (r != kNone) {
+          for (auto s : layer.slots)
+            if (auto o = objects_[r].find(s); o != objects_[r].end()) swap_objects(qs.all()[s], o->second);
+        }
       }
       for (auto s : layer.biases)
         if (qs.all()[s].enabled) qs.finish_bias(qs.all()[s]);
@@ -352,6 +561,7 @@ class TargetSearch {
   QuantModel& qm_;
   const TargetConfig& t_;
   const TargetData& d_;
+  std::vector<int> ladder_;
   TargetReport report_;
   std::vector<Layer> layers_;
   std::vector<std::size_t> ranked_;
@@ -359,8 +569,7 @@ class TargetSearch {
   std::vector<std::vector<at::Tensor>> reference_;
   double fp32_accuracy_ = 0;
   std::map<std::size_t, bool> bias_enabled_;
-  bool int16_ready_ = false;
-  std::map<std::size_t, SlotObjects> int16_;  // slot -> the objects of its other precision
+  std::array<std::map<std::size_t, SlotObjects>, kRemedies> objects_;  // [remedy][slot]: its objects
 };
 
 }  // namespace
@@ -379,7 +588,11 @@ std::string target_report_json(const TargetReport& r) {
   using nlohmann::json;
   auto rows = [](const std::vector<LayerSensitivity>& v) {
     json a = json::array();
-    for (const auto& e : v) a.push_back({{"node", e.node}, {"op_type", e.op_type}, {"sqnr_db", e.sqnr_db}});
+    for (const auto& e : v) {
+      json row = {{"node", e.node}, {"op_type", e.op_type}, {"sqnr_db", e.sqnr_db}};
+      if (!e.remedy.empty()) row["remedy"] = e.remedy, row["remedied_sqnr_db"] = e.remedied_sqnr_db;
+      a.push_back(row);
+    }
     return a;
   };
   json j = {{"target", r.target},
@@ -390,6 +603,7 @@ std::string target_report_json(const TargetReport& r) {
             {"reached", r.reached},
             {"precision", r.precision},
             {"fallback_layers", rows(r.fallback_layers)},
+            {"remedies", r.remedies},
             {"quantized_layers", r.quantized_layers},
             {"budget", r.budget},
             {"evaluations", r.evaluations},

@@ -306,12 +306,14 @@ TEST(OnnxRuntime, SixteenBitActivationsExportAtOpset21) {
   }
 }
 
-// The accuracy target's fallbacks export as they simulate and run in ONNX Runtime: int16
-// layers as int16 Q/DQ at opset 21 beside 8-bit ones, float layers with no Q/DQ at all.
+// The accuracy target's remedies export as they simulate and run in ONNX Runtime: int16
+// layers as int16 Q/DQ at opset 21 beside 8-bit ones, float layers with no Q/DQ at all, layers
+// on another range as 8-bit Q/DQ.
 TEST(OnnxRuntime, TargetFallbackLayersExportAndMatchTheSimulation) {
   if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
   testing::TempDir dir;
-  for (const char* precision : {"int16", "float"}) {
+  for (const char* precision : {"int16", "float", "range"}) {
+    const bool range = std::string(precision) == "range";
     Config c = Config::from_file(testing::source_path("configs/w8a8_onnxruntime.toml"));
     auto qm = calibrated_fixture(c, 128);
     TargetData data;
@@ -321,14 +323,18 @@ TEST(OnnxRuntime, TargetFallbackLayersExportAndMatchTheSimulation) {
     SampleWindow held(open_dataset(images, inputs), inputs, 2000, 8);
     Batcher one(held, inputs, 1, 0);
     while (auto b = one.next()) data.holdout.push_back(b->inputs);
+    data.range_observer = testing::shipped_registry().observer("auto")->factory;
     TargetConfig t;
     t.parse_expression("sqnr>=200", "test");  // out of reach: the whole budget is used
     t.fallback = {precision};
     t.max_fallback_layers = 3;
     TargetReport r = meet_target(*qm, t, data);
-    ASSERT_EQ(r.fallback_layers.size(), 3u) << precision;
+    if (range)  // costs nothing: every layer that a range helps takes one
+      ASSERT_FALSE(r.fallback_layers.empty());
+    else ASSERT_EQ(r.fallback_layers.size(), 3u) << precision;
     EXPECT_EQ(r.precision, precision);
-    EXPECT_GT(r.after, r.before) << precision;
+    if (range) EXPECT_GE(r.after, r.before);
+    else EXPECT_GT(r.after, r.before) << precision;
     Model exported = check_export(*qm, dir / (std::string(precision) + ".onnx"), dir, 1.0, precision);
     std::set<std::string> moved;
     for (const auto& l : r.fallback_layers) moved.insert(l.node);
@@ -350,6 +356,9 @@ TEST(OnnxRuntime, TargetFallbackLayersExportAndMatchTheSimulation) {
       EXPECT_EQ(exported.graph.default_opset(), 21);
       EXPECT_GE(wide, 3);
       EXPECT_GE(into_moved, 3);  // still quantized, on 16 bits
+    } else if (range) {
+      EXPECT_EQ(wide, 0);
+      EXPECT_GE(into_moved, 1);  // still quantized, on 8 bits
     } else {
       EXPECT_EQ(wide, 0);
       EXPECT_EQ(into_moved, 0);  // no Q/DQ in front of a float layer

@@ -52,8 +52,10 @@
 ///     [target]                        # accuracy target (sparsebit/core/target.h)
 ///     metric = "cosine"               #   cosine | sqnr | mse | top1-drop (needs --eval-data/--eval-labels)
 ///     value = 0.99                    #   cosine, sqnr: at least; mse, top1-drop: at most
-///     fallback = ["int16", "float"]   #   precisions tried, in order, for the most sensitive layers
-///     max_fallback_layers = 8         #   default: 10% of the quantized layers (at least 1)
+///     fallback = ["range", "per-channel", "int16", "float"]  # remedies, cheapest first, for the
+///                                     #   layers whose output strays most (default: all four)
+///     max_fallback_layers = 8         #   layers in int16 or float: default 10% of the quantized
+///                                     #   layers (at least 1); range and per-channel cost nothing
 ///     holdout = 16                    #   calibration samples kept apart to measure the metric
 ///     strict = false                  #   true: a target missed is an error and nothing is written
 ///     [export]
@@ -183,8 +185,9 @@ struct SPARSEBIT_API TargetConfig {
   /// False for a [target] table that sets only the search (fallback, budget, holdout) and
   /// leaves metric and value to --target; quantize refuses it without one.
   bool has_value = true;
-  std::vector<std::string> fallback{"int16", "float"};
-  std::int64_t max_fallback_layers = -1;  ///< -1: 10% of the quantized layers, at least 1
+  /// Per-layer remedies, cheapest first (Note [Accuracy target] in target.h).
+  std::vector<std::string> fallback{"range", "per-channel", "int16", "float"};
+  std::int64_t max_fallback_layers = -1;  ///< int16 + float layers; -1: 10% of the quantized layers, at least 1
   std::int64_t holdout = 16;
   bool strict = false;
   /// Whether larger values of the metric are better (cosine, sqnr).

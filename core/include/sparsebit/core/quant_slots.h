@@ -88,6 +88,9 @@ class SPARSEBIT_API QuantSlots {
   std::size_t set_bits(const std::string& node_glob, int bits, std::optional<InputRole> role);
   /// set_bits for one slot (not a bias): checked, objects rebuilt, to be calibrated again.
   void set_slot_bits(QuantSlot& s, int bits);
+  /// Another scheme for one slot (not a bias), checked against the backend (an Error naming
+  /// `what` where it refuses); objects rebuilt, to be calibrated again.
+  void set_slot_spec(QuantSlot& s, const QSpec& spec, const std::string& what);
 
   void set_quant(bool weights, bool activations) { w_on_ = weights, a_on_ = activations; }
   bool weights_on() const { return w_on_; }

@@ -2,8 +2,8 @@
 /// \file
 /// The accuracy target (`sparsebit quantize --target "cosine>=0.99"`, or a `[target]` table):
 /// after calibration the quantized model is measured against the float one on samples it was
-/// not calibrated on; when it falls short, the layers whose quantization alone hurts most move
-/// to a fallback precision until the target holds or the budget is spent.
+/// not calibrated on; when it falls short, the layers whose outputs stray most from float take
+/// the cheapest remedy that brings them in line, until the target holds or the budget is spent.
 ///
 /// Note [Accuracy target]
 ///   1. Metric, over every floating-point graph output, one held-out sample at a time:
@@ -11,36 +11,46 @@
 ///        sqnr       10 log10(sum f^2 / sum (q - f)^2) over all samples, in dB
 ///        mse        mean of (q - f)^2 over all elements
 ///        top1-drop  FP32 minus simulated top-1 accuracy on --eval-data/--eval-labels, in points
-///   2. Sensitivity, computed once: each layer (a node with quantized inputs) quantized alone,
-///      the error power at the outputs relative to the signal (shown as SQNR). The float values
-///      of each held-out sample are cached once; a layer's run recomputes only the nodes that
-///      depend on it.
-///   3. Search, for each fallback precision in order ("int16": the layer's activations on 16
-///      bits, weights as calibrated; "float": the layer unquantized): the K most sensitive
-///      layers that can take it (K = the budget) are moved; if the target then holds, bisection
-///      over the ranked list finds the fewest that still hold it (about log2 K evaluations,
-///      trusting that moving more layers never hurts). The first precision that reaches the
-///      target wins; if none does, the configuration with the best metric is kept and the
-///      report says the target was missed.
-/// Deterministic: data in file order, ties in sensitivity broken by graph order. 16-bit
-/// activations export as int16/uint16 Q/DQ at opset 21; float layers export with no Q/DQ.
+///   2. Remedies, cheapest first (`fallback`): "range" (another range for the layer's
+///      activations: the candidates of the `auto` observer's histogram, streamed once over the
+///      calibration data, each input taking the one under which the layer's output is closest
+///      to float), "per-channel" (per-tensor weights observed per output channel, where the
+///      backend allows), "int16" (16-bit activations, where the backend allows), "float" (the
+///      layer unquantized). Only int16 and float count against the budget.
+///   3. Layer errors, from cached inputs: one float pass per held-out sample; at each layer its
+///      float inputs are at hand and it runs once per remedy it can take; the error of its own
+///      outputs against float is relative per slice (Note [Relative layer error]), averaged
+///      over the slices so that layers of any width compare. No model run per layer.
+///   4. Search: the j layers with the largest error are remedied, each with the cheapest remedy
+///      whose error is no larger than that of the first layer left as calibrated (float, with
+///      none, always qualifies; if the ladder has no remedy that does, the one that errs least).
+///      j starts as large as the budget allows; if the target then holds, bisection over j
+///      finds the fewest remedied layers that still hold it (about log2 of the layer count
+///      evaluations, trusting that remedying more never hurts). If it does not hold, the
+///      configuration with the best metric is kept and the report says the target was missed.
+/// Deterministic: data in file order, ties broken by graph order. 16-bit activations export as
+/// int16/uint16 Q/DQ at opset 21; float layers export with no Q/DQ.
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/quant_model.h"
+#include "sparsebit/sdk/registrar.h"
 
 namespace sparsebit {
 
-/// One layer's sensitivity: the error at the outputs with only this layer quantized.
+/// One layer's sensitivity: the error of its own outputs, quantized, against float.
 struct LayerSensitivity {
   std::string node, op_type;
-  double sqnr_db = 0;  ///< higher is better; the ranking's worst first
+  double sqnr_db = 0;           ///< the layer's own output against float, as calibrated; the ranking's worst first
+  std::string remedy;           ///< fallback layers: "range", "per-channel", "int16" or "float"
+  double remedied_sqnr_db = 0;  ///< fallback layers: sqnr_db under the remedy
 };
 
 struct TargetReport {
@@ -49,12 +59,13 @@ struct TargetReport {
   std::int64_t samples = 0;
   double before = 0, after = 0;  ///< the metric with every layer quantized, and as exported
   bool reached = false;
-  std::string precision;                          ///< the fallback precision used ("" when none was needed)
-  std::vector<LayerSensitivity> fallback_layers;  ///< the layers moved, most sensitive first
+  std::string precision;                          ///< the costliest remedy used ("" when none was needed)
+  std::vector<LayerSensitivity> fallback_layers;  ///< the layers remedied, most erring first
+  std::map<std::string, std::size_t> remedies;    ///< remedy -> how many layers took it
   std::size_t quantized_layers = 0, budget = 0;
-  int evaluations = 0;  ///< whole-model measurements of a configuration
-  double sensitivity_seconds = 0, seconds = 0;
-  std::vector<LayerSensitivity> ranking;  ///< every quantized layer, most sensitive first
+  int evaluations = 0;                          ///< whole-model measurements of a configuration
+  double sensitivity_seconds = 0, seconds = 0;  ///< preparing the remedies and measuring the layers; all
+  std::vector<LayerSensitivity> ranking;        ///< every quantized layer, most erring first
 };
 
 struct TargetData {
@@ -64,6 +75,9 @@ struct TargetData {
   /// Calibration data again, for the observers of 16-bit activations (the same samples the
   /// model was calibrated on).
   std::function<std::unique_ptr<Dataset>()> calibration;
+  /// An observer that offers candidate ranges (the `auto` observer), for the range remedy;
+  /// empty: no range remedy.
+  ObserverFactory range_observer;
   /// top1-drop: evaluation batches and one label per sample.
   std::vector<std::vector<at::Tensor>> eval;
   at::Tensor eval_labels;
@@ -71,7 +85,8 @@ struct TargetData {
 };
 
 /// Meets `target` on a calibrated model (Note [Accuracy target]); the model is left in the
-/// chosen configuration with quantization off. `progress` counts sensitivity layers.
+/// chosen configuration with quantization off. `progress` counts the held-out samples
+/// of the layer measurement.
 SPARSEBIT_API TargetReport meet_target(QuantModel& qm, const TargetConfig& target, const TargetData& data,
                                        const ProgressFn& progress = {});
 
