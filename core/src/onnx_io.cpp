@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -137,23 +138,24 @@ void verify_node(const onnx::NodeProto& np, const Node& n, std::int64_t opset,
   }
 }
 
-/// Lifts `proto` to `opset` with ONNX's shape inference and version converter, in a forked child
-/// process: on malformed models ONNX's own code can crash (e.g. ConvTranspose shape inference
-/// on a rank-2 input segfaults in ONNX 1.12), and a crash there must not take the host down.
-onnx::ModelProto convert_isolated(const onnx::ModelProto& proto, std::int64_t opset, const std::string& name,
-                                  std::int64_t source_opset) {
-  const std::string hint = ". Re-export the model at opset " + std::to_string(opset) + " or newer";
+/// Runs `work` on a copy of `proto` in a forked child process and returns what it made of it:
+/// on malformed models ONNX's own code can crash (e.g. ConvTranspose shape inference on a
+/// rank-2 input segfaults in ONNX 1.12), and a crash there must not take the host down.
+/// Result: "1" + the serialized model, "0" + an error message, or "" after a crash, with
+/// `status` the child's wait status.
+std::string run_isolated(const onnx::ModelProto& proto, const std::function<onnx::ModelProto(onnx::ModelProto&)>& work,
+                         int& status) {
   std::string input;
-  if (!proto.SerializeToString(&input)) throw Error(name + ": the model cannot be re-serialized for conversion");
+  if (!proto.SerializeToString(&input)) return "0the model cannot be re-serialized";
   int fds[2];
-  if (pipe(fds) != 0) throw Error(name + ": cannot create a pipe for the opset conversion");
+  if (pipe(fds) != 0) return "0cannot create a pipe";
   const pid_t pid = fork();
   if (pid < 0) {
     close(fds[0]);
     close(fds[1]);
-    throw Error(name + ": cannot fork for the opset conversion");
+    return "0cannot fork";
   }
-  if (pid == 0) {  // child: convert, write "1" + model or "0" + message, exit without cleanup
+  if (pid == 0) {  // child: work, write "1" + model or "0" + message, exit without cleanup
     close(fds[0]);
     // A crash here is reported by the parent; no inherited crash handler should run.
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, SIG_DFL);
@@ -161,11 +163,7 @@ onnx::ModelProto convert_isolated(const onnx::ModelProto& proto, std::int64_t op
     try {
       onnx::ModelProto m;
       m.ParseFromString(input);
-      try {
-        onnx::shape_inference::InferShapes(m);  // some adapters (Softmax 12->13) need input shapes
-      } catch (const std::exception&) {
-      }
-      out = "1" + onnx::version_conversion::ConvertVersion(m, static_cast<int>(opset)).SerializeAsString();
+      out = "1" + work(m).SerializeAsString();
     } catch (const std::exception& e) {
       out = std::string("0") + e.what();
     }
@@ -181,9 +179,28 @@ onnx::ModelProto convert_isolated(const onnx::ModelProto& proto, std::int64_t op
   char buf[1 << 16];
   for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) result.append(buf, static_cast<std::size_t>(n));
   close(fds[0]);
-  int status = 0;
+  status = 0;
   waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status) || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || result.empty()) {
+  if (WIFSIGNALED(status) || !WIFEXITED(status) || WEXITSTATUS(status) != 0) result.clear();
+  return result;
+}
+
+/// Lifts `proto` to `opset` with ONNX's shape inference and version converter, isolated.
+onnx::ModelProto convert_isolated(const onnx::ModelProto& proto, std::int64_t opset, const std::string& name,
+                                  std::int64_t source_opset) {
+  const std::string hint = ". Re-export the model at opset " + std::to_string(opset) + " or newer";
+  int status = 0;
+  const std::string result = run_isolated(
+      proto,
+      [opset](onnx::ModelProto& m) {
+        try {
+          onnx::shape_inference::InferShapes(m);  // some adapters (Softmax 12->13) need input shapes
+        } catch (const std::exception&) {
+        }
+        return onnx::version_conversion::ConvertVersion(m, static_cast<int>(opset));
+      },
+      status);
+  if (result.empty()) {
     throw Error(name + ": ONNX's version converter crashed on this model (" +
                 (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) : std::string("no result")) +
                 ") while lifting it from opset " + std::to_string(source_opset) + " to " + std::to_string(opset) +
@@ -446,6 +463,76 @@ void write_nodes(const Graph& graph, onnx::GraphProto* gp, std::set<std::string>
 }
 }  // namespace
 
+namespace {
+bool untyped(const onnx::ValueInfoProto& v) {
+  const auto& t = v.type();
+  return t.value_case() == onnx::TypeProto::VALUE_NOT_SET || (t.has_tensor_type() && t.tensor_type().elem_type() == 0);
+}
+
+/// Every control-flow body under `g`, outermost first.
+void bodies(onnx::GraphProto& g, std::vector<onnx::GraphProto*>& out) {
+  for (auto& n : *g.mutable_node())
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.has_g()) {
+        out.push_back(a.mutable_g());
+        bodies(*a.mutable_g(), out);
+      }
+      for (auto& sub : *a.mutable_graphs()) {
+        out.push_back(&sub);
+        bodies(sub, out);
+      }
+    }
+}
+
+/// Note [Types of body values]
+/// Exporters often leave the inputs and outputs of If/Loop/Scan bodies untyped (torch's
+/// scripted exports nested four deep, for one); ONNX Runtime infers them when it reads the
+/// original, but refuses a type written with element type 0. Those the model leaves untyped are
+/// filled from ONNX's type inference (run isolated, as the opset lift is), and any it cannot
+/// infer are written with no type at all, as the model had them.
+void type_body_values(onnx::ModelProto& proto) {
+  std::vector<onnx::GraphProto*> mine;
+  bodies(*proto.mutable_graph(), mine);
+  bool missing = false;
+  for (const auto* b : mine) {
+    for (const auto& v : b->input()) missing = missing || untyped(v);
+    for (const auto& v : b->output()) missing = missing || untyped(v);
+  }
+  if (!missing) return;
+  int status = 0;
+  const std::string result = run_isolated(
+      proto,
+      [](onnx::ModelProto& m) {
+        onnx::shape_inference::InferShapes(m);
+        return m;
+      },
+      status);
+  onnx::ModelProto inferred;
+  std::vector<onnx::GraphProto*> theirs;
+  if (!result.empty() && result[0] == '1' &&
+      inferred.ParseFromArray(result.data() + 1, static_cast<int>(result.size() - 1))) {
+    bodies(*inferred.mutable_graph(), theirs);
+  } else {
+    sdk::log_debug("ONNX's type inference did not run on the export; untyped body values stay untyped");
+  }
+  auto fill = [](google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& values,
+                 const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* from) {
+    for (int i = 0; i < values.size(); ++i) {
+      auto& v = values[i];
+      if (!untyped(v)) continue;
+      if (from && i < from->size() && from->Get(i).name() == v.name() && !untyped(from->Get(i)))
+        *v.mutable_type() = from->Get(i).type();
+      else v.clear_type();
+    }
+  };
+  const bool aligned = theirs.size() == mine.size();
+  for (std::size_t b = 0; b < mine.size(); ++b) {
+    fill(*mine[b]->mutable_input(), aligned ? &theirs[b]->input() : nullptr);
+    fill(*mine[b]->mutable_output(), aligned ? &theirs[b]->output() : nullptr);
+  }
+}
+}  // namespace
+
 std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options,
                            std::string* external, const std::string& external_location) {
   onnx::ModelProto proto;
@@ -491,6 +578,7 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   auto* vi = gp->mutable_value_info();
   for (int i = vi->size() - 1; i >= 0; --i)
     if (!names.count(vi->Get(i).name())) vi->DeleteSubrange(i, 1);
+  type_body_values(proto);
 
   if (options.run_checker) {
     if (opset <= onnx_library_max_opset() && proto.ir_version() <= onnx::IR_VERSION) {

@@ -17,6 +17,10 @@ the layout of make_models.py (NAME/model.onnx, NAME/calib, NAME/eval, NAME/input
   chunks of a synthetic recording at both rates with the states the float model carries from
   chunk to chunk; several inputs, so it uses the ONNX test-data layout (calib/test_data_set_*,
   eval/test_data_set_*) plus eval_npy/<input>.npy for ONNX Runtime.
+- vad_nested: vad_like with its network four Ifs deep (the rate, then the chunk size, the state's
+  magnitude and the batch, as the published detector nests them around its LSTM), and the inputs
+  and outputs of every body left untyped, as that detector's exporter leaves them (torch 1.13
+  types them; they are cleared after export).
 
 Calibration images are of three brightness levels and several sizes, so that both branches run
 (each is quantized inside its body) and the loop runs 2 to 4 times; the evaluation batch has a
@@ -29,6 +33,7 @@ import sys
 from typing import List
 
 import numpy as np
+import onnx
 import torch
 import torch.nn as nn
 from onnx import numpy_helper
@@ -126,6 +131,58 @@ class VadLike(nn.Module):
         return out, h2, c2
 
 
+class Nested(nn.Module):
+    """A RateBranch three Ifs deep; the conditions hold on real chunks, the else branches scale."""
+
+    def __init__(self, window):
+        super().__init__()
+        self.branch = RateBranch(window)
+
+    def forward(self, x, h, c):
+        if bool(x.size(1) >= 128):
+            if bool(h.abs().sum() < 1e6):
+                if bool(x.size(0) >= 1):
+                    out, h2, c2 = self.branch(x, h, c)
+                else:
+                    out, h2, c2 = self.branch(x * 0.5, h, c)
+            else:
+                out, h2, c2 = self.branch(x, h * 0.5, c)
+        else:
+            out, h2, c2 = self.branch(x * 2.0, h, c)
+        return out, h2, c2
+
+
+class VadNested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.at16k = Nested(64)
+        self.at8k = Nested(32)
+
+    def forward(self, x, sr, h, c):
+        if bool(sr == 16000):
+            out, h2, c2 = self.at16k(x, h, c)
+        else:
+            out, h2, c2 = self.at8k(x, h, c)
+        return out, h2, c2
+
+
+def untype_bodies(path):
+    """Clears the types of every body input and output, as some exporters write them."""
+    m = onnx.load(path)
+
+    def walk(g):
+        for n in g.node:
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    for v in list(sub.input) + list(sub.output):
+                        v.ClearField("type")
+                    walk(sub)
+
+    walk(m.graph)
+    del m.graph.value_info[:]
+    onnx.save(m, path)
+
+
 def write_records(folder, records):
     for k, arrays in enumerate(records):
         d = os.path.join(folder, f"test_data_set_{k}")
@@ -135,16 +192,18 @@ def write_records(folder, records):
                 f.write(numpy_helper.from_array(a).SerializeToString())
 
 
-def make_vad_like(out):
+def make_vad_like(out, name="vad_like", cls=VadLike):
     torch.manual_seed(1)
-    model = VadLike().eval()
-    folder = os.path.join(out, "vad_like")
+    model = cls().eval()
+    folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "model.onnx")
     zeros = torch.zeros(2, 1, 64)
     torch.onnx.export(torch.jit.script(model), (torch.rand(1, 512), torch.tensor(16000), zeros, zeros), path,
                       opset_version=16, input_names=["input", "sr", "h", "c"], output_names=["output", "hn", "cn"],
                       dynamic_axes={"input": {0: "batch", 1: "samples"}, "h": {1: "batch"}, "c": {1: "batch"}})
+    if name != "vad_like":
+        untype_bodies(path)
     # A synthetic recording: noise with voiced bursts (harmonics of a gliding pitch).
     rng = np.random.default_rng(4)
     t = np.arange(16000 * 2) / 16000
@@ -170,11 +229,11 @@ def make_vad_like(out):
                            if a.dtype == np.float32 else a for a in (x, sr, h, c)])
     write_records(os.path.join(folder, "eval"), evaluation)
     os.makedirs(os.path.join(folder, "eval_npy"), exist_ok=True)
-    for name, a in zip(("input", "sr", "h", "c"), (x, sr, h, c)):
-        np.save(os.path.join(folder, "eval_npy", f"{name}.npy"), a)
+    for input_name, a in zip(("input", "sr", "h", "c"), (x, sr, h, c)):
+        np.save(os.path.join(folder, "eval_npy", f"{input_name}.npy"), a)
     with open(os.path.join(folder, "input_name"), "w") as f:
         f.write("input")
-    print(f"vad_like: {path}")
+    print(f"{name}: {path}")
 
 
 def main():
@@ -197,6 +256,7 @@ def main():
     print(f"if_loop_net: {path}")
     make_strip_list_net(out)
     make_vad_like(out)
+    make_vad_like(out, "vad_nested", VadNested)
 
 
 if __name__ == "__main__":
