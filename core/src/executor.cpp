@@ -112,6 +112,13 @@ const BoundModule& Executor::flat_module(std::size_t flat) const {
   return e.owner->modules_[e.index];
 }
 
+std::vector<at::Tensor> Executor::run_flat_node(std::size_t flat, const std::vector<at::Tensor>& inputs) {
+  const FlatEntry& e = flat_.at(flat);
+  if (e.owner != this && e.owner->control_.count(e.index))
+    throw Error(flat_node(flat).describe() + ": a nested control-flow node cannot run alone");
+  return e.owner->run_node(e.index, inputs);
+}
+
 const at::Tensor* Executor::flat_constant(std::size_t flat, const std::string& name) const {
   for (const Executor* e = flat_.at(flat).owner; e; e = e->parent_)
     if (auto it = e->constants_.find(name); it != e->constants_.end()) return &it->second;

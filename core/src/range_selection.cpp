@@ -20,7 +20,6 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
   const auto start = std::chrono::steady_clock::now();
   RangeSelection r;
   r.samples = samples;
-  const Graph& graph = executor.graph();
   struct Target {
     std::vector<std::size_t> slots;  // indices into slots.all() of the inputs that choose
     std::size_t last_input = 0;      // the node's last present input: the hook then has them all
@@ -30,13 +29,13 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
   for (std::size_t i = 0; i < slots.all().size(); ++i) {
     QuantSlot& s = slots.all()[i];
     if (s.range_candidates.empty()) continue;
-    if (s.node_index >= graph.num_nodes() || is_control_flow(graph.node(s.node_index)) || !slots.usable(s)) {
+    if (is_control_flow(executor.flat_node(s.node_index)) || !slots.usable(s)) {
       s.range_candidates.clear();  // Note [Choosing ranges by the consuming layer]: kept as computed
       continue;
     }
     Target& t = targets[s.node_index];
     t.slots.push_back(i);
-    const Node& n = graph.node(s.node_index);
+    const Node& n = executor.flat_node(s.node_index);
     for (std::size_t k = 0; k < n.inputs.size(); ++k)
       if (!n.inputs[k].empty()) t.last_input = k;
   }
@@ -44,7 +43,7 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
 
   std::optional<c10::InferenceMode> inference(std::in_place);  // while data flows (as calibration)
   auto evaluate = [&](std::size_t node, const std::vector<at::Tensor>& in) {
-    const Reference reference = reference_of(executor.run_node(node, in));
+    const Reference reference = reference_of(executor.run_flat_node(node, in));
     std::vector<at::Tensor> base = in;
     for (std::size_t k = 0; k < in.size(); ++k) {
       const QuantSlot* w = slots.at(node, k);
@@ -59,7 +58,7 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
       for (std::size_t c = 0; c < s.range_candidates.size(); ++c) {
         const QParams& p = s.range_candidates[c].params;
         q[s.input_index] = fake_quantize(x, QParams{p.scale.to(x.device()), p.zero_point.to(x.device())}, s.spec);
-        const auto got = executor.run_node(node, q);
+        const auto got = executor.run_flat_node(node, q);
         for (std::size_t o = 0; o < reference.outputs.size(); ++o) {
           const at::Tensor& e = reference.energy[o];
           if (!e.defined()) continue;
@@ -79,7 +78,7 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
       auto t = targets.find(n);
       if (t == targets.end()) return x;
       auto& in = pending[n];
-      if (in.empty()) in.resize(graph.node(n).inputs.size());
+      if (in.empty()) in.resize(executor.flat_node(n).inputs.size());
       in[k] = x;
       if (k == t->second.last_input) {
         evaluate(n, in);

@@ -9,11 +9,12 @@
 // input, the node runs once on its float inputs (the reference), then once per candidate with
 // that input fake-quantized on the candidate's grid and its weights on theirs (the layer as it
 // will be deployed); other activation inputs stay float, so each input is judged on its own.
-// The output errors, relative per slice (Note [Relative layer error] in range_selection.cpp),
-// add up over the samples; the least wins, the first offered on ties. In a distributed run every
-// process evaluates the same first samples, and the errors are summed over the processes as well,
-// so that float differences between devices cannot split the choice. Nodes inside control-flow bodies keep the
-// observer's own choice. Cost: one float pass over those samples plus one run of each such node per candidate.
+// The output errors, relative per slice (Note [Relative layer error] in layer_error.h), add up
+// over the samples (and over every run of a node inside a control-flow body); the least wins,
+// the first offered on ties. In a distributed run every process evaluates the same first
+// samples, and the errors are summed over the processes as well, so that float differences
+// between devices cannot split the choice. Cost: one float pass over those samples plus one run
+// of each such node per candidate.
 
 #include <ATen/core/Tensor.h>
 

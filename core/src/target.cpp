@@ -241,7 +241,6 @@ class TargetSearch {
     for (std::size_t k = 0; k < x.size(); ++k) f[qm_.graph().inputs[k].name] = x[k];
     return f;
   }
-  bool top_level(const Layer& l) const { return l.node < qm_.graph().num_nodes(); }
 
   void prepare_remedies() {
     for (int r : ladder_) {
@@ -266,7 +265,7 @@ class TargetSearch {
     const Options no_options("[target]");
     std::map<std::size_t, std::unique_ptr<Observer>> observers;
     for (const auto& l : layers_)
-      if (top_level(l))
+      if (!is_control_flow(qm_.executor().flat_node(l.node)))
         for (auto i : l.activations) {
           const QuantSlot& s = qs.all()[i];
           observers[i] = d_.range_observer(ObserverContext{s.spec, no_options, s.where()});
@@ -395,11 +394,10 @@ class TargetSearch {
   /// held-out sample: at each layer the float inputs are at hand, and the layer runs once
   /// per remedy with its weights and activations quantized as that remedy has them (biases
   /// float: their int32 grid adds nothing measurable). Nodes inside control-flow bodies are
-  /// not measured; they rank last and can only go to float.
+  /// measured alike, at every run of their body.
   void measure_layers(const ProgressFn& progress) {
     QuantSlots& qs = qm_.quant_slots();
     Executor& ex = qm_.executor();
-    const Graph& graph = qm_.graph();
     struct Work {
       std::size_t layer = 0, last_input = 0;
       std::vector<int> remedies;            // as calibrated first, then those that apply
@@ -408,9 +406,9 @@ class TargetSearch {
     std::map<std::size_t, Work> work;  // node -> what to measure there
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
-      if (!top_level(layer) || is_control_flow(graph.node(layer.node))) continue;
+      if (is_control_flow(ex.flat_node(layer.node))) continue;
       Work w{l};
-      const Node& n = graph.node(layer.node);
+      const Node& n = ex.flat_node(layer.node);
       for (std::size_t k = 0; k < n.inputs.size(); ++k)
         if (!n.inputs[k].empty()) w.last_input = k;
       w.remedies.push_back(kNone);
@@ -423,7 +421,7 @@ class TargetSearch {
       work.emplace(layer.node, std::move(w));
     }
     auto evaluate = [&](std::size_t node, Work& w, const std::vector<at::Tensor>& in) {
-      const detail::Reference ref = detail::reference_of(ex.run_node(node, in));
+      const detail::Reference ref = detail::reference_of(ex.run_flat_node(node, in));
       std::vector<std::vector<at::Tensor>> errs(ref.outputs.size());  // [output][remedy]
       for (int r : w.remedies) {
         std::vector<at::Tensor> q = in;
@@ -434,7 +432,7 @@ class TargetSearch {
           q[s.input_index] = qs.apply(node, s.input_index, in[s.input_index], true);
           if (o != objects_[r].end()) swap_objects(s, o->second);
         }
-        const auto got = ex.run_node(node, q);
+        const auto got = ex.run_flat_node(node, q);
         for (std::size_t o = 0; o < ref.outputs.size(); ++o) {
           if (!ref.energy[o].defined()) continue;
           const bool alike = o < got.size() && got[o].defined() && got[o].sizes() == ref.outputs[o].sizes();
@@ -452,7 +450,7 @@ class TargetSearch {
         auto it = work.find(n);
         if (it == work.end()) return v;
         auto& in = pending[n];
-        if (in.empty()) in.resize(graph.node(n).inputs.size());
+        if (in.empty()) in.resize(ex.flat_node(n).inputs.size());
         in[k] = v;
         if (k == it->second.last_input) {
           evaluate(n, it->second, in);

@@ -13,7 +13,15 @@
 // -> Sub -> Pow -> ReduceMean -> Add(eps) -> Sqrt -> Div [-> Mul(gamma) -> Add(beta)]. Its
 // variance and reciprocal have a skewed, wide range an 8-bit grid describes badly, and neither
 // ONNX Runtime nor TensorRT runs those ops in integers; the head's input (the logits) would only
-// be rounded before a float op whose output leaves the model.
+// be rounded before a float op whose output leaves the model. Nor in front of a data-movement op
+// (Identity, Reshape, Squeeze, Unsqueeze, Flatten, Transpose) whose output leaves the model or
+// its control-flow body: nothing reads that value as integers, and the rounding would reach the
+// caller untouched; a recurrent state returned that way (a streaming detector's LSTM state, fed
+// back by the application) would carry it from call to call. Nor on squares and their sums
+// (Pow(x, 2), Mul(x, x), an Add of those: a power spectrum, an energy) wherever they are read:
+// an 8-bit grid spaced for the largest square rounds the small ones, whose relative spread is
+// twice the signal's in decibels, to zero. Bodies of If/Loop/Scan are searched like the main
+// graph.
 //
 // float_attention_scores: no quantizer on an attention's scores, from the MatMul of queries and
 // keys through its scale (Mul / Div by a constant), additive biases and masks (Add, Where) and
@@ -40,14 +48,19 @@ class DisableUnnecessaryQuant final : public Pass {
  public:
   Stage stage() const override { return Stage::kFuse; }
 
-  bool run_quant(QuantState& state, const PassContext&) override {
-    const Graph& g = state.graph();
+  bool run_quant(QuantState& state, const PassContext&) override { return run_on(state, state.graph()); }
+
+ private:
+  /// The graph's chains, then those of its control-flow bodies.
+  static bool run_on(QuantState& state, const Graph& g) {
+    bool changed = false;
+    for (const Node* n : g.nodes())
+      for (const Graph* body : n->subgraphs()) changed = run_on(state, *body) || changed;
     // Readers of every tensor, to follow single-reader edges.
     std::map<std::string, std::vector<const Node*>> readers;
     for (const Node* n : g.nodes())
       for (const auto& in : n->inputs)
         if (!in.empty()) readers[in].push_back(n);
-    bool changed = false;
     for (const Node* head : g.nodes()) {
       if (!head->domain.empty() || !kHeads.count(head->op_type) || head->outputs.empty()) continue;
       const bool linear_head = head->op_type != "Add" && head->op_type != "BatchNormalization";
@@ -78,29 +91,56 @@ class FloatNormsAndHeads final : public Pass {
   Stage stage() const override { return Stage::kFuse; }
 
   bool run_quant(QuantState& state, const PassContext&) override {
-    const Graph& g = state.graph();
     std::set<const Node*> unquantized;
-    for (const Node* n : g.nodes()) {
-      if (!n->domain.empty()) continue;
-      if (n->op_type == "LayerNormalization" || n->op_type == "InstanceNormalization" ||
-          n->op_type == "GroupNormalization")
-        unquantized.insert(n);
-      if ((n->op_type == "Softmax" || n->op_type == "LogSoftmax" || n->op_type == "Sigmoid") && !n->outputs.empty() &&
-          g.is_graph_output(n->outputs[0]))
-        unquantized.insert(n);
-      if (n->op_type == "Div") add_decomposed_norm(g, *n, unquantized);
-    }
-    bool changed = false;
+    std::set<std::pair<const Node*, std::size_t>> inputs;
+    collect(state.graph(), unquantized, inputs);
     for (const Node* n : unquantized)
-      for (std::size_t i = 0; i < n->inputs.size(); ++i)
-        if (state.is_quantized(*n, i)) {
-          state.set_fake_fused(*n, i, true);
-          changed = true;
-        }
+      for (std::size_t i = 0; i < n->inputs.size(); ++i) inputs.insert({n, i});
+    bool changed = false;
+    for (const auto& [n, i] : inputs)
+      if (state.is_quantized(*n, i)) {
+        state.set_fake_fused(*n, i, true);
+        changed = true;
+      }
     return changed;
   }
 
  private:
+  static void collect(const Graph& g, std::set<const Node*>& unquantized,
+                      std::set<std::pair<const Node*, std::size_t>>& inputs) {
+    static const std::set<std::string> moves = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"};
+    for (const Node* n : g.nodes()) {
+      for (const Graph* body : n->subgraphs()) collect(*body, unquantized, inputs);
+      if (n->domain.empty() && !n->outputs.empty() && is_square_or_sum(g, *n))
+        for (const auto& [reader, k] : g.consumers(n->outputs[0])) inputs.insert({reader, k});
+      if (!n->domain.empty()) continue;
+      if (n->op_type == "LayerNormalization" || n->op_type == "InstanceNormalization" ||
+          n->op_type == "GroupNormalization")
+        unquantized.insert(n);
+      const bool leaves = !n->outputs.empty() && g.is_graph_output(n->outputs[0]);
+      if ((n->op_type == "Softmax" || n->op_type == "LogSoftmax" || n->op_type == "Sigmoid") && leaves)
+        unquantized.insert(n);
+      if (moves.count(n->op_type) && leaves) unquantized.insert(n);
+      if (n->op_type == "Div") add_decomposed_norm(g, *n, unquantized);
+    }
+  }
+
+  /// Pow(x, 2), Mul(x, x), or an Add whose inputs are all such.
+  static bool is_square_or_sum(const Graph& g, const Node& n) {
+    if (n.op_type == "Mul") return n.inputs.size() == 2 && n.inputs[0] == n.inputs[1];
+    if (n.op_type == "Pow") {
+      if (n.inputs.size() != 2 || !g.initializers.count(n.inputs[1])) return false;
+      const at::Tensor& e = g.initializers.at(n.inputs[1]);
+      return e.numel() == 1 && e.to(at::kDouble).item<double>() == 2.0;
+    }
+    if (n.op_type != "Add" || n.inputs.size() != 2) return false;
+    for (const auto& in : n.inputs) {
+      const Node* p = g.producer(in);
+      if (!p || !p->domain.empty() || p->op_type == "Add" || !is_square_or_sum(g, *p)) return false;
+    }
+    return true;
+  }
+
   static const Node* made_by(const Graph& g, const std::string& value, const char* op) {
     const Node* p = g.producer(value);
     return p && p->domain.empty() && p->op_type == op ? p : nullptr;

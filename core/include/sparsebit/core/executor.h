@@ -97,6 +97,9 @@ class SPARSEBIT_API Executor {
   std::size_t flat_size() const { return flat_.size(); }
   const Node& flat_node(std::size_t flat) const;
   const BoundModule& flat_module(std::size_t flat) const;
+  /// Runs flat node `flat` alone, at any nesting level (a control-flow node there needs the
+  /// enclosing scope: run those with run_node at the top level).
+  std::vector<at::Tensor> run_flat_node(std::size_t flat, const std::vector<at::Tensor>& inputs);
   /// The constant `name` as flat node `flat` sees it (its graph's, else an enclosing one's), or null.
   const at::Tensor* flat_constant(std::size_t flat, const std::string& name) const;
   /// The flat numbers [first, last) of the nodes nested under node `index` (empty for nodes
@@ -126,7 +129,7 @@ class SPARSEBIT_API Executor {
  private:
   struct ControlFlow;
   struct FlatEntry {
-    const Executor* owner;
+    Executor* owner;    // this executor or one of its bodies', which it owns
     std::size_t index;  ///< in owner's graph
   };
   Executor(const Graph& graph, const Registry& registry, const Executor* parent);

@@ -80,3 +80,61 @@ TEST(FloatNormsAndHeads, KeepsTheNormalizationChainAndTheHeadInFloat) {
 
 }  // namespace
 }  // namespace sparsebit::testing
+
+namespace sparsebit::testing {
+namespace {
+
+/// x -> MatMul(re), MatMul(im) -> Mul(re, re) + Pow(im, 2) -> Sqrt -> MatMul -> Identity -> y:
+/// a magnitude spectrum, as audio models compute it, and an output passed through an Identity.
+Builder magnitude_spectrum() {
+  at::manual_seed(11);
+  Builder b({4, 6, 16}, 13);
+  b.constant("w_re", at::randn({16, 16}) * 0.5);
+  b.constant("w_im", at::randn({16, 16}) * 0.5);
+  b.constant("two", at::full({}, 2.0));
+  b.constant("w", at::randn({16, 10}) * 0.5);
+  b.add("re", "MatMul", {"x", "w_re"}, {"re_out"});
+  b.add("im", "MatMul", {"x", "w_im"}, {"im_out"});
+  b.add("re2", "Mul", {"re_out", "re_out"}, {"re_sq"});
+  b.add("im2", "Pow", {"im_out", "two"}, {"im_sq"});
+  b.add("power", "Add", {"re_sq", "im_sq"}, {"energy"});
+  b.add("sqrt", "Sqrt", {"energy"}, {"magnitude"});
+  b.add("proj", "MatMul", {"magnitude", "w"}, {"logits"});
+  b.add("out", "Identity", {"logits"}, {"y"});
+  return b;
+}
+
+TEST(FloatNormsAndHeads, SquaresAndOutputsPassedThroughStayFloat) {
+  Builder b = magnitude_spectrum();
+  TempDir dir;
+  // Rows whose loudness spans 60 dB: the small squares are what an 8-bit grid would lose.
+  at::Tensor x = at::randn({4, 6, 16}) * at::pow(10.0, at::rand({4, 6, 1}) * 3 - 3);
+  write_npy(x, dir / "x.npy");
+  auto run = [&](bool rule) {
+    Config c = Config::from_file(source_path("configs/w8a8_onnxruntime.toml"));
+    for (auto& e : c.schedule)
+      if (e.pass == "float_norms_and_heads") e.enabled = rule;
+    QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, shipped_registry());
+    auto data = open_dataset(dir.path().string(), qm.graph().inputs);
+    qm.calibrate(*data);
+    Result r;
+    for (const auto& s : qm.slots())
+      if (s.role == InputRole::kActivation && s.active()) r.quantized.insert(s.node_name);
+    qm.set_quant(false, false);
+    const at::Tensor f = qm.forward({x})[0].to(at::kDouble);
+    qm.set_quant(true, true);
+    const at::Tensor q = qm.forward({x})[0].to(at::kDouble);
+    // Per row, relative: the quiet rows count as much as the loud ones.
+    const at::Tensor err = (q - f).pow(2).sum(-1) / f.pow(2).sum(-1);
+    r.sqnr_db = -10 * std::log10(err.mean().item<double>());
+    return r;
+  };
+  const Result on = run(true), off = run(false);
+  for (const char* n : {"power", "sqrt", "out"}) EXPECT_FALSE(on.quantized.count(n)) << n;
+  for (const char* n : {"re", "im", "proj"}) EXPECT_TRUE(on.quantized.count(n)) << n;
+  EXPECT_TRUE(off.quantized.count("power") && off.quantized.count("out"));
+  EXPECT_GT(on.sqnr_db, off.sqnr_db + 3) << "dB";
+}
+
+}  // namespace
+}  // namespace sparsebit::testing
