@@ -4,16 +4,18 @@
 # with and without an accuracy target, each export scored in ONNX Runtime against the float
 # model on data rendered by tests/real_models/ppocr.py: exact-match (recognizer, 200 lines),
 # worst and mean page cosine and text-box IoU (detector, 16 pages), label agreement
-# (classifier, 100 crops); with the wall time and peak memory of each quantize.
+# (classifier, 100 crops); and the Silero voice-activity detector (npm @ricky0123/vad-web@0.0.31)
+# streamed over 30 s of synthesized speech with its state fed back, scored by the difference of
+# its speech probability to float; with the wall time and peak memory of each quantize.
 #
-#   bench/real_models.sh [SPARSEBIT_BINARY] [WORK_DIR] [MODELS (default "rec det cls")]
+#   bench/real_models.sh [SPARSEBIT_BINARY] [WORK_DIR] [MODELS (default "rec det cls vad")]
 # BASES (default "w8a8_tensorrt w8a8_onnxruntime"), OBSERVERS (default "minmax percentile mse
 # kl_histogram aciq") and TARGETS=0 (no --target rows) choose fewer rows.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${1:-$root/build/bin/sparsebit}"
 work="${2:-$(mktemp -d)}"
-models="${3:-rec det cls}"
+models="${3:-rec det cls vad}"
 measure="$root/tests/real_models/measure.sh"
 mkdir -p "$work"
 "$measure" prepare "$work" >/dev/null
