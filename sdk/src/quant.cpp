@@ -340,6 +340,73 @@ struct SoftRoundFn : torch::autograd::Function<SoftRoundFn> {
 };
 }  // namespace
 
+namespace {
+// fake_quantize on the CPU for float32 without gradients: the reference's float32 operations
+// (divide, round half to even, add, clamp, subtract, multiply) in one pass. The six full-size
+// temporaries of the ATen formulation made fake quantization the largest cost of the range
+// selection (2.7 ms for 0.5 M values, 10x the layer's own run).
+void fake_quantize_run_scalar(const float* x, std::int64_t len, float s, float zp, float lo, float hi, float* out) {
+  for (std::int64_t i = 0; i < len; ++i) {
+    float q = std::nearbyint(x[i] / s) + zp;
+    q = std::max(std::min(q, hi), lo);  // std::min/max return their first operand for NaN
+    out[i] = (q - zp) * s;
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) void fake_quantize_run_avx2(const float* x, std::int64_t len, float s, float zp,
+                                                            float lo, float hi, float* out) {
+  const __m256 vs = _mm256_set1_ps(s), vz = _mm256_set1_ps(zp), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+  std::int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    __m256 q =
+        _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm256_max_ps(vlo, _mm256_min_ps(vhi, _mm256_add_ps(q, vz)));  // the second operand for NaN: NaN stays
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_sub_ps(q, vz), vs));
+  }
+  fake_quantize_run_scalar(x + i, len - i, s, zp, lo, hi, out + i);
+}
+#endif
+
+void fake_quantize_run(const float* x, std::int64_t len, float s, float zp, float lo, float hi, float* out) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return fake_quantize_run_avx2(x, len, s, zp, lo, hi, out);
+#endif
+  fake_quantize_run_scalar(x, len, s, zp, lo, hi, out);
+}
+
+/// The fused CPU path where it applies (float32 x on the CPU, one parameter per tensor or per
+/// channel with runs of at least 16 values), else an undefined tensor.
+at::Tensor cpu_fake_quantize(const at::Tensor& x_in, const QParams& p, const QSpec& spec) {
+  if (!x_in.device().is_cpu() || x_in.scalar_type() != at::kFloat || x_in.numel() == 0 || spec.group_size > 0)
+    return {};
+  const ParamLayout l = param_layout(x_in, spec);
+  if (p.scale.numel() != l.params() || p.zero_point.numel() != l.params()) return {};
+  if (l.kind == ParamLayout::Kind::kChannel && (l.inner < 16 || p.scale.dim() == 0)) return {};
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor scale = p.scale.to(at::kCPU, at::kFloat).contiguous().reshape({-1});
+  const at::Tensor zero_point = p.zero_point.to(at::kCPU, at::kFloat).contiguous().reshape({-1});
+  at::Tensor out = at::empty_like(x);
+  const float *xs = x.data_ptr<float>(), *ss = scale.data_ptr<float>(), *zs = zero_point.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  const float lo = float(spec.qmin()), hi = float(spec.qmax());
+  if (l.kind == ParamLayout::Kind::kTensor) {
+    at::parallel_for(0, x.numel(), std::int64_t{1} << 15, [&](std::int64_t b, std::int64_t e) {
+      fake_quantize_run(xs + b, e - b, ss[0], zs[0], lo, hi, os + b);
+    });
+  } else {  // runs of `inner` values, run r with parameter r % n
+    at::parallel_for(0, l.outer * l.n, std::max<std::int64_t>(1, (std::int64_t{1} << 15) / l.inner),
+                     [&](std::int64_t b, std::int64_t e) {
+                       for (std::int64_t r = b; r < e; ++r)
+                         fake_quantize_run(xs + r * l.inner, l.inner, ss[r % l.n], zs[r % l.n], lo, hi,
+                                           os + r * l.inner);
+                     });
+  }
+  return out;
+}
+}  // namespace
+
 at::Tensor quantize_to_int(const at::Tensor& x, const QParams& p, const QSpec& spec) {
   if (QuantKernels* k = kernels_for(x, p.scale, spec))
     return k->quantize_to_int(make_args(x, p.scale, p.zero_point, spec));
@@ -361,6 +428,8 @@ at::Tensor fake_quantize(const at::Tensor& x, const QParams& p, const QSpec& spe
       QuantArgs a = make_args(x, p.scale, p.zero_point, spec);
       return x.requires_grad() ? FakeQuantizeFn::apply(x, std::move(a)) : k->fake_quantize(a);
     }
+    if (!x.requires_grad())
+      if (at::Tensor fq = cpu_fake_quantize(x, p, spec); fq.defined()) return fq;
   }
   at::Tensor s = broadcastable(p.scale.to(x.device(), x.scalar_type()), x, spec);
   at::Tensor zp = broadcastable(p.zero_point.to(x.device(), x.scalar_type()), x, spec);
@@ -440,9 +509,12 @@ std::pair<at::Tensor, at::Tensor> range_per_param(const at::Tensor& x_in, const 
 
 namespace {
 // Bin of each of x[0..len): floor((double(x) + range) / width) clamped to [0, last]; NaN -> 0.
-void bin_indices_scalar(const float* x, std::int64_t len, double range, double width, double last, std::int32_t* out) {
+// `inverse` (1 / width, or 0): where width is a power of two, dividing by it and multiplying by
+// its inverse give the same double, and the multiplication is several times faster.
+void bin_indices_scalar(const float* x, std::int64_t len, double range, double width, double inverse, double last,
+                        std::int32_t* out) {
   for (std::int64_t i = 0; i < len; ++i) {
-    double b = std::floor((double(x[i]) + range) / width);
+    double b = std::floor(inverse != 0 ? (double(x[i]) + range) * inverse : (double(x[i]) + range) / width);
     b = b >= 0 ? b : 0;  // also NaN
     b = b <= last ? b : last;
     out[i] = static_cast<std::int32_t>(b);
@@ -453,25 +525,27 @@ void bin_indices_scalar(const float* x, std::int64_t len, double range, double w
 // The same, four doubles at a time (the compiler leaves the scalar loop scalar: 1.4 ns an
 // element against 0.35). Division and floor are exact in both, so the bins are the same.
 __attribute__((target("avx2"))) void bin_indices_avx2(const float* x, std::int64_t len, double range, double width,
-                                                      double last, std::int32_t* out) {
-  const __m256d r = _mm256_set1_pd(range), w = _mm256_set1_pd(width), zero = _mm256_setzero_pd(),
-                top = _mm256_set1_pd(last);
+                                                      double inverse, double last, std::int32_t* out) {
+  const __m256d r = _mm256_set1_pd(range), w = _mm256_set1_pd(width), inv = _mm256_set1_pd(inverse),
+                zero = _mm256_setzero_pd(), top = _mm256_set1_pd(last);
   std::int64_t i = 0;
   for (; i + 4 <= len; i += 4) {
-    __m256d b = _mm256_floor_pd(_mm256_div_pd(_mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), r), w));
+    const __m256d shifted = _mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), r);
+    __m256d b = _mm256_floor_pd(inverse != 0 ? _mm256_mul_pd(shifted, inv) : _mm256_div_pd(shifted, w));
     b = _mm256_min_pd(_mm256_max_pd(b, zero), top);  // max_pd gives its second operand for NaN
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvttpd_epi32(b));
   }
-  bin_indices_scalar(x + i, len - i, range, width, last, out + i);
+  bin_indices_scalar(x + i, len - i, range, width, inverse, last, out + i);
 }
 #endif
 
-void bin_indices(const float* x, std::int64_t len, double range, double width, double last, std::int32_t* out) {
+void bin_indices(const float* x, std::int64_t len, double range, double width, double inverse, double last,
+                 std::int32_t* out) {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return bin_indices_avx2(x, len, range, width, last, out);
+  if (avx2) return bin_indices_avx2(x, len, range, width, inverse, last, out);
 #endif
-  bin_indices_scalar(x, len, range, width, last, out);
+  bin_indices_scalar(x, len, range, width, inverse, last, out);
 }
 
 // histogram_counts on the CPU: the same double arithmetic as the ATen formulation below, whose
@@ -486,23 +560,45 @@ at::Tensor cpu_histogram_counts(const at::Tensor& rows_in, double range, double 
   std::int64_t* out = counts.data_ptr<std::int64_t>();
   constexpr std::int64_t kRun = std::int64_t{1} << 16, kBlock = 512;
   const std::int64_t runs = (n + kRun - 1) / kRun;
+  int exponent = 0;
+  const double inverse = std::frexp(width, &exponent) == 0.5 ? 1.0 / width : 0.0;
   std::mutex merge;
   at::parallel_for(0, channels * runs, 1, [&](std::int64_t t0, std::int64_t t1) {
-    std::vector<std::int64_t> local(static_cast<std::size_t>(bins));
+    // Four interleaved 32-bit histograms: activations crowd into few bins, and one array's
+    // increments of the same bin wait on each other. Flushed before 32 bits could overflow.
+    std::vector<std::uint32_t> local(static_cast<std::size_t>(4 * bins));
     std::int32_t idx[kBlock];
     for (std::int64_t t = t0; t < t1;) {
       const std::int64_t c = t / runs;
-      std::fill(local.begin(), local.end(), 0);
+      std::int64_t pending = 0;
+      auto flush = [&] {
+        std::lock_guard<std::mutex> lock(merge);
+        for (std::int64_t j = 0; j < bins; ++j) {
+          const std::size_t k = static_cast<std::size_t>(j);
+          out[c * bins + j] += std::int64_t(local[k]) + std::int64_t(local[k + bins]) +
+                               std::int64_t(local[k + 2 * bins]) + std::int64_t(local[k + 3 * bins]);
+        }
+        std::fill(local.begin(), local.end(), 0u);
+        pending = 0;
+      };
       for (; t < t1 && t / runs == c; ++t) {  // this task's runs of row c
         const std::int64_t first = (t % runs) * kRun, last = std::min(first + kRun, n);
+        if (pending > (std::int64_t{1} << 31)) flush();
+        pending += last - first;
         for (std::int64_t i = first; i < last; i += kBlock) {
           const std::int64_t len = std::min(kBlock, last - i);
-          bin_indices(data + c * n + i, len, range, width, double(bins - 1), idx);
-          for (std::int64_t j = 0; j < len; ++j) ++local[static_cast<std::size_t>(idx[j])];
+          bin_indices(data + c * n + i, len, range, width, inverse, double(bins - 1), idx);
+          std::int64_t j = 0;
+          for (; j + 4 <= len; j += 4) {
+            ++local[static_cast<std::size_t>(idx[j])];
+            ++local[static_cast<std::size_t>(bins + idx[j + 1])];
+            ++local[static_cast<std::size_t>(2 * bins + idx[j + 2])];
+            ++local[static_cast<std::size_t>(3 * bins + idx[j + 3])];
+          }
+          for (; j < len; ++j) ++local[static_cast<std::size_t>(idx[j])];
         }
       }
-      std::lock_guard<std::mutex> lock(merge);
-      for (std::int64_t j = 0; j < bins; ++j) out[c * bins + j] += local[static_cast<std::size_t>(j)];
+      flush();
     }
   });
   return counts;

@@ -203,6 +203,50 @@ TEST(Quant, NonFiniteRangeIsAnErrorNamingTheTensor) {
   }
 }
 
+// The CPU's one-pass fake quantization gives the division formula's floats bit for bit: ties
+// (round half to even), values beyond the grid, NaN and infinities, per tensor and per channel
+// (runs long and short enough for its vector loop and its scalar tail), channels last.
+TEST(Quant, CpuFakeQuantizeIsTheDivisionFormulaBitForBit) {
+  auto formula = [](const at::Tensor& x, const at::Tensor& s, const at::Tensor& zp, const QSpec& spec) {
+    const at::Tensor q = at::round(x / s) + zp;
+    return (at::clamp(q, double(spec.qmin()), double(spec.qmax())) - zp) * s;
+  };
+  auto same_bits = [](const at::Tensor& a, const at::Tensor& b) {
+    const at::Tensor nan = at::isnan(a);
+    if (!at::equal(nan, at::isnan(b))) return false;
+    return at::equal(a.masked_fill(nan, 0).contiguous().view(at::kInt),
+                     b.masked_fill(nan, 0).contiguous().view(at::kInt));
+  };
+  at::manual_seed(21);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float scale = 0.0173f;
+  at::Tensor special = at::tensor({inf, -inf, nan, 1e30f, -1e30f, 0.0f, -0.0f});
+  at::Tensor ties = (at::arange(-200, 200).to(at::kFloat) + 0.5f) * scale;
+  at::Tensor x = at::cat({at::randn({100003}) * 3, ties, special});
+  for (auto [symmetric, zp] : {std::pair{true, 0}, std::pair{false, 97}}) {
+    QSpec spec;
+    spec.symmetric = symmetric;
+    const at::Tensor got = fake_quantize(x, per_tensor(scale, zp), spec);
+    EXPECT_TRUE(same_bits(got, formula(x, at::scalar_tensor(scale), at::scalar_tensor(float(zp)), spec))) << zp;
+  }
+  for (std::int64_t inner : {40, 7}) {
+    at::Tensor y = at::randn({3, 5, inner}) * 2;
+    y[1][2][3] = nan;
+    y[2][4][0] = inf;
+    QSpec spec;
+    spec.per_channel = true;
+    spec.channel_axis = 1;
+    QParams p{at::rand({5}) * 0.05 + 0.001, at::zeros({5}, at::TensorOptions().dtype(at::kInt))};
+    EXPECT_TRUE(same_bits(fake_quantize(y, p, spec), formula(y, p.scale.reshape({1, 5, 1}), at::zeros({1}), spec)))
+        << inner;
+  }
+  const at::Tensor cl = (at::randn({2, 24, 5, 3}) * 2).contiguous(at::MemoryFormat::ChannelsLast);
+  QSpec affine;
+  affine.symmetric = false;
+  EXPECT_TRUE(same_bits(fake_quantize(cl, per_tensor(scale, 120), affine),
+                        formula(cl, at::scalar_tensor(scale), at::scalar_tensor(120.0f), affine)));
+}
+
 // histogram_counts' CPU loop against the bin formula written out with ATen ops: one row long
 // enough to be split in chunks (uneven last chunk), several rows, values beyond the range and
 // exactly on bin edges.

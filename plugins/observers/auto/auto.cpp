@@ -122,12 +122,20 @@ class AutoObserver final : public Observer {
     return s;
   }
 
+  /// The bins that hold a value in some row: their centres [K] and counts [C, K]. Empty bins
+  /// add nothing to a grid error, and activations leave most of the 8192 empty.
+  std::pair<at::Tensor, at::Tensor> occupied_bins() const {
+    const at::Tensor used = hist_.counts().sum(0).nonzero().reshape({-1});
+    return {hist_.centers().index_select(0, used), hist_.counts().index_select(1, used)};
+  }
+
   /// Squared error of the histogram's bin centres on the grid of `p_rows` (per-row
   /// parameters), weighted by the counts: [C].
   at::Tensor grid_error_rows(const QParams& p_rows) const {
-    const at::Tensor values = hist_.centers().unsqueeze(0).expand({hist_.channels(), hist_.bins()});
+    const auto [centers, counts] = occupied_bins();
+    const at::Tensor values = centers.unsqueeze(0).expand({hist_.channels(), centers.size(0)});
     const at::Tensor err = fake_quantize(values.to(at::kFloat), p_rows, per_row()).to(at::kDouble) - values;
-    return (err * err * hist_.counts()).sum(1);
+    return (err * err * counts).sum(1);
   }
   at::Tensor grid_error(const QParams& p) const {
     // Parameters shaped for the observed tensor back to one value per row.
@@ -148,9 +156,10 @@ class AutoObserver final : public Observer {
     const at::Tensor lo = (shrink * hist_.min().unsqueeze(0)).reshape({-1}),
                      hi = (shrink * hist_.max().unsqueeze(0)).reshape({-1});
     const QParams p = qparams_from_range(lo, hi, per_row(), where_);
-    const at::Tensor values = hist_.centers().unsqueeze(0).expand({kShrinkSteps * channels, hist_.bins()});
+    const auto [centers, occupied] = occupied_bins();
+    const at::Tensor values = centers.unsqueeze(0).expand({kShrinkSteps * channels, centers.size(0)});
     const at::Tensor err = fake_quantize(values.to(at::kFloat), p, per_row()).to(at::kDouble) - values;
-    const at::Tensor counts = hist_.counts().repeat({kShrinkSteps, 1});
+    const at::Tensor counts = occupied.repeat({kShrinkSteps, 1});
     const at::Tensor loss = (err * err * counts).sum(1).reshape({kShrinkSteps, channels});
     const at::Tensor best = loss.argmin(0);  // the first (least shrunk) on ties
     return {lo.reshape({kShrinkSteps, channels}).gather(0, best.unsqueeze(0)).squeeze(0),
@@ -183,7 +192,7 @@ class AutoObserver final : public Observer {
   QSpec spec_;
   std::string where_;
   std::vector<std::int64_t> shape_;  // of the observed tensor, to shape the parameters
-  StreamingHistogram hist_{8192};
+  StreamingHistogram hist_{8192, true, false};
   at::Tensor weight_lo_, weight_hi_;
   std::vector<RangeCandidate> offered_;  // candidates() of the statistics as they are
 };

@@ -51,8 +51,10 @@ class StreamingHistogram {
   /// `order_free`: ranges are powers of two (Note [Streaming histogram]), so parts of the data
   /// merge exactly; otherwise the first range is the first batch's max |x| (a tensor observed
   /// once, such as a weight, then gets all B bins over exactly [-max|x|, max|x|]).
-  explicit StreamingHistogram(std::int64_t bins = 4096, bool order_free = true)
-      : bins_(bins), order_free_(order_free) {}
+  /// `moments`: also keep each row's sum and count of exact zeros (sum() and zeros(); zero
+  /// otherwise), a pass over the data that observers not using them skip.
+  explicit StreamingHistogram(std::int64_t bins = 4096, bool order_free = true, bool moments = true)
+      : bins_(bins), order_free_(order_free), moments_(moments) {}
 
   /// x: [C, N] (rows are channels; per tensor: C = 1).
   void add(const at::Tensor& x_in) {
@@ -61,7 +63,19 @@ class StreamingHistogram {
     const bool first = !counts_.defined();
     const std::int64_t channels = x.size(0);
     at::Tensor lo, hi, sum, zeros;
-    if (x.device().is_cpu()) {
+    if (!moments_) {
+      if (channels == 1) {
+        std::tie(lo, hi) = at::aminmax(x);  // over the whole tensor: see cpu_row_stats
+        lo = lo.reshape({1});
+        hi = hi.reshape({1});
+      } else {
+        std::tie(lo, hi) = at::aminmax(x, 1);
+      }
+      lo = lo.to(at::kCPU, at::kDouble);
+      hi = hi.to(at::kCPU, at::kDouble);
+      sum = at::zeros({channels}, at::TensorOptions().dtype(at::kDouble));
+      zeros = at::zeros({channels}, at::TensorOptions().dtype(at::kDouble));
+    } else if (x.device().is_cpu()) {
       std::tie(lo, hi, sum, zeros) = cpu_row_stats(x.contiguous());
     } else {
       std::tie(lo, hi) = at::aminmax(x, 1);
@@ -282,6 +296,7 @@ class StreamingHistogram {
 
   std::int64_t bins_;
   bool order_free_;
+  bool moments_;
   double range_ = 0;
   std::int64_t count_ = 0;
   at::Tensor counts_, min_, max_, sum_, zeros_;
