@@ -533,6 +533,41 @@ void type_body_values(onnx::ModelProto& proto) {
 }
 }  // namespace
 
+namespace {
+// Note [ONNX Runtime's default-domain ops]
+// ONNX Runtime registers SimplifiedLayerNormalization (RMS normalization, written by its
+// transformer optimizer and Optimum) in the default domain, where ONNX's checker knows no such
+// op and refuses the model. Its schema is registered here, once, as ONNX Runtime defines it, so
+// such models round-trip; the op itself is the contrib plugin's.
+void register_runtime_schemas() {
+  static const bool registered = [] {
+    using onnx::AttributeProto;
+    onnx::OpSchema s;
+    s.SetName("SimplifiedLayerNormalization")
+        .SetDomain("")
+        .SinceVersion(1)
+        .SetDoc("ONNX Runtime's root-mean-square layer normalization")
+        .Attr("axis", "first normalized axis", AttributeProto::INT, static_cast<std::int64_t>(-1))
+        .Attr("epsilon", "added to the mean square", AttributeProto::FLOAT, 1e-5f)
+        .Attr("stash_type", "type of the statistics", AttributeProto::INT, static_cast<std::int64_t>(1))
+        .Input(0, "X", "input", "T")
+        .Input(1, "scale", "scale", "V")
+        .Output(0, "Y", "output", "V")
+        .Output(1, "inv_std_var", "reciprocal root mean square", "U", onnx::OpSchema::Optional)
+        .TypeConstraint("T", {"tensor(float16)", "tensor(float)", "tensor(double)", "tensor(bfloat16)"}, "input")
+        .TypeConstraint("U", {"tensor(float)", "tensor(double)"}, "statistics")
+        .TypeConstraint("V", {"tensor(float16)", "tensor(float)", "tensor(double)", "tensor(bfloat16)"}, "output")
+        .TypeAndShapeInferenceFunction([](onnx::InferenceContext& ctx) {
+          onnx::propagateElemTypeFromInputToOutput(ctx, 1, 0);
+          if (onnx::hasInputShape(ctx, 0)) onnx::propagateShapeFromInputToOutput(ctx, 0, 0);
+        });
+    onnx::OpSchemaRegistry::OpSchemaRegisterOnce once(s);
+    return true;
+  }();
+  (void)registered;
+}
+}  // namespace
+
 std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options,
                            std::string* external, const std::string& external_location) {
   onnx::ModelProto proto;
@@ -581,6 +616,7 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   type_body_values(proto);
 
   if (options.run_checker) {
+    register_runtime_schemas();
     if (opset <= onnx_library_max_opset() && proto.ir_version() <= onnx::IR_VERSION) {
       try {
         onnx::checker::check_model(proto);

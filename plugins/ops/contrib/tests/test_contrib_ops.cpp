@@ -1,0 +1,244 @@
+// ONNX Runtime's fused operators against ONNX Runtime itself: each op alone in a model on random
+// inputs, every output compared; then a small transformer block in the form ONNX Runtime's
+// optimizer writes (FusedMatMul with a constant weight, SkipLayerNormalization, FastGelu)
+// quantized, exported and run in ONNX Runtime against our simulation.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/executor.h"
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/quant_model.h"
+#include "test_support.h"
+
+namespace sparsebit {
+namespace {
+
+struct Case {
+  std::string op, domain;
+  std::map<std::string, Attribute> attributes;
+  std::vector<std::pair<std::string, at::Tensor>> inputs;  // "" leaves an optional input out
+  std::vector<std::string> outputs;
+};
+
+ValueInfo float_value(const std::string& name, const at::Tensor* t = nullptr) {
+  ValueInfo v;
+  v.name = name;
+  v.elem_type = 1;
+  if (t) {
+    v.has_shape = true;
+    for (auto d : t->sizes()) v.shape.push_back(Dim{d, ""});
+  }
+  return v;
+}
+
+Graph single_node(const Case& c) {
+  Graph g;
+  g.opset_imports[""] = 17;
+  g.opset_imports["com.microsoft"] = 1;
+  Node n;
+  n.name = c.op + "_0";
+  n.op_type = c.op;
+  n.domain = c.domain;
+  n.attributes = c.attributes;
+  for (const auto& [name, t] : c.inputs) {
+    n.inputs.push_back(name);
+    if (!name.empty()) g.inputs.push_back(float_value(name, &t));
+  }
+  n.outputs = c.outputs;
+  for (const auto& o : c.outputs) g.outputs.push_back(float_value(o));
+  g.append(std::move(n));
+  return g;
+}
+
+// Our executor and ONNX Runtime on the same inputs; every output within atol + rtol |ort|.
+void expect_matches_ort(const Case& c, double atol = 2e-5, double rtol = 1e-4) {
+  testing::TempDir dir;
+  Graph g = single_node(c);
+  std::map<std::string, at::Tensor> feeds;
+  std::string args;
+  for (const auto& [name, t] : c.inputs) {
+    if (name.empty()) continue;
+    feeds[name] = t;
+    write_npy(t, dir / (name + ".npy"));
+    args += " --in " + name + "=" + (dir / (name + ".npy"));
+  }
+  std::vector<at::Tensor> got;
+  {
+    Executor ours(g, testing::shipped_registry());
+    got = ours.run(feeds);
+  }
+  ASSERT_EQ(got.size(), c.outputs.size());
+  for (std::size_t i = 0; i < got.size(); ++i) g.outputs[i] = float_value(c.outputs[i], &got[i]);  // the checker wants shapes
+  const std::string model = dir / "model.onnx";
+  save_onnx(g, ModelMeta{}, model);
+  for (const auto& o : c.outputs) args += " --out " + o + "=" + (dir / (o + ".npy"));
+  const auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " +
+                                      model + " --optimization disabled" + args);
+  ASSERT_EQ(r.exit_code, 0) << c.op << "\n" << r.output;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const at::Tensor want = read_npy(dir / (c.outputs[i] + ".npy"));
+    ASSERT_EQ(got[i].numel(), want.numel()) << c.op << " output " << c.outputs[i];
+    const at::Tensor g32 = got[i].reshape(want.sizes()).to(at::kFloat);
+    const double worst = ((g32 - want).abs() - rtol * want.abs()).max().item<double>();
+    EXPECT_LE(worst, atol) << c.op << " output " << c.outputs[i];
+  }
+}
+
+at::Tensor randn(std::vector<std::int64_t> shape, double scale = 1.0) { return at::randn(shape) * scale; }
+
+class ContribOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+    at::manual_seed(7);
+  }
+};
+
+TEST_F(ContribOps, GeluFamily) {
+  const at::Tensor x = randn({2, 5, 24}, 3), b = randn({24});
+  expect_matches_ort({"Gelu", "com.microsoft", {}, {{"x", x}}, {"y"}});
+  expect_matches_ort({"FastGelu", "com.microsoft", {}, {{"x", x}}, {"y"}});
+  expect_matches_ort({"FastGelu", "com.microsoft", {}, {{"x", x}, {"b", b}}, {"y"}});
+  expect_matches_ort({"BiasGelu", "com.microsoft", {}, {{"x", x}, {"b", b}}, {"y"}});
+  expect_matches_ort({"QuickGelu", "com.microsoft", {}, {{"x", x}}, {"y"}});
+  expect_matches_ort({"QuickGelu", "com.microsoft", {{"alpha", Attribute::of_float(1.3)}}, {{"x", x}}, {"y"}});
+}
+
+// ONNX Runtime runs BiasAdd on GPUs only: checked against its definition, X + bias + skip.
+TEST(ContribOpsByDefinition, BiasAddIsTheSumOfItsInputs) {
+  at::manual_seed(3);
+  const at::Tensor x = randn({2, 5, 24}), b = randn({24}), skip = randn({2, 5, 24});
+  Graph g = single_node({"BiasAdd", "com.microsoft", {}, {{"x", x}, {"b", b}, {"skip", skip}}, {"y"}});
+  Executor ours(g, testing::shipped_registry());
+  const at::Tensor y = ours.run({{"x", x}, {"b", b}, {"skip", skip}})[0];
+  EXPECT_TRUE(at::allclose(y, x + b.reshape({1, 1, 24}) + skip, 1e-6, 1e-6));
+}
+
+TEST_F(ContribOps, Normalizations) {
+  const at::Tensor x = randn({2, 7, 32}, 2) + 0.5, skip = randn({2, 7, 32}), gamma = randn({32}),
+                   beta = randn({32}), bias = randn({32});
+  expect_matches_ort({"SkipLayerNormalization",
+                      "com.microsoft",
+                      {{"epsilon", Attribute::of_float(1e-5)}},
+                      {{"x", x}, {"skip", skip}, {"gamma", gamma}, {"beta", beta}, {"bias", bias}},
+                      {"y", "mean", "inv_std", "sum"}});
+  expect_matches_ort({"SkipLayerNormalization", "com.microsoft", {}, {{"x", x}, {"skip", skip}, {"gamma", gamma}},
+                      {"y"}});
+  expect_matches_ort({"SkipSimplifiedLayerNormalization",
+                      "com.microsoft",
+                      {{"epsilon", Attribute::of_float(1e-6)}},
+                      {{"x", x}, {"skip", skip}, {"gamma", gamma}, {"bias", bias}},
+                      {"y", "mean", "inv_std", "sum"}});
+  expect_matches_ort({"SimplifiedLayerNormalization",
+                      "",
+                      {{"epsilon", Attribute::of_float(1e-6)}},
+                      {{"x", x}, {"scale", gamma}},
+                      {"y", "inv_std"}});
+}
+
+TEST_F(ContribOps, FusedConvWithEachActivation) {
+  const at::Tensor x = randn({2, 4, 9, 9}), w = randn({6, 4, 3, 3}, 0.3), b = randn({6}), z = randn({2, 6, 9, 9});
+  const std::map<std::string, Attribute> pad{{"pads", Attribute::of_ints({1, 1, 1, 1})}};
+  for (const auto& [act, params] : std::vector<std::pair<std::string, std::vector<double>>>{
+           {"Relu", {}}, {"Tanh", {}}, {"Sigmoid", {}}, {"LeakyRelu", {0.1}}, {"Clip", {-0.5, 0.7}},
+           {"HardSigmoid", {0.3, 0.4}}}) {
+    auto attrs = pad;
+    attrs["activation"] = Attribute::of_string(act);
+    if (!params.empty()) attrs["activation_params"] = Attribute::of_floats(params);
+    expect_matches_ort({"FusedConv", "com.microsoft", attrs, {{"x", x}, {"w", w}, {"b", b}}, {"y"}});
+  }
+  auto with_sum = pad;
+  with_sum["activation"] = Attribute::of_string("Relu");
+  expect_matches_ort({"FusedConv", "com.microsoft", with_sum, {{"x", x}, {"w", w}, {"b", b}, {"z", z}}, {"y"}});
+}
+
+TEST_F(ContribOps, FusedMatMulTransposes) {
+  const at::Tensor a = randn({3, 4, 5}), b = randn({3, 5, 6});
+  expect_matches_ort({"FusedMatMul", "com.microsoft", {{"alpha", Attribute::of_float(0.125)}}, {{"a", a}, {"b", b}},
+                      {"y"}});
+  expect_matches_ort({"FusedMatMul",
+                      "com.microsoft",
+                      {{"transA", Attribute::of_int(1)}, {"transB", Attribute::of_int(1)}},
+                      {{"a", randn({3, 5, 4})}, {"b", randn({3, 6, 5})}},
+                      {"y"}});
+  expect_matches_ort({"FusedMatMul", "com.microsoft", {{"transB", Attribute::of_int(1)}},
+                      {{"a", randn({2, 3, 8})}, {"b", randn({10, 8})}}, {"y"}});
+  expect_matches_ort({"FusedMatMul",
+                      "com.microsoft",
+                      {{"transBatchA", Attribute::of_int(1)}},
+                      {{"a", randn({4, 3, 5})}, {"b", randn({3, 5, 6})}},
+                      {"y"}});
+  expect_matches_ort({"FusedMatMul",
+                      "com.microsoft",
+                      {{"transBatchB", Attribute::of_int(1)}, {"transB", Attribute::of_int(1)}},
+                      {{"a", randn({2, 3, 4, 5})}, {"b", randn({6, 2, 3, 5})}},
+                      {"y"}});
+}
+
+// A transformer MLP block as ONNX Runtime's optimizer leaves it: FusedMatMul with constant
+// weights, FastGelu with its bias, SkipLayerNormalization over the residual. Quantized W8A8 for
+// ONNX Runtime: both weights export through DequantizeLinear, and ONNX Runtime runs the export
+// to our simulation within a few output steps.
+TEST_F(ContribOps, OptimizedTransformerBlockQuantizesAndRunsInOnnxRuntime) {
+  testing::TempDir dir;
+  Graph g;
+  g.opset_imports[""] = 17;
+  g.opset_imports["com.microsoft"] = 1;
+  ValueInfo x = float_value("x");
+  x.has_shape = true;
+  x.shape = {Dim{-1, "batch"}, Dim{6, ""}, Dim{32, ""}};
+  g.inputs.push_back(x);
+  ValueInfo y = float_value("y");
+  y.has_shape = true;
+  y.shape = x.shape;
+  g.outputs.push_back(y);
+  g.initializers["w1"] = randn({32, 64}, 0.2);
+  g.initializers["b1"] = randn({64}, 0.1);
+  g.initializers["w2"] = randn({64, 32}, 0.15);
+  g.initializers["gamma"] = at::rand({32}) + 0.5;
+  g.initializers["beta"] = randn({32}, 0.1);
+  g.append(testing::make_node("up", "FusedMatMul", {"x", "w1"}, {"h"}));
+  g.append(testing::make_node("act", "FastGelu", {"h", "b1"}, {"a"}));
+  g.append(testing::make_node("down", "FusedMatMul", {"a", "w2"}, {"d"}, {{"alpha", Attribute::of_float(0.5)}}));
+  g.append(testing::make_node("norm", "SkipLayerNormalization", {"d", "x", "gamma", "beta"}, {"y"},
+                              {{"epsilon", Attribute::of_float(1e-5)}}));
+  for (Node* n : g.nodes()) n->domain = "com.microsoft";
+  const at::Tensor calib = randn({64, 6, 32}), test = randn({16, 6, 32});
+  write_npy(calib, dir / "calib.npy");
+  Config c = Config::from_file(testing::source_path("configs/w8a8_onnxruntime.toml"));
+  QuantModel qm(Model{std::move(g), ModelMeta{}}, c, testing::shipped_registry());
+  auto data = open_dataset(dir / "calib.npy", qm.graph().inputs);
+  qm.calibrate(*data);
+  qm.set_quant(true, true);
+  const at::Tensor simulated = qm.forward({test})[0].detach();
+  const std::string path = dir / "block_qdq.onnx";
+  qm.export_onnx(path);
+  const Model exported = load_onnx(path);
+  int dequantized_weights = 0;
+  for (const Node* n : exported.graph.nodes())
+    if (n->op_type == "FusedMatMul")
+      for (const Node* p : exported.graph.nodes())
+        if (p->op_type == "DequantizeLinear" && p->outputs[0] == n->inputs[1]) ++dequantized_weights;
+  EXPECT_EQ(dequantized_weights, 2);
+  write_npy(test, dir / "test.npy");
+  const auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + path +
+                                      " --optimization disabled --in x=" + (dir / "test.npy") + " --out y=" +
+                                      (dir / "ort.npy"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const at::Tensor ort = read_npy(dir / "ort.npy");
+  const double step = 2 * simulated.abs().max().item<double>() / 255;
+  EXPECT_LE((ort - simulated).abs().max().item<double>(), 4 * step);
+  // And the quantized block stays close to float.
+  qm.set_quant(false, false);
+  const at::Tensor fp = qm.forward({test})[0].detach();
+  const double cosine = at::cosine_similarity(fp.reshape({-1}), simulated.reshape({-1}), 0).item<double>();
+  EXPECT_GT(cosine, 0.99);
+}
+
+}  // namespace
+}  // namespace sparsebit
