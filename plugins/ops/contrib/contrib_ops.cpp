@@ -143,7 +143,9 @@ class QFusedConv final : public NodeQModule {
     if (std::find(known.begin(), known.end(), activation_) == known.end())
       throw Error(describe() + ": activation '" + activation_ +
                   "' is not one of Relu, Tanh, Sigmoid, LeakyRelu, Clip, HardSigmoid");
-    const std::size_t need = activation_ == "LeakyRelu" ? 1 : (activation_ == "Clip" || activation_ == "HardSigmoid") ? 2 : 0;
+    const std::size_t need = activation_ == "LeakyRelu"                                ? 1
+                             : (activation_ == "Clip" || activation_ == "HardSigmoid") ? 2
+                                                                                       : 0;
     if (params_.size() < need)
       throw Error(describe() + ": activation " + activation_ + " needs " + std::to_string(need) +
                   " activation_params, the node has " + std::to_string(params_.size()));

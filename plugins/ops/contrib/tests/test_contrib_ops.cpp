@@ -73,7 +73,8 @@ void expect_matches_ort(const Case& c, double atol = 2e-5, double rtol = 1e-4) {
     got = ours.run(feeds);
   }
   ASSERT_EQ(got.size(), c.outputs.size());
-  for (std::size_t i = 0; i < got.size(); ++i) g.outputs[i] = float_value(c.outputs[i], &got[i]);  // the checker wants shapes
+  for (std::size_t i = 0; i < got.size(); ++i)
+    g.outputs[i] = float_value(c.outputs[i], &got[i]);  // the checker wants shapes
   const std::string model = dir / "model.onnx";
   save_onnx(g, ModelMeta{}, model);
   for (const auto& o : c.outputs) args += " --out " + o + "=" + (dir / (o + ".npy"));
@@ -120,15 +121,15 @@ TEST(ContribOpsByDefinition, BiasAddIsTheSumOfItsInputs) {
 }
 
 TEST_F(ContribOps, Normalizations) {
-  const at::Tensor x = randn({2, 7, 32}, 2) + 0.5, skip = randn({2, 7, 32}), gamma = randn({32}),
-                   beta = randn({32}), bias = randn({32});
+  const at::Tensor x = randn({2, 7, 32}, 2) + 0.5, skip = randn({2, 7, 32}), gamma = randn({32}), beta = randn({32}),
+                   bias = randn({32});
   expect_matches_ort({"SkipLayerNormalization",
                       "com.microsoft",
                       {{"epsilon", Attribute::of_float(1e-5)}},
                       {{"x", x}, {"skip", skip}, {"gamma", gamma}, {"beta", beta}, {"bias", bias}},
                       {"y", "mean", "inv_std", "sum"}});
-  expect_matches_ort({"SkipLayerNormalization", "com.microsoft", {}, {{"x", x}, {"skip", skip}, {"gamma", gamma}},
-                      {"y"}});
+  expect_matches_ort(
+      {"SkipLayerNormalization", "com.microsoft", {}, {{"x", x}, {"skip", skip}, {"gamma", gamma}}, {"y"}});
   expect_matches_ort({"SkipSimplifiedLayerNormalization",
                       "com.microsoft",
                       {{"epsilon", Attribute::of_float(1e-6)}},
@@ -144,9 +145,13 @@ TEST_F(ContribOps, Normalizations) {
 TEST_F(ContribOps, FusedConvWithEachActivation) {
   const at::Tensor x = randn({2, 4, 9, 9}), w = randn({6, 4, 3, 3}, 0.3), b = randn({6}), z = randn({2, 6, 9, 9});
   const std::map<std::string, Attribute> pad{{"pads", Attribute::of_ints({1, 1, 1, 1})}};
-  for (const auto& [act, params] : std::vector<std::pair<std::string, std::vector<double>>>{
-           {"Relu", {}}, {"Tanh", {}}, {"Sigmoid", {}}, {"LeakyRelu", {0.1}}, {"Clip", {-0.5, 0.7}},
-           {"HardSigmoid", {0.3, 0.4}}}) {
+  for (const auto& [act, params] :
+       std::vector<std::pair<std::string, std::vector<double>>>{{"Relu", {}},
+                                                                {"Tanh", {}},
+                                                                {"Sigmoid", {}},
+                                                                {"LeakyRelu", {0.1}},
+                                                                {"Clip", {-0.5, 0.7}},
+                                                                {"HardSigmoid", {0.3, 0.4}}}) {
     auto attrs = pad;
     attrs["activation"] = Attribute::of_string(act);
     if (!params.empty()) attrs["activation_params"] = Attribute::of_floats(params);
@@ -159,15 +164,18 @@ TEST_F(ContribOps, FusedConvWithEachActivation) {
 
 TEST_F(ContribOps, FusedMatMulTransposes) {
   const at::Tensor a = randn({3, 4, 5}), b = randn({3, 5, 6});
-  expect_matches_ort({"FusedMatMul", "com.microsoft", {{"alpha", Attribute::of_float(0.125)}}, {{"a", a}, {"b", b}},
-                      {"y"}});
+  expect_matches_ort(
+      {"FusedMatMul", "com.microsoft", {{"alpha", Attribute::of_float(0.125)}}, {{"a", a}, {"b", b}}, {"y"}});
   expect_matches_ort({"FusedMatMul",
                       "com.microsoft",
                       {{"transA", Attribute::of_int(1)}, {"transB", Attribute::of_int(1)}},
                       {{"a", randn({3, 5, 4})}, {"b", randn({3, 6, 5})}},
                       {"y"}});
-  expect_matches_ort({"FusedMatMul", "com.microsoft", {{"transB", Attribute::of_int(1)}},
-                      {{"a", randn({2, 3, 8})}, {"b", randn({10, 8})}}, {"y"}});
+  expect_matches_ort({"FusedMatMul",
+                      "com.microsoft",
+                      {{"transB", Attribute::of_int(1)}},
+                      {{"a", randn({2, 3, 8})}, {"b", randn({10, 8})}},
+                      {"y"}});
   expect_matches_ort({"FusedMatMul",
                       "com.microsoft",
                       {{"transBatchA", Attribute::of_int(1)}},
@@ -226,9 +234,9 @@ TEST_F(ContribOps, OptimizedTransformerBlockQuantizesAndRunsInOnnxRuntime) {
         if (p->op_type == "DequantizeLinear" && p->outputs[0] == n->inputs[1]) ++dequantized_weights;
   EXPECT_EQ(dequantized_weights, 2);
   write_npy(test, dir / "test.npy");
-  const auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + path +
-                                      " --optimization disabled --in x=" + (dir / "test.npy") + " --out y=" +
-                                      (dir / "ort.npy"));
+  const auto r =
+      testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + path +
+                           " --optimization disabled --in x=" + (dir / "test.npy") + " --out y=" + (dir / "ort.npy"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const at::Tensor ort = read_npy(dir / "ort.npy");
   const double step = 2 * simulated.abs().max().item<double>() / 255;
