@@ -28,7 +28,7 @@ struct Case {
 ValueInfo float_value(const std::string& name, const at::Tensor* t = nullptr) {
   ValueInfo v;
   v.name = name;
-  v.elem_type = 1;
+  v.elem_type = !t || t->is_floating_point() ? 1 : t->scalar_type() == at::kInt ? 6 : 7;
   if (t) {
     v.has_shape = true;
     for (auto d : t->sizes()) v.shape.push_back(Dim{d, ""});
@@ -85,6 +85,7 @@ void expect_matches_ort(const Case& c, double atol = 2e-5, double rtol = 1e-4) {
     const at::Tensor want = read_npy(dir / (c.outputs[i] + ".npy"));
     ASSERT_EQ(got[i].numel(), want.numel()) << c.op << " output " << c.outputs[i];
     const at::Tensor g32 = got[i].reshape(want.sizes()).to(at::kFloat);
+    ASSERT_EQ(got[i].sizes(), want.sizes()) << c.op << " output " << c.outputs[i];
     const double worst = ((g32 - want).abs() - rtol * want.abs()).max().item<double>();
     EXPECT_LE(worst, atol) << c.op << " output " << c.outputs[i];
   }
@@ -108,6 +109,91 @@ TEST_F(ContribOps, GeluFamily) {
   expect_matches_ort({"BiasGelu", "com.microsoft", {}, {{"x", x}, {"b", b}}, {"y"}});
   expect_matches_ort({"QuickGelu", "com.microsoft", {}, {{"x", x}}, {"y"}});
   expect_matches_ort({"QuickGelu", "com.microsoft", {{"alpha", Attribute::of_float(1.3)}}, {{"x", x}}, {"y"}});
+}
+
+TEST_F(ContribOps, AttentionWithMasksPastAndCausality) {
+  const at::Tensor x = randn({2, 5, 16}), w = randn({16, 48}, 0.3), b = randn({48}, 0.1);
+  const auto heads = Attribute::of_int(4);
+  const at::Tensor mask2d = at::tensor({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, at::kInt).reshape({2, 5});
+  const at::Tensor ends = at::tensor({5, 3}, at::kInt);
+  expect_matches_ort({"Attention", "com.microsoft", {{"num_heads", heads}}, {{"x", x}, {"w", w}, {"b", b}}, {"y"}});
+  expect_matches_ort(
+      {"Attention", "com.microsoft", {{"num_heads", heads}}, {{"x", x}, {"w", w}, {"b", b}, {"mask", mask2d}}, {"y"}});
+  expect_matches_ort(
+      {"Attention", "com.microsoft", {{"num_heads", heads}}, {{"x", x}, {"w", w}, {"b", b}, {"mask", ends}}, {"y"}});
+  expect_matches_ort({"Attention",
+                      "com.microsoft",
+                      {{"num_heads", heads}, {"unidirectional", Attribute::of_int(1)}},
+                      {{"x", x}, {"w", w}, {"b", b}},
+                      {"y"}});
+  expect_matches_ort({"Attention",
+                      "com.microsoft",
+                      {{"num_heads", heads},
+                       {"qkv_hidden_sizes", Attribute::of_ints({16, 16, 8})},
+                       {"scale", Attribute::of_float(0.3)}},
+                      {{"x", x}, {"w", randn({16, 40}, 0.3)}, {"b", randn({40}, 0.1)}},
+                      {"y"}});
+  expect_matches_ort({"Attention",
+                      "com.microsoft",
+                      {{"num_heads", heads}, {"unidirectional", Attribute::of_int(1)}},
+                      {{"x", x}, {"w", w}, {"b", b}, {"", {}}, {"past", randn({2, 2, 4, 3, 4})}},
+                      {"y", "present"}});
+}
+
+TEST_F(ContribOps, MultiHeadAttentionWithPaddingAndPast) {
+  const at::Tensor q = randn({2, 5, 16}), k = randn({2, 7, 16}), v = randn({2, 7, 16}), b = randn({48}, 0.1);
+  const auto heads = Attribute::of_int(4);
+  const at::Tensor padding = at::tensor({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0}, at::kInt).reshape({2, 7});
+  expect_matches_ort(
+      {"MultiHeadAttention", "com.microsoft", {{"num_heads", heads}}, {{"q", q}, {"k", k}, {"v", v}}, {"y"}});
+  expect_matches_ort({"MultiHeadAttention",
+                      "com.microsoft",
+                      {{"num_heads", heads}},
+                      {{"q", q}, {"k", k}, {"v", v}, {"b", b}, {"mask", padding}},
+                      {"y"}});
+  expect_matches_ort({"MultiHeadAttention",
+                      "com.microsoft",
+                      {{"num_heads", heads}, {"scale", Attribute::of_float(0.2)}},
+                      {{"q", q}, {"k", k}, {"v", v}, {"", {}}, {"", {}}, {"attn_bias", randn({1, 4, 5, 7})}},
+                      {"y"}});
+  expect_matches_ort({"MultiHeadAttention",
+                      "com.microsoft",
+                      {{"num_heads", heads}},
+                      {{"q", q},
+                       {"k", randn({2, 5, 16})},
+                       {"v", randn({2, 5, 16})},
+                       {"", {}},
+                       {"", {}},
+                       {"", {}},
+                       {"past_k", randn({2, 4, 3, 4})},
+                       {"past_v", randn({2, 4, 3, 4})}},
+                      {"y", "present_k", "present_v"}});
+}
+
+TEST_F(ContribOps, RotaryEmbeddingHalvesPairsAndPartialDims) {
+  const at::Tensor cos_cache = at::cos(randn({16, 4})), sin_cache = at::sin(randn({16, 4}));
+  const at::Tensor positions = at::randint(0, 16, {2, 5}, at::kLong);
+  for (int interleaved : {0, 1}) {
+    SCOPED_TRACE("interleaved " + std::to_string(interleaved));
+    expect_matches_ort({"RotaryEmbedding",
+                        "com.microsoft",
+                        {{"interleaved", Attribute::of_int(interleaved)}, {"num_heads", Attribute::of_int(2)}},
+                        {{"x", randn({2, 5, 16})}, {"pos", positions}, {"cos", cos_cache}, {"sin", sin_cache}},
+                        {"y"}});
+    expect_matches_ort({"RotaryEmbedding",
+                        "com.microsoft",
+                        {{"interleaved", Attribute::of_int(interleaved)}},
+                        {{"x", randn({2, 2, 5, 8})}, {"pos", positions}, {"cos", cos_cache}, {"sin", sin_cache}},
+                        {"y"}});
+  }
+  expect_matches_ort({"RotaryEmbedding",
+                      "com.microsoft",
+                      {{"num_heads", Attribute::of_int(2)}, {"rotary_embedding_dim", Attribute::of_int(4)}},
+                      {{"x", randn({2, 5, 16})},
+                       {"pos", positions},
+                       {"cos", cos_cache.narrow(1, 0, 2).contiguous()},
+                       {"sin", sin_cache.narrow(1, 0, 2).contiguous()}},
+                      {"y"}});
 }
 
 // ONNX Runtime runs BiasAdd on GPUs only: checked against its definition, X + bias + skip.
