@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -445,6 +446,96 @@ class QRotaryEmbedding final : public NodeQModule {
   double scale_;
 };
 
+/// x [B, N, S, H] turned at positions [B, S] by caches [P, H / 2] (RotaryEmbedding's rule over the
+/// whole head).
+at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_cache,
+                        const at::Tensor& sin_cache, bool interleaved) {
+  const std::int64_t batch = x.size(0), s = x.size(2), half = x.size(3) / 2;
+  auto angles = [&](const at::Tensor& cache) {
+    return cache.narrow(1, 0, half)
+        .index_select(0, positions.reshape({-1}).to(cache.device()))
+        .reshape({batch, 1, s, half})
+        .to(x.scalar_type());
+  };
+  const at::Tensor cos = angles(cos_cache), sin = angles(sin_cache);
+  at::Tensor a, b;
+  if (interleaved) {
+    const at::Tensor pairs = x.reshape({batch, x.size(1), s, half, 2});
+    a = pairs.select(4, 0);
+    b = pairs.select(4, 1);
+  } else {
+    a = x.narrow(3, 0, half);
+    b = x.narrow(3, half, half);
+  }
+  const at::Tensor ra = a * cos - b * sin, rb = a * sin + b * cos;
+  return interleaved ? at::stack({ra, rb}, 4).reshape(x.sizes()) : at::cat({ra, rb}, 3);
+}
+
+/// GroupQueryAttention: causal attention whose kv_num_heads key/value heads each serve
+/// num_heads / kv_num_heads query heads; query [B, S, N * H], key and value [B, S, Nk * H],
+/// past_key / past_value [B, Nk, P, H] (separate from the present), seqlens_k [B] (each
+/// sequence's last valid key), total_sequence_length; optional rotary embedding of query and key
+/// (do_rotary with cos_cache / sin_cache), a sliding window (local_window_size) and a soft cap.
+class QGroupQueryAttention final : public NodeQModule {
+ public:
+  explicit QGroupQueryAttention(const OpContext& c)
+      : NodeQModule(c),
+        heads_(c.node.attr_int("num_heads", 0)),
+        kv_heads_(c.node.attr_int("kv_num_heads", 0)),
+        scale_(c.node.attr_float("scale", 0.0)),
+        softcap_(c.node.attr_float("softcap", 0.0)),
+        window_(c.node.attr_int("local_window_size", -1)),
+        rotary_(c.node.attr_int("do_rotary", 0) != 0),
+        interleaved_(c.node.attr_int("rotary_interleaved", 0) != 0) {
+    if (heads_ < 1 || kv_heads_ < 1 || heads_ % kv_heads_)
+      throw Error(describe() + ": num_heads must be a positive multiple of kv_num_heads");
+    if (c.node.attr_int("smooth_softmax", 0) != 0) throw Error(describe() + ": smooth_softmax is not supported");
+  }
+  std::vector<InputSpec> input_specs() const override {
+    return {{InputRole::kActivation, 0}, {InputRole::kActivation, 0}, {InputRole::kActivation, 0}};
+  }
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    const at::Tensor& query = in.at(0);
+    const at::Tensor& key = optional_input(in, 1);
+    const at::Tensor& value = optional_input(in, 2);
+    if (query.dim() != 3 || !key.defined() || !value.defined())
+      throw Error(describe() +
+                  ": query, key and value must be [batch, sequence, hidden] (packed QKV is not supported)");
+    at::Tensor q = split_heads(query, heads_), k = split_heads(key, kv_heads_), v = split_heads(value, kv_heads_);
+    const std::int64_t batch = q.size(0), s = q.size(2);
+    const at::Tensor& past_k = optional_input(in, 3);
+    const at::Tensor& past_v = optional_input(in, 4);
+    const std::int64_t past = past_k.defined() ? past_k.size(2) : 0;
+    const at::Tensor valid = in.at(5).to(at::kLong).reshape({batch, 1});  // last valid key per sequence
+    if (rotary_) {
+      const at::Tensor positions = (at::arange(s, valid.options()) + past).expand({batch, s});
+      q = rotate_heads(q, positions, in.at(7), in.at(8), interleaved_);
+      k = rotate_heads(k, positions, in.at(7), in.at(8), interleaved_);
+    }
+    if (past > 0) {
+      k = at::cat({past_k, k}, 2);
+      v = at::cat({past_v, v}, 2);
+    }
+    const std::int64_t t = k.size(2), group = heads_ / kv_heads_;
+    const at::Tensor keys = at::arange(t, valid.options()).reshape({1, 1, t});
+    const at::Tensor at_query = (at::arange(s, valid.options()) + past).reshape({1, s, 1});
+    at::Tensor hidden = (keys > at_query) | (keys > valid.reshape({batch, 1, 1}));
+    if (window_ > 0) hidden = hidden | (keys <= at_query - window_);
+    at::Tensor scores = at::matmul(q, k.repeat_interleave(group, 1).transpose(-1, -2)) *
+                        (scale_ != 0 ? scale_ : 1.0 / std::sqrt(double(q.size(-1))));
+    if (softcap_ > 0) scores = at::tanh(scores / softcap_) * softcap_;
+    scores = scores.masked_fill(hidden.unsqueeze(1), -std::numeric_limits<float>::infinity());
+    const at::Tensor out = at::matmul(at::softmax(scores, -1), v.repeat_interleave(group, 1));
+    return {merge_heads(out), k, v};
+  }
+
+ private:
+  std::int64_t heads_, kv_heads_;
+  double scale_, softcap_;
+  std::int64_t window_;
+  bool rotary_, interleaved_;
+};
+
 void register_all(Registrar& r) {
   using Kind = QGeluFamily::Kind;
   r.add_op_factory("Gelu", kMs, [](const OpContext& c) { return std::make_unique<QGeluFamily>(c, Kind::kGelu); });
@@ -463,6 +554,7 @@ void register_all(Registrar& r) {
   r.add_op<QAttention>("Attention", kMs);
   r.add_op<QMultiHeadAttention>("MultiHeadAttention", kMs);
   r.add_op<QRotaryEmbedding>("RotaryEmbedding", kMs);
+  r.add_op<QGroupQueryAttention>("GroupQueryAttention", kMs);
 }
 
 }  // namespace

@@ -196,6 +196,58 @@ TEST_F(ContribOps, RotaryEmbeddingHalvesPairsAndPartialDims) {
                       {"y"}});
 }
 
+TEST_F(ContribOps, GroupQueryAttentionPromptDecodeRotaryWindowAndSoftcap) {
+  const auto heads = Attribute::of_int(4), kv_heads = Attribute::of_int(2);
+  const at::Tensor cos_cache = at::cos(randn({16, 8})), sin_cache = at::sin(randn({16, 8}));
+  auto lengths = [](std::vector<int> v) { return at::tensor(v, at::kInt); };
+  // Heads of 16 (ONNX Runtime's CPU kernel wants multiples of 16). Prompt: 5 tokens, both sequences full.
+  const at::Tensor q = randn({2, 5, 64}), k = randn({2, 5, 32}), v = randn({2, 5, 32});
+  const std::vector<std::pair<std::string, at::Tensor>> prompt{{"q", q},
+                                                               {"k", k},
+                                                               {"v", v},
+                                                               {"", {}},
+                                                               {"", {}},
+                                                               {"seqlens_k", lengths({4, 4})},
+                                                               {"total", at::scalar_tensor(5, at::kInt)}};
+  expect_matches_ort({"GroupQueryAttention",
+                      "com.microsoft",
+                      {{"num_heads", heads}, {"kv_num_heads", kv_heads}},
+                      prompt,
+                      {"y", "present_k", "present_v"}});
+  expect_matches_ort({"GroupQueryAttention",
+                      "com.microsoft",
+                      {{"num_heads", heads},
+                       {"kv_num_heads", kv_heads},
+                       {"local_window_size", Attribute::of_int(2)},
+                       {"softcap", Attribute::of_float(2.0)}},
+                      prompt,
+                      {"y"}});
+  auto rotary = prompt;
+  rotary.push_back({"cos", cos_cache});
+  rotary.push_back({"sin", sin_cache});
+  for (int interleaved : {0, 1})
+    expect_matches_ort({"GroupQueryAttention",
+                        "com.microsoft",
+                        {{"num_heads", heads},
+                         {"kv_num_heads", kv_heads},
+                         {"do_rotary", Attribute::of_int(1)},
+                         {"rotary_interleaved", Attribute::of_int(interleaved)}},
+                        rotary,
+                        {"y", "present_k", "present_v"}});
+  // Decode: one token after a past of 3.
+  expect_matches_ort({"GroupQueryAttention",
+                      "com.microsoft",
+                      {{"num_heads", heads}, {"kv_num_heads", kv_heads}},
+                      {{"q", randn({2, 1, 64})},
+                       {"k", randn({2, 1, 32})},
+                       {"v", randn({2, 1, 32})},
+                       {"past_k", randn({2, 2, 3, 16})},
+                       {"past_v", randn({2, 2, 3, 16})},
+                       {"seqlens_k", lengths({3, 3})},
+                       {"total", at::scalar_tensor(4, at::kInt)}},
+                      {"y", "present_k", "present_v"}});
+}
+
 // ONNX Runtime runs BiasAdd on GPUs only: checked against its definition, X + bias + skip.
 TEST(ContribOpsByDefinition, BiasAddIsTheSumOfItsInputs) {
   at::manual_seed(3);
