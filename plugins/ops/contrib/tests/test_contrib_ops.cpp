@@ -1,7 +1,6 @@
 // ONNX Runtime's fused operators against ONNX Runtime itself: each op alone in a model on random
-// inputs, every output compared; then a small transformer block in the form ONNX Runtime's
-// optimizer writes (FusedMatMul with a constant weight, SkipLayerNormalization, FastGelu)
-// quantized, exported and run in ONNX Runtime against our simulation.
+// inputs, every output compared; then a BERT layer and a decoder layer in the form ONNX Runtime's
+// optimizer writes them, quantized, exported and run in ONNX Runtime against our simulation.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -326,15 +325,13 @@ TEST_F(ContribOps, FusedMatMulTransposes) {
                       {"y"}});
 }
 
-// A transformer MLP block as ONNX Runtime's optimizer leaves it: FusedMatMul with constant
-// weights, FastGelu with its bias, SkipLayerNormalization over the residual. Quantized W8A8 for
-// ONNX Runtime: both weights export through DequantizeLinear, and ONNX Runtime runs the export
-// to our simulation within a few output steps.
-TEST_F(ContribOps, OptimizedTransformerBlockQuantizesAndRunsInOnnxRuntime) {
+// Quantizes `g` (input "x" [batch, 6, 32], output "y") W8A8 with the shipped ONNX Runtime config
+// on random data in batches of 8, exports it, and checks that `weights` constant weights export
+// through DequantizeLinear into the fused ops, that ONNX Runtime runs the export to our
+// simulation within one output step (its float kernels after DequantizeLinear), and that the
+// quantized model stays close to float.
+void expect_quantized_block_runs_in_ort(Graph g, int weights, const std::string& what) {
   testing::TempDir dir;
-  Graph g;
-  g.opset_imports[""] = 17;
-  g.opset_imports["com.microsoft"] = 1;
   ValueInfo x = float_value("x");
   x.has_shape = true;
   x.shape = {Dim{-1, "batch"}, Dim{6, ""}, Dim{32, ""}};
@@ -343,20 +340,12 @@ TEST_F(ContribOps, OptimizedTransformerBlockQuantizesAndRunsInOnnxRuntime) {
   y.has_shape = true;
   y.shape = x.shape;
   g.outputs.push_back(y);
-  g.initializers["w1"] = randn({32, 64}, 0.2);
-  g.initializers["b1"] = randn({64}, 0.1);
-  g.initializers["w2"] = randn({64, 32}, 0.15);
-  g.initializers["gamma"] = at::rand({32}) + 0.5;
-  g.initializers["beta"] = randn({32}, 0.1);
-  g.append(testing::make_node("up", "FusedMatMul", {"x", "w1"}, {"h"}));
-  g.append(testing::make_node("act", "FastGelu", {"h", "b1"}, {"a"}));
-  g.append(testing::make_node("down", "FusedMatMul", {"a", "w2"}, {"d"}, {{"alpha", Attribute::of_float(0.5)}}));
-  g.append(testing::make_node("norm", "SkipLayerNormalization", {"d", "x", "gamma", "beta"}, {"y"},
-                              {{"epsilon", Attribute::of_float(1e-5)}}));
-  for (Node* n : g.nodes()) n->domain = "com.microsoft";
-  const at::Tensor calib = randn({64, 6, 32}), test = randn({16, 6, 32});
+  g.opset_imports[""] = 17;
+  g.opset_imports["com.microsoft"] = 1;
+  const at::Tensor calib = randn({64, 6, 32}), test = randn({8, 6, 32});
   write_npy(calib, dir / "calib.npy");
   Config c = Config::from_file(testing::source_path("configs/w8a8_onnxruntime.toml"));
+  c.calibration.batch_size = 8;
   QuantModel qm(Model{std::move(g), ModelMeta{}}, c, testing::shipped_registry());
   auto data = open_dataset(dir / "calib.npy", qm.graph().inputs);
   qm.calibrate(*data);
@@ -367,23 +356,93 @@ TEST_F(ContribOps, OptimizedTransformerBlockQuantizesAndRunsInOnnxRuntime) {
   const Model exported = load_onnx(path);
   int dequantized_weights = 0;
   for (const Node* n : exported.graph.nodes())
-    if (n->op_type == "FusedMatMul")
+    if (n->domain == "com.microsoft" && n->inputs.size() > 1)
       for (const Node* p : exported.graph.nodes())
-        if (p->op_type == "DequantizeLinear" && p->outputs[0] == n->inputs[1]) ++dequantized_weights;
-  EXPECT_EQ(dequantized_weights, 2);
+        if (p->op_type == "DequantizeLinear" && p->outputs[0] == n->inputs[1] &&
+            exported.graph.initializers.count(p->inputs[0]))
+          ++dequantized_weights;
+  EXPECT_EQ(dequantized_weights, weights) << what;
   write_npy(test, dir / "test.npy");
   const auto r =
       testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + path +
                            " --optimization disabled --in x=" + (dir / "test.npy") + " --out y=" + (dir / "ort.npy"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
   const at::Tensor ort = read_npy(dir / "ort.npy");
   const double step = 2 * simulated.abs().max().item<double>() / 255;
-  EXPECT_LE((ort - simulated).abs().max().item<double>(), 4 * step);
-  // And the quantized block stays close to float.
+  EXPECT_LE((ort - simulated).abs().max().item<double>(), step) << what;
   qm.set_quant(false, false);
   const at::Tensor fp = qm.forward({test})[0].detach();
-  const double cosine = at::cosine_similarity(fp.reshape({-1}), simulated.reshape({-1}), 0).item<double>();
-  EXPECT_GT(cosine, 0.99);
+  EXPECT_GT(at::cosine_similarity(fp.reshape({-1}), simulated.reshape({-1}), 0).item<double>(), 0.99) << what;
+}
+
+Node ms_node(const std::string& name, const std::string& op, std::vector<std::string> in, std::vector<std::string> out,
+             std::map<std::string, Attribute> attributes = {}) {
+  Node n = testing::make_node(name, op, std::move(in), std::move(out), std::move(attributes));
+  n.domain = "com.microsoft";
+  return n;
+}
+
+// A BERT layer as ONNX Runtime's optimizer leaves it: Attention with its packed QKV weight, the
+// output projection, SkipLayerNormalization, an MLP of FusedMatMul and BiasGelu, and a second
+// SkipLayerNormalization.
+TEST_F(ContribOps, BertLayerInOptimizedFormQuantizesAndRunsInOnnxRuntime) {
+  Graph g;
+  g.initializers["w_qkv"] = randn({32, 96}, 0.2);
+  g.initializers["b_qkv"] = randn({96}, 0.05);
+  g.initializers["w_o"] = randn({32, 32}, 0.2);
+  g.initializers["w_up"] = randn({32, 64}, 0.2);
+  g.initializers["b_up"] = randn({64}, 0.05);
+  g.initializers["w_down"] = randn({64, 32}, 0.15);
+  for (const char* n : {"gamma1", "gamma2"}) g.initializers[n] = at::rand({32}) + 0.5;
+  for (const char* n : {"beta1", "beta2"}) g.initializers[n] = randn({32}, 0.1);
+  g.append(ms_node("attn", "Attention", {"x", "w_qkv", "b_qkv"}, {"ctx"}, {{"num_heads", Attribute::of_int(4)}}));
+  g.append(ms_node("proj", "FusedMatMul", {"ctx", "w_o"}, {"o"}));
+  g.append(ms_node("ln1", "SkipLayerNormalization", {"o", "x", "gamma1", "beta1"}, {"h"}));
+  g.append(ms_node("up", "FusedMatMul", {"h", "w_up"}, {"u"}));
+  g.append(ms_node("gelu", "BiasGelu", {"u", "b_up"}, {"a"}));
+  g.append(ms_node("down", "FusedMatMul", {"a", "w_down"}, {"d"}, {{"alpha", Attribute::of_float(0.5)}}));
+  g.append(ms_node("ln2", "SkipLayerNormalization", {"d", "h", "gamma2", "beta2"}, {"y"}));
+  expect_quantized_block_runs_in_ort(std::move(g), 4, "BERT layer");
+}
+
+// A decoder layer (Llama's shape) as ONNX Runtime's generative tooling writes it: RMS norms,
+// Q/K/V projections, RotaryEmbedding on queries and keys, GroupQueryAttention with two kv heads,
+// SkipSimplifiedLayerNormalization, and a QuickGelu MLP.
+TEST_F(ContribOps, DecoderLayerInOptimizedFormQuantizesAndRunsInOnnxRuntime) {
+  Graph g;
+  g.initializers["norm1"] = at::rand({32}) + 0.5;
+  g.initializers["norm2"] = at::rand({32}) + 0.5;
+  g.initializers["w_q"] = randn({32, 32}, 0.2);
+  g.initializers["w_k"] = randn({32, 32}, 0.2);
+  g.initializers["w_v"] = randn({32, 32}, 0.2);
+  g.initializers["w_o"] = randn({32, 32}, 0.2);
+  g.initializers["w_up"] = randn({32, 64}, 0.2);
+  g.initializers["w_down"] = randn({64, 32}, 0.15);
+  const at::Tensor angles = at::arange(16).to(at::kFloat).unsqueeze(1) * at::rand({1, 8});
+  g.initializers["cos"] = at::cos(angles);
+  g.initializers["sin"] = at::sin(angles);
+  g.initializers["positions"] = at::arange(6, at::kLong).unsqueeze(0).expand({8, 6}).contiguous();
+  g.initializers["seqlens_k"] = at::full({8}, 5, at::kInt);
+  g.initializers["total"] = at::scalar_tensor(6, at::kInt);
+  Node rms = testing::make_node("rms1", "SimplifiedLayerNormalization", {"x", "norm1"}, {"n"},
+                                {{"epsilon", Attribute::of_float(1e-6)}});
+  g.append(std::move(rms));
+  for (const char* p : {"q", "k", "v"})
+    g.append(ms_node(std::string("proj_") + p, "FusedMatMul", {"n", std::string("w_") + p}, {std::string(p) + "0"}));
+  g.append(ms_node("rot_q", "RotaryEmbedding", {"q0", "positions", "cos", "sin"}, {"q1"},
+                   {{"num_heads", Attribute::of_int(2)}}));
+  g.append(ms_node("rot_k", "RotaryEmbedding", {"k0", "positions", "cos", "sin"}, {"k1"},
+                   {{"num_heads", Attribute::of_int(2)}}));
+  g.append(ms_node("gqa", "GroupQueryAttention", {"q1", "k1", "v0", "", "", "seqlens_k", "total"}, {"ctx"},
+                   {{"num_heads", Attribute::of_int(2)}, {"kv_num_heads", Attribute::of_int(2)}}));
+  g.append(ms_node("proj_o", "FusedMatMul", {"ctx", "w_o"}, {"o"}));
+  g.append(ms_node("rms2", "SkipSimplifiedLayerNormalization", {"o", "x", "norm2"}, {"h", "", "", "res"},
+                   {{"epsilon", Attribute::of_float(1e-6)}}));
+  g.append(ms_node("up", "FusedMatMul", {"h", "w_up"}, {"u"}));
+  g.append(ms_node("act", "QuickGelu", {"u"}, {"a"}));
+  g.append(ms_node("down", "FusedMatMul", {"a", "w_down"}, {"d"}, {{"alpha", Attribute::of_float(0.5)}}));
+  g.append(testing::make_node("residual", "Add", {"d", "res"}, {"y"}));
+  expect_quantized_block_runs_in_ort(std::move(g), 6, "decoder layer");
 }
 
 }  // namespace
