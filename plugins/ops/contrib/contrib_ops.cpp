@@ -492,7 +492,8 @@ class QGroupQueryAttention final : public NodeQModule {
     if (c.node.attr_int("smooth_softmax", 0) != 0) throw Error(describe() + ": smooth_softmax is not supported");
   }
   std::vector<InputSpec> input_specs() const override {
-    return {{InputRole::kActivation, 0}, {InputRole::kActivation, 0}, {InputRole::kActivation, 0}};
+    return reading_on_host({{InputRole::kActivation, 0}, {InputRole::kActivation, 0}, {InputRole::kActivation, 0}},
+                           {6});
   }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& query = in.at(0);
@@ -506,6 +507,11 @@ class QGroupQueryAttention final : public NodeQModule {
     const at::Tensor& past_k = optional_input(in, 3);
     const at::Tensor& past_v = optional_input(in, 4);
     const std::int64_t past = past_k.defined() ? past_k.size(2) : 0;
+    const std::int64_t total = in.at(6).to(at::kCPU, at::kLong).reshape({-1})[0].item<std::int64_t>();
+    if (past + s != total)
+      throw Error(describe() + ": total_sequence_length " + std::to_string(total) + " is not the past's " +
+                  std::to_string(past) + " plus " + std::to_string(s) +
+                  " new tokens (a past buffer shared with the present is not supported)");
     const at::Tensor valid = in.at(5).to(at::kLong).reshape({batch, 1});  // last valid key per sequence
     if (rotary_) {
       const at::Tensor positions = (at::arange(s, valid.options()) + past).expand({batch, s});
