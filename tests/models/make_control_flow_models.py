@@ -21,6 +21,10 @@ the layout of make_models.py (NAME/model.onnx, NAME/calib, NAME/eval, NAME/input
   magnitude and the batch, as the published detector nests them around its LSTM), and the inputs
   and outputs of every body left untyped, as that detector's exporter leaves them (torch 1.13
   types them; they are cleared after export).
+- loop_nested: the same network four levels deep with Loops and Ifs alternating (a Loop over the
+  chunk's halves, an If on the rate, a Loop of two refinement steps carrying the LSTM states, an
+  If on the state's magnitude), body values typed as torch writes them (ONNX Runtime needs the
+  shapes of a Loop body's iteration number and condition).
 
 Calibration images are of three brightness levels and several sizes, so that both branches run
 (each is quantized inside its body) and the loop runs 2 to 4 times; the evaluation batch has a
@@ -166,6 +170,34 @@ class VadNested(nn.Module):
         return out, h2, c2
 
 
+class LoopNested(nn.Module):
+    """The network four control-flow levels deep, Loops and Ifs alternating: a Loop over the two
+    halves of the chunk, an If on the rate, a Loop of sr / 8000 refinement steps carrying the LSTM
+    states, an If on the state's magnitude; inside, the convolutional encoder and the LSTM."""
+
+    def __init__(self):
+        super().__init__()
+        self.at16k = RateBranch(64)
+        self.at8k = RateBranch(32)
+
+    def forward(self, x, sr, h, c):
+        half = x.size(1) // 2
+        total = torch.zeros(x.size(0), 1)
+        for i in range(x.size(1) // half):  # trip counts from the data: exported as Loops
+            part = x[:, i * half:(i + 1) * half]
+            if bool(sr == 16000):
+                out = torch.zeros(x.size(0), 1)
+                for _ in range(int(sr) // 8000):
+                    if bool(h.abs().sum() < 1e6):
+                        out, h, c = self.at16k(part, h, c)
+                    else:
+                        out, h, c = self.at16k(part, h * 0.5, c)
+            else:
+                out, h, c = self.at8k(part, h, c)
+            total = total + 0.5 * out
+        return total, h, c
+
+
 def untype_bodies(path):
     """Clears the types of every body input and output, as some exporters write them."""
     m = onnx.load(path)
@@ -202,7 +234,7 @@ def make_vad_like(out, name="vad_like", cls=VadLike):
     torch.onnx.export(torch.jit.script(model), (torch.rand(1, 512), torch.tensor(16000), zeros, zeros), path,
                       opset_version=16, input_names=["input", "sr", "h", "c"], output_names=["output", "hn", "cn"],
                       dynamic_axes={"input": {0: "batch", 1: "samples"}, "h": {1: "batch"}, "c": {1: "batch"}})
-    if name != "vad_like":
+    if name == "vad_nested":
         untype_bodies(path)
     # A synthetic recording: noise with voiced bursts (harmonics of a gliding pitch).
     rng = np.random.default_rng(4)
@@ -257,6 +289,7 @@ def main():
     make_strip_list_net(out)
     make_vad_like(out)
     make_vad_like(out, "vad_nested", VadNested)
+    make_vad_like(out, "loop_nested", LoopNested)
 
 
 if __name__ == "__main__":
