@@ -166,4 +166,26 @@ inline std::int64_t normalize_axis(std::int64_t axis, std::int64_t rank, const N
   return axis < 0 ? axis + rank : axis;
 }
 
+/// A normalization's result over `dims`: y = (x - mean) / sqrt(mean square + eps), with the
+/// biased variance every ONNX norm uses; `rms` (ONNX Runtime's simplified norms) skips the
+/// centring and leaves mean undefined.
+struct Normalized {
+  at::Tensor y, mean, inv_std;
+};
+inline Normalized normalize(const at::Tensor& x, const std::vector<std::int64_t>& dims, double eps, bool rms = false) {
+  Normalized r;
+  if (!rms) r.mean = x.mean(dims, /*keepdim=*/true);
+  const at::Tensor centered = rms ? x : x - r.mean;
+  r.inv_std = at::rsqrt((centered * centered).mean(dims, /*keepdim=*/true) + eps);
+  r.y = centered * r.inv_std;
+  return r;
+}
+
+/// The axes from `axis` to the last of a rank-`rank` tensor (what LayerNormalization normalizes).
+inline std::vector<std::int64_t> axes_from(std::int64_t axis, std::int64_t rank, const Node& n) {
+  std::vector<std::int64_t> dims;
+  for (std::int64_t d = normalize_axis(axis, rank, n); d < rank; ++d) dims.push_back(d);
+  return dims;
+}
+
 }  // namespace sparsebit::ops

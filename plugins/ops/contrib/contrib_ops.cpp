@@ -65,16 +65,6 @@ class QBiasAdd final : public NodeQModule {
   }
 };
 
-/// Layer normalization over the last axis (`simplified`: root mean square, no centring) in float32
-/// statistics: {y, mean, inv_std} with mean and inv_std keeping the axis as size 1.
-std::vector<at::Tensor> normalize_last(const at::Tensor& x, double eps, bool simplified) {
-  const at::Tensor xs = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-  at::Tensor mean = simplified ? at::zeros({1}, xs.options()) : xs.mean({-1}, true);
-  const at::Tensor centered = simplified ? xs : xs - mean;
-  const at::Tensor inv_std = at::rsqrt((centered * centered).mean({-1}, true) + eps);
-  return {(centered * inv_std).to(x.scalar_type()), mean, inv_std};
-}
-
 /// SkipLayerNormalization and SkipSimplifiedLayerNormalization: s = input + skip (+ bias),
 /// y = norm(s) * gamma (+ beta); outputs y, mean, inv_std_var, s. Inputs: input, skip, gamma,
 /// then beta and bias (Skip) or bias alone (SkipSimplified).
@@ -92,14 +82,15 @@ class QSkipNorm final : public NodeQModule {
     const at::Tensor& bias = optional_input(in, simplified_ ? 3 : 4);
     at::Tensor sum = x + in.at(1);
     if (bias.defined()) sum = sum + bias;
-    auto r = normalize_last(sum, eps_, simplified_);
-    at::Tensor y = r[0] * gamma;
+    const at::Tensor stats = sum.scalar_type() == at::kDouble ? sum : sum.to(at::kFloat);  // float32 statistics
+    const Normalized r = normalize(stats, {sum.dim() - 1}, eps_, simplified_);
+    at::Tensor y = r.y.to(sum.scalar_type()) * gamma;
     if (beta.defined()) y = y + beta;
     const std::int64_t keep = std::max<std::int64_t>(0, x.dim() - 1);
     std::vector<std::int64_t> stat_shape(x.sizes().begin(), x.sizes().begin() + keep);
     stat_shape.push_back(1);
-    at::Tensor mean = simplified_ ? at::zeros(stat_shape, r[2].options()) : r[1].reshape(stat_shape);
-    return {y, mean, r[2].reshape(stat_shape), sum};
+    at::Tensor mean = simplified_ ? at::zeros(stat_shape, r.inv_std.options()) : r.mean.reshape(stat_shape);
+    return {y, mean, r.inv_std.reshape(stat_shape), sum};
   }
 
  private:
@@ -116,12 +107,9 @@ class QSimplifiedLayerNorm final : public NodeQModule {
   std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
-    std::vector<std::int64_t> dims;
-    for (std::int64_t d = axis; d < x.dim(); ++d) dims.push_back(d);
-    const at::Tensor xs = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-    const at::Tensor inv_std = at::rsqrt((xs * xs).mean(dims, true) + eps_);
-    return {(xs * inv_std).to(x.scalar_type()) * in.at(1), inv_std};
+    const at::Tensor xs = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);  // float32 statistics
+    const Normalized r = normalize(xs, axes_from(axis_, x.dim(), node()), eps_, /*rms=*/true);
+    return {r.y.to(x.scalar_type()) * in.at(1), r.inv_std};
   }
 
  private:

@@ -361,14 +361,6 @@ class QGlobalMaxPool final : public QModule {
   }
 };
 
-/// (x - mean) / sqrt(var + eps) over `dims`, with the biased variance as every ONNX norm uses.
-std::pair<at::Tensor, at::Tensor> normalize(const at::Tensor& x, const std::vector<std::int64_t>& dims, double eps) {
-  at::Tensor mean = x.mean(dims, /*keepdim=*/true);
-  at::Tensor centered = x - mean;
-  at::Tensor inv_std = at::rsqrt((centered * centered).mean(dims, /*keepdim=*/true) + eps);
-  return {centered * inv_std, mean};
-}
-
 /// Reshapes a per-channel vector to broadcast against (N, C, spatial...).
 at::Tensor per_channel(const at::Tensor& v, std::int64_t rank) {
   std::vector<std::int64_t> shape(static_cast<std::size_t>(rank), 1);
@@ -387,7 +379,7 @@ class QInstanceNorm final : public NodeQModule {
       throw Error(describe() + ": scale and B must have one value per channel (" + std::to_string(x.size(1)) + ")");
     std::vector<std::int64_t> dims;
     for (std::int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
-    at::Tensor y = normalize(x, dims, eps_).first;
+    at::Tensor y = normalize(x, dims, eps_).y;
     return {y * per_channel(in[1], x.dim()) + per_channel(in[2], x.dim())};
   }
 
@@ -405,17 +397,12 @@ class QLayerNorm final : public NodeQModule {
   std::vector<InputSpec> input_specs() const override { return {{InputRole::kActivation, 0}}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
-    std::vector<std::int64_t> dims;
-    for (std::int64_t d = axis; d < x.dim(); ++d) dims.push_back(d);
     // stash_type 1: statistics in float32 even for half inputs.
     const at::Tensor xs = stash_float_ && x.scalar_type() != at::kDouble ? x.to(at::kFloat) : x;
-    at::Tensor mean = xs.mean(dims, true);
-    at::Tensor centered = xs - mean;
-    at::Tensor inv_std = at::rsqrt((centered * centered).mean(dims, true) + eps_);
-    at::Tensor y = (centered * inv_std).to(x.scalar_type()) * in.at(1);
+    const Normalized r = normalize(xs, axes_from(axis_, x.dim(), node()), eps_);
+    at::Tensor y = r.y.to(x.scalar_type()) * in.at(1);
     if (in.size() > 2 && in[2].defined()) y = y + in[2];
-    return {y, mean, inv_std};
+    return {y, r.mean, r.inv_std};
   }
 
  private:
@@ -438,7 +425,7 @@ class QGroupNorm final : public NodeQModule {
     if (c % groups_)
       throw Error(describe() + ": " + std::to_string(c) + " channels do not divide into " + std::to_string(groups_) +
                   " groups");
-    at::Tensor y = normalize(x.reshape({x.size(0), groups_, -1}), {2}, eps_).first.reshape(x.sizes());
+    at::Tensor y = normalize(x.reshape({x.size(0), groups_, -1}), {2}, eps_).y.reshape(x.sizes());
     // Opset 18 gives scale and bias per group, opset 21 per channel.
     auto expand = [&](const at::Tensor& v, const char* what) {
       if (v.numel() == c) return per_channel(v, x.dim());
