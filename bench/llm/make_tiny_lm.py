@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Trains a small byte-level decoder-only transformer on CPU and exports it to ONNX.
 
-    make_tiny_lm.py OUT_DIR [--steps N] [--small] [--shape D,LAYERS,HEADS,FF]
+    make_tiny_lm.py OUT_DIR [--steps N] [--small] [--shape D,LAYERS,HEADS,FF] [--arch gpt|llama]
+                    [--gpt2] [--ctx N] [--opset N] [--calib N]
+
+--gpt2 is nanoGPT's layout at a small size, as a user's torch 1.13 / opset 14 export gives it:
+d 128, 4 heads, 4 pre-LayerNorm blocks with a fused qkv Linear with bias and a GELU MLP of 4d,
+learned positions, an untied head, 64-byte windows, 64 calibration windows.
 
 The corpus is the licence texts every Debian system has (/usr/share/common-licenses, from
 base-files): the last tenth of each text is held out. Writes OUT_DIR/model.onnx (input "tokens"
-int64 [batch, 128], output "logits" [batch, 128, 256]), calib/ (32 training windows, one .npy
+int64 [batch, CTX], output "logits" [batch, CTX, 256]), calib/ (32 training windows, one .npy
 each), eval/ (every held-out window, one .npy each) and info.json (sizes, training loss, time).
 The attention is written out as MatMul / Softmax (no fused kernel) and every Linear of the
 blocks and the head is a MatMul on a constant weight, as larger exported decoders are.
@@ -111,6 +116,7 @@ def corpus():
 
 
 def main():
+    global CTX
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=600)
@@ -118,7 +124,18 @@ def main():
     ap.add_argument("--shape", help="d_model,layers,heads,ff of a larger model (timing runs)")
     ap.add_argument("--arch", choices=["gpt", "llama"], default="gpt",
                     help="gpt: LayerNorm, fused qkv, GELU MLP with biases; llama: RMSNorm, SwiGLU, no biases")
+    ap.add_argument("--gpt2", action="store_true",
+                    help="nanoGPT's shape: d 128, 4 layers, 4 heads, ff 512, ctx 64, opset 14, 64 calibration windows")
+    ap.add_argument("--ctx", type=int, help="window length in bytes (128; 64 with --gpt2)")
+    ap.add_argument("--opset", type=int, help="ONNX opset of the export (17; 14 with --gpt2)")
+    ap.add_argument("--calib", type=int, help="calibration windows (32; 64 with --gpt2)")
+    ap.add_argument("--device", default="cpu", help="where to train (cpu, cuda); the export is made on the CPU")
     a = ap.parse_args()
+    if a.gpt2:
+        a.shape = a.shape or "128,4,4,512"
+    CTX = a.ctx or (64 if a.gpt2 else 128)
+    opset = a.opset or (14 if a.gpt2 else 17)
+    calib = a.calib or (64 if a.gpt2 else 32)
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
     d, layers, heads, ff = (64, 2, 4, 256) if a.small else (192, 4, 6, 768)
@@ -126,7 +143,7 @@ def main():
         d, layers, heads, ff = map(int, a.shape.split(","))
     steps = min(a.steps, 150) if a.small else a.steps
     train, held = corpus()
-    model = TinyLM(d, layers, heads, ff, llama=a.arch == "llama")
+    model = TinyLM(d, layers, heads, ff, llama=a.arch == "llama").to(a.device)
     if steps > 0:  # --steps 0: the random initial weights (timing and memory runs)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
@@ -135,6 +152,7 @@ def main():
     for step in range(steps):
         at = torch.randint(0, len(train) - CTX - 1, (32,), generator=gen)
         x = torch.stack([torch.from_numpy(train[i:i + CTX + 1]) for i in at.tolist()])
+        x = x.to(a.device)
         logits = model(x[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, 256), x[:, 1:].reshape(-1))
         opt.zero_grad()
@@ -143,24 +161,24 @@ def main():
         sched.step()
         if step % 100 == 0:
             print(f"step {step}: loss {loss.item():.3f}", flush=True)
-    model.eval()
+    model = model.cpu().eval()
     os.makedirs(os.path.join(a.out, "calib"), exist_ok=True)
     os.makedirs(os.path.join(a.out, "eval"), exist_ok=True)
     with torch.no_grad():
         # PyTorch 2.x defaults to its dynamo exporter; the TorchScript one writes what 1.13 writes.
         legacy = {"dynamo": False} if int(torch.__version__.split(".")[0]) >= 2 else {}
         torch.onnx.export(model, torch.zeros(1, CTX, dtype=torch.int64), os.path.join(a.out, "model.onnx"),
-                          opset_version=17, input_names=["tokens"], output_names=["logits"],
+                          opset_version=opset, input_names=["tokens"], output_names=["logits"],
                           dynamic_axes={"tokens": {0: "batch"}, "logits": {0: "batch"}}, **legacy)
     rng = np.random.default_rng(2)
-    for i, s in enumerate(rng.integers(0, len(train) - CTX, 32)):
+    for i, s in enumerate(rng.integers(0, len(train) - CTX, calib)):
         np.save(os.path.join(a.out, "calib", f"{i:03d}.npy"), train[s:s + CTX])
     windows = len(held) // CTX
     for i in range(windows):
         np.save(os.path.join(a.out, "eval", f"{i:04d}.npy"), held[i * CTX:(i + 1) * CTX])
     info = {"d_model": d, "layers": layers, "heads": heads, "ff": ff,
             "parameters": sum(p.numel() for p in model.parameters()), "train_bytes": int(len(train)),
-            "eval_windows": windows, "steps": steps, "arch": a.arch,
+            "eval_windows": windows, "steps": steps, "arch": a.arch, "ctx": CTX, "opset": opset,
             "final_train_loss": None if loss is None else float(loss), "seconds": time.time() - start}
     json.dump(info, open(os.path.join(a.out, "info.json"), "w"), indent=1)
     print(json.dumps(info))

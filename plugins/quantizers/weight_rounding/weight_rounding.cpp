@@ -140,6 +140,53 @@ class WeightRounding : public Quantizer {
     return {p.scale.to(at::kFloat), p.zero_point.to(at::kFloat)};
   }
 
+  /// How far a clip search shrinks ranges: factors 1, 1 - 1/grid, ..., down to 1 - max_shrink.
+  struct ClipSearch {
+    std::int64_t grid = 20;
+    double max_shrink = 0.5;
+  };
+
+  static ClipSearch clip_search_options(const Options& o) {
+    ClipSearch c{o.get_int("grid", 20), o.get_double("max_shrink", 0.5)};
+    if (c.grid < 1) throw Error(o.where() + ": grid must be >= 1");
+    if (!(c.max_shrink >= 0 && c.max_shrink < 1)) throw Error(o.where() + ": max_shrink must be in [0, 1)");
+    return c;
+  }
+
+  /// Parameters of the columns `cols` [N, len], per row, among the observer's ranges shrunk by the
+  /// factors of `clip`, with the least rounding error weighed on the layer's output,
+  /// (w - q)^T H_gg (w - q) with `hg` the columns' block of H. With `whole` (per-tensor weights)
+  /// the range is the whole weight's and the errors of all rows add up.
+  std::pair<at::Tensor, at::Tensor> searched_params(const at::Tensor& cols, const at::Tensor& hg,
+                                                    const ClipSearch& clip, const at::Tensor* whole = nullptr) const {
+    const std::int64_t n = cols.size(0);
+    at::Tensor best_err, best_s, best_z;
+    for (std::int64_t step = 0; step <= clip.grid && double(step) / double(clip.grid) <= clip.max_shrink + 1e-12;
+         ++step) {
+      const double shrink = 1.0 - double(step) / double(clip.grid);
+      at::Tensor s, z;
+      if (whole) {
+        auto [lo, hi] = at::aminmax(*whole);
+        QParams p = qparams_from_range(lo * shrink, hi * shrink, spec_, where_);
+        s = p.scale.to(at::kFloat).expand({n}), z = p.zero_point.to(at::kFloat).expand({n});
+      } else {
+        std::tie(s, z) = group_params(cols, shrink);
+      }
+      const at::Tensor d = cols - (quantize(cols, s.unsqueeze(1), z.unsqueeze(1)) - z.unsqueeze(1)) * s.unsqueeze(1);
+      at::Tensor err = (d.mm(hg) * d).sum(1);  // per row: its share of the output error
+      if (whole) err = err.sum().expand({n});
+      if (!best_err.defined()) {
+        best_err = err, best_s = s, best_z = z;
+        continue;
+      }
+      const at::Tensor better = err < best_err;
+      best_err = at::where(better, err, best_err);
+      best_s = at::where(better, s, best_s);
+      best_z = at::where(better, z, best_z);
+    }
+    return {best_s, best_z};
+  }
+
   at::Tensor quantize(const at::Tensor& w, const at::Tensor& s, const at::Tensor& z) const {
     return at::clamp(at::round(w / s) + z, double(spec_.qmin()), double(spec_.qmax()));
   }
@@ -151,6 +198,10 @@ class WeightRounding : public Quantizer {
     if (spec_.group_size > 0) {
       params_.scale = (axis == 0 ? grid.scale.t() : grid.scale).contiguous();
       params_.zero_point = (axis == 0 ? grid.zero_point.t() : grid.zero_point).contiguous().to(at::kInt);
+    } else {  // one column: per channel, or the same value in every row (per tensor)
+      const at::Tensor s = grid.scale.select(1, 0), z = grid.zero_point.select(1, 0).to(at::kInt);
+      params_.scale = spec_.per_channel ? s.contiguous() : s[0].clone();
+      params_.zero_point = spec_.per_channel ? z.contiguous() : z[0].clone();
     }
     const bool fits_int8 = spec_.qmin() >= -128 && spec_.qmax() <= 127;
     codes_ = quantize_to_int((axis == 0 ? dequantized.t() : dequantized).contiguous(), params_, spec_)
@@ -185,6 +236,8 @@ class GptqQuantizer final : public WeightRounding {
     damp_ = c.options.get_double("damp", 0.01);
     block_ = c.options.get_int("block_size", 128);
     act_order_ = c.options.get_bool("act_order", false);
+    clip_search_ = c.options.get_bool("clip_search", true);
+    clip_ = clip_search_options(c.options);
     if (!(damp_ > 0)) throw Error(c.options.where() + ": damp must be > 0");
     if (block_ < 1) throw Error(c.options.where() + ": block_size must be >= 1");
   }
@@ -199,15 +252,32 @@ class GptqQuantizer final : public WeightRounding {
     Grid grid = observed_grid(w, axis, n, k);
     const bool groups = spec_.group_size > 0;
     const std::int64_t g = grid.group;
-    at::Tensor perm;
-    if (groups && act_order_) {
-      // Static groups: parameters from the original weight, before the order changes.
+    const bool dynamic_groups = groups && !act_order_;
+    if (!dynamic_groups) {
+      // Parameters fixed before any column moves: per channel, per tensor, or static groups
+      // (act_order: from the original weight, before the order changes).
       for (std::int64_t c = 0; c < k; c += g) {
-        auto [s, z] = group_params(w.narrow(1, c, std::min(g, k - c)));
+        const std::int64_t len = std::min(g, k - c);
+        const at::Tensor cols = w.narrow(1, c, len);
+        at::Tensor s, z;
+        if (clip_search_)
+          std::tie(s, z) = searched_params(cols, h.narrow(0, c, len).narrow(1, c, len), clip_,
+                                           spec_.per_channel || groups ? nullptr : &w);
+        else if (groups) std::tie(s, z) = group_params(cols);
+        else continue;  // the observer's parameters
         grid.scale.select(1, c / g).copy_(s);
         grid.zero_point.select(1, c / g).copy_(z);
       }
     }
+    // Dynamic groups search their range when the algorithm reaches them, on their updated
+    // columns, against their block of H (kept here: the factorization consumes H).
+    std::vector<at::Tensor> group_blocks;
+    if (dynamic_groups && clip_search_)
+      for (std::int64_t c = 0; c < k; c += g) {
+        const std::int64_t len = std::min(g, k - c);
+        group_blocks.push_back(h.narrow(0, c, len).narrow(1, c, len).clone());
+      }
+    at::Tensor perm;
     if (act_order_) {
       perm = std::get<1>(h.diagonal().sort(/*stable=*/true, 0, /*descending=*/true));
       w = w.index_select(1, perm);
@@ -230,12 +300,14 @@ class GptqQuantizer final : public WeightRounding {
       at::Tensor s, z;
       for (std::int64_t i = 0; i < len; ++i) {
         const std::int64_t col = b0 + i;
-        if (!groups || act_order_) {
+        if (!dynamic_groups) {
           const std::int64_t group = groups ? original[static_cast<std::size_t>(col)] / g : 0;
           s = grid.scale.select(1, group);
           z = grid.zero_point.select(1, group);
         } else if (col % g == 0) {
-          std::tie(s, z) = group_params(w1.narrow(1, i, std::min(g, len - i)));
+          const at::Tensor cols = w1.narrow(1, i, std::min(g, len - i));
+          std::tie(s, z) = clip_search_ ? searched_params(cols, group_blocks[static_cast<std::size_t>(col / g)], clip_)
+                                        : group_params(cols);
           grid.scale.select(1, col / g).copy_(s);
           grid.zero_point.select(1, col / g).copy_(z);
         }
@@ -282,16 +354,15 @@ class GptqQuantizer final : public WeightRounding {
   double damp_;
   std::int64_t block_;
   bool act_order_;
+  bool clip_search_;
+  ClipSearch clip_;
 };
 
 class RtnQuantizer final : public WeightRounding {
  public:
   explicit RtnQuantizer(const QuantizerContext& c) : WeightRounding(c, "rtn") {
     clip_search_ = c.options.get_bool("clip_search", false);
-    grid_ = c.options.get_int("grid", 20);
-    max_shrink_ = c.options.get_double("max_shrink", 0.5);
-    if (grid_ < 1) throw Error(c.options.where() + ": grid must be >= 1");
-    if (!(max_shrink_ >= 0 && max_shrink_ < 1)) throw Error(c.options.where() + ": max_shrink must be in [0, 1)");
+    clip_ = clip_search_options(c.options);
   }
 
   bool solves_from_inputs() const override { return clip_search_; }
@@ -309,47 +380,19 @@ class RtnQuantizer final : public WeightRounding {
     for (std::int64_t c = 0; c < k; c += g) {
       const std::int64_t len = std::min(g, k - c);
       const at::Tensor cols = w.narrow(1, c, len), hg = h.narrow(0, c, len).narrow(1, c, len);
-      at::Tensor best_err, best_s, best_z;
-      for (std::int64_t step = 0; step <= grid_ && double(step) / double(grid_) <= max_shrink_ + 1e-12; ++step) {
-        const double shrink = 1.0 - double(step) / double(grid_);
-        at::Tensor s, z;
-        if (per_tensor) {  // one range for the whole weight
-          auto [lo, hi] = at::aminmax(w);
-          QParams p = qparams_from_range(lo * shrink, hi * shrink, spec_, where_);
-          s = p.scale.to(at::kFloat).expand({n}), z = p.zero_point.to(at::kFloat).expand({n});
-        } else {
-          std::tie(s, z) = group_params(cols, shrink);
-        }
-        const at::Tensor d = cols - (quantize(cols, s.unsqueeze(1), z.unsqueeze(1)) - z.unsqueeze(1)) * s.unsqueeze(1);
-        at::Tensor err = (d.mm(hg) * d).sum(1);  // per row: its share of the output error
-        if (per_tensor) err = err.sum().expand({n});
-        if (!best_err.defined()) {
-          best_err = err, best_s = s, best_z = z;
-          continue;
-        }
-        const at::Tensor better = err < best_err;
-        best_err = at::where(better, err, best_err);
-        best_s = at::where(better, s, best_s);
-        best_z = at::where(better, z, best_z);
-      }
+      auto [best_s, best_z] = searched_params(cols, hg, clip_, per_tensor ? &w : nullptr);
       q.narrow(1, c, len).copy_((quantize(cols, best_s.unsqueeze(1), best_z.unsqueeze(1)) - best_z.unsqueeze(1)) *
                                 best_s.unsqueeze(1));
       grid.scale.select(1, c / g).copy_(best_s);
       grid.zero_point.select(1, c / g).copy_(best_z);
     }
     store(q, grid, axis);
-    if (spec_.group_size == 0) {
-      const at::Tensor s = grid.scale.select(1, 0), z = grid.zero_point.select(1, 0).to(at::kInt);
-      params_.scale = per_tensor ? s[0].clone() : s.contiguous();
-      params_.zero_point = per_tensor ? z[0].clone() : z.contiguous();
-    }
     hessian_ = at::Tensor();
   }
 
  private:
   bool clip_search_;
-  std::int64_t grid_;
-  double max_shrink_;
+  ClipSearch clip_;
 };
 
 void register_all(Registrar& r) {
