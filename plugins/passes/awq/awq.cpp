@@ -17,10 +17,10 @@
 // front of the readers.
 //
 // With `clip_search` (on by default, as in the paper) each weight group of each output channel is
-// then clipped to the fraction of its range, among 1, 1 - (1 - max_shrink)/clip_grid, ...,
+// clipped to the fraction of its range, among 1, 1 - (1 - max_shrink)/clip_grid, ...,
 // max_shrink, that gives the least output error of that group, (w - q)^T G_gg (w - q) with the
-// Gram block of the group's input channels. Clipping changes the float weights, so the float
-// function is kept only with clip_search = false.
+// Gram block of the group's input channels; each alpha is then judged by its clipped weights. Clipping changes the
+// float weights, so the float function is kept only with clip_search = false.
 //
 // The weights are then quantized by the [w] quantizer (rtn, gptq, ...) as without the pass.
 
@@ -113,16 +113,32 @@ at::Tensor clip_search(const Reader& r, const at::Tensor& w, const at::Tensor& g
   return at::cat(out, 0);
 }
 
-/// The s of the alpha with the least output error over the quantized readers (a 1-D double
-/// tensor), and whether it differs from 1.
-std::pair<at::Tensor, bool> search_scales(const Graph& g, const std::vector<Reader>& readers,
-                                          const PassContext::ChannelMoments& m, std::int64_t grid) {
+/// How each candidate's weights are clipped before their error counts (clip_search).
+struct ClipOptions {
+  bool on = true;
+  int steps = 20;
+  double max_shrink = 0.5;
+};
+
+/// The scales searched for one X: s (a 1-D double tensor), whether it differs from 1, and each
+/// quantized reader's weight [K, N] as it is to be stored (scaled, and clipped with clip_search;
+/// undefined for readers left float).
+struct Scaling {
+  at::Tensor s;
+  bool scaled = false;
+  std::vector<at::Tensor> weights;
+};
+
+/// The s of the alpha with the least output error over the quantized readers. With clip_search
+/// each candidate is judged after its own clipping: scaling first and clipping after can
+/// otherwise pick an s whose best clipping is worse than that of plain weights.
+Scaling search_scales(const Graph& g, const std::vector<Reader>& readers, const PassContext::ChannelMoments& m,
+                      std::int64_t grid, const ClipOptions& clip) {
   const at::Tensor mean = m.mean_abs.to(at::kDouble);
   std::vector<at::Tensor> weights;
   for (const auto& r : readers) weights.push_back(r.grid ? weight_kn(g, r.reader) : at::Tensor());
   double best = std::numeric_limits<double>::infinity();
-  std::int64_t best_i = 0;
-  at::Tensor best_s;
+  Scaling result;
   for (std::int64_t i = 0; i < grid; ++i) {
     const double alpha = static_cast<double>(i) / static_cast<double>(grid);
     // Channels never active keep s = 1: scaling them is free in float but would move their
@@ -130,15 +146,19 @@ std::pair<at::Tensor, bool> search_scales(const Graph& g, const std::vector<Read
     at::Tensor s = at::where(mean > 0, mean.pow(alpha), at::ones_like(mean)).clamp_min(1e-4);
     s = s / std::sqrt(s.max().item<double>() * s.min().item<double>());
     const at::Tensor sf = s.to(at::kFloat).unsqueeze(1);
+    const at::Tensor scaled_gram = clip.on ? m.gram / at::outer(s, s).to(at::kFloat) : at::Tensor();  // of X / s
     double err = 0;
+    std::vector<at::Tensor> stored(readers.size());
     for (std::size_t k = 0; k < readers.size(); ++k) {
       if (!weights[k].defined()) continue;
-      err += output_error(m.gram, round_kn(readers[k], weights[k] * sf) / sf - weights[k]);
+      stored[k] = weights[k] * sf;
+      if (clip.on) stored[k] = clip_search(readers[k], stored[k], scaled_gram, clip.steps, clip.max_shrink);
+      err += output_error(m.gram, round_kn(readers[k], stored[k]) / sf - weights[k]);
     }
     if (!std::isfinite(err)) throw Error("the output error is not finite (alpha " + std::to_string(alpha) + ")");
-    if (err < best) best = err, best_i = i, best_s = s;
+    if (err < best) best = err, result = {s, i != 0, std::move(stored)};
   }
-  return {best_s, best_i != 0};
+  return result;
 }
 
 /// Replaces constant input 1 of `n` with `value` given [K, N], laid out as the reader's weight,
@@ -210,24 +230,21 @@ class Awq final : public Pass {
       for (std::size_t i = first; i < last; ++i) {
         const PassContext::ChannelMoments m = std::move(moments.at(i - first));  // freed after its value
         if (!m.gram.defined() || m.rows == 0) continue;
-        const auto [s, did_scale] = search_scales(g, groups.at(values[i]), m, grid);
         auto& readers = groups.at(values[i]);
+        const Scaling best = search_scales(g, readers, m, grid, {clip, static_cast<int>(clip_grid), max_shrink});
         std::vector<ScaledReader> plain;
         for (const auto& r : readers) plain.push_back(r.reader);
-        if (did_scale) {
-          folded += scale_channels(g, values[i], -1, plain, s, "awq") ? 1 : 0;
+        if (best.scaled) {
+          folded += scale_channels(g, values[i], -1, plain, best.s, "awq") ? 1 : 0;
           ++scaled;
           changed = true;
         }
         if (!clip) continue;
-        // The Gram of X / s is G / (s s^T).
-        const at::Tensor gram = did_scale ? m.gram / at::outer(s, s).to(at::kFloat) : m.gram;
-        for (const auto& r : readers) {
-          if (!r.grid) continue;
-          const at::Tensor w = weight_kn(g, r.reader);
-          const at::Tensor c = clip_search(r, w, gram, static_cast<int>(clip_grid), max_shrink);
-          if (at::equal(c, w)) continue;
-          set_weight(g, r.reader, c);
+        for (std::size_t k = 0; k < readers.size(); ++k) {
+          if (!readers[k].grid) continue;
+          const at::Tensor w = weight_kn(g, readers[k].reader);  // as scale_channels left it
+          if (at::equal(best.weights[k], w)) continue;
+          set_weight(g, readers[k].reader, best.weights[k]);
           ++clipped;
           changed = true;
         }

@@ -63,10 +63,11 @@ struct Samples {
   }
 };
 
-Graph awq(const Graph& g, const Samples& s, bool clip) {
+Graph awq(const Graph& g, const Samples& s, bool clip, std::int64_t grid = 20) {
   Graph after = g.clone();
   ScheduleEntry e{"awq", true, Options("[passes.awq]")};
   e.options.set("clip_search", clip);
+  e.options.set("grid", grid);
   EXPECT_TRUE(run_passes({e}, Pass::Stage::kSimplify, after, shipped_registry(), nullptr, "test", s.data(g)));
   return after;
 }
@@ -201,6 +202,35 @@ TEST(Awq, ClipSearchLowersTheOutputErrorFurther) {
   const double e_clip = error_of(clipped);
   std::printf("output error: plain %.4g, clipped %.4g\n", e_plain, e_clip);
   EXPECT_LT(e_clip, 0.9 * e_plain);
+}
+
+// Scales judged after their own clipping: never worse than clipping the plain weights (grid = 1
+// tries alpha = 0 only), measured on the samples with the weights rounded as above.
+TEST(Awq, ScalesWithClippingAreNeverWorseThanClippingAlone) {
+  at::manual_seed(14);
+  Builder b({4, 32});
+  at::Tensor w = at::randn({32, 8});
+  w[4][1] = 9;
+  w[20][5] = -7;
+  b.constant("w", w);
+  b.add("fc", "MatMul", {"x", "w"}, {"y"});
+  at::Tensor gain = at::ones({32});
+  gain[3] = 30;
+  gain[20] = 8;
+  Samples s({32}, 4, gain, 16);
+  auto error_of = [&](const Graph& g) {
+    Graph q = g.clone();
+    std::string& name = q.find_node("fc")->inputs[1];
+    q.initializers[name] = rtn_kn(q.initializers.at(name), 16, 4);
+    double e = 0;
+    for (const auto& x : s.batches) e += (run(q, x) - run(b.g, x)).pow(2).sum().item<double>();
+    return e;
+  };
+  const double e_clip = error_of(awq(b.g, s, true, 1)), e_both = error_of(awq(b.g, s, true));
+  const double e_scale = error_of(awq(b.g, s, false));
+  std::printf("output error: clipped %.4g, scaled %.4g, scaled and clipped %.4g\n", e_clip, e_scale, e_both);
+  EXPECT_LE(e_both, e_clip * (1 + 1e-4));
+  EXPECT_LE(e_both, e_scale * (1 + 1e-4));
 }
 
 // Through the pipeline: weight-only uint4 with zero points per group of 8 (the scheme AWQ is made

@@ -150,8 +150,8 @@ TEST(Gptq, MatchesTheInverseHessianReferenceAndBeatsRoundToNearest) {
       EXPECT_LT(share_differing(ours) * 4, share_differing(rtn)) << "act_order " << act_order;
       const double e_ours = output_error(x, w, ours), e_ref = output_error(x, w, ref);
       // A clip search may pick another of two nearly equal shrink factors in float than in double,
-    // which moves that row's error by a few percent.
-    EXPECT_NEAR(e_ours, e_ref, (clip ? 0.04 : 0.01) * e_ref) << "act_order " << act_order;
+      // which moves that row's error by a few percent.
+      EXPECT_NEAR(e_ours, e_ref, (clip ? 0.04 : 0.01) * e_ref) << "act_order " << act_order;
       const double e_rtn = output_error(x, w, rtn);
       EXPECT_LT(e_ours, 0.8 * e_rtn) << "act_order " << act_order << ": gptq " << e_ours << ", rtn " << e_rtn;
 
