@@ -10,6 +10,11 @@
 //   fuse_gelu         0.5 * x * (1 + Erf(x / sqrt(2))) becomes Gelu (opset >= 20)
 //   fuse_layernorm    ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div (+ Mul, Add) becomes
 //                     LayerNormalization (opset >= 17)
+//   fuse_activations  activations written as arithmetic (TensorFlow exporters): Max(x, a * x)
+//                     with 0 <= a < 1 becomes LeakyRelu (Relu for a = 0), Max / Min with a scalar
+//                     constant becomes Relu or Clip, and a Relu or one-sided Clip followed by a
+//                     one-sided Clip becomes one Clip (ReLU6 as Relu -> Min 6). Backends fuse these
+//                     into the convolution before them only as activation ops.
 // Fusions into ops newer than the model's opset are skipped (with a debug message): the
 // exported model keeps the opset it came with.
 
@@ -17,6 +22,7 @@
 
 #include <cmath>
 #include <optional>
+#include <set>
 
 #include "sparsebit/sdk/batchnorm.h"
 #include "sparsebit/sdk/log.h"
@@ -384,6 +390,158 @@ class FuseLayerNorm final : public Pass {
   }
 };
 
+/// A scalar floating constant operand that broadcasts to nothing larger than x: rank 0, or
+/// rank 1 when x comes from an op whose output has rank >= 2.
+std::optional<double> activation_constant(const Graph& g, const std::string& name, const std::string& x) {
+  auto t = constant(g, name);
+  if (!t || t->numel() != 1 || !t->is_floating_point() || t->dim() > 1) return std::nullopt;
+  if (t->dim() == 1) {
+    static const std::set<std::string> ranked = {"Conv",    "ConvTranspose", "BatchNormalization",   "Gemm",
+                                                 "MaxPool", "AveragePool",   "InstanceNormalization"};
+    const Node* from = g.producer(x);
+    if (!from || !ranked.count(from->op_type)) return std::nullopt;
+  }
+  return t->reshape({}).item<double>();
+}
+
+class FuseActivations final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext&) override {
+    bool changed = fuse_leaky_relu(g);
+    changed = fuse_constant_bounds(g) || changed;
+    changed = merge_bounds(g) || changed;
+    return changed;
+  }
+
+ private:
+  // Max(x, Mul(x, a)) = x for x >= 0 and a * x below: LeakyRelu(alpha = a) for 0 <= a < 1.
+  static bool fuse_leaky_relu(Graph& g) {
+    Pattern p;
+    p.node("mul", {"Mul"});
+    p.node("max", {"Max"}, {"mul"}, Inputs::kAnyOrder,
+           [](const Node& n, const Graph&) { return n.inputs.size() == 2; });
+    p.joint([](const Match& m, const Graph& graph) {
+      const Node &mul = *m.at("mul"), &max = *m.at("max");
+      const std::string x = other_input(max, mul.outputs[0]);
+      if (x.empty() || mul.inputs.size() != 2) return false;
+      const std::string a = other_input(mul, x);
+      if (a.empty()) return false;
+      auto alpha = activation_constant(graph, a, x);
+      return alpha && *alpha >= 0 && *alpha < 1;
+    });
+    return rewrite(g, p, [](Graph& graph, const Match& m) {
+             Node& max = *m.at("max");
+             const Node& mul = *m.at("mul");
+             const std::string x = other_input(max, mul.outputs[0]);
+             const double alpha = *activation_constant(graph, other_input(mul, x), x);
+             max.op_type = alpha == 0 ? "Relu" : "LeakyRelu";
+             max.inputs = {x};
+             max.attributes.clear();
+             if (alpha != 0) max.attributes["alpha"] = Attribute::of_float(alpha);
+             graph.erase(&mul);
+             return true;
+           }) > 0;
+  }
+
+  // Max(x, 0) is Relu; Max(x, c) and Min(x, c) are Clip with one bound.
+  static bool fuse_constant_bounds(Graph& g) {
+    Pattern p;
+    p.node("op", {"Max", "Min"}, {}, Inputs::kOrdered, [](const Node& n, const Graph& graph) {
+      if (n.inputs.size() != 2) return false;
+      const bool c0 = bool(constant(graph, n.inputs[0])), c1 = bool(constant(graph, n.inputs[1]));
+      return c0 != c1 && activation_constant(graph, c0 ? n.inputs[0] : n.inputs[1], c0 ? n.inputs[1] : n.inputs[0]);
+    });
+    return rewrite(g, p, [](Graph& graph, const Match& m) {
+             Node& n = *m.at("op");
+             const bool first_constant = bool(constant(graph, n.inputs[0]));
+             const std::string x = n.inputs[first_constant ? 1 : 0], c = n.inputs[first_constant ? 0 : 1];
+             const double bound = *activation_constant(graph, c, x);
+             const bool lower = n.op_type == "Max";
+             if (lower && bound == 0) {
+               n.op_type = "Relu";
+               n.inputs = {x};
+               return true;
+             }
+             return clip_with_bounds(graph, n, x, lower ? std::optional<double>(bound) : std::nullopt,
+                                     lower ? std::nullopt : std::optional<double>(bound), c);
+           }) > 0;
+  }
+
+  // Relu or a Clip with only a lower bound, then a Clip with only an upper bound (or the other
+  // way round): one Clip.
+  static bool merge_bounds(Graph& g) {
+    Pattern p;
+    p.node("inner", {"Relu", "Clip"});
+    p.node("outer", {"Clip"}, {"inner"});
+    p.joint([](const Match& m, const Graph& graph) {
+      auto a = clip_bounds(graph, *m.at("inner")), b = clip_bounds(graph, *m.at("outer"));
+      if (!a || !b) return false;
+      const bool a_low = a->first && !a->second, a_high = !a->first && a->second;
+      const bool b_low = b->first && !b->second, b_high = !b->first && b->second;
+      return (a_low && b_high && *a->first <= *b->second) || (a_high && b_low && *b->first <= *a->second);
+    });
+    return rewrite(g, p, [](Graph& graph, const Match& m) {
+             Node& outer = *m.at("outer");
+             const Node& inner = *m.at("inner");
+             auto a = *clip_bounds(graph, inner), b = *clip_bounds(graph, outer);
+             const std::optional<double> lo = a.first ? a.first : b.first, hi = a.second ? a.second : b.second;
+             const std::string x = inner.inputs[0];
+             std::string like;  // a bound constant of the Clip (opset >= 11): the type of the new ones
+             for (std::size_t i = 1; i < outer.inputs.size() && like.empty(); ++i) like = outer.inputs[i];
+             if (!clip_with_bounds(graph, outer, x, lo, hi, like)) return false;
+             graph.erase(&inner);
+             return true;
+           }) > 0;
+  }
+
+  /// The (lower, upper) bounds of a Relu or of a Clip whose bounds are constant (unset: none).
+  static std::optional<std::pair<std::optional<double>, std::optional<double>>> clip_bounds(const Graph& g,
+                                                                                            const Node& n) {
+    if (n.op_type == "Relu") return std::make_pair(std::optional<double>(0.0), std::optional<double>());
+    std::pair<std::optional<double>, std::optional<double>> b;
+    if (g.default_opset() < 11) {
+      if (n.has_attr("min")) b.first = n.attr_float("min", 0);
+      if (n.has_attr("max")) b.second = n.attr_float("max", 0);
+      return b;
+    }
+    for (std::size_t i = 1; i < 3; ++i) {
+      if (!n.has_input(i)) continue;
+      auto t = constant(g, n.inputs[i]);
+      if (!t || t->numel() != 1) return std::nullopt;
+      (i == 1 ? b.first : b.second) = t->reshape({}).item<double>();
+    }
+    return b;
+  }
+
+  /// Turns `n` into Clip(x) with the given bounds: inputs at opset >= 11 (constants typed like
+  /// `like`, a constant of x's type), attributes before.
+  static bool clip_with_bounds(Graph& g, Node& n, const std::string& x, std::optional<double> lo,
+                               std::optional<double> hi, const std::string& like) {
+    const bool as_inputs = g.default_opset() >= 11;
+    auto type_of = constant(g, like);
+    if (as_inputs && !type_of) return false;
+    n.op_type = "Clip";
+    n.attributes.clear();
+    if (!as_inputs) {
+      n.inputs = {x};
+      if (lo) n.attributes["min"] = Attribute::of_float(*lo);
+      if (hi) n.attributes["max"] = Attribute::of_float(*hi);
+      return true;
+    }
+    n.inputs = {x, "", ""};
+    for (int i : {0, 1}) {
+      const std::optional<double>& v = i == 0 ? lo : hi;
+      if (!v) continue;
+      const std::string name = g.unique_name(n.name + (i == 0 ? "_min" : "_max"));
+      g.initializers[name] = at::full({}, *v, type_of->options());
+      n.inputs[static_cast<std::size_t>(i) + 1] = name;
+    }
+    while (n.inputs.size() > 1 && n.inputs.back().empty()) n.inputs.pop_back();
+    return true;
+  }
+};
+
 void register_all(Registrar& r) {
   r.add_pass<RemoveIdentity>("remove_identity");
   r.add_pass<FoldConstants>("fold_constants");
@@ -392,6 +550,7 @@ void register_all(Registrar& r) {
   r.add_pass<FuseHardSwish>("fuse_hardswish");
   r.add_pass<FuseGelu>("fuse_gelu");
   r.add_pass<FuseLayerNorm>("fuse_layernorm");
+  r.add_pass<FuseActivations>("fuse_activations");
 }
 
 }  // namespace

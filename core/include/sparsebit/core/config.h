@@ -231,6 +231,7 @@ struct SPARSEBIT_API Config {
                                       {"fuse_hardswish", true},
                                       {"fuse_gelu", true},
                                       {"fuse_layernorm", true},
+                                      {"fuse_activations", true},
                                       {"merge_transposes", true},
                                       {"cross_layer_equalization", false},
                                       {"smooth_quant", false},

@@ -125,6 +125,88 @@ TEST(Passes, FuseMatMulAddNeedsATwoDimensionalInput) {
   EXPECT_EQ(ops(c.g), (std::vector<std::string>{"MatMul", "Add"}));
 }
 
+// TensorFlow exporters write activations as arithmetic after the convolution: LeakyRelu as
+// Max(x, a * x), ReLU6 as Max(x, 0) -> Min(x, 6) or Relu -> Min.
+TEST(Passes, FuseActivationsTurnsTensorFlowArithmeticIntoActivationOps) {
+  auto conv_block = [](std::int64_t opset) {
+    Builder b({1, 3, 8, 8}, opset);
+    b.constant("w", at::randn({4, 3, 3, 3}));
+    b.add("conv", "Conv", {"x", "w"}, {"c"}, {{"pads", Attribute::of_ints({1, 1, 1, 1})}});
+    return b;
+  };
+  const at::Tensor x = at::randn({1, 3, 8, 8}) * 3;
+  {
+    Builder b = conv_block(13);
+    b.constant("alpha", at::full({}, 0.2, at::kFloat));
+    b.add("mul", "Mul", {"alpha", "c"}, {"m"});
+    b.add("max", "Max", {"m", "c"}, {"y"});
+    Graph g = apply_and_compare(b.g, "fuse_activations", x);
+    EXPECT_EQ(ops(g), (std::vector<std::string>{"Conv", "LeakyRelu"}));
+    EXPECT_NEAR(g.find_node("max")->attr_float("alpha", 0), 0.2, 1e-7);
+  }
+  for (std::int64_t opset : {9, 13}) {  // Clip's bounds are attributes before opset 11, inputs after
+    Builder b = conv_block(opset);
+    b.constant("zero", at::zeros({1}, at::kFloat));  // rank 1: broadcasts over the Conv's 4-D output
+    b.constant("six", at::full({}, 6.0, at::kFloat));
+    b.add("max", "Max", {"c", "zero"}, {"r"});
+    b.add("min", "Min", {"six", "r"}, {"y"});
+    Graph g = apply_and_compare(b.g, "fuse_activations", x);
+    ASSERT_EQ(ops(g), (std::vector<std::string>{"Conv", "Clip"})) << "opset " << opset;
+    const Node& clip = *g.find_node("min");
+    if (opset < 11) {
+      EXPECT_EQ(clip.attr_float("min", -1), 0.0);
+      EXPECT_EQ(clip.attr_float("max", -1), 6.0);
+    } else {
+      ASSERT_EQ(clip.inputs.size(), 3u);
+      EXPECT_EQ(g.initializers.at(clip.inputs[1]).item<double>(), 0.0);
+      EXPECT_EQ(g.initializers.at(clip.inputs[2]).item<double>(), 6.0);
+    }
+  }
+  {  // Max(x, 0.5): a lower bound only
+    Builder b = conv_block(13);
+    b.constant("half", at::full({}, 0.5, at::kFloat));
+    b.add("max", "Max", {"half", "c"}, {"y"});
+    Graph g = apply_and_compare(b.g, "fuse_activations", x);
+    EXPECT_EQ(ops(g), (std::vector<std::string>{"Conv", "Clip"}));
+  }
+}
+
+TEST(Passes, FuseActivationsLeavesWhatIsNotAnActivation) {
+  auto unchanged = [](const Builder& b) {
+    Graph g = b.g.clone();
+    EXPECT_FALSE(run_simplify_pass("fuse_activations", g, shipped_registry()));
+    EXPECT_EQ(ops(g), ops(b.g));
+  };
+  {  // a >= 1: max(x, 1.5 x) is not LeakyRelu
+    Builder b({2, 8});
+    b.constant("a", at::full({}, 1.5, at::kFloat));
+    b.add("mul", "Mul", {"x", "a"}, {"m"});
+    b.add("max", "Max", {"x", "m"}, {"y"});
+    unchanged(b);
+  }
+  {  // a per-channel bound is not a Clip
+    Builder b({2, 8});
+    b.constant("c", at::randn({8}));
+    b.add("max", "Max", {"x", "c"}, {"y"});
+    unchanged(b);
+  }
+  {  // a rank-1 bound on a value of unknown rank could change the output's shape
+    Builder b({2, 8});
+    b.constant("c", at::zeros({1}));
+    b.add("neg", "Neg", {"x"}, {"n"});
+    b.add("max", "Max", {"n", "c"}, {"y"});
+    unchanged(b);
+  }
+  {  // the scaled value is read elsewhere too
+    Builder b({2, 8});
+    b.constant("a", at::full({}, 0.1, at::kFloat));
+    b.add("mul", "Mul", {"x", "a"}, {"m"});
+    b.add("max", "Max", {"x", "m"}, {"t"});
+    b.add("add", "Add", {"t", "m"}, {"y"});
+    unchanged(b);
+  }
+}
+
 TEST(Passes, FuseHardSwishGeluAndLayerNorm) {
   {
     Builder b({2, 8}, 14);
