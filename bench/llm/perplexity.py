@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Weight-only quantization of a byte-level language model: held-out perplexity per method.
 
-    perplexity.py LM_DIR [--out RESULTS.json] [--build BUILD_DIR] [--check]
+    perplexity.py LM_DIR [--out RESULTS.json] [--build BUILD_DIR] [--check] [--group N] [--methods A,B]
 
 LM_DIR is what make_tiny_lm.py wrote. For FP32 and each weight-only config (INT8 and
 INT4 in groups of 128: RTN, RTN with clip search, GPTQ, GPTQ with act_order, AWQ; UINT4 with zero
@@ -10,8 +10,11 @@ quantizes the
 model through the Python package (calibration on calib/), measures perplexity on eval/ with
 Sparsebit's simulation, exports both weight formats (blocked DequantizeLinear and MatMulNBits)
 and measures them in ONNX Runtime (bench/llm/ort_perplexity.mjs). Prints a Markdown table.
---check (the CI run on the small model) fails unless GPTQ at most halves RTN's perplexity increase
-and both ONNX Runtime formats reproduce the simulated perplexity within 0.5%.
+--group sets the group size (128); --methods keeps the methods whose names contain one of the
+given strings (e.g. "INT4 g128 RTN,GPTQ"). --check (the CI run on the small model) fails unless
+GPTQ at most halves RTN's perplexity increase and both ONNX Runtime formats reproduce the
+simulated perplexity within 0.5%; with --check-awq AWQ must halve it too (symmetric against
+symmetric RTN, with zero points against RTN with zero points).
 """
 import argparse
 import glob
@@ -26,22 +29,26 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-W4 = {"qscheme": "per-group-symmetric", "bits": 4, "group_size": 128}
-U4 = dict(W4, qscheme="per-group-affine")
 AWQ = {"schedule": {"awq": True}}
-METHODS = [
-    ("INT8 g128 RTN", {"w": dict(W4, bits=8, quantizer="rtn")}),
-    ("INT4 g128 RTN", {"w": dict(W4, quantizer="rtn")}),
-    ("INT4 g128 RTN + clip search", {"w": dict(W4, quantizer="rtn", quantizer_options={"clip_search": True})}),
-    ("INT4 g128 GPTQ", {"w": dict(W4, quantizer="gptq")}),
-    ("INT4 g128 GPTQ act_order", {"w": dict(W4, quantizer="gptq", quantizer_options={"act_order": True})}),
-    ("INT4 g128 AWQ", dict(AWQ, w=dict(W4, quantizer="rtn"))),
-    ("UINT4 g128 RTN", {"w": dict(U4, quantizer="rtn")}),
-    ("UINT4 g128 AWQ", dict(AWQ, w=dict(U4, quantizer="rtn"))),
-    ("UINT4 g128 AWQ + GPTQ", dict(AWQ, w=dict(U4, quantizer="gptq"))),
-    ("UINT4 g128 AWQ + GPTQ, embedding UINT4", dict(AWQ, w=dict(U4, quantizer="gptq", embeddings=True))),
-    ("INT8 g128 RTN, embedding INT8", {"w": dict(W4, bits=8, quantizer="rtn", embeddings=True)}),
-]
+
+
+def methods(group):
+    W4 = {"qscheme": "per-group-symmetric", "bits": 4, "group_size": group}
+    U4 = dict(W4, qscheme="per-group-affine")
+    return [(name.replace("g128", f"g{group}"), table) for name, table in [
+        ("INT8 g128 RTN", {"w": dict(W4, bits=8, quantizer="rtn")}),
+        ("INT4 g128 RTN", {"w": dict(W4, quantizer="rtn")}),
+        ("INT4 g128 RTN + clip search", {"w": dict(W4, quantizer="rtn", quantizer_options={"clip_search": True})}),
+        ("INT4 g128 GPTQ", {"w": dict(W4, quantizer="gptq")}),
+        ("INT4 g128 GPTQ act_order", {"w": dict(W4, quantizer="gptq", quantizer_options={"act_order": True})}),
+        ("INT4 g128 AWQ", dict(AWQ, w=dict(W4, quantizer="rtn"))),
+        ("UINT4 g128 RTN", {"w": dict(U4, quantizer="rtn")}),
+        ("UINT4 g128 GPTQ", {"w": dict(U4, quantizer="gptq")}),
+        ("UINT4 g128 AWQ", dict(AWQ, w=dict(U4, quantizer="rtn"))),
+        ("UINT4 g128 AWQ + GPTQ", dict(AWQ, w=dict(U4, quantizer="gptq"))),
+        ("UINT4 g128 AWQ + GPTQ, embedding UINT4", dict(AWQ, w=dict(U4, quantizer="gptq", embeddings=True))),
+        ("INT8 g128 RTN, embedding INT8", {"w": dict(W4, bits=8, quantizer="rtn", embeddings=True)}),
+    ]]
 
 
 def perplexity(logits, tokens):
@@ -64,7 +71,14 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--check-awq", action="store_true")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--methods", help="comma-separated parts of method names to keep")
     a = ap.parse_args()
+    chosen = methods(a.group)
+    if a.methods:
+        keep = [m.strip() for m in a.methods.split(",")]
+        chosen = [(n, t) for n, t in chosen if any(k in n for k in keep)]
     sys.path.insert(0, os.path.join(a.build, "python"))
     import sparsebit
 
@@ -81,7 +95,7 @@ def main():
                  "ort_nbits": None, "seconds": 0.0})
     work = os.path.join(a.lm_dir, "quantized")
     os.makedirs(work, exist_ok=True)
-    for name, table in METHODS:
+    for name, table in chosen:
         cfg = dict(table, calibration={"mode": "asym", "batch_size": 8})
         start = time.time()
         qm = sparsebit.QuantModel(model, sparsebit.Config(cfg), calib=calib)
@@ -111,12 +125,16 @@ def main():
               f"{r['sparsebit'] - fp_ppl:+.4f} | {r['seconds']:.2f} |")
     if a.out:
         json.dump({"info": info, "rows": rows}, open(a.out, "w"), indent=1)
-    if a.check:
-        by = {r["method"]: r for r in rows}
-        rtn, gptq = by["INT4 g128 RTN"]["sparsebit"] - fp_ppl, by["INT4 g128 GPTQ"]["sparsebit"] - fp_ppl
+    if a.check or a.check_awq:
+        by = {r["method"]: r["sparsebit"] - fp_ppl for r in rows}
+        g = a.group
+        pairs = [(f"INT4 g{g} GPTQ", f"INT4 g{g} RTN")]
+        if a.check_awq:
+            pairs += [(f"INT4 g{g} AWQ", f"INT4 g{g} RTN"), (f"UINT4 g{g} AWQ", f"UINT4 g{g} RTN")]
         failures = []
-        if not gptq <= 0.5 * rtn:
-            failures.append(f"GPTQ's increase {gptq:.4f} is more than half of RTN's {rtn:.4f}")
+        for method, baseline in pairs:
+            if not by[method] <= 0.5 * by[baseline]:
+                failures.append(f"{method}'s increase {by[method]:.4f} is more than half of {baseline}'s {by[baseline]:.4f}")
         for r in rows[1:]:
             for key in ("ort_dq", "ort_nbits"):
                 if abs(r[key] / r["sparsebit"] - 1) > 0.005:
