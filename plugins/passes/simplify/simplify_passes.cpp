@@ -10,6 +10,11 @@
 //   fuse_gelu         0.5 * x * (1 + Erf(x / sqrt(2))) becomes Gelu (opset >= 20)
 //   fuse_layernorm    ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div (+ Mul, Add) becomes
 //                     LayerNormalization (opset >= 17)
+//   fuse_pad          a zero Pad on the spatial axes only, read by a Conv alone, becomes the Conv's
+//                     own pads (TensorFlow's SAME padding exports as Pad -> Conv)
+//   move_transposes   Transpose -> elementwise activation becomes activation -> Transpose, so the
+//                     NCHW <-> NHWC Transposes TensorFlow exporters put around each convolution
+//                     meet and merge_transposes removes them
 //   fuse_activations  activations written as arithmetic (TensorFlow exporters): Max(x, a * x)
 //                     with 0 <= a < 1 becomes LeakyRelu (Relu for a = 0), Max / Min with a scalar
 //                     constant becomes Relu or Clip, and a Relu or one-sided Clip followed by a
@@ -390,6 +395,65 @@ class FuseLayerNorm final : public Pass {
   }
 };
 
+class FusePad final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext&) override {
+    Pattern p;
+    p.node("pad", {"Pad"}, {}, Inputs::kOrdered,
+           [](const Node& n, const Graph& graph) { return spatial_pads(graph, n).has_value(); });
+    p.node("conv", {"Conv"}, {"pad"}, Inputs::kOrdered,
+           [](const Node& n, const Graph&) { return n.attr_string("auto_pad", "NOTSET") == "NOTSET"; });
+    p.joint([](const Match& m, const Graph& graph) {
+      const auto pads = *spatial_pads(graph, *m.at("pad"));
+      const Node& conv = *m.at("conv");
+      const auto own = conv.attr_ints("pads");
+      return own.empty() || own.size() == pads.size();
+    });
+    return rewrite(g, p, [](Graph& graph, const Match& m) {
+             const Node& pad = *m.at("pad");
+             Node& conv = *m.at("conv");
+             std::vector<std::int64_t> pads = *spatial_pads(graph, pad);
+             const auto own = conv.attr_ints("pads");
+             for (std::size_t i = 0; i < own.size(); ++i) pads[i] += own[i];
+             conv.attributes["pads"] = Attribute::of_ints(pads);
+             conv.inputs[0] = pad.inputs[0];
+             graph.erase(&pad);
+             return true;
+           }) > 0;
+  }
+
+ private:
+  /// A Pad's amounts on the axes after the first two, in Conv's order (all begins, then all
+  /// ends), when it pads with zeros, only there, and never crops.
+  static std::optional<std::vector<std::int64_t>> spatial_pads(const Graph& g, const Node& n) {
+    if (n.attr_string("mode", "constant") != "constant" || n.inputs.empty()) return std::nullopt;
+    std::vector<std::int64_t> pads;
+    if (g.default_opset() < 11) {
+      pads = n.attr_ints("pads");
+      if (n.attr_float("value", 0.0) != 0.0) return std::nullopt;
+    } else {
+      if (!n.has_input(1) || (n.inputs.size() > 3 && !n.inputs[3].empty())) return std::nullopt;  // no axes input
+      auto t = constant(g, n.inputs[1]);
+      if (!t || t->dim() != 1) return std::nullopt;
+      const at::Tensor p = t->to(at::kLong).contiguous();
+      pads.assign(p.data_ptr<std::int64_t>(), p.data_ptr<std::int64_t>() + p.numel());
+      if (n.has_input(2)) {
+        auto v = constant(g, n.inputs[2]);
+        if (!v || v->numel() != 1 || v->to(at::kDouble).reshape({}).item<double>() != 0.0) return std::nullopt;
+      }
+    }
+    const std::size_t rank = pads.size() / 2;
+    if (pads.size() % 2 != 0 || rank < 3) return std::nullopt;
+    for (auto v : pads)
+      if (v < 0) return std::nullopt;
+    if (pads[0] || pads[1] || pads[rank] || pads[rank + 1]) return std::nullopt;
+    std::vector<std::int64_t> out(pads.begin() + 2, pads.begin() + static_cast<std::ptrdiff_t>(rank));
+    out.insert(out.end(), pads.begin() + static_cast<std::ptrdiff_t>(rank) + 2, pads.end());
+    return out;
+  }
+};
+
 /// A scalar floating constant operand that broadcasts to nothing larger than x: rank 0, or
 /// rank 1 when x comes from an op whose output has rank >= 2.
 std::optional<double> activation_constant(const Graph& g, const std::string& name, const std::string& x) {
@@ -414,7 +478,6 @@ class FuseActivations final : public Pass {
     return changed;
   }
 
- private:
   // Max(x, Mul(x, a)) = x for x >= 0 and a * x below: LeakyRelu(alpha = a) for 0 <= a < 1.
   static bool fuse_leaky_relu(Graph& g) {
     Pattern p;
@@ -468,8 +531,8 @@ class FuseActivations final : public Pass {
            }) > 0;
   }
 
-  // Relu or a Clip with only a lower bound, then a Clip with only an upper bound (or the other
-  // way round): one Clip.
+  // Relu or Clip, then Clip: one Clip on the intersection of the two ranges (where they meet;
+  // apart, the result would be a constant, left as is).
   static bool merge_bounds(Graph& g) {
     Pattern p;
     p.node("inner", {"Relu", "Clip"});
@@ -477,22 +540,34 @@ class FuseActivations final : public Pass {
     p.joint([](const Match& m, const Graph& graph) {
       auto a = clip_bounds(graph, *m.at("inner")), b = clip_bounds(graph, *m.at("outer"));
       if (!a || !b) return false;
-      const bool a_low = a->first && !a->second, a_high = !a->first && a->second;
-      const bool b_low = b->first && !b->second, b_high = !b->first && b->second;
-      return (a_low && b_high && *a->first <= *b->second) || (a_high && b_low && *b->first <= *a->second);
+      auto [lo, hi] = intersection(*a, *b);
+      return !lo || !hi || *lo <= *hi;
     });
     return rewrite(g, p, [](Graph& graph, const Match& m) {
              Node& outer = *m.at("outer");
              const Node& inner = *m.at("inner");
-             auto a = *clip_bounds(graph, inner), b = *clip_bounds(graph, outer);
-             const std::optional<double> lo = a.first ? a.first : b.first, hi = a.second ? a.second : b.second;
+             auto [lo, hi] = intersection(*clip_bounds(graph, inner), *clip_bounds(graph, outer));
              const std::string x = inner.inputs[0];
-             std::string like;  // a bound constant of the Clip (opset >= 11): the type of the new ones
-             for (std::size_t i = 1; i < outer.inputs.size() && like.empty(); ++i) like = outer.inputs[i];
+             std::string like;  // a bound constant of either Clip (opset >= 11): the type of the new ones
+             for (const Node* n : {static_cast<const Node*>(&outer), &inner})
+               for (std::size_t i = 1; i < n->inputs.size() && like.empty(); ++i) like = n->inputs[i];
+             if (like.empty() && graph.default_opset() >= 11) return false;
              if (!clip_with_bounds(graph, outer, x, lo, hi, like)) return false;
              graph.erase(&inner);
              return true;
            }) > 0;
+  }
+
+  using Bounds = std::pair<std::optional<double>, std::optional<double>>;
+
+  static Bounds intersection(const Bounds& a, const Bounds& b) {
+    auto pick = [](const std::optional<double>& x, const std::optional<double>& y,
+                   bool lower) -> std::optional<double> {
+      if (!x) return y;
+      if (!y) return x;
+      return lower ? std::max(*x, *y) : std::min(*x, *y);
+    };
+    return {pick(a.first, b.first, true), pick(a.second, b.second, false)};
   }
 
   /// The (lower, upper) bounds of a Relu or of a Clip whose bounds are constant (unset: none).
@@ -542,6 +617,40 @@ class FuseActivations final : public Pass {
   }
 };
 
+class MoveTransposes final : public Pass {
+ public:
+  Stage stage() const override { return Stage::kSimplify; }
+  bool run(Graph& g, const PassContext&) override {
+    // One input, each element on its own: the same result in any layout.
+    static const std::set<std::string> elementwise = {
+        "Relu", "LeakyRelu", "Clip",     "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Celu",
+        "Gelu", "Softplus",  "Softsign", "Mish",    "Abs",         "Neg",       "Exp",  "Log", "Sqrt", "Erf"};
+    Pattern p;
+    p.node("t", {"Transpose"});
+    p.node("act", std::vector<std::string>(elementwise.begin(), elementwise.end()), {"t"}, Inputs::kOrdered,
+           [](const Node& n, const Graph& graph) {
+             if (!n.domain.empty() || n.outputs.size() != 1) return false;
+             for (std::size_t i = 1; i < n.inputs.size(); ++i)  // Clip's bounds: scalars by definition
+               if (!n.inputs[i].empty() && !constant(graph, n.inputs[i])) return false;
+             return true;
+           });
+    const bool moved = rewrite(g, p, [](Graph& graph, const Match& m) {
+                         Node& t = *m.at("t");
+                         Node act = *m.at("act");
+                         const std::string out = act.outputs[0];
+                         act.inputs[0] = t.inputs[0];
+                         act.outputs[0] = graph.unique_name(out + "_untransposed");
+                         graph.erase(m.at("act"));
+                         t.inputs[0] = act.outputs[0];
+                         t.outputs[0] = out;
+                         graph.insert_before(&t, std::move(act));
+                         return true;
+                       }) > 0;
+    // Activations that a Transpose kept apart may now be one Clip.
+    return (moved && FuseActivations::merge_bounds(g)) || moved;
+  }
+};
+
 void register_all(Registrar& r) {
   r.add_pass<RemoveIdentity>("remove_identity");
   r.add_pass<FoldConstants>("fold_constants");
@@ -550,7 +659,9 @@ void register_all(Registrar& r) {
   r.add_pass<FuseHardSwish>("fuse_hardswish");
   r.add_pass<FuseGelu>("fuse_gelu");
   r.add_pass<FuseLayerNorm>("fuse_layernorm");
+  r.add_pass<FusePad>("fuse_pad");
   r.add_pass<FuseActivations>("fuse_activations");
+  r.add_pass<MoveTransposes>("move_transposes");
 }
 
 }  // namespace

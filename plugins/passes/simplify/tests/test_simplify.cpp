@@ -171,6 +171,79 @@ TEST(Passes, FuseActivationsTurnsTensorFlowArithmeticIntoActivationOps) {
   }
 }
 
+// TensorFlow's SAME padding with stride 2 pads unevenly: tf2onnx writes a Pad before the Conv.
+TEST(Passes, FusePadMovesZeroSpatialPaddingIntoTheConv) {
+  const at::Tensor x = at::randn({1, 3, 9, 9});
+  for (std::int64_t opset : {9, 13}) {  // pads as an attribute before opset 11, as an input after
+    Builder b({1, 3, 9, 9}, opset);
+    b.constant("w", at::randn({4, 3, 3, 3}));
+    const std::vector<std::int64_t> pads{0, 0, 0, 1, 0, 0, 2, 1};
+    if (opset < 11) {
+      b.add("pad", "Pad", {"x"}, {"p"}, {{"pads", Attribute::of_ints(pads)}});
+    } else {
+      b.constant("pads", at::tensor(pads, at::kLong));
+      b.constant("value", at::zeros({}, at::kFloat));
+      b.add("pad", "Pad", {"x", "pads", "value"}, {"p"});
+    }
+    b.add("conv", "Conv", {"p", "w"}, {"y"},
+          {{"strides", Attribute::of_ints({2, 2})}, {"pads", Attribute::of_ints({1, 0, 0, 0})}});
+    Graph g = apply_and_compare(b.g, "fuse_pad", x);
+    ASSERT_EQ(ops(g), (std::vector<std::string>{"Conv"})) << "opset " << opset;
+    EXPECT_EQ(g.find_node("conv")->attr_ints("pads"), (std::vector<std::int64_t>{1, 1, 2, 1}));
+  }
+  auto unchanged = [&](const std::string& mode, const std::vector<std::int64_t>& pads, double value) {
+    Builder b({1, 3, 9, 9}, 13);
+    b.constant("w", at::randn({4, 3, 3, 3}));
+    b.constant("pads", at::tensor(pads, at::kLong));
+    b.constant("value", at::full({}, value, at::kFloat));
+    b.add("pad", "Pad", {"x", "pads", "value"}, {"p"}, {{"mode", Attribute::of_string(mode)}});
+    b.add("conv", "Conv", {"p", "w"}, {"y"});
+    Graph g = b.g.clone();
+    EXPECT_FALSE(run_simplify_pass("fuse_pad", g, shipped_registry())) << mode;
+  };
+  unchanged("reflect", {0, 0, 1, 1, 0, 0, 1, 1}, 0);
+  unchanged("constant", {0, 0, 1, 1, 0, 0, 1, 1}, 1.5);  // not zeros
+  unchanged("constant", {0, 1, 1, 1, 0, 0, 1, 1}, 0);    // pads channels
+  unchanged("constant", {0, 0, -1, 1, 0, 0, 1, 1}, 0);   // crops
+}
+
+// tf2onnx's layout: NHWC in, each Conv between Transposes to NCHW and back, the activation in
+// NHWC between them. With the activation moved before the Transpose the inner pairs cancel.
+TEST(Passes, MoveTransposesLetsTheTransposesAroundConvolutionsCancel) {
+  Builder b({1, 8, 8, 3});
+  b.constant("w1", at::randn({4, 3, 3, 3}));
+  b.constant("w2", at::randn({5, 4, 3, 3}));
+  b.constant("lo", at::zeros({}));
+  b.constant("hi", at::full({}, 6.0));
+  const auto to_nchw = Attribute::of_ints({0, 3, 1, 2}), to_nhwc = Attribute::of_ints({0, 2, 3, 1});
+  const auto same = Attribute::of_ints({1, 1, 1, 1});
+  b.add("in", "Transpose", {"x"}, {"a"}, {{"perm", to_nchw}});
+  b.add("conv1", "Conv", {"a", "w1"}, {"c1"}, {{"pads", same}});
+  b.add("back1", "Transpose", {"c1"}, {"h1"}, {{"perm", to_nhwc}});
+  b.add("act1", "LeakyRelu", {"h1"}, {"l1"}, {{"alpha", Attribute::of_float(0.2)}});
+  b.add("act2", "Clip", {"l1", "lo", "hi"}, {"r1"});
+  b.add("there", "Transpose", {"r1"}, {"b"}, {{"perm", to_nchw}});
+  b.add("conv2", "Conv", {"b", "w2"}, {"c2"}, {{"pads", same}});
+  b.add("back2", "Transpose", {"c2"}, {"y"}, {{"perm", to_nhwc}});
+  const at::Tensor x = at::randn({1, 8, 8, 3});
+  Graph g = apply_and_compare(b.g, "move_transposes", x);
+  EXPECT_EQ(ops(g), (std::vector<std::string>{"Transpose", "Conv", "LeakyRelu", "Clip", "Transpose", "Transpose",
+                                              "Conv", "Transpose"}));
+  // A Relu that a Transpose kept apart from a Clip merges with it once they meet.
+  {
+    Builder r({1, 4, 5, 5});
+    r.constant("lo", at::full({}, 1.0));
+    r.constant("hi", at::full({}, 6.0));
+    r.add("relu", "Relu", {"x"}, {"a"});
+    r.add("t", "Transpose", {"a"}, {"b"}, {{"perm", to_nhwc}});
+    r.add("clip", "Clip", {"b", "lo", "hi"}, {"y"});
+    Graph moved = apply_and_compare(r.g, "move_transposes", at::randn({1, 4, 5, 5}) * 5);
+    EXPECT_EQ(ops(moved), (std::vector<std::string>{"Clip", "Transpose"}));
+  }
+  Graph merged = apply_and_compare(g, "merge_transposes", x);
+  EXPECT_EQ(ops(merged), (std::vector<std::string>{"Transpose", "Conv", "LeakyRelu", "Clip", "Conv", "Transpose"}));
+}
+
 TEST(Passes, FuseActivationsLeavesWhatIsNotAnActivation) {
   auto unchanged = [](const Builder& b) {
     Graph g = b.g.clone();
