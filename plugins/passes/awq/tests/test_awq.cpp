@@ -72,6 +72,17 @@ Graph awq(const Graph& g, const Samples& s, bool clip, std::int64_t grid = 20) {
   return after;
 }
 
+/// The squared output error over the samples of `g` with node "fc"'s weight rounded by rtn_kn
+/// on the samples' groups, against the float `original`.
+double rounded_error(const Graph& g, const Graph& original, const Samples& s) {
+  Graph q = g.clone();
+  std::string& name = q.find_node("fc")->inputs[1];
+  q.initializers[name] = rtn_kn(q.initializers.at(name), s.group, 4);
+  double e = 0;
+  for (const auto& x : s.batches) e += (run(q, x) - run(original, x)).pow(2).sum().item<double>();
+  return e;
+}
+
 double max_rel_diff(const Graph& a, const Graph& b, const std::vector<at::Tensor>& xs) {
   double worst = 0;
   for (const auto& x : xs) {
@@ -184,14 +195,7 @@ TEST(Awq, ClipSearchLowersTheOutputErrorFurther) {
   b.constant("w", w);
   b.add("fc", "MatMul", {"x", "w"}, {"y"});
   Samples s({32}, 4, at::ones({32}), 16);
-  auto error_of = [&](const Graph& g) {  // the graph with its weight rounded, against the float one
-    Graph q = g.clone();
-    std::string& name = q.find_node("fc")->inputs[1];
-    q.initializers[name] = rtn_kn(q.initializers.at(name), 16, 4);
-    double e = 0;
-    for (const auto& x : s.batches) e += (run(q, x) - run(b.g, x)).pow(2).sum().item<double>();
-    return e;
-  };
+  auto error_of = [&](const Graph& g) { return rounded_error(g, b.g, s); };
   Graph plain = b.g.clone();
   const double e_plain = error_of(plain);
   Graph clipped = awq(b.g, s, true);
@@ -218,14 +222,7 @@ TEST(Awq, ScalesWithClippingAreNeverWorseThanClippingAlone) {
   gain[3] = 30;
   gain[20] = 8;
   Samples s({32}, 4, gain, 16);
-  auto error_of = [&](const Graph& g) {
-    Graph q = g.clone();
-    std::string& name = q.find_node("fc")->inputs[1];
-    q.initializers[name] = rtn_kn(q.initializers.at(name), 16, 4);
-    double e = 0;
-    for (const auto& x : s.batches) e += (run(q, x) - run(b.g, x)).pow(2).sum().item<double>();
-    return e;
-  };
+  auto error_of = [&](const Graph& g) { return rounded_error(g, b.g, s); };
   const double e_clip = error_of(awq(b.g, s, true, 1)), e_both = error_of(awq(b.g, s, true));
   const double e_scale = error_of(awq(b.g, s, false));
   std::printf("output error: clipped %.4g, scaled %.4g, scaled and clipped %.4g\n", e_clip, e_scale, e_both);
