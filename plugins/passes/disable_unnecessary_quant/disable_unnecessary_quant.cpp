@@ -14,14 +14,14 @@
 // variance and reciprocal have a skewed, wide range an 8-bit grid describes badly, and neither
 // ONNX Runtime nor TensorRT runs those ops in integers; the head's input (the logits) would only
 // be rounded before a float op whose output leaves the model. Nor in front of a data-movement op
-// (Identity, Reshape, Squeeze, Unsqueeze, Flatten, Transpose) whose output leaves the model or
-// its control-flow body: nothing reads that value as integers, and the rounding would reach the
-// caller untouched; a recurrent state returned that way (a streaming detector's LSTM state, fed
-// back by the application) would carry it from call to call. Nor on squares and their sums
-// (Pow(x, 2), Mul(x, x), an Add of those: a power spectrum, an energy) wherever they are read:
-// an 8-bit grid spaced for the largest square rounds the small ones, whose relative spread is
-// twice the signal's in decibels, to zero. Bodies of If/Loop/Scan are searched like the main
-// graph.
+// (Identity, Reshape, Squeeze, Unsqueeze, Flatten, Transpose, Concat, Slice, Gather, Expand,
+// Tile) whose output leaves the model or its control-flow body: nothing reads that value as
+// integers, and the rounding would reach the caller untouched; a recurrent state returned that
+// way (a streaming detector's LSTM states, joined by a Concat and fed back by the application)
+// would carry it from call to call, and an 8-bit grid wide enough for a cell state is coarse. Nor on squares and their
+// sums (Pow(x, 2), Mul(x, x), an Add of those: a power spectrum, an energy) wherever they are read: an 8-bit grid
+// spaced for the largest square rounds the small ones, whose relative spread is twice the signal's in decibels, to
+// zero. Bodies of If/Loop/Scan are searched like the main graph.
 //
 // float_attention_scores: no quantizer on an attention's scores, from the MatMul of queries and
 // keys through its scale (Mul / Div by a constant), additive biases and masks (Add, Where) and
@@ -31,6 +31,7 @@
 // a float MatMul output. The scores span a wide, model-dependent range that 8 bits serve badly,
 // right before the exponential that magnifies their rounding.
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -40,6 +41,9 @@ namespace sparsebit::passes {
 namespace {
 
 const std::set<std::string> kHeads = {"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "Add"};
+// Ops that only move or select values: what they read leaves as it came in.
+const std::set<std::string> kMoves = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose",
+                                      "Concat",   "Slice",   "Gather",  "Expand",    "Tile"};
 const std::set<std::string> kActivations = {"Relu",        "Clip",      "LeakyRelu", "PRelu", "Sigmoid",
                                             "HardSigmoid", "HardSwish", "Tanh",      "Elu",   "Selu",
                                             "Mish",        "Softplus",  "Gelu"};
@@ -108,7 +112,7 @@ class FloatNormsAndHeads final : public Pass {
  private:
   static void collect(const Graph& g, std::set<const Node*>& unquantized,
                       std::set<std::pair<const Node*, std::size_t>>& inputs) {
-    static const std::set<std::string> moves = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"};
+    const std::set<std::string> leaving = values_leaving(g);
     for (const Node* n : g.nodes()) {
       for (const Graph* body : n->subgraphs()) collect(*body, unquantized, inputs);
       if (n->domain.empty() && !n->outputs.empty() && is_square_or_sum(g, *n))
@@ -117,12 +121,36 @@ class FloatNormsAndHeads final : public Pass {
       if (n->op_type == "LayerNormalization" || n->op_type == "InstanceNormalization" ||
           n->op_type == "GroupNormalization")
         unquantized.insert(n);
-      const bool leaves = !n->outputs.empty() && g.is_graph_output(n->outputs[0]);
+      const bool leaves = !n->outputs.empty() && leaving.count(n->outputs[0]);
       if ((n->op_type == "Softmax" || n->op_type == "LogSoftmax" || n->op_type == "Sigmoid") && leaves)
         unquantized.insert(n);
-      if (moves.count(n->op_type) && leaves) unquantized.insert(n);
+      if (kMoves.count(n->op_type) && leaves) unquantized.insert(n);
       if (n->op_type == "Div") add_decomposed_norm(g, *n, unquantized);
     }
+  }
+
+  /// Values that leave the graph (or body) as they are: outputs, and values read only by
+  /// data-movement ops whose results leave (the Identity an exporter puts before a body's output).
+  static std::set<std::string> values_leaving(const Graph& g) {
+    std::map<std::string, std::vector<const Node*>> readers;
+    for (const Node* n : g.nodes())
+      for (const auto& in : n->inputs)
+        if (!in.empty()) readers[in].push_back(n);
+    std::set<std::string> leaving;
+    for (const auto& o : g.outputs) leaving.insert(o.name);
+    const auto nodes = g.nodes();
+    for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {  // readers come later in the order
+      for (const auto& out : (*it)->outputs) {
+        auto r = readers.find(out);
+        if (out.empty() || leaving.count(out) || r == readers.end()) continue;
+        const bool passed_on = std::all_of(r->second.begin(), r->second.end(), [&](const Node* reader) {
+          return reader->domain.empty() && kMoves.count(reader->op_type) && reader->inputs[0] == out &&
+                 !reader->outputs.empty() && leaving.count(reader->outputs[0]);
+        });
+        if (passed_on) leaving.insert(out);
+      }
+    }
+    return leaving;
   }
 
   /// Pow(x, 2), Mul(x, x), or an Add whose inputs are all such.

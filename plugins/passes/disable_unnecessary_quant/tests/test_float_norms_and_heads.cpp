@@ -117,5 +117,30 @@ TEST(FloatNormsAndHeads, SquaresAndOutputsPassedThroughStayFloat) {
   EXPECT_GT(on.sqnr_db, off.sqnr_db + 3) << "dB";
 }
 
+/// x -> MatMul -> Tanh (h), x -> MatMul (c), Concat(h, c) -> Identity -> y: two recurrent states
+/// joined and returned through an Identity, as a streaming detector's exporter writes them.
+Builder joined_states() {
+  at::manual_seed(12);
+  Builder b({4, 6, 16}, 13);
+  b.constant("w_h", at::randn({16, 8}) * 0.5);
+  b.constant("w_c", at::randn({16, 8}) * 4);
+  b.add("h", "MatMul", {"x", "w_h"}, {"h_pre"});
+  b.add("tanh", "Tanh", {"h_pre"}, {"h_out"});
+  b.add("c", "MatMul", {"x", "w_c"}, {"c_out"});
+  b.add("join", "Concat", {"h_out", "c_out"}, {"state"}, {{"axis", Attribute::of_int(-1)}});
+  b.add("out", "Identity", {"state"}, {"y"});
+  return b;
+}
+
+TEST(FloatNormsAndHeads, StatesJoinedAndReturnedThroughAnIdentityStayFloat) {
+  Builder b = joined_states();
+  const at::Tensor x = at::randn({4, 6, 16});
+  const Result on = quantize(b, x, true), off = quantize(b, x, false);
+  for (const char* n : {"join", "out"}) EXPECT_FALSE(on.quantized.count(n)) << n;
+  for (const char* n : {"h", "c"}) EXPECT_TRUE(on.quantized.count(n)) << n;
+  EXPECT_TRUE(off.quantized.count("join"));
+  EXPECT_GT(on.sqnr_db, off.sqnr_db + 3) << on.sqnr_db << " vs " << off.sqnr_db << " dB";
+}
+
 }  // namespace
 }  // namespace sparsebit::testing
