@@ -331,9 +331,11 @@ TEST(Pipeline, ConvTransposeWeightsArePerChannelAlongAxisOne) {
   EXPECT_GT(scale[2].item<float>(), 5 * scale[1].item<float>());
 }
 
-TEST(Pipeline, RecurrentWeightsArePerGateRowAndTensorRTKeepsTheLayerFloat) {
+TEST(Pipeline, RecurrentWeightsArePerGateRowAndDeploymentBackendsKeepTheLayerFloat) {
   // A bidirectional LSTM: W [2, 4 * 3, 5], R [2, 4 * 3, 3]; one scale per stacked gate row
-  // (axis 1), shared by the two directions, from max |w| over them.
+  // (axis 1), shared by the two directions, from max |w| over them (simulated: the virtual
+  // backend). Neither ONNX Runtime nor TensorRT has an integer recurrent kernel: their configs
+  // leave the layer float.
   auto model = [] {
     Model m;
     m.graph.opset_imports[""] = 14;
@@ -356,7 +358,9 @@ TEST(Pipeline, RecurrentWeightsArePerGateRowAndTensorRTKeepsTheLayerFloat) {
   };
   testing::TempDir dir;
   write_npy(at::randn({6, 4, 5}), dir / "x.npy");
-  QuantModel qm(model(), config_for("w8a8_onnxruntime.toml"), testing::shipped_registry());
+  Config simulated = config_for("w8a8_onnxruntime.toml");
+  simulated.backend = "virtual";
+  QuantModel qm(model(), simulated, testing::shipped_registry());
   auto data = open_dataset(dir / "x.npy", qm.graph().inputs);
   qm.calibrate(*data);
   int weights = 0, activations = 0;
@@ -366,14 +370,15 @@ TEST(Pipeline, RecurrentWeightsArePerGateRowAndTensorRTKeepsTheLayerFloat) {
     if (s.role != InputRole::kWeight) continue;
     ++weights;
     EXPECT_EQ(s.spec.channel_axis, 1) << s.where();
-    at::Tensor expected = qm.graph().initializers.at(s.tensor).abs().amax({0, 2}) / 127.5;  // ORT: 2 max|w| / 255
+    at::Tensor expected = qm.graph().initializers.at(s.tensor).abs().amax({0, 2}) / 127.5;  // 2 max|w| / 255
     EXPECT_TRUE(at::allclose(s.quantizer->qparams().scale.reshape({-1}), expected, 1e-6, 0)) << s.where();
   }
   EXPECT_EQ(weights, 2);
   EXPECT_EQ(activations, 1);
-  QuantModel trt(model(), config_for("w8a8_tensorrt.toml"), testing::shipped_registry());
-  for (const auto& s : trt.slots())
-    EXPECT_FALSE(s.active()) << s.where() << ": TensorRT runs recurrent layers in float";
+  for (const char* deployed : {"w8a8_tensorrt.toml", "w8a8_onnxruntime.toml"}) {
+    QuantModel q(model(), config_for(deployed), testing::shipped_registry());
+    for (const auto& s : q.slots()) EXPECT_FALSE(s.active()) << deployed << " " << s.where();
+  }
 }
 
 // y = If(mean(x) > 0, x @ Wt (a then-branch initializer), x @ We (an enclosing one)), then a

@@ -54,9 +54,12 @@ check "$row" worst-cosine ">=" 0.95
 row=$("$measure" "$bin" "$work" cls "$trt" shipped); echo "$row"
 check "$row" agreement ">=" 98
 # ONNX Runtime config: every body quantized. ONNX Runtime once refused such exports; a floor, not
-# the goal (within 0.02 of float, not met: docs/ACCURACY.md): 71% of decisions on this data.
+# the goal (within 0.02 of float everywhere, not met: docs/MODELS.md). On this data: 71% of
+# decisions kept while the returned LSTM state was rounded to 8 bits, 98.1% (mean difference
+# 0.020) since it and the LSTM stay float.
 row=$("$measure" "$bin" "$work" vad "$root/configs/w8a8_onnxruntime.toml" ort); echo "$row"
-check "$row" decisions ">=" 65
+check "$row" decisions ">=" 95
+check "$row" mean-diff "<=" 0.04
 # TensorRT keeps If bodies float: nothing is quantized, loudly, and the export equals float.
 row=$("$measure" "$bin" "$work" vad "$trt" trt); echo "$row"
 check "$row" worst-diff "<=" 0.00001

@@ -5,7 +5,10 @@
 //                take ONNX Runtime's reduce range (a 7-bit grid in int8, [w] reduce_range = true).
 //                Activations may also take 16 bits (int16/uint16 Q/DQ at opset 21, which ONNX
 //                Runtime runs as dequantize -> float op -> quantize): the accuracy target's
-//                "int16" fallback for sensitive layers.
+//                "int16" fallback for sensitive layers. Recurrent layers stay float: ONNX
+//                Runtime has no QDQ recurrent kernel (DequantizeLinear -> LSTM runs in float, and
+//                its own static quantizer leaves them alone), so rounding their inputs would cost
+//                accuracy for no speed; on a streaming detector the rounded state drifts.
 //   tensorrt     W8A8; weights symmetric (per channel or per tensor), activations per-tensor
 //                symmetric: TensorRT only accepts a zero point of 0. Placement: of a residual
 //                Add only the skip branch is quantized, so TensorRT can fuse the Add into the
@@ -21,6 +24,17 @@
 
 namespace sparsebit::backends {
 namespace {
+
+/// Input, input weights and recurrent weights of LSTM, GRU and RNN left in float, in `g` and in
+/// its control-flow bodies.
+void keep_recurrent_float(QuantState& state, const Graph& g) {
+  static const std::set<std::string> recurrent = {"LSTM", "GRU", "RNN"};
+  for (const Node* n : g.nodes()) {
+    if (n->domain.empty() && recurrent.count(n->op_type) != 0)
+      for (std::size_t i = 0; i < 3 && i < n->inputs.size(); ++i) state.set_fake_fused(*n, i, true);
+    for (const Graph* body : n->subgraphs()) keep_recurrent_float(state, *body);
+  }
+}
 
 std::optional<std::string> need_8_bits(const QSpec& s, const std::string& table) {
   if (s.reduce_range && s.bits == 7) return std::nullopt;  // 7-bit grid in int8/uint8 storage
@@ -50,6 +64,7 @@ class OnnxRuntimeBackend final : public Backend {
   // QLinearConv / QGemm add an int32 bias: simulate and export exactly that.
   bool quantize_bias() const override { return true; }
   bool checks_u8s8_saturation() const override { return true; }
+  void place(QuantState& state) const override { keep_recurrent_float(state, state.graph()); }
 };
 
 class TensorRTBackend final : public Backend {
@@ -97,10 +112,7 @@ class TensorRTBackend final : public Backend {
       auto it = producer.find(value);
       return it != producer.end() && it->second->domain.empty() && fusable.count(it->second->op_type) != 0;
     };
-    static const std::set<std::string> recurrent = {"LSTM", "GRU", "RNN"};
-    for (const Node* n : g.nodes())
-      if (n->domain.empty() && recurrent.count(n->op_type) != 0)
-        for (std::size_t i = 0; i < 3; ++i) state.set_fake_fused(*n, i, true);
+    keep_recurrent_float(state, g);
     // Bodies of If/Loop/Scan stay float: the parser builds them as conditional and loop layers,
     // and INT8 Q/DQ fusion inside those is not part of TensorRT's documented explicit quantization.
     for (const Node* n : g.nodes())
