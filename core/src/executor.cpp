@@ -30,6 +30,11 @@ bool is_control_flow(const Node& n) {
 }
 
 namespace {
+// A Loop without a trip count runs while its condition holds; any Loop stops with an error past
+// 2^24 iterations, so a condition that never turns false is a message, not a hang.
+constexpr std::int64_t kUnboundedLoop = std::numeric_limits<std::int64_t>::max();
+constexpr std::int64_t kMaxLoopIterations = std::int64_t{1} << 24;
+
 void append_flat(Graph& g, std::vector<FlatNode>& out) {
   const auto nodes = g.nodes();
   for (Node* n : nodes) out.push_back({n, &g});
@@ -316,7 +321,9 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
     const bool has_trips = input(0).defined(), has_cond = input(1).defined();
     if (!has_trips && !has_cond)
       throw Error(n.describe() + ": a Loop with neither a trip count nor a condition never ends");
-    const std::int64_t trips = has_trips ? scalar_of(input(0), n, "the trip count M") : -1;
+    // ONNX's Loop runs a negative trip count zero times (a bound, not "unbounded").
+    const std::int64_t trips =
+        has_trips ? std::max<std::int64_t>(0, scalar_of(input(0), n, "the trip count M")) : kUnboundedLoop;
     const std::size_t carried_count = inputs.size() > 2 ? inputs.size() - 2 : 0;
     if (bg.inputs.size() != 2 + carried_count || bg.outputs.size() < 1 + carried_count)
       throw Error(n.describe() + ": its body takes " + std::to_string(bg.inputs.size()) + " inputs and gives " +
@@ -327,7 +334,12 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
     std::vector<std::vector<at::Tensor>> scans(scan_count);
     at::Tensor cond = has_cond ? input(1) : at::ones({}, at::kBool);
     bool going = scalar_of(cond, n, "the condition") != 0;
-    for (std::int64_t i = 0; going && (trips < 0 || i < trips); ++i) {
+    for (std::int64_t i = 0; going && i < trips; ++i) {
+      if (i == kMaxLoopIterations)
+        throw Error(n.describe() + ": still running after " + std::to_string(kMaxLoopIterations) +
+                    " iterations (trip count " + (has_trips ? std::to_string(trips) : std::string("none")) +
+                    ", condition still true); a calibration sample should not loop this long, check the data "
+                    "that feeds the trip count and the condition");
       std::map<std::string, at::Tensor> feeds{{bg.inputs[0].name, at::full({}, i, at::kLong)},
                                               {bg.inputs[1].name, cond}};
       for (std::size_t j = 0; j < carried_count; ++j) feeds[bg.inputs[2 + j].name] = carried[j];

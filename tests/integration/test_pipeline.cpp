@@ -419,6 +419,33 @@ Model control_flow_model() {
   return m;
 }
 
+// ONNX's Loop: a trip count M and a condition; with the condition true it runs max(M, 0) times
+// (onnx.reference's Loop does `while cond and (M is None or i < M)`), so a negative M runs none.
+TEST(Pipeline, LoopTripCountsFollowOnnx) {
+  using testing::make_node;
+  for (const std::int64_t m : {-5, 0, 3}) {
+    Graph g;
+    g.opset_imports[""] = 16;
+    g.inputs.push_back({"x", 1, true, {{2, ""}}, ""});
+    g.outputs.push_back({"z", 1, true, {{2, ""}}, ""});
+    g.initializers["trips"] = at::full({}, m, at::kLong);
+    g.initializers["always"] = at::ones({}, at::kBool);
+    Graph body;
+    body.inputs = {{"i", 7, false, {}, ""}, {"going", 9, false, {}, ""}, {"h", 1, false, {}, ""}};
+    body.outputs = {{"going_out", 9, false, {}, ""}, {"h_next", 1, false, {}, ""}};
+    body.initializers["one"] = at::ones({});
+    body.append(make_node("keep_going", "Identity", {"going"}, {"going_out"}));
+    body.append(make_node("step", "Add", {"h", "one"}, {"h_next"}));
+    Node loop = make_node("loop", "Loop", {"trips", "always", "x"}, {"z"});
+    loop.attributes["body"] = Attribute::of_graph(std::move(body));
+    g.append(std::move(loop));
+    Executor ex(g, testing::shipped_registry());
+    const at::Tensor x = at::tensor({1.5f, -2.0f});
+    const at::Tensor z = ex.run({{"x", x}})[0];
+    EXPECT_TRUE(at::equal(z, x + static_cast<float>(std::max<std::int64_t>(m, 0)))) << "M = " << m << ": " << z;
+  }
+}
+
 std::size_t count_ops(const Graph& g, const std::string& op) {
   std::size_t n = 0;
   for (const Node* node : g.nodes()) n += node->op_type == op;
