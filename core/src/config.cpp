@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <regex>
 #include <filesystem>
@@ -269,7 +270,52 @@ struct Reader {
 
 }  // namespace
 
+namespace {
+
+/// Refuses a key of more than kMaxKeyParts dotted parts (`a.b.c = 1`, `[a.b.c]`) before toml++
+/// sees it: the parser nests one table per part and recurses through them, so a key of 100,000
+/// parts exhausts the stack. Strings (one-line and multi-line) and comments are skipped; a run of
+/// key characters, quoted parts and dots counts its dots, so numbers and dates never come close.
+void check_key_depth(const std::string& text, const std::string& source_name) {
+  constexpr std::size_t kMaxKeyParts = 64;  // Sparsebit's deepest key has 3
+  std::size_t parts = 1, line = 1;
+  auto refuse = [&] {
+    throw Error(source_name + ":" + std::to_string(line) + ": a key of more than " + std::to_string(kMaxKeyParts) +
+                " dotted parts; Sparsebit's keys have at most 3 (e.g. a.observer_options.alpha)");
+  };
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '#') {  // comment: to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else if (ch == '"' || ch == '\'') {
+      const bool multi = text.compare(i, 3, std::string(3, ch)) == 0;
+      const std::string close = multi ? std::string(3, ch) : std::string(1, ch);
+      std::size_t j = i + close.size();
+      for (; j < text.size(); ++j) {
+        if (text[j] == '\n') {
+          if (!multi) break;  // an unterminated one-line string: toml++ reports it
+          ++line;
+        }
+        if (ch == '"' && text[j] == '\\') {
+          ++j;
+          continue;
+        }
+        if (text.compare(j, close.size(), close) == 0) break;
+      }
+      i = std::min(j + close.size(), text.size()) - 1;  // a quoted part keeps the run going
+    } else if (ch == '.') {
+      if (++parts > kMaxKeyParts) refuse();
+    } else if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == ' ' || ch == '\t')) {
+      parts = 1;
+      if (ch == '\n') ++line;
+    }
+  }
+}
+
+}  // namespace
+
 Config Config::from_string(const std::string& text, const std::string& source_name) {
+  check_key_depth(text, source_name);
   toml::table root;
   try {
     root = toml::parse(text, source_name);

@@ -158,6 +158,23 @@ TEST(Config, UnknownKeysSuggestTheNearestValidKey) {
   EXPECT_NE(e.find("did you mean 'plugins'"), std::string::npos) << e;
 }
 
+// toml++ nests a table per dotted part and recurses through them: 100,000 parts ended in a
+// stack overflow. Keys that deep are refused first, naming the line; dots inside strings,
+// comments, numbers and dates are not key parts.
+TEST(Config, KeysOfManyDottedPartsAreRefusedBeforeParsing) {
+  std::string deep = "backend = \"virtual\"\n# a.b.c\n";
+  for (int i = 0; i < 100000; ++i) deep += "a.";
+  for (const std::string& text : {deep + "a = 1\n", "backend = \"virtual\"\n\n[" + deep.substr(30) + "a]\n"}) {
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find("test.toml:3"), std::string::npos) << e.substr(0, 200);
+    EXPECT_NE(e.find("dotted parts"), std::string::npos) << e.substr(0, 200);
+  }
+  std::string dots(200, '.');
+  const Config c = Config::from_string(
+      "skip = [\"" + dots + "\", '" + dots + "']  # " + dots + "\n[a.observer_options]\nalpha = 1.5e-3\n", "test.toml");
+  EXPECT_EQ(c.skip.size(), 2u);
+}
+
 TEST(Config, BadValuesNameTheKey) {
   EXPECT_NE(error_of("[w]\nbits = \"eight\"\n").find("w.bits must be an integer"), std::string::npos);
   EXPECT_NE(error_of("[w]\nbits = 1\n").find("between 2 and 16"), std::string::npos);
