@@ -53,10 +53,10 @@ void write_drawings(const std::string& model_path, const std::string& config_pat
 
 int cmd_inspect(const std::string& model_path, const std::string& config_path, bool as_json, const std::string& dot,
                 const std::string& mermaid) {
-  std::vector<PathArg> drawings;
+  std::vector<PathRole> drawings;
   if (!dot.empty()) drawings.push_back({"--dot", dot});
   if (!mermaid.empty()) drawings.push_back({"--mermaid", mermaid});
-  check_paths({{"the model", model_path}, {"-c", config_path}}, drawings);  // drawings never touch the model
+  check_distinct_paths({{"the model", model_path}, {"-c", config_path}}, drawings);  // drawings never touch the model
   write_drawings(model_path, config_path, dot, mermaid);
   sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{0});
   sb::Registry registry;

@@ -30,8 +30,8 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   sb::Config config = sb::Config::from_file(a.config);
   if (a.calib_count >= 0) config.calibration.count = static_cast<int>(a.calib_count);
   if (!a.device.empty()) config.calibration.device = a.device;
-  check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}},
-              {{"-o (.json)", a.output + ".json", true}, {"-o (.html)", a.output + ".html"}});
+  check_distinct_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}},
+                       {{"-o (.json)", a.output + ".json", true}, {"-o (.html)", a.output + ".html"}});
   sb::AtomicFile json_out(a.output + ".json"), html_out(a.output + ".html");
   sb::Registry registry;
   registry.load(config.plugins);

@@ -18,11 +18,11 @@ int cmd_prune(const PruneArgs& a, const GlobalOptions& g) {
   sb::PruneJob job;
   job.config = sb::Config::from_file(a.config);
   if (!a.device.empty()) job.config.calibration.device = a.device;
-  check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
-              {{"-o", a.output, true},
-               {"-o's external data", a.output + ".data"},
-               {"--report", a.report},
-               {"--masked", a.masked}});
+  check_distinct_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
+                       {{"-o", a.output, true},
+                        {"-o's external data", a.output + ".data"},
+                        {"--report", a.report},
+                        {"--masked", a.masked}});
   job.model = a.model;
   job.calib = a.calib;
   job.train = a.train;

@@ -29,11 +29,11 @@ int cmd_qat(const QatArgs& a, const GlobalOptions& g) {
   }
   if (!a.device.empty()) config.calibration.device = a.device;
   const std::string checkpoint = a.checkpoint.empty() ? a.output + ".ckpt" : a.checkpoint;
-  check_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
-              {{"-o", a.output, true},
-               {"-o's external data", a.output + ".data"},
-               {"--checkpoint", checkpoint},
-               {"--report", a.report}});
+  check_distinct_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}, {"--train", a.train}},
+                       {{"-o", a.output, true},
+                        {"-o's external data", a.output + ".data"},
+                        {"--checkpoint", checkpoint},
+                        {"--report", a.report}});
   job.model = a.model;
   job.calib = a.calib;
   job.train = a.train;

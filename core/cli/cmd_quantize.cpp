@@ -40,16 +40,16 @@ int cmd_quantize(const QuantizeArgs& a, const GlobalOptions& g) {
       throw sb::Error("--mode must be streaming, layerwise or asym");
     config.calibration.mode = a.mode;
   }
-  check_paths({{"the model", a.model},
-               {"-c", a.config},
-               {"--calib", a.calib},
-               {"--eval-data", a.eval_data},
-               {"--eval-labels", a.eval_labels}},
-              {{"-o", a.output, true},
-               {"-o's external data", a.output + ".data"},
-               {"--report", a.report},
-               {"--eval-outputs", a.eval_outputs},
-               {"--eval-fp32-outputs", a.eval_fp32_outputs}});
+  check_distinct_paths({{"the model", a.model},
+                        {"-c", a.config},
+                        {"--calib", a.calib},
+                        {"--eval-data", a.eval_data},
+                        {"--eval-labels", a.eval_labels}},
+                       {{"-o", a.output, true},
+                        {"-o's external data", a.output + ".data"},
+                        {"--report", a.report},
+                        {"--eval-outputs", a.eval_outputs},
+                        {"--eval-fp32-outputs", a.eval_fp32_outputs}});
   job.model = a.model;
   job.calib = a.calib;
   job.output = a.output;

@@ -22,7 +22,7 @@ std::map<std::string, int> op_histogram(const sb::Graph& g) {
 
 int cmd_simplify(const std::string& model_path, const std::string& config_path, const std::string& output) {
   const sb::Config config = config_path.empty() ? sb::Config() : sb::Config::from_file(config_path);
-  check_paths({{"the model", model_path}, {"-c", config_path}}, {{"-o", output, true}});
+  check_distinct_paths({{"the model", model_path}, {"-c", config_path}}, {{"-o", output, true}});
   sb::AtomicFile out(output);
   sb::Registry registry;
   registry.load(config.plugins);

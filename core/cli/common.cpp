@@ -2,17 +2,13 @@
 
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <map>
 #include <regex>
-#include <set>
 #include <thread>
 
 #include "sparsebit/core/config.h"
@@ -107,33 +103,6 @@ json value_info_json(const sb::ValueInfo& v) {
 sb::PluginSearch plugin_search(const std::string& config_path) {
   if (config_path.empty()) return {};
   return sb::Config::from_file(config_path).plugins;
-}
-
-void check_paths(const std::vector<PathArg>& inputs, const std::vector<PathArg>& outputs) {
-  namespace fs = std::filesystem;
-  auto identity = [](const std::string& path) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) return "inode " + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
-    std::error_code ec;
-    const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
-    return "path " + (ec ? path : p.string());
-  };
-  std::map<std::string, std::string> seen;  // identity -> flag
-  for (const auto& in : inputs)
-    if (!in.path.empty()) seen.emplace(identity(in.path), in.flag);
-  std::set<std::string> input_ids;
-  for (const auto& [id, flag] : seen) input_ids.insert(id);
-  for (const auto& out : outputs) {
-    if (out.path.empty() && !out.required) continue;
-    if (out.path.empty()) throw sb::Error(out.flag + ": the output path is empty");
-    const std::string id = identity(out.path);
-    auto [it, fresh] = seen.emplace(id, out.flag);
-    if (!fresh) {
-      throw sb::Error(out.flag + " " + sb::printable(out.path) + " is the same file as " + it->second +
-                      (input_ids.count(id) ? ", an input: writing it would destroy it" : ", another output") +
-                      "; choose another path");
-    }
-  }
 }
 
 }  // namespace sparsebit::cli

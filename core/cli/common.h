@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "progress.h"
+#include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/pipeline.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/graph.h"
@@ -70,16 +71,6 @@ std::string dims_text(const ValueInfo& v);
 json value_info_json(const ValueInfo& v);
 /// The plugin search of a config's [plugins] table (defaults without a config).
 PluginSearch plugin_search(const std::string& config_path);
-
-/// A path given on the command line and the flag that gave it.
-struct PathArg {
-  std::string flag, path;
-  bool required = false;  ///< an empty path is an error (otherwise: not given)
-};
-/// Refuses, before any work, outputs that are the same file as an input or as another output:
-/// by identity (device and inode) where the file exists, by absolute path with symbolic links
-/// resolved where it does not yet. An empty required output is refused too.
-void check_paths(const std::vector<PathArg>& inputs, const std::vector<PathArg>& outputs);
 
 /// The CLI's view of the pipeline's progress: one bar per step, closed when the step ends.
 struct ProgressBars {

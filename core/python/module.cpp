@@ -326,6 +326,21 @@ class PyDataset final : public sb::Dataset {
   std::int64_t read_ = 0;
 };
 
+/// A path as Python's open() takes it: str, bytes or os.PathLike, in the file system's encoding
+/// (so names that are not UTF-8 survive); an embedded NUL is refused, not cut short.
+std::string path_of(py::handle p) {
+  py::module_ os = py::module_::import("os");
+  const std::string bytes = os.attr("fsencode")(p).cast<py::bytes>();
+  if (bytes.find('\0') != std::string::npos)
+    throw sb::Error("path " + sb::printable(bytes) + " contains a NUL character, which no file name can hold");
+  return bytes;
+}
+
+bool is_path(py::handle p) {
+  py::module_ os = py::module_::import("os");
+  return py::isinstance<py::str>(p) || py::isinstance<py::bytes>(p) || py::isinstance(p, os.attr("PathLike"));
+}
+
 /// Data given to a call: a path (str or os.PathLike) as the CLI takes it, or a Python iterable
 /// registered for the call's duration (Note [Named datasets]).
 struct DataArg {
@@ -334,9 +349,8 @@ struct DataArg {
   DataArg() = default;
   DataArg(py::handle data, const std::string& label) {
     if (data.is_none()) return;
-    py::module_ os = py::module_::import("os");
-    if (py::isinstance<py::str>(data) || py::isinstance(data, os.attr("PathLike"))) {
-      path = py::str(os.attr("fspath")(data)).cast<std::string>();
+    if (is_path(data)) {
+      path = path_of(data);
       return;
     }
     // One dict is one item (name -> array), not an iterable of its keys.
@@ -349,51 +363,77 @@ struct DataArg {
   }
 };
 
-std::string path_of(py::handle p) {
-  py::module_ os = py::module_::import("os");
-  return py::str(os.attr("fspath")(p)).cast<std::string>();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Config from a dict
 
-toml::array toml_array(py::handle list, const std::string& key);
+// A config is at most 3 tables deep; deeper means a mistake, or a dict or list that contains
+// itself, which would recurse until the stack ran out.
+constexpr int kMaxConfigDepth = 32;
 
-void put(toml::table& t, const std::string& key, py::handle v, const std::string& path);
+toml::array toml_array(py::handle list, const std::string& key, int depth);
 
-toml::table toml_table(py::handle dict, const std::string& path) {
+void put(toml::table& t, const std::string& key, py::handle v, const std::string& path, int depth);
+
+std::string utf8_of(py::handle s, const std::string& what) {
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(s.ptr(), &size);
+  if (!text) {
+    PyErr_Clear();
+    throw sb::Error("config dict: " + what + " is not valid Unicode text (it holds a lone surrogate)");
+  }
+  return std::string(text, static_cast<std::size_t>(size));
+}
+
+std::int64_t int64_of(py::handle v, const std::string& path) {
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (overflow || (x == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    throw sb::Error("config dict: " + path + " = " + py::repr(v).cast<std::string>().substr(0, 40) +
+                    " is outside the 64-bit integer range");
+  }
+  return x;
+}
+
+toml::table toml_table(py::handle dict, const std::string& path, int depth) {
+  if (depth > kMaxConfigDepth)
+    throw sb::Error("config dict: " + sb::printable(path, 120) + " is nested more than " +
+                    std::to_string(kMaxConfigDepth) + " levels deep (does a dict or list contain itself?)");
   toml::table t;
   for (auto kv : py::reinterpret_borrow<py::dict>(dict)) {
     if (!py::isinstance<py::str>(kv.first))
       throw sb::Error("config dict: key " + py::repr(kv.first).cast<std::string>() +
                       (path.empty() ? "" : " in " + path) + " is not a string");
-    const std::string key = kv.first.cast<std::string>();
-    put(t, key, kv.second, path.empty() ? key : path + "." + key);
+    const std::string key = utf8_of(kv.first, "a key" + (path.empty() ? "" : " in " + path));
+    put(t, key, kv.second, path.empty() ? key : path + "." + key, depth);
   }
   return t;
 }
 
-toml::array toml_array(py::handle list, const std::string& key) {
+toml::array toml_array(py::handle list, const std::string& key, int depth) {
+  if (depth > kMaxConfigDepth)
+    throw sb::Error("config dict: " + sb::printable(key, 120) + " is nested more than " +
+                    std::to_string(kMaxConfigDepth) + " levels deep (does a dict or list contain itself?)");
   toml::array a;
   for (auto v : py::reinterpret_borrow<py::sequence>(list)) {
     toml::table holder;
-    put(holder, "v", v, key + "[]");
+    put(holder, "v", v, key + "[]", depth);
     a.push_back(std::move(*holder.get("v")));
   }
   return a;
 }
 
-void put(toml::table& t, const std::string& key, py::handle v, const std::string& path) {
+void put(toml::table& t, const std::string& key, py::handle v, const std::string& path, int depth) {
   if (py::isinstance<py::bool_>(v)) t.insert(key, v.cast<bool>());
-  else if (py::isinstance<py::int_>(v)) t.insert(key, v.cast<std::int64_t>());
+  else if (py::isinstance<py::int_>(v)) t.insert(key, int64_of(v, path));
   else if (py::isinstance<py::float_>(v)) t.insert(key, v.cast<double>());
-  else if (py::isinstance<py::str>(v)) t.insert(key, v.cast<std::string>());
+  else if (py::isinstance<py::str>(v)) t.insert(key, utf8_of(v, path));
   else if (PyIndex_Check(v.ptr()))
-    t.insert(key, py::int_(py::reinterpret_borrow<py::object>(v)).cast<std::int64_t>());  // numpy integers
+    t.insert(key, int64_of(py::int_(py::reinterpret_borrow<py::object>(v)), path));  // numpy integers
   else if (py::hasattr(v, "__float__") && !py::hasattr(v, "__len__"))
     t.insert(key, py::float_(py::reinterpret_borrow<py::object>(v)).cast<double>());
-  else if (py::isinstance<py::dict>(v)) t.insert(key, toml_table(v, path));
-  else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) t.insert(key, toml_array(v, path));
+  else if (py::isinstance<py::dict>(v)) t.insert(key, toml_table(v, path, depth + 1));
+  else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) t.insert(key, toml_array(v, path, depth + 1));
   else
     throw sb::Error("config dict: " + path + " = " + py::repr(v).cast<std::string>().substr(0, 80) +
                     " has no TOML equivalent (use str, int, float, bool, list or dict)");
@@ -401,7 +441,7 @@ void put(toml::table& t, const std::string& key, py::handle v, const std::string
 
 sb::Config config_from_dict(const py::dict& d) {
   std::ostringstream text;
-  text << toml_table(d, "");
+  text << toml_table(d, "", 0);
   return sb::Config::from_string(text.str(), "<config dict>");
 }
 
@@ -592,6 +632,7 @@ class PyQuantModel {
     const std::string data_path = (fs::path(out).parent_path() / location).string();
     if (fs::weakly_canonical(data_path) == fs::weakly_canonical(out))
       throw sb::Error("external_data '" + location + "' is the model file itself");
+    sb::check_distinct_paths(source_files(), {{"path", out, true}, {"external_data", data_path}});
     without_gil([&] {
       sb::AtomicFile model_file(out), data_file(data_path);
       std::string external;
@@ -615,6 +656,8 @@ class PyQuantModel {
     DataArg arg(data, "python profiling data");
     if (arg.path.empty()) throw sb::Error("profile() needs data: an iterable of arrays, or a data path");
     const std::string out = output.is_none() ? "" : path_of(output);
+    if (!out.empty())
+      sb::check_distinct_paths(source_files(), {{"output .json", out + ".json"}, {"output .html", out + ".html"}});
     const auto inputs = qm_->graph().inputs;
     const std::string json = without_gil([&] {
       std::unique_ptr<sb::AtomicFile> json_file, html_file;
@@ -654,6 +697,13 @@ class PyQuantModel {
 
  private:
   sb::Config config_;
+
+  /// The files this model came from, which its outputs must not replace.
+  std::vector<sb::PathRole> source_files() const {
+    std::error_code ec;
+    const bool config_file = std::filesystem::is_regular_file(config_.source, ec);
+    return {{"the model", source_.path}, {"the config", config_file ? config_.source : ""}};
+  }
   std::shared_ptr<sb::Registry> registry_;
   std::shared_ptr<DataArg> calib_;
   PyModel source_;

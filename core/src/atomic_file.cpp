@@ -10,6 +10,8 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <vector>
 
 #include "sparsebit/sdk/error.h"
@@ -96,9 +98,25 @@ void install_interrupt_cleanup(const std::string& what) {
 }
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
-  fs::path target(path_);
   std::error_code ec;
   if (path_.empty()) throw Error("cannot write an output with an empty path");
+  struct stat st {};
+  const bool exists = ::stat(path_.c_str(), &st) == 0;  // follows links
+  const int stat_error = errno;
+  struct stat link {};
+  if (::lstat(path_.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    if (!exists)
+      throw Error("cannot write " + printable(path_) + ": it is a symbolic link to a file that cannot be reached (" +
+                  std::strerror(stat_error) + "); create its target or remove the link");
+    if (S_ISREG(st.st_mode)) path_ = fs::canonical(path_, ec).string();  // replace what it names, keep the link
+  }
+  if (exists && S_ISBLK(st.st_mode))
+    throw Error("cannot write " + printable(path_) + ": it is a block device (a disk); write to a file");
+  if (exists && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+    through_ = true;
+    return;
+  }
+  fs::path target(path_);
   if (fs::is_directory(target, ec)) throw Error("cannot write " + printable(path_) + ": it is a folder");
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(dir, ec)) {
@@ -117,9 +135,16 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::open_temporary() {
+  if (through_) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0) throw Error("cannot write " + printable(path_) + ": " + std::strerror(errno));
+    return;
+  }
   fs::path target(path_);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::string tmpl = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+  // At most 64 bytes of the name: a name near the file system's 255-byte limit still has room
+  // for the temporary's dot and suffix.
+  std::string tmpl = (dir / ("." + target.filename().string().substr(0, 64) + ".tmp-XXXXXX")).string();
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   fd_ = mkstemp(buf.data());
@@ -147,6 +172,13 @@ void AtomicFile::write(const std::string& bytes) {
 
 void AtomicFile::commit() {
   if (fd_ < 0) open_temporary();  // an empty file
+  if (through_) {
+    const bool closed = ::close(fd_) == 0;
+    fd_ = -1;
+    if (!closed) throw Error("cannot write " + printable(path_) + ": " + std::strerror(errno));
+    committed_ = true;
+    return;
+  }
   struct stat existing {};
   const mode_t mode = ::stat(path_.c_str(), &existing) == 0 ? (existing.st_mode & 07777) : new_file_mode();
   const bool written = ::fchmod(fd_, mode) == 0 && ::fsync(fd_) == 0;
@@ -161,6 +193,37 @@ void AtomicFile::commit() {
   committed_ = true;
   release_slot(slot_);
   slot_ = -1;
+}
+
+void check_distinct_paths(const std::vector<PathRole>& inputs, const std::vector<PathRole>& outputs) {
+  auto identity = [](const std::string& path) -> std::string {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+      if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return "";  // a device or FIFO: written through
+      return "inode " + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+    }
+    std::error_code ec;
+    const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    return "path " + (ec ? path : p.string());
+  };
+  std::map<std::string, std::string> seen;  // identity -> name
+  for (const auto& in : inputs)
+    if (!in.path.empty())
+      if (std::string id = identity(in.path); !id.empty()) seen.emplace(id, in.name);
+  std::set<std::string> input_ids;
+  for (const auto& [id, name] : seen) input_ids.insert(id);
+  for (const auto& out : outputs) {
+    if (out.path.empty() && !out.required) continue;
+    if (out.path.empty()) throw Error(out.name + ": the output path is empty");
+    const std::string id = identity(out.path);
+    if (id.empty()) continue;
+    auto [it, fresh] = seen.emplace(id, out.name);
+    if (!fresh) {
+      throw Error(out.name + " " + printable(out.path) + " is the same file as " + it->second +
+                  (input_ids.count(id) ? ", an input: writing it would destroy it" : ", another output") +
+                  "; choose another path");
+    }
+  }
 }
 
 }  // namespace sparsebit

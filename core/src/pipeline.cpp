@@ -581,12 +581,30 @@ EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, cons
 // ---------------------------------------------------------------------------------------------
 // Jobs
 
+namespace {
+/// The config's file, when it came from one: an input no output may replace.
+std::string config_file(const Config& c) {
+  std::error_code ec;
+  return fs::is_regular_file(c.source, ec) ? c.source : "";
+}
+}  // namespace
+
 QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progress) {
   const Config& config = job.config;
   if (config.target && !config.target->has_value)
     throw Error(
         "[target] sets no value: add target.value (e.g. metric = \"cosine\", value = 0.99) or pass --target "
         "\"cosine>=0.99\"");
+  const EvaluationRequest eval = job.evaluation.value_or(EvaluationRequest{});
+  check_distinct_paths({{"the model", job.model},
+                        {"the config", config_file(config)},
+                        {"calib", job.calib},
+                        {"eval data", eval.data},
+                        {"eval labels", eval.labels}},
+                       {{"output", job.output, true},
+                        {"report", job.report},
+                        {"eval outputs", eval.outputs},
+                        {"eval fp32 outputs", eval.fp32_outputs}});
   JobFiles files(job.output, job.report);
   init_distributed(config.calibration.device);
   Registry registry;
@@ -666,6 +684,9 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   const Config& config = job.config;
   QatOutcome r;
   r.checkpoint = job.checkpoint.empty() ? job.output + ".ckpt" : job.checkpoint;
+  check_distinct_paths(
+      {{"the model", job.model}, {"the config", config_file(config)}, {"calib", job.calib}, {"train", job.train}},
+      {{"output", job.output, true}, {"report", job.report}, {"checkpoint", r.checkpoint}});
   Distributed* group = init_distributed(config.calibration.device);
   if (job.restart && writes_outputs()) fs::remove(r.checkpoint);
   if (group) group->barrier("starting from the checkpoint or from calibration");
@@ -717,6 +738,9 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
     throw Error(config.source + " also quantizes ([w]/[a]): pass --calib with calibration data");
   if (job.finetune_epochs > 0 && job.train.empty()) throw Error("--finetune needs --train with training data");
   if (job.finetune_epochs > 0) config.qat.epochs = job.finetune_epochs;
+  check_distinct_paths(
+      {{"the model", job.model}, {"the config", config_file(config)}, {"calib", job.calib}, {"train", job.train}},
+      {{"output", job.output, true}, {"report", job.report}, {"masked", job.masked}});
   JobFiles files(job.output, job.report, job.masked);
   init_distributed(config.calibration.device);
   Registry registry;

@@ -2,7 +2,9 @@
 // user's files were lost, a run hung, or a message misled, and checks the fixed behaviour.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <onnx/onnx_pb.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +12,7 @@
 #include <csignal>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/data.h"
@@ -79,6 +82,40 @@ TEST_F(Hardening, OutputsThatAreInputsOrEachOtherAreRefusedBeforeAnyWork) {
   EXPECT_EQ(testing::read_text(idx.string()), testing::read_text(kImages));
   EXPECT_FALSE(fs::exists(q));
   expect_one_line_error(run_cli(quantize("-o \"\"")), {"-o", "empty"});
+}
+
+// Note [What an output path may name]: a link's target is replaced and the link kept; a link to
+// nothing is refused; a FIFO (like /dev/null or /dev/stdout) is written through, not replaced;
+// a name near the file system's 255-byte limit still gets its temporary.
+TEST_F(Hardening, OutputsFollowLinksWriteThroughFifosAndTakeLongNames) {
+  const fs::path dir = work_.path();
+  testing::write_text((dir / "target.onnx").string(), "old");
+  fs::create_symlink("target.onnx", dir / "link.onnx");
+  ASSERT_EQ(run_cli(quantize("-o " + (dir / "link.onnx").string())).exit_code, 0);
+  EXPECT_TRUE(fs::is_symlink(dir / "link.onnx"));
+  EXPECT_NE(testing::read_text((dir / "target.onnx").string()), "old");  // the model, through the link
+  EXPECT_NO_THROW(load_onnx((dir / "target.onnx").string()));
+
+  fs::create_symlink("missing/nowhere.onnx", dir / "dangling.onnx");
+  expect_one_line_error(run_cli(quantize("-o " + (dir / "dangling.onnx").string())),
+                        {"dangling.onnx", "symbolic link", "cannot be reached"});
+  EXPECT_TRUE(fs::is_symlink(dir / "dangling.onnx"));
+
+  const fs::path fifo = dir / "report.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string received;
+  std::thread reader([&] { received = testing::read_text(fifo.string()); });
+  auto r = run_cli(quantize("-o " + (dir / "q.onnx").string() + " --report " + fifo.string()));
+  if (const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK); fd >= 0) ::close(fd);  // a reader still waiting
+  reader.join();
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_NO_THROW((void)nlohmann::json::parse(received)) << received.substr(0, 200);
+
+  const std::string long_name = std::string(250, 'n') + ".onnx";  // 255 bytes
+  r = run_cli(quantize("-o " + (dir / long_name).string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / long_name));
 }
 
 // Note [Interrupted runs]: a signal removes live temporaries and exits 128 + the signal.

@@ -384,3 +384,72 @@ def test_external_data(tmp_path, images):
         np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
     with pytest.raises(sparsebit.Error, match="file name"):
         qm.export(tmp_path / "o.onnx", external_data=str(tmp_path / "elsewhere" / "w.bin"))
+
+
+def test_outputs_never_replace_inputs(tmp_path, images):
+    """Every call refuses, before any work, an output that is one of its inputs (the model, the
+    config file) or another output; the inputs keep their bytes."""
+    model, config = tmp_path / "m.onnx", tmp_path / "c.toml"
+    model.write_bytes(open(CNN, "rb").read())
+    config.write_bytes(open(W8A8, "rb").read())
+    prune_config = os.path.join(ROOT, "configs", "prune_2_4.toml")
+    before = (model.read_bytes(), config.read_bytes())
+    data = [images[:32]]
+    out = tmp_path / "out.onnx"
+    attempts = [
+        lambda: sparsebit.quantize(model, config, calib=data, output=model),
+        lambda: sparsebit.quantize(model, config, calib=data, output=out, report=model),
+        lambda: sparsebit.quantize(model, config, calib=data, output=config),
+        lambda: sparsebit.quantize(model, config, calib=data, output=out, report=out),
+        lambda: sparsebit.prune(model, prune_config, output=model),
+        lambda: sparsebit.qat(model, config, calib=data, train=data, output=model, epochs=1),
+        lambda: sparsebit.qat(model, config, calib=data, train=data, output=out, epochs=1, checkpoint=model),
+    ]
+    for attempt in attempts:
+        with pytest.raises(sparsebit.Error, match="is the same file as"):
+            attempt()
+    qm = sparsebit.QuantModel(str(model), str(config))
+    qm.calibrate(data)
+    with pytest.raises(sparsebit.Error, match="the same file as the model"):
+        qm.export(model)
+    with pytest.raises(sparsebit.Error, match="the same file as the config"):
+        qm.export(str(config).encode())  # a bytes path names the same file
+    assert (model.read_bytes(), config.read_bytes()) == before
+    assert not out.exists()
+
+
+def test_paths_as_open_takes_them(tmp_path, images):
+    """str, bytes and os.PathLike name the same file; an embedded NUL is refused, not cut short."""
+    qm = sparsebit.QuantModel(CNN.encode(), W8A8.encode())
+    qm.calibrate([images[:32]])
+    qm.export(bytes(tmp_path / "b.onnx"))
+    assert (tmp_path / "b.onnx").exists() and not list(tmp_path.glob("b'*"))
+    with pytest.raises(sparsebit.Error, match="NUL"):
+        qm.export(str(tmp_path / "x.onnx") + "\0.txt")
+    with pytest.raises(sparsebit.Error, match="NUL"):
+        sparsebit.Config.from_file(W8A8 + "\0junk")
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_config_dicts_that_cannot_be_toml_name_their_key():
+    d = {}
+    d["w"] = d
+    with pytest.raises(sparsebit.Error, match="contain itself"):
+        sparsebit.Config(d)
+    looped = []
+    looped.append(looped)
+    with pytest.raises(sparsebit.Error, match="contain itself"):
+        sparsebit.Config({"skip": looped})
+    deep = cur = {}
+    for _ in range(100000):
+        cur["a"] = {}
+        cur = cur["a"]
+    with pytest.raises(sparsebit.Error, match="nested more than"):
+        sparsebit.Config(deep)
+    with pytest.raises(sparsebit.Error, match="calibration.count .* 64-bit"):
+        sparsebit.Config({"calibration": {"count": 2**70}})
+    with pytest.raises(sparsebit.Error, match="backend is not valid Unicode"):
+        sparsebit.Config({"backend": "\udcff"})
+    for text in ("a" + ".a" * 100000 + " = 1", "[" + "a." * 100000 + "a]"):
+        with pytest.raises(sparsebit.Error, match="dotted parts"):
+            sparsebit.Config.from_string(text)

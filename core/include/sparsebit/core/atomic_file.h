@@ -10,8 +10,15 @@
 // and SIGHUP remove them, say what was interrupted in one line and exit 128 + the signal (130,
 // 143, 129); a SIGABRT (a plugin's abort()) removes them before the default action. The final
 // file gets the mode of the file it replaces, or 0666 less the umask for a new one.
+//
+// Note [What an output path may name]
+// A symbolic link is followed: the file it names is replaced and the link stays (a link to
+// nothing is refused). A character device, FIFO or socket (/dev/null, /dev/stdout, a named pipe)
+// is written through, as a shell's redirection would, with nothing renamed over it; a reader of
+// a FIFO sees whatever was written before a failure.
 
 #include <string>
+#include <vector>
 
 #include "sparsebit/sdk/export.h"
 
@@ -32,10 +39,23 @@ class SPARSEBIT_API AtomicFile {
  private:
   void open_temporary();
   std::string path_, tmp_;
+  bool through_ = false;  ///< a device, FIFO or socket: written in place (Note [What an output path may name])
   int fd_ = -1;
   int slot_ = -1;  ///< entry in the list of live temporaries
   bool committed_ = false;
 };
+
+/// A path a job reads or writes, and the name the user gave it (a flag, a keyword argument).
+struct PathRole {
+  std::string name, path;
+  bool required = false;  ///< an empty path is an error (otherwise: not given)
+};
+
+/// Refuses, before any work, outputs that are the same file as an input or as another output:
+/// by identity (device and inode) where the file exists, by absolute path with symbolic links
+/// resolved where it does not yet. An empty required output is refused too. Character devices
+/// and FIFOs may be named more than once (two reports to /dev/null).
+SPARSEBIT_API void check_distinct_paths(const std::vector<PathRole>& inputs, const std::vector<PathRole>& outputs);
 
 /// Installs the handlers of Note [Interrupted runs]; `what` ("quantize model.onnx") goes into
 /// the message. Call once, early, from a program's main thread.
