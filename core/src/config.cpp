@@ -174,6 +174,10 @@ struct Reader {
     const bool grouped = out.qscheme.rfind("per-group", 0) == 0;
     if (grouped && group < 1)
       throw Error(key_path(name, "group_size") + " must be set (>= 1) with qscheme = \"" + out.qscheme + "\"");
+    if (group > (std::int64_t{1} << 31))  // also keeps (K + group - 1) / group from overflowing
+      throw Error(key_path(name, "group_size") + " = " + std::to_string(group) +
+                  " is larger than any weight row (at most 2^31); one group per row is qscheme = \"per-channel-" +
+                  (out.qscheme.find("affine") != std::string::npos ? "affine" : "symmetric") + "\"");
     if (grouped && name.back() == 'a')
       throw Error(key_path(name, "qscheme") + ": per-group quantization is for weights ([w])");
     out.group_size = group;
@@ -558,10 +562,11 @@ void TargetConfig::parse_expression(const std::string& text, const std::string& 
 }
 
 void TargetConfig::check_value(const std::string& where) const {
-  const bool ok = metric == "cosine" ? value > -1 && value <= 1 : metric == "sqnr" ? true : value >= 0;
-  if (!ok)
-    throw Error(where + ": " + describe() + " can never hold" +
-                (metric == "cosine" ? " (cosine lies in [-1, 1])" : " (it is never negative)"));
+  // Bounds that always hold (cosine>=-1) are accepted; only those that never can are refused. A
+  // top-1 drop may be negative (the quantized model ahead), an SQNR anything.
+  if (metric == "cosine" && value > 1)
+    throw Error(where + ": " + describe() + " can never hold (cosine lies in [-1, 1])");
+  if (metric == "mse" && value < 0) throw Error(where + ": " + describe() + " can never hold (it is never negative)");
 }
 
 Config Config::from_file(const std::string& path) {

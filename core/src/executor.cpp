@@ -35,6 +35,23 @@ namespace {
 constexpr std::int64_t kUnboundedLoop = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t kMaxLoopIterations = std::int64_t{1} << 24;
 
+/// An If's branches must give outputs of the same element types (ONNX's If); a model where they
+/// differ is refused at load, naming the node and the output, not run with whatever one gives.
+void check_branches_agree(const Node& n) {
+  const Graph* then_g = n.attributes.at("then_branch").graph.get();
+  const Graph* else_g = n.attributes.at("else_branch").graph.get();
+  if (then_g->outputs.size() != else_g->outputs.size())
+    throw Error(n.describe() + ": then_branch gives " + std::to_string(then_g->outputs.size()) +
+                " outputs and else_branch " + std::to_string(else_g->outputs.size()) + "; both must give the same");
+  for (std::size_t k = 0; k < then_g->outputs.size(); ++k) {
+    const int a = then_g->outputs[k].elem_type, b = else_g->outputs[k].elem_type;
+    if (a != 0 && b != 0 && a != b)
+      throw Error(n.describe() + ": output " + std::to_string(k) + " is " + onnx_type_name(a) + " in then_branch ('" +
+                  then_g->outputs[k].name + "') and " + onnx_type_name(b) + " in else_branch ('" +
+                  else_g->outputs[k].name + "'); ONNX's If needs the branches to agree");
+  }
+}
+
 void append_flat(Graph& g, std::vector<FlatNode>& out) {
   const auto nodes = g.nodes();
   for (Node* n : nodes) out.push_back({n, &g});
@@ -161,6 +178,7 @@ Executor::Executor(const Graph& graph, const Registry& registry, const Executor*
                                                   : std::vector<std::string>{"body"};
       for (const auto& b : needed)
         if (!cf->bodies.count(b)) throw Error(n->describe() + ": the subgraph attribute '" + b + "' is missing");
+      if (n->op_type == "If") check_branches_agree(*n);
       cf->implicit = n->implicit_inputs();
       control_[index] = std::move(cf);
       modules_.push_back({std::make_unique<ControlFlowModule>(), "core (control flow)"});

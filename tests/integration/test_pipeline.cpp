@@ -446,6 +446,28 @@ TEST(Pipeline, LoopTripCountsFollowOnnx) {
   }
 }
 
+TEST(Pipeline, IfBranchesOfDifferentElementTypesAreRefused) {
+  using testing::make_node;
+  Graph g;
+  g.opset_imports[""] = 16;
+  g.inputs.push_back({"c", 9, true, {}, ""});
+  g.outputs.push_back({"y", 1, true, {}, ""});
+  Graph then_branch, else_branch;
+  then_branch.initializers["f"] = at::ones({2});
+  then_branch.outputs.push_back({"yf", 1, true, {{2, ""}}, ""});
+  then_branch.append(make_node("tf", "Identity", {"f"}, {"yf"}));
+  else_branch.initializers["l"] = at::ones({2}, at::kLong);
+  else_branch.outputs.push_back({"yl", 7, true, {{2, ""}}, ""});
+  else_branch.append(make_node("el", "Identity", {"l"}, {"yl"}));
+  Node cond = make_node("branchy", "If", {"c"}, {"y"});
+  cond.attributes["then_branch"] = Attribute::of_graph(std::move(then_branch));
+  cond.attributes["else_branch"] = Attribute::of_graph(std::move(else_branch));
+  g.append(std::move(cond));
+  const std::string e = testing::error_of([&] { Executor ex(g, testing::shipped_registry()); });
+  for (const char* needle : {"branchy", "output 0", "float", "int64", "yl"})
+    EXPECT_NE(e.find(needle), std::string::npos) << needle << " missing in: " << e;
+}
+
 std::size_t count_ops(const Graph& g, const std::string& op) {
   std::size_t n = 0;
   for (const Node* node : g.nodes()) n += node->op_type == op;

@@ -175,6 +175,13 @@ TEST(Config, KeysOfManyDottedPartsAreRefusedBeforeParsing) {
   EXPECT_EQ(c.skip.size(), 2u);
 }
 
+TEST(Config, GroupSizesBeyondAnyRowAreRefusedAtLoad) {
+  const std::string e =
+      error_of("[w]\nqscheme = \"per-group-symmetric\"\nbits = 4\ngroup_size = 9223372036854775807\n");
+  EXPECT_NE(e.find("w.group_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("per-channel-symmetric"), std::string::npos) << e;
+}
+
 TEST(Config, BadValuesNameTheKey) {
   EXPECT_NE(error_of("[w]\nbits = \"eight\"\n").find("w.bits must be an integer"), std::string::npos);
   EXPECT_NE(error_of("[w]\nbits = 1\n").find("between 2 and 16"), std::string::npos);
