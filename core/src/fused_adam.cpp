@@ -34,6 +34,12 @@ typename Map::key_type key_of(const Map&, const at::Tensor& p) {
 
 }  // namespace
 
+torch::optim::AdamParamState* adam_state(torch::optim::Adam& adam, const at::Tensor& p) {
+  auto& states = adam.state();
+  auto found = states.find(key_of(states, p));
+  return found == states.end() ? nullptr : static_cast<torch::optim::AdamParamState*>(found->second.get());
+}
+
 at::Tensor FusedAdam::step(LossClosure closure) {
   if (counts_steps_on_device()) {
     if (closure) throw Error("FusedAdam: no closure while steps are counted on the device");

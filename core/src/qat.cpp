@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <map>
@@ -69,6 +70,38 @@ at::Tensor distillation_loss(const std::vector<at::Tensor>& student, const std::
 
 namespace {
 
+/// FNV-1a, 8 bytes at a time, over the parameters and Adam's state in parameter order: what a
+/// checkpoint restores. Stored with it, so a file whose bytes changed after it was written (a
+/// flipped bit would resume into NaN) is refused rather than trained on.
+std::int64_t state_digest(const std::vector<std::pair<std::string, at::Tensor>>& params, torch::optim::Adam& adam) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* data, std::size_t n) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; i += 8) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, bytes + i, std::min<std::size_t>(8, n - i));
+      h = (h ^ word) * 1099511628211ull;
+    }
+  };
+  auto tensor = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    mix(c.data_ptr(), c.nbytes());
+  };
+  for (const auto& named : params) tensor(named.second);
+  for (auto& group : adam.param_groups())
+    for (auto& p : group.params()) {
+      const torch::optim::AdamParamState* state = adam_state(adam, p);
+      if (!state) continue;
+      const std::int64_t step = state->step();
+      mix(&step, sizeof step);
+      tensor(state->exp_avg());
+      tensor(state->exp_avg_sq());
+      tensor(state->max_exp_avg_sq());
+    }
+  return static_cast<std::int64_t>(h);
+}
+
 /// The checkpoint's bytes; written to its file by the caller (on a thread, while the next
 /// epoch trains).
 std::string checkpoint_bytes(const std::string& fingerprint, int epoch,
@@ -80,25 +113,26 @@ std::string checkpoint_bytes(const std::string& fingerprint, int epoch,
   for (const auto& [name, t] : params) values.write(name, t.detach().to(at::kCPU));
   archive.write("parameters", values);
   torch::serialize::OutputArchive optimizer;
-  adam.save(optimizer);
+  adam.save(optimizer);  // first: it brings step counts kept on a GPU into the states hashed below
   archive.write("optimizer", optimizer);
+  archive.write("digest", c10::IValue(state_digest(params, adam)));
   std::ostringstream bytes;
   archive.save_to(bytes);
   return bytes.str();
 }
 
-/// Restores a checkpoint into `params` and `adam`; returns the epochs it had finished.
-int load_checkpoint(const std::string& path, const std::string& fingerprint,
-                    const std::vector<std::pair<std::string, at::Tensor>>& params, torch::optim::Adam& adam) {
+/// The work of load_checkpoint, whose LibTorch errors it turns into messages.
+int restore_checkpoint(const std::string& path, const std::string& fingerprint,
+                       const std::vector<std::pair<std::string, at::Tensor>>& params, torch::optim::Adam& adam) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw Error(path + ": the checkpoint is a folder, device or pipe, not a file; give a file path (--checkpoint)");
   torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path);
-  } catch (const std::exception& e) {
-    throw Error(path + ": not a readable QAT checkpoint (" + std::string(e.what()).substr(0, 200) +
-                "); delete it or pass --restart");
-  }
-  c10::IValue fp, epoch;
-  if (!archive.try_read("fingerprint", fp) || !fp.isString() || !archive.try_read("epoch", epoch) || !epoch.isInt()) {
+  archive.load_from(path);
+  c10::IValue fp, epoch, digest;
+  if (!archive.try_read("fingerprint", fp) || !fp.isString() || !archive.try_read("epoch", epoch) || !epoch.isInt() ||
+      !archive.try_read("digest", digest) || !digest.isInt()) {
     throw Error(path + ": not a QAT checkpoint of this version; delete it or pass --restart");
   }
   if (fp.toStringRef() != fingerprint) {
@@ -118,7 +152,22 @@ int load_checkpoint(const std::string& path, const std::string& fingerprint,
   torch::serialize::InputArchive optimizer;
   archive.read("optimizer", optimizer);
   adam.load(optimizer);
+  if (state_digest(params, adam) != digest.toInt())
+    throw Error(path +
+                ": its contents changed since it was written (the checksum does not match); delete it or "
+                "pass --restart");
   return static_cast<int>(epoch.toInt());
+}
+
+/// Restores a checkpoint into `params` and `adam`; returns the epochs it had finished.
+int load_checkpoint(const std::string& path, const std::string& fingerprint,
+                    const std::vector<std::pair<std::string, at::Tensor>>& params, torch::optim::Adam& adam) {
+  try {
+    return restore_checkpoint(path, fingerprint, params, adam);
+  } catch (const c10::Error& e) {  // LibTorch's own words, without its C++ backtrace
+    throw Error(path + ": not a readable QAT checkpoint (" + printable(e.what_without_backtrace(), 200) +
+                "); delete it or pass --restart");
+  }
 }
 
 }  // namespace

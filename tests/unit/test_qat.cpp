@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/optim/adam.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -134,6 +135,25 @@ TEST(Qat, ResumingFromACheckpointEndsWhereAnUninterruptedRunEnds) {
     distill(other.student, other.teacher, other.train_data(), {c.qat, dir / "b.ckpt", "another run"});
   });
   EXPECT_NE(msg.find("--restart"), std::string::npos) << msg;
+  // A byte of a saved weight changed after writing: refused, not resumed into a wrong model.
+  std::string bytes = testing::read_text(dir / "b.ckpt");
+  const at::Tensor w = b[0].second.detach().contiguous();
+  const std::string raw(static_cast<const char*>(w.data_ptr()), std::min<std::size_t>(16, w.nbytes()));
+  const std::size_t at = bytes.find(raw);
+  ASSERT_NE(at, std::string::npos) << "the weight's bytes are not stored as they are";
+  bytes[at + 3] = static_cast<char>(bytes[at + 3] ^ 0x40);
+  testing::write_text(dir / "c.ckpt", bytes);
+  QatSetup again(c);
+  const std::string changed = testing::error_of([&] {
+    distill(again.student, again.teacher, again.train_data(), {c.qat, dir / "c.ckpt", "fingerprint"});
+  });
+  EXPECT_NE(changed.find("contents changed since it was written"), std::string::npos) << changed;
+  // A checkpoint that is a FIFO is refused, not waited on.
+  ASSERT_EQ(::mkfifo((dir / "fifo.ckpt").c_str(), 0600), 0);
+  const std::string fifo = testing::error_of([&] {
+    distill(again.student, again.teacher, again.train_data(), {c.qat, dir / "fifo.ckpt", "fingerprint"});
+  });
+  EXPECT_NE(fifo.find("not a file"), std::string::npos) << fifo;
 }
 
 // Fresh leaf tensors with the values of `start`, for optimizers compared side by side.

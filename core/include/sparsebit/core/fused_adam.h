@@ -45,4 +45,7 @@ class SPARSEBIT_API FusedAdam final : public torch::optim::Adam {
   std::vector<at::Tensor> device_steps_;  ///< per group: a 0-dim double count
 };
 
+/// The state `adam` keeps for parameter `p` (null before its first step).
+SPARSEBIT_API torch::optim::AdamParamState* adam_state(torch::optim::Adam& adam, const at::Tensor& p);
+
 }  // namespace sparsebit
