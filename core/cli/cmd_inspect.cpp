@@ -110,7 +110,7 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     for (const auto& [op, h] : histogram)
       ops.push_back({{"op", op}, {"count", h.first}, {"qmodule", !h.second.empty()}, {"plugin", h.second}});
     j["ops"] = ops;
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
   std::cout << model_path << ": opset " << model.graph.default_opset() << ", " << model.graph.num_nodes() << " nodes, "

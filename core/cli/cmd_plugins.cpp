@@ -35,7 +35,7 @@ int cmd_plugins(const std::string& config_path, bool as_json) {
       list.push_back(e);
     }
     j["plugins"] = list;
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
   std::cout << "host: SDK " << sb::sdk::kSdkVersionMajor << "." << sb::sdk::kSdkVersionMinor << ", ABI "

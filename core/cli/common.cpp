@@ -72,7 +72,7 @@ const CLI::Validator kDevice(
     },
     "DEVICE");
 
-std::string one_line(const std::string& message) { return sb::printable(message, 4000); }
+std::string one_line(const std::string& message) { return sb::one_line_message(message); }
 
 int argument_error(CLI::App& app, const CLI::ParseError& e) {
   if (e.get_exit_code() == 0) return app.exit(e);

@@ -6,10 +6,12 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -62,6 +64,13 @@ void remember_command_line(int argc, char** argv) { g_argv.assign(argv, argv + a
 
 std::optional<int> launch_workers(int nproc) {
   if (nproc <= 1 || std::getenv("WORLD_SIZE")) return std::nullopt;  // one process, or a worker already
+  // A few workers per core still make progress (and test a distributed run on a small machine);
+  // hundreds only thrash, each with its own copy of the model.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int most = std::max(8, 4 * cores);
+  if (nproc > most)
+    throw Error("--nproc " + std::to_string(nproc) + " is more workers than this machine's " + std::to_string(cores) +
+                " cores can run (at most " + std::to_string(most) + "; on GPUs: one worker per GPU)");
   const char* port_env = std::getenv("MASTER_PORT");
   const std::string port = port_env && *port_env ? port_env : std::to_string(free_port());
   spdlog::info("starting {} worker processes (rendezvous on 127.0.0.1:{})", nproc, port);
@@ -74,10 +83,15 @@ std::optional<int> launch_workers(int nproc) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
 
   std::vector<pid_t> pids;
+  const pid_t parent = ::getpid();
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();
     if (pid < 0) throw Error("--nproc: cannot start worker " + std::to_string(rank) + ": " + std::strerror(errno));
     if (pid == 0) {
+      // A worker dies with the command that started it (SIGKILL included): it never goes on to
+      // write outputs for a run its caller already saw fail. SIGTERM, so its temporaries go too.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) std::_Exit(128 + SIGTERM);  // the parent died before prctl
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);

@@ -843,13 +843,13 @@ PYBIND11_MODULE(_sparsebit, m) {
     } catch (const py::error_already_set&) {
       throw;
     } catch (const sb::Error& e) {
-      error(sb::printable(e.what(), 4000).c_str());
+      error(sb::one_line_message(e.what()).c_str());
     } catch (const c10::Error& e) {
       error(sb::printable(e.what_without_backtrace(), 4000).c_str());
     } catch (const std::bad_alloc&) {
       error("out of memory; try a smaller batch size");
     } catch (const std::exception& e) {
-      error(sb::printable(e.what(), 4000).c_str());
+      error(sb::one_line_message(e.what()).c_str());
     }
   });
 

@@ -47,22 +47,24 @@ void release_slot(int slot) {
   if (slot >= 0) g_state[slot].store(0);
 }
 
-void write_all(const char* s) {
-  for (std::size_t left = std::strlen(s); left > 0;) {
-    const ssize_t n = ::write(STDERR_FILENO, s, left);
-    if (n <= 0) return;
-    s += n;
-    left -= static_cast<std::size_t>(n);
-  }
+/// Appends `s` to the buffer at `*end` (up to `last`); async-signal-safe.
+void append(char*& end, const char* last, const char* s) {
+  while (*s && end < last) *end++ = *s++;
 }
 
 extern "C" void on_interrupt(int sig) {
   remove_temporary_files();
-  write_all("sparsebit: interrupted by ");
-  write_all(sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
-  write_all(" while running ");
-  write_all(g_what);
-  write_all("; no output was written\n");
+  // One write() of the whole line: the workers of an --nproc run, interrupted together, print
+  // one line each rather than their words interleaved (writes up to PIPE_BUF are atomic).
+  static char line[sizeof g_what + 128];
+  char* end = line;
+  const char* last = line + sizeof line - 2;
+  append(end, last, "sparsebit: interrupted by ");
+  append(end, last, sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+  append(end, last, " while running ");
+  append(end, last, g_what);
+  append(end, last, "; no output was written\n");
+  [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line, static_cast<std::size_t>(end - line));
   ::_exit(128 + sig);
 }
 
@@ -121,7 +123,8 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(dir, ec)) {
     throw Error("cannot write " + printable(path_) + ": folder " + printable(dir.string()) +
-                " does not exist; create it first");
+                (ec && ec != std::errc::no_such_file_or_directory ? ": " + ec.message()
+                                                                  : std::string(" does not exist; create it first")));
   }
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
     throw Error("cannot write " + printable(path_) + ": " + std::strerror(errno) + " (check the folder's permissions)");

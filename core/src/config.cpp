@@ -569,11 +569,21 @@ void TargetConfig::check_value(const std::string& where) const {
   if (metric == "mse" && value < 0) throw Error(where + ": " + describe() + " can never hold (it is never negative)");
 }
 
+std::string one_line_message(const std::string& text, std::size_t max) {
+  if (text.size() <= max) return printable(text, max);
+  const std::size_t tail = max / 4;
+  return printable(text.substr(0, max - tail), max) + "... (" + std::to_string(text.size()) + " characters) ..." +
+         printable(text.substr(text.size() - tail), max);
+}
+
 Config Config::from_file(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec))
     throw Error(path + ": is a folder; give the config's TOML file (e.g. configs/w8a8_tensorrt.toml)");
-  if (!fs::exists(path, ec)) throw Error(path + ": config file not found");
+  if (!fs::exists(path, ec))
+    throw Error(
+        path + ": " +
+        (ec && ec != std::errc::no_such_file_or_directory ? ec.message() : std::string("config file not found")));
   if (!fs::is_regular_file(path, ec)) throw Error(path + ": is a device, pipe or socket, not a TOML file");
   std::ifstream in(path);
   if (!in) throw Error(path + ": config file cannot be read");

@@ -394,7 +394,10 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector
     }
   }
   std::error_code ec;
-  if (!fs::exists(path, ec)) throw Error("calibration data " + path + ": no such file or folder");
+  if (!fs::exists(path, ec))
+    throw Error(
+        "calibration data " + path + ": " +
+        (ec && ec != std::errc::no_such_file_or_directory ? ec.message() : std::string("no such file or folder")));
   if (!fs::is_regular_file(path, ec) && !fs::is_directory(path, ec))
     throw Error("calibration data " + path + ": is a device, pipe or socket, not a file or folder of samples");
   if (inputs.empty()) throw Error("the model has no inputs to feed calibration data to");

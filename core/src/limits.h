@@ -44,8 +44,11 @@ inline std::int64_t checked_numel(const std::vector<std::int64_t>& shape, std::s
 
 /// Parses a non-negative integer field (external-data offsets and lengths).
 inline std::int64_t parse_size(const std::string& text, const std::string& what) {
-  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos)
-    throw Error(what + ": '" + text + "' is not a non-negative integer");
+  const std::string shown = printable(text, 40);
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+    throw Error(what + ": '" + shown + "' is not a non-negative integer");
+  // Up to 18 digits always fits; longer is refused as the size it claims, not as a bad number.
+  if (text.size() > 18) throw Error(what + ": " + shown + " bytes is beyond any file (the model is corrupt)");
   return std::stoll(text);
 }
 

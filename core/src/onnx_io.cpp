@@ -400,7 +400,9 @@ Model load_onnx_from_bytes(const std::string& bytes, const std::string& name, co
 
 Model load_onnx(const std::string& path, const ImportOptions& options) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) throw Error(path + ": no such file");
+  if (!fs::exists(path, ec))
+    throw Error(path + ": " +
+                (ec && ec != std::errc::no_such_file_or_directory ? ec.message() : std::string("no such file")));
   if (fs::is_directory(path, ec)) throw Error(path + ": is a folder, expected an .onnx file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot be opened for reading");

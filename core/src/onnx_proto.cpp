@@ -163,7 +163,10 @@ ExternalSpan locate_external_data(const onnx::TensorProto& p, const fs::path& ba
     throw Error(what + ": external data location '" + location + "' resolves to " + file.string() +
                 ", outside the model's folder " + folder.string() + " (a symlink?); refusing to read it");
   }
-  if (!fs::is_regular_file(file, ec)) throw Error(what + ": external data file " + file.string() + " does not exist");
+  if (!fs::exists(file, ec)) throw Error(what + ": external data file " + file.string() + " does not exist");
+  if (!fs::is_regular_file(file, ec))
+    throw Error(what + ": external data file " + file.string() + " is " +
+                (fs::is_directory(file, ec) ? "a folder" : "a device, pipe or socket") + ", not a file");
   const auto size = static_cast<std::int64_t>(fs::file_size(file, ec));
   if (length < 0) length = expected;
   if (length != expected) {

@@ -834,7 +834,7 @@ std::string report_json(const QuantizeOutcome& r) {
   for (const auto& c : r.input_coverage)
     coverage.push_back({{"input", c.input}, {"min", c.min}, {"max", c.max}, {"open", c.open}});
   rep["input_coverage"] = coverage;
-  return rep.dump(2);
+  return rep.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string report_json(const QatOutcome& r, const QatJob& job) {
@@ -850,7 +850,7 @@ std::string report_json(const QatOutcome& r, const QatJob& job) {
                                     {"samples", e.samples},
                                     {"seconds", e.seconds},
                                     {"graphed_steps", e.graphed_steps}});
-  return rep.dump(2);
+  return rep.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string report_json(const PruneOutcome& r, const PruneJob& job) {
@@ -867,7 +867,7 @@ std::string report_json(const PruneOutcome& r, const PruneJob& job) {
     }
   }
   if (r.quantization) rep["quantization"] = quantization_report_value(*r.quantization);
-  return rep.dump(2);
+  return rep.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace sparsebit

@@ -167,7 +167,7 @@ std::string profile_json(const ProfileReport& r) {
   j["all_layers_at_output"] = {{"mse", r.whole.mse}, {"cosine", r.whole.cosine}, {"sqnr_db", finite(r.whole.sqnr_db)}};
   j["accumulated"] = rows(r.accumulated);
   j["single"] = rows(r.single);
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 namespace {

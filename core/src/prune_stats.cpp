@@ -128,6 +128,8 @@ nlohmann::json prune_report_value(const PruneSummary& r) {
   return j;
 }
 
-std::string prune_report_json(const PruneSummary& r) { return prune_report_value(r).dump(2); }
+std::string prune_report_json(const PruneSummary& r) {
+  return prune_report_value(r).dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 }  // namespace sparsebit

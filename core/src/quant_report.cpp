@@ -109,7 +109,7 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
 }
 
 std::string quantization_report_json(const QuantizationReport& report) {
-  return quantization_report_value(report).dump(2);
+  return quantization_report_value(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace sparsebit

@@ -608,7 +608,7 @@ std::string target_report_json(const TargetReport& r) {
             {"sensitivity_seconds", r.sensitivity_seconds},
             {"seconds", r.seconds},
             {"sensitivity", rows(r.ranking)}};
-  return j.dump(2);
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace sparsebit

@@ -118,6 +118,31 @@ TEST_F(Hardening, OutputsFollowLinksWriteThroughFifosAndTakeLongNames) {
   EXPECT_TRUE(fs::exists(dir / long_name));
 }
 
+// File names are bytes: one that is not UTF-8 must not fail the JSON report after all the work.
+TEST_F(Hardening, PathsThatAreNotUtf8ReachTheReport) {
+  const fs::path odd = work_.path() / "mod\xff\xfe.onnx";
+  fs::copy_file(model_, odd);
+  const std::string report = (work_.path() / "r.json").string();
+  auto r = run_cli("quantize '" + odd.string() + "' -c " + config_ + " --calib " + kImages + " --calib-count 64 -o " +
+                   (work_.path() / "q.onnx").string() + " --report " + report);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(testing::read_text(report));
+  EXPECT_NE(j["model"].get<std::string>().find("mod\xEF\xBF\xBD"), std::string::npos) << j["model"];  // U+FFFD
+}
+
+// A path beyond PATH_MAX: the message keeps its reason (the middle of the path goes, not the end).
+TEST_F(Hardening, PathsBeyondPathMaxSayWhy) {
+  std::string deep = work_.path().string();
+  for (int i = 0; i < 2100; ++i) deep += "/a";
+  for (const std::string& args : {"quantize " + deep + "/m.onnx -c " + config_ + " --calib " + kImages + " -o q.onnx",
+                                  quantize("-o " + deep + "/q.onnx"),
+                                  "quantize " + model_ + " -c " + deep + "/c.toml --calib " + kImages + " -o q.onnx"}) {
+    auto r = run_cli(args);
+    expect_one_line_error(r, {"characters)", "too long"});
+    EXPECT_LT(r.output.size(), 4500u);
+  }
+}
+
 // Note [Interrupted runs]: a signal removes live temporaries and exits 128 + the signal.
 TEST_F(Hardening, SignalsRemoveTemporariesAndExitWithTheSignalNumber) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {

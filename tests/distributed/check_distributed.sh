@@ -215,6 +215,36 @@ grep -q "rank 1 stopped responding" STOP.log || fail "the message does not name 
 [[ ! -e dead.onnx ]] || fail "a run with a frozen worker wrote its output"
 echo "ok: a frozen worker ends the run in $(($(date +%s) - start)) s: $(grep -o 'rank 1 stopped responding.*' STOP.log | head -1)"
 
+# The command killed (SIGKILL, which it cannot catch) mid-calibration: its workers die with it
+# and no output appears afterwards.
+"$bin" --threads 1 quantize "$model" -c slow.toml --calib "$data" --batch-size 8 --calib-count 40000 \
+  -o orphan.onnx --nproc 2 2>orphan.log &
+parent=$!
+for _ in $(seq 300); do
+  grep -q "calibrating on" orphan.log 2>/dev/null && break
+  sleep 0.05
+done
+workers=$(pgrep -P "$parent" | tr '\n' ' ')
+[[ -n $workers ]] || fail "no workers under $parent"
+kill -KILL "$parent"
+wait "$parent" 2>/dev/null || true
+for _ in $(seq 100); do
+  alive=0
+  for w in $workers; do kill -0 "$w" 2>/dev/null && alive=1; done
+  [[ $alive == 0 ]] && break
+  sleep 0.1
+done
+[[ $alive == 0 ]] || fail "workers $workers outlived their killed parent"
+sleep 1
+[[ ! -e orphan.onnx ]] || fail "the workers of a killed command wrote its output"
+echo "ok: the workers of a killed command die with it: $(grep -c 'interrupted by SIGTERM' orphan.log) line(s) 'interrupted by SIGTERM'"
+
+# More workers than cores is refused before any start.
+status=0
+"$bin" quantize "$model" -c slow.toml --calib "$data" -o many.onnx --nproc 100000 2>many.log || status=$?
+[[ $status -ne 0 ]] && grep -q "more workers than this machine's" many.log || fail "--nproc 100000 was not refused: $(cat many.log)"
+echo "ok: $(grep -o -- '--nproc 100000 is more.*' many.log)"
+
 # A rank that never joins: rank 0 alone, the rendezvous times out naming rank 1.
 status=0
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 1)) SPARSEBIT_DIST_TIMEOUT=3 \

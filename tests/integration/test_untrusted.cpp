@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -98,6 +99,13 @@ TEST_F(Untrusted, ExternalDataSizesOffsetsAndChecksumsAreChecked) {
             std::string::npos);
   EXPECT_NE(load({{"location", "weights.bin"}, {"offset", "12abc"}}).find("not a non-negative integer"),
             std::string::npos);
+  EXPECT_NE(load({{"location", "weights.bin"}, {"offset", "9223372036854775807"}}).find("beyond any file"),
+            std::string::npos);
+  fs::create_directories(work_ / "model/folder.bin");
+  EXPECT_NE(load({{"location", "folder.bin"}}).find("is a folder, not a file"), std::string::npos);
+  ASSERT_EQ(::mkfifo((work_ / "model/pipe.bin").c_str(), 0600), 0);
+  EXPECT_NE(load({{"location", "pipe.bin"}}).find("a device, pipe or socket"), std::string::npos);
+  EXPECT_NE(load({{"location", "missing.bin"}}).find("does not exist"), std::string::npos);
   EXPECT_NE(load({{"location", "weights.bin"}, {"length", "8"}}).find("does not match its shape"), std::string::npos);
   EXPECT_NE(load({{"location", "weights.bin"}}, {1 << 20, 1 << 20, 1 << 10}).find("more than this machine's memory"),
             std::string::npos);

@@ -249,6 +249,10 @@ struct SPARSEBIT_API Config {
   static Config from_string(const std::string& text, const std::string& source_name);
 };
 
+/// A message for one line of a terminal: printable() (error.h) up to `max` bytes, but the middle
+/// goes rather than the end, which says what went wrong after a path that may be long.
+SPARSEBIT_API std::string one_line_message(const std::string& text, std::size_t max = 4000);
+
 /// Closest string to `key` among `candidates` by edit distance ("" if none is close).
 SPARSEBIT_API std::string nearest(const std::string& key, const std::vector<std::string>& candidates);
 
