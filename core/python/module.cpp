@@ -341,7 +341,7 @@ bool is_path(py::handle p) {
   return py::isinstance<py::str>(p) || py::isinstance<py::bytes>(p) || py::isinstance(p, os.attr("PathLike"));
 }
 
-/// Data given to a call: a path (str or os.PathLike) as the CLI takes it, or a Python iterable
+/// Data given to a call: a path (str, bytes or os.PathLike) as the CLI takes it, or a Python iterable
 /// registered for the call's duration (Note [Named datasets]).
 struct DataArg {
   std::string path;
@@ -395,10 +395,14 @@ std::int64_t int64_of(py::handle v, const std::string& path) {
   return x;
 }
 
-toml::table toml_table(py::handle dict, const std::string& path, int depth) {
+void check_depth(const std::string& path, int depth) {
   if (depth > kMaxConfigDepth)
     throw sb::Error("config dict: " + sb::printable(path, 120) + " is nested more than " +
                     std::to_string(kMaxConfigDepth) + " levels deep (does a dict or list contain itself?)");
+}
+
+toml::table toml_table(py::handle dict, const std::string& path, int depth) {
+  check_depth(path, depth);
   toml::table t;
   for (auto kv : py::reinterpret_borrow<py::dict>(dict)) {
     if (!py::isinstance<py::str>(kv.first))
@@ -411,9 +415,7 @@ toml::table toml_table(py::handle dict, const std::string& path, int depth) {
 }
 
 toml::array toml_array(py::handle list, const std::string& key, int depth) {
-  if (depth > kMaxConfigDepth)
-    throw sb::Error("config dict: " + sb::printable(key, 120) + " is nested more than " +
-                    std::to_string(kMaxConfigDepth) + " levels deep (does a dict or list contain itself?)");
+  check_depth(key, depth);
   toml::array a;
   for (auto v : py::reinterpret_borrow<py::sequence>(list)) {
     toml::table holder;
@@ -630,8 +632,6 @@ class PyQuantModel {
       force = true;
     }
     const std::string data_path = (fs::path(out).parent_path() / location).string();
-    if (fs::weakly_canonical(data_path) == fs::weakly_canonical(out))
-      throw sb::Error("external_data '" + location + "' is the model file itself");
     sb::check_distinct_paths(source_files(), {{"path", out, true}, {"external_data", data_path}});
     without_gil([&] {
       sb::AtomicFile model_file(out), data_file(data_path);

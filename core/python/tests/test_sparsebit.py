@@ -414,6 +414,8 @@ def test_outputs_never_replace_inputs(tmp_path, images):
         qm.export(model)
     with pytest.raises(sparsebit.Error, match="the same file as the config"):
         qm.export(str(config).encode())  # a bytes path names the same file
+    with pytest.raises(sparsebit.Error, match="external_data .* is the same file as path"):
+        qm.export(tmp_path / "x.onnx", external_data="x.onnx")
     assert (model.read_bytes(), config.read_bytes()) == before
     assert not out.exists()
 
