@@ -1,5 +1,6 @@
 #include "sparsebit/core/config.h"
 
+#include "digest.h"
 #include "glob.h"
 
 #include <toml++/toml.h>
@@ -330,6 +331,9 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   }
   Config c;
   c.source = source_name;
+  Digest64 digest;
+  digest.mix(text);
+  c.text_digest = digest.value;
   Reader r{c.source};
   r.check_keys(root, "",
                {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "target",

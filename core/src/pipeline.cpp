@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "digest.h"
 #include "glob.h"
 #include "reports.h"
 #include "sparsebit/core/atomic_file.h"
@@ -470,6 +471,59 @@ std::string qat_fingerprint(const QatJob& job) {
 
 }  // namespace
 
+// Note [Same job on every rank]: what the ranks of a distributed run compare at the rendezvous.
+// Files by content (size and digest), so copies on several hosts agree; data by path as given
+// and size; and the settings the command line can change over the config's text.
+std::string file_identity(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return path + " (a folder)";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return path + " (unreadable)";
+  Digest64 digest;
+  std::string chunk(std::size_t{1} << 22, '\0');
+  std::uint64_t size = 0;
+  while (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0) {
+    digest.mix(chunk.data(), static_cast<std::size_t>(in.gcount()));
+    size += static_cast<std::uint64_t>(in.gcount());
+  }
+  return fmt::format("{} bytes, digest {:016x}", size, digest.value);
+}
+
+JobDescription describe_run(const std::string& command, const std::string& model, const Config& c,
+                            const std::string& calib) {
+  JobDescription d{{"command", command},
+                   {"model", file_identity(model)},
+                   {"config", fmt::format("{:016x}", c.text_digest)},
+                   {"calibration data", calib.empty() ? "(none)" : calib},
+                   {"calibration count", std::to_string(c.calibration.count)},
+                   {"calibration batch size", std::to_string(c.calibration.batch_size)},
+                   {"calibration mode", c.calibration.mode},
+                   {"device type", at::Device(c.calibration.device).is_cuda() ? "cuda" : c.calibration.device},
+                   {"target", c.target ? c.target->describe() : "(none)"}};
+  return d;
+}
+
+JobDescription describe_run(const QuantizeJob& job) {
+  return describe_run("quantize", job.model, job.config, job.calib);
+}
+
+JobDescription describe_run(const QatJob& job) {
+  JobDescription d = describe_run("qat", job.model, job.config, job.calib);
+  d.insert(d.end(), {{"training data", job.train},
+                     {"epochs", std::to_string(job.config.qat.epochs)},
+                     {"learning rate", fmt::format("{}", job.config.qat.lr)},
+                     {"loss", job.config.qat.loss},
+                     {"restart", job.restart ? "yes" : "no"}});
+  return d;
+}
+
+JobDescription describe_run(const PruneJob& job) {
+  JobDescription d = describe_run("prune", job.model, job.config, job.calib);
+  d.insert(d.end(), {{"training data", job.train.empty() ? "(none)" : job.train},
+                     {"fine-tuning epochs", std::to_string(job.finetune_epochs)}});
+  return d;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Steps
 
@@ -606,7 +660,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
                         {"eval outputs", eval.outputs},
                         {"eval fp32 outputs", eval.fp32_outputs}});
   JobFiles files(job.output, job.report);
-  init_distributed(config.calibration.device);
+  init_distributed(config.calibration.device, [&] { return describe_run(job); });
   Registry registry;
   registry.load(config.plugins);
   QuantizeOutcome r;
@@ -687,7 +741,7 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   check_distinct_paths(
       {{"the model", job.model}, {"the config", config_file(config)}, {"calib", job.calib}, {"train", job.train}},
       {{"output", job.output, true}, {"report", job.report}, {"checkpoint", r.checkpoint}});
-  Distributed* group = init_distributed(config.calibration.device);
+  Distributed* group = init_distributed(config.calibration.device, [&] { return describe_run(job); });
   if (job.restart && writes_outputs()) fs::remove(r.checkpoint);
   if (group) group->barrier("starting from the checkpoint or from calibration");
   if (config.target)
@@ -742,7 +796,7 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
       {{"the model", job.model}, {"the config", config_file(config)}, {"calib", job.calib}, {"train", job.train}},
       {{"output", job.output, true}, {"report", job.report}, {"masked", job.masked}});
   JobFiles files(job.output, job.report, job.masked);
-  init_distributed(config.calibration.device);
+  init_distributed(config.calibration.device, [&] { return describe_run(job); });
   Registry registry;
   registry.load(config.plugins);
   Model model = load_and_lift(job.model, registry, job.calib);

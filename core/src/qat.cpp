@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "cuda_graph.h"
+#include "digest.h"
 #include "distill_epoch.h"
 #include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/atomic_file.h"
@@ -74,15 +75,8 @@ namespace {
 /// checkpoint restores. Stored with it, so a file whose bytes changed after it was written (a
 /// flipped bit would resume into NaN) is refused rather than trained on.
 std::int64_t state_digest(const std::vector<std::pair<std::string, at::Tensor>>& params, torch::optim::Adam& adam) {
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* data, std::size_t n) {
-    const auto* bytes = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < n; i += 8) {
-      std::uint64_t word = 0;
-      std::memcpy(&word, bytes + i, std::min<std::size_t>(8, n - i));
-      h = (h ^ word) * 1099511628211ull;
-    }
-  };
+  Digest64 h;
+  auto mix = [&](const void* data, std::size_t n) { h.mix(data, n); };
   auto tensor = [&](const at::Tensor& t) {
     if (!t.defined()) return;
     const at::Tensor c = t.detach().to(at::kCPU).contiguous();
@@ -99,7 +93,7 @@ std::int64_t state_digest(const std::vector<std::pair<std::string, at::Tensor>>&
       tensor(state->exp_avg_sq());
       tensor(state->max_exp_avg_sq());
     }
-  return static_cast<std::int64_t>(h);
+  return static_cast<std::int64_t>(h.value);
 }
 
 /// The checkpoint's bytes; written to its file by the caller (on a thread, while the next

@@ -8,7 +8,9 @@
 #   - QAT: the same epoch losses within summation-order tolerance, one checkpoint, one model;
 #     with BatchNormalization in training too (statistics of the whole batch);
 #   - a worker killed (SIGKILL) or frozen (SIGSTOP) during calibration, and a rank that never
-#     joins: the run fails with a message naming that rank, and no output file is written.
+#     joins: the run fails with a message naming that rank, and no output file is written;
+#   - ranks given different jobs, a MASTER_PORT held by another program (noise or silence) and a
+#     MASTER_ADDR that does not resolve: one line saying so, and no output.
 # Usage: check_distributed.sh SPARSEBIT_BINARY SOURCE_DIR
 set -euo pipefail
 bin="$(realpath "$1")"
@@ -253,4 +255,64 @@ RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 1)) SPARSEBIT_DI
 grep -q "rank(s) 1 of 2 did not join within 3 s" alone.log || fail "no rendezvous message naming rank 1: $(cat alone.log)"
 [[ ! -e alone.onnx ]] || fail "rank 0 alone wrote its output"
 echo "ok: a rank that never joins is named: $(grep -o 'rank(s) 1 of 2 did not join.*' alone.log)"
+# Ranks given different jobs are refused at the rendezvous, naming what differs, and write nothing.
+for rank in 0 1; do
+  RANK=$rank WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 2)) SPARSEBIT_DIST_TIMEOUT=20 \
+    "$bin" -q --threads 1 quantize "$model" -c slow.toml --calib "$data" --calib-count $((64 + 256 * rank)) \
+    -o differ.onnx 2>"differ$rank.log" &
+done
+wait || true
+for rank in 0 1; do
+  grep -q "rank 1's calibration count is 320, rank 0's 64" "differ$rank.log" ||
+    fail "rank $rank did not name the differing --calib-count: $(cat "differ$rank.log")"
+done
+[[ ! -e differ.onnx ]] || fail "ranks with different jobs wrote an output"
+echo "ok: $(grep -o 'the ranks were not given the same job ([^)]*)' differ0.log)"
+
+# A MASTER_PORT held by another program: one that answers with random bytes, one that accepts
+# and never answers; and a MASTER_ADDR that does not resolve. One clear line each, no crash.
+/usr/bin/python3 - $((port + 3)) $((port + 4)) <<'EOF' &
+import os, socket, sys, threading, time
+def serve(port, answer):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(16)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=answer, args=(c,), daemon=True).start()
+def noise(c):
+    try:
+        c.sendall(os.urandom(1 << 16))
+        time.sleep(30)
+    except OSError:
+        pass
+def silence(c):
+    time.sleep(3600)
+threading.Thread(target=serve, args=(int(sys.argv[1]), noise), daemon=True).start()
+serve(int(sys.argv[2]), silence)
+EOF
+impostor=$!
+sleep 1
+for case in noise silence unresolvable; do
+  addr=127.0.0.1
+  case $case in
+    noise) p=$((port + 3)) ;;
+    silence) p=$((port + 4)) ;;
+    unresolvable) p=$((port + 5)) addr=no-such-host.invalid ;;
+  esac
+  status=0
+  RANK=1 WORLD_SIZE=2 MASTER_ADDR=$addr MASTER_PORT=$p SPARSEBIT_DIST_TIMEOUT=2 timeout 60 \
+    "$bin" --threads 1 quantize "$model" -c slow.toml --calib "$data" -o impostor.onnx 2>"$case.log" || status=$?
+  [[ $status == 1 && $(wc -l <"$case.log") == 1 ]] || fail "$case: status $status, $(cat "$case.log")"
+  [[ ! -e impostor.onnx ]] || fail "$case: an output was written"
+  echo "ok: $case: $(cat "$case.log")"
+done
+grep -q "answered with bytes that are not a rendezvous store's\|the rendezvous with the store at .* failed" noise.log ||
+  fail "random bytes on MASTER_PORT not named: $(cat noise.log)"
+grep -q "accepted the connection but has not answered in 17 s" silence.log ||
+  fail "a silent MASTER_PORT not named: $(cat silence.log)"
+grep -q "MASTER_ADDR='no-such-host.invalid' does not resolve" unresolvable.log ||
+  fail "an unresolvable MASTER_ADDR not named: $(cat unresolvable.log)"
+kill "$impostor"
 echo "check passed"

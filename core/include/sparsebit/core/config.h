@@ -211,6 +211,7 @@ struct ScheduleEntry {
 
 struct SPARSEBIT_API Config {
   std::string source = "<defaults>";  ///< file the config came from, for messages
+  std::uint64_t text_digest = 0;      ///< of the TOML text it was read from (ranks of one run compare it)
   std::string backend = "virtual";
   QuantTableConfig w;
   QuantTableConfig a;

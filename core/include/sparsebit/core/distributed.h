@@ -20,7 +20,9 @@
 /// the store, and a watchdog thread beats there every second. A process that fails records its
 /// message; one whose collective fails or waits longer than the timeout names the rank that
 /// failed, stopped beating (killed or frozen) or never reached the collective, removes its
-/// temporary files and exits with status 1. Rank 0 holds the store.
+/// temporary files and exits with status 1. Rank 0 holds the store. At the rendezvous every rank
+/// compares its job with rank 0's (Note [Same job on every rank], pipeline.cpp), and a port that
+/// answers garbage or nothing ends in one line rather than a crash or a wait without end.
 ///
 ///     sparsebit::init_distributed("cpu");          // from RANK, WORLD_SIZE, MASTER_ADDR, ...
 ///     if (auto* d = sparsebit::distributed()) ...  // null: one process
@@ -28,9 +30,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sparsebit/sdk/export.h"
@@ -49,11 +53,16 @@ struct SPARSEBIT_API DistributedSettings {
   static std::optional<DistributedSettings> from_env();
 };
 
+/// What a rank was asked to do, as (name, value) pairs ("model", "calibration count", ...):
+/// every rank must be given the same, and the rendezvous names the names whose values differ.
+using JobDescription = std::vector<std::pair<std::string, std::string>>;
+
 class SPARSEBIT_API Distributed {
  public:
-  /// Joins the group: waits until every rank has reached the store, then builds the process
-  /// groups. `device` is the run's device ("cpu", "cuda", "cuda:N").
-  Distributed(const DistributedSettings& settings, const std::string& device);
+  /// Joins the group: waits until every rank has reached the store and checks that every rank
+  /// describes the same `job` (and runs the same sparsebit), then builds the process groups.
+  /// `device` is the run's device ("cpu", "cuda", "cuda:N").
+  Distributed(const DistributedSettings& settings, const std::string& device, const JobDescription& job = {});
   ~Distributed();
   Distributed(const Distributed&) = delete;
   Distributed& operator=(const Distributed&) = delete;
@@ -91,7 +100,9 @@ SPARSEBIT_API Distributed* distributed();
 /// Joins the group the environment describes, once per process; a no-op returning null when
 /// WORLD_SIZE is unset or 1. Logs carry the rank from then on. With `device` "cuda" and several
 /// GPUs visible, GPU LOCAL_RANK becomes this process's current one (what "cuda" means).
-SPARSEBIT_API Distributed* init_distributed(const std::string& device);
+/// `describe_job` is called only when there is a group to join (it may read whole files).
+SPARSEBIT_API Distributed* init_distributed(const std::string& device,
+                                            const std::function<JobDescription()>& describe_job = nullptr);
 /// Leaves the group (at the end of a run; the CLI calls it before exiting).
 SPARSEBIT_API void shutdown_distributed();
 /// Whether this process writes the outputs (rank 0, or a single process).
