@@ -524,11 +524,57 @@ LiftReport lift_model(Model& model, std::int64_t target, const Registry& registr
   return report;
 }
 
+namespace {
+
+/// The model's typed inputs and outputs without a shape, each with "input" or "output".
+std::vector<std::pair<const char*, ValueInfo*>> shapeless_io(Graph& g) {
+  std::vector<std::pair<const char*, ValueInfo*>> out;
+  for (auto& v : g.inputs)
+    if (v.elem_type != 0 && !v.has_shape) out.emplace_back("input", &v);
+  for (auto& v : g.outputs)
+    if (v.elem_type != 0 && !v.has_shape) out.emplace_back("output", &v);
+  return out;
+}
+
+// Note [Inputs and outputs without a shape]
+// Some exporters declare a model input or output with its element type alone. ONNX Runtime
+// reads such a model, but ONNX's checker requires a shape on every input and output of the
+// main graph (its dims may be unknown), so the export would be refused after all the work.
+// The rank is taken from one sample of the calibration data; the dims are written unknown,
+// since one sample cannot say which of them vary.
+void give_io_ranks(Model& model, const Registry& registry, const std::vector<at::Tensor>& sample,
+                   const std::string& path) {
+  const auto shapeless = shapeless_io(model.graph);
+  if (shapeless.empty()) return;
+  if (sample.empty())
+    throw Error(path + ": " + shapeless[0].first + " '" + printable(shapeless[0].second->name) +
+                "' declares its element type but no shape, which ONNX's checker requires of a model's inputs and "
+                "outputs: declare its shape in the model (dims may be symbolic), or give calibration data, from "
+                "which its rank is taken");
+  const std::vector<at::Tensor> outputs = detail::run_sample(model.graph, registry, sample, nullptr);
+  auto set_rank = [&](ValueInfo& v, const at::Tensor& t, const char* what) {
+    if (v.elem_type == 0 || v.has_shape || !t.defined()) return;
+    v.has_shape = true;
+    v.shape.assign(static_cast<std::size_t>(t.dim()), Dim{});
+    sdk::log_info(path + ": " + what + " '" + v.name + "' declares no shape; written with rank " +
+                  std::to_string(t.dim()) + " (dims unknown), as one sample has it");
+  };
+  for (std::size_t i = 0; i < model.graph.inputs.size() && i < sample.size(); ++i)
+    set_rank(model.graph.inputs[i], sample[i], "input");
+  for (std::size_t i = 0; i < model.graph.outputs.size() && i < outputs.size(); ++i)
+    set_rank(model.graph.outputs[i], outputs[i], "output");
+}
+
+}  // namespace
+
 Model load_and_lift(const std::string& path, const Registry& registry, const std::string& calib, std::int64_t target) {
   Model model = load_onnx(path, ImportOptions{0});
-  if (model.graph.default_opset() >= target) return model;
+  const bool lift = model.graph.default_opset() < target;
+  if (!lift && shapeless_io(model.graph).empty()) return model;
   Executor check(model.graph, registry);  // an op without a QModule is named before the data is read
   const std::vector<at::Tensor> sample = calib.empty() ? std::vector<at::Tensor>{} : sample_inputs(model.graph, calib);
+  give_io_ranks(model, registry, sample, path);
+  if (!lift) return model;
   const LiftReport r = lift_model(model, target, registry, sample);
   sdk::log_info(path + ": lifted from opset " + std::to_string(r.from) + " to " + std::to_string(r.to) + " (" +
                 std::to_string(r.rewrites.size()) + " node rewrites" +

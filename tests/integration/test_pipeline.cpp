@@ -6,6 +6,9 @@
 
 #include <set>
 
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/opset_lift.h"
+#include "sparsebit/core/pipeline.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
 #include "test_support.h"
@@ -465,6 +468,44 @@ TEST(Pipeline, IfBranchesOfDifferentElementTypesAreRefused) {
   g.append(std::move(cond));
   const std::string e = testing::error_of([&] { Executor ex(g, testing::shipped_registry()); });
   for (const char* needle : {"branchy", "output 0", "float", "int64", "yl"})
+    EXPECT_NE(e.find(needle), std::string::npos) << needle << " missing in: " << e;
+}
+
+// Note [Inputs and outputs without a shape] (opset_lift.cpp): a model whose input and output
+// declare an element type alone is written with their rank (as one sample has it) and unknown
+// dims, which ONNX's checker accepts; without data to take the rank from, it is refused at load
+// naming the tensor, before any work.
+TEST(Pipeline, InputsAndOutputsWithoutAShapeAreWrittenWithTheirRank) {
+  using testing::make_node;
+  testing::TempDir dir;
+  Model m;
+  m.graph.opset_imports[""] = 13;
+  m.graph.inputs.push_back({"x", 1, false, {}, ""});
+  m.graph.outputs.push_back({"y", 1, false, {}, ""});
+  at::manual_seed(9);
+  m.graph.initializers["w"] = at::randn({8, 4});
+  m.graph.append(make_node("mm", "MatMul", {"x", "w"}, {"h"}));
+  m.graph.append(make_node("act", "Relu", {"h"}, {"y"}));
+  ExportOptions unchecked;
+  unchecked.run_checker = false;  // ONNX's checker refuses the model as written, as ONNX Runtime does not
+  save_onnx(m.graph, m.meta, dir / "m.onnx", unchecked);
+  write_npy(at::randn({16, 8}), dir / "x.npy");
+
+  QuantizeJob job;
+  job.model = dir / "m.onnx";
+  job.calib = dir / "x.npy";
+  job.config = config_for("w8a8_onnxruntime.toml", 16, "streaming");
+  job.output = dir / "q.onnx";
+  run_quantize(job, nullptr);  // the export runs ONNX's checker
+  const Model q = load_onnx(dir / "q.onnx");
+  for (const ValueInfo* v : {&q.graph.inputs.at(0), &q.graph.outputs.at(0)}) {
+    EXPECT_TRUE(v->has_shape) << v->name;
+    ASSERT_EQ(v->shape.size(), 2u) << v->name;
+    for (const Dim& d : v->shape) EXPECT_TRUE(d.value < 0 && d.param.empty()) << v->name << ": dims stay unknown";
+  }
+
+  const std::string e = testing::error_of([&] { load_and_lift(dir / "m.onnx", testing::shipped_registry(), ""); });
+  for (const char* needle : {"m.onnx", "input 'x'", "no shape", "calibration data"})
     EXPECT_NE(e.find(needle), std::string::npos) << needle << " missing in: " << e;
 }
 
