@@ -19,6 +19,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -69,9 +71,35 @@ struct PythonRaised : sb::Error {
   throw PythonRaised();
 }
 
+// Note [Forked after a run]
+// GNU OpenMP keeps its worker threads across parallel regions and cannot start them again in a
+// child of fork(): the child's next parallel region waits forever for threads that do not exist
+// there. A child forked after this process computed on several threads therefore computes on
+// one, and says so once; with one thread OpenMP starts no workers.
+std::atomic<bool> ran_on_threads{false};
+std::atomic<bool> forked_after_threads{false};
+
+void on_fork_child() noexcept {
+  if (ran_on_threads.load()) forked_after_threads.store(true);
+}
+
+void stay_on_one_thread_if_forked() {
+  if (!forked_after_threads.load() || at::get_num_threads() == 1) return;
+  at::set_num_threads(1);
+  static std::once_flag said;
+  std::call_once(said, [] {
+    sb::sdk::log_warn(
+        "this process was forked after sparsebit computed on several threads, which OpenMP cannot start again "
+        "in a child of fork(): it runs on one thread; start worker processes with multiprocessing's 'spawn' or "
+        "'forkserver' method to use every core");
+  });
+}
+
 /// Runs `f` without the GIL; a Python exception parked meanwhile is raised as itself.
 template <class F>
 auto without_gil(F&& f) -> decltype(f()) {
+  stay_on_one_thread_if_forked();
+  if (at::get_num_threads() > 1) ran_on_threads.store(true);
   {
     std::lock_guard<std::mutex> lock(parked_mutex);
     parked_error.reset();
@@ -816,6 +844,7 @@ void set_threads(int n) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (n < 0) throw sb::Error("threads must be 0 (all cores) or more");
   at::set_num_threads(n == 0 ? cores : std::min(n, cores));
+  stay_on_one_thread_if_forked();
 }
 
 void set_log_level(const std::string& level) {
@@ -833,6 +862,7 @@ void set_log_level(const std::string& level) {
 
 PYBIND11_MODULE(_sparsebit, m) {
   m.doc() = "Sparsebit: quantize ONNX models to low-bit QDQ ONNX (the C++ library's pipeline)";
+  pthread_atfork(nullptr, nullptr, on_fork_child);
 
   // Module-local: translators registered globally would also catch the C++ exceptions of other
   // pybind11 modules in the process (torch's).

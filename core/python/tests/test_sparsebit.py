@@ -455,3 +455,27 @@ def test_config_dicts_that_cannot_be_toml_name_their_key():
     for text in ("a" + ".a" * 100000 + " = 1", "[" + "a." * 100000 + "a]"):
         with pytest.raises(sparsebit.Error, match="dotted parts"):
             sparsebit.Config.from_string(text)
+
+
+def test_a_child_forked_after_a_run_calibrates(tmp_path, images):
+    """GNU OpenMP cannot restart its threads in a child of fork(): a child forked after a run on
+    several threads calibrates on one (and says so) instead of waiting forever."""
+    data = [images[:64]]
+    sparsebit.quantize(CNN, W8A8, calib=data, output=tmp_path / "parent.onnx")
+    log = tmp_path / "child.log"
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            signal.alarm(120)  # a hang ends the child with SIGALRM, which the parent reports
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT)
+            os.dup2(fd, 2)
+            sparsebit.quantize(CNN, W8A8, calib=data, output=tmp_path / "child.onnx")
+            status = 0
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child ended with wait status {status}"
+    assert (tmp_path / "child.onnx").stat().st_size > 0
+    if os.cpu_count() > 1:
+        assert "forked after sparsebit computed on several threads" in log.read_text()
