@@ -5,6 +5,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <set>
 
@@ -31,9 +33,23 @@ bool is_control_flow(const Node& n) {
 
 namespace {
 // A Loop without a trip count runs while its condition holds; any Loop stops with an error past
-// 2^24 iterations, so a condition that never turns false is a message, not a hang.
+// 2^24 iterations (SPARSEBIT_MAX_LOOP_ITERATIONS changes it), so a condition that never turns
+// false is a message, not a hang.
 constexpr std::int64_t kUnboundedLoop = std::numeric_limits<std::int64_t>::max();
-constexpr std::int64_t kMaxLoopIterations = std::int64_t{1} << 24;
+
+std::int64_t max_loop_iterations() {
+  static const std::int64_t limit = [] {
+    const char* v = std::getenv("SPARSEBIT_MAX_LOOP_ITERATIONS");
+    if (!v || !*v) return std::int64_t{1} << 24;
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v, &end, 10);
+    if (errno || *end || x < 1)
+      throw Error("SPARSEBIT_MAX_LOOP_ITERATIONS='" + printable(v, 40) + "' is not a whole number of at least 1");
+    return static_cast<std::int64_t>(x);
+  }();
+  return limit;
+}
 
 /// An If's branches must give outputs of the same element types (ONNX's If); a model where they
 /// differ is refused at load, naming the node and the output, not run with whatever one gives.
@@ -353,11 +369,12 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
     at::Tensor cond = has_cond ? input(1) : at::ones({}, at::kBool);
     bool going = scalar_of(cond, n, "the condition") != 0;
     for (std::int64_t i = 0; going && i < trips; ++i) {
-      if (i == kMaxLoopIterations)
-        throw Error(n.describe() + ": still running after " + std::to_string(kMaxLoopIterations) +
+      if (i == max_loop_iterations())
+        throw Error(n.describe() + ": still running after " + std::to_string(max_loop_iterations()) +
                     " iterations (trip count " + (has_trips ? std::to_string(trips) : std::string("none")) +
-                    ", condition still true); a calibration sample should not loop this long, check the data "
-                    "that feeds the trip count and the condition");
+                    ", condition still true); a calibration sample should not loop this long: check the data "
+                    "that feeds the trip count and the condition, or allow more with "
+                    "SPARSEBIT_MAX_LOOP_ITERATIONS");
       std::map<std::string, at::Tensor> feeds{{bg.inputs[0].name, at::full({}, i, at::kLong)},
                                               {bg.inputs[1].name, cond}};
       for (std::size_t j = 0; j < carried_count; ++j) feeds[bg.inputs[2 + j].name] = carried[j];

@@ -4,6 +4,9 @@
 #include "sparsebit/core/opset_lift.h"
 
 #include <ATen/ATen.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <onnx/checker.h>
 #include <onnx/defs/schema.h>
 #include <onnx/onnx_pb.h>
@@ -384,7 +387,21 @@ std::string read_all(std::ifstream& in) {
   return bytes;
 }
 
-[[noreturn]] void not_a_model(const std::string& name) {
+// Protobuf refuses messages nested more than 100 deep, its default, which ONNX's own readers
+// keep; a file that parses with a deeper limit is a model of bodies nested too deep rather than
+// a corrupt one, and is named as such.
+bool parses_nested_deeper(google::protobuf::io::ZeroCopyInputStream& in) {
+  google::protobuf::io::CodedInputStream coded(&in);
+  coded.SetRecursionLimit(2000);
+  onnx::ModelProto proto;
+  return proto.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage();
+}
+
+[[noreturn]] void not_a_model(const std::string& name, bool nested_too_deep) {
+  if (nested_too_deep)
+    throw Error(name +
+                ": the model nests If/Loop/Scan bodies deeper than protobuf reads by default (100 message levels, "
+                "about 30 nested bodies; ONNX's readers keep that limit): re-export it with less nesting");
   throw Error(name +
               ": not a valid ONNX model (protobuf parsing failed: the file is truncated, "
               "corrupt, or of another format)");
@@ -394,7 +411,10 @@ std::string read_all(std::ifstream& in) {
 Model load_onnx_from_bytes(const std::string& bytes, const std::string& name, const ImportOptions& options) {
   onnx::ModelProto proto;
   if (bytes.empty()) throw Error(name + ": the file is empty, not an ONNX model");
-  if (!proto.ParseFromString(bytes)) not_a_model(name);
+  if (!proto.ParseFromString(bytes)) {
+    google::protobuf::io::ArrayInputStream again(bytes.data(), static_cast<int>(bytes.size()));
+    not_a_model(name, bytes.size() <= static_cast<std::size_t>(INT_MAX) && parses_nested_deeper(again));
+  }
   return model_from_proto(proto, name, options);
 }
 
@@ -411,7 +431,11 @@ Model load_onnx(const std::string& path, const ImportOptions& options) {
   {
     onnx::ModelProto proto;
     // Parsed from the stream: the file's bytes are never held beside the parsed model.
-    if (!proto.ParseFromIstream(&in)) not_a_model(path);
+    if (!proto.ParseFromIstream(&in)) {
+      std::ifstream again(path, std::ios::binary);
+      google::protobuf::io::IstreamInputStream stream(&again);
+      not_a_model(path, parses_nested_deeper(stream));
+    }
     model = model_from_proto(proto, path, options);
   }
   release_free_memory();  // what parsing left in the malloc heap
