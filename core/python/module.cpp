@@ -407,7 +407,8 @@ std::string utf8_of(py::handle s, const std::string& what) {
   const char* text = PyUnicode_AsUTF8AndSize(s.ptr(), &size);
   if (!text) {
     PyErr_Clear();
-    throw sb::Error("config dict: " + what + " is not valid Unicode text (it holds a lone surrogate)");
+    throw sb::Error("config dict: " + sb::printable(what, 120) +
+                    " is not valid Unicode text (it holds a lone surrogate)");
   }
   return std::string(text, static_cast<std::size_t>(size));
 }
@@ -417,7 +418,7 @@ std::int64_t int64_of(py::handle v, const std::string& path) {
   const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
   if (overflow || (x == -1 && PyErr_Occurred())) {
     PyErr_Clear();
-    throw sb::Error("config dict: " + path + " = " + py::repr(v).cast<std::string>().substr(0, 40) +
+    throw sb::Error("config dict: " + sb::printable(path, 120) + " = " + py::repr(v).cast<std::string>().substr(0, 40) +
                     " is outside the 64-bit integer range");
   }
   return x;
@@ -435,7 +436,7 @@ toml::table toml_table(py::handle dict, const std::string& path, int depth) {
   for (auto kv : py::reinterpret_borrow<py::dict>(dict)) {
     if (!py::isinstance<py::str>(kv.first))
       throw sb::Error("config dict: key " + py::repr(kv.first).cast<std::string>() +
-                      (path.empty() ? "" : " in " + path) + " is not a string");
+                      (path.empty() ? "" : " in " + sb::printable(path, 120)) + " is not a string");
     const std::string key = utf8_of(kv.first, "a key" + (path.empty() ? "" : " in " + path));
     put(t, key, kv.second, path.empty() ? key : path + "." + key, depth);
   }
@@ -465,7 +466,8 @@ void put(toml::table& t, const std::string& key, py::handle v, const std::string
   else if (py::isinstance<py::dict>(v)) t.insert(key, toml_table(v, path, depth + 1));
   else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) t.insert(key, toml_array(v, path, depth + 1));
   else
-    throw sb::Error("config dict: " + path + " = " + py::repr(v).cast<std::string>().substr(0, 80) +
+    throw sb::Error("config dict: " + sb::printable(path, 120) + " = " +
+                    sb::printable(py::repr(v).cast<std::string>(), 80) +
                     " has no TOML equivalent (use str, int, float, bool, list or dict)");
 }
 

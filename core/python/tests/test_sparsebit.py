@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -455,6 +456,63 @@ def test_config_dicts_that_cannot_be_toml_name_their_key():
     for text in ("a" + ".a" * 100000 + " = 1", "[" + "a." * 100000 + "a]"):
         with pytest.raises(sparsebit.Error, match="dotted parts"):
             sparsebit.Config.from_string(text)
+
+
+CONFIG_FUZZ = r"""
+import random, sys
+import sparsebit
+
+rng = random.Random(int(sys.argv[1]))
+KEYS = ["w", "a", "backend", "skip", "calibration", "count", "bit", "observer", "qscheme", "specific",
+        "nodes", "target", "value", "sparse", "ratio", "schedule", "x", "", "\udcff", "a.b", "\x00"]
+LEAVES = [0, -1, 2**63, 2**70, -2**64, 1.5, float("nan"), float("inf"), True, None, "", "minmax", "\udcff",
+          "a\x00b", b"bytes", 1j, object(), (1, 2), {1, 2}, range(3), "x" * 5000]
+
+def build(depth, pool):
+    roll = rng.random()
+    if depth > 5 or roll < 0.35:
+        return rng.choice(LEAVES) if rng.random() < 0.9 or not pool else rng.choice(pool)
+    if roll < 0.7:
+        d = {}
+        pool.append(d)
+        for _ in range(rng.randint(0, 4)):
+            key = rng.choice(KEYS) if rng.random() < 0.95 else rng.choice([1, None, (1,)])
+            d[key] = build(depth + 1, pool)
+        return d
+    items = []
+    pool.append(items)
+    items.extend(build(depth + 1, pool) for _ in range(rng.randint(0, 4)))
+    return items
+
+made = refused = 0
+for _ in range(int(sys.argv[2])):
+    top = {}
+    pool = [top]
+    for _ in range(rng.randint(1, 5)):
+        top[rng.choice(KEYS)] = build(0, pool)
+    try:
+        sparsebit.Config(top)
+        made += 1
+    except (sparsebit.Error, TypeError) as e:
+        message = str(e)
+        assert len(message.split(": ", 1)[-1]) > 8, f"an error that says nothing: {message!r}"
+        refused += 1
+print(f"made {made}, refused {refused}")
+"""
+
+
+def test_config_dicts_fuzzed_never_crash(tmp_path):
+    """Random dicts and lists (self-references, cycles through lists, odd keys and leaves) make
+    a Config or raise an error with a message: the process never crashes or hangs."""
+    script = tmp_path / "fuzz_config_dicts.py"
+    script.write_text(CONFIG_FUZZ)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    for seed in range(4):
+        run = subprocess.run([sys.executable, str(script), str(seed), "500"], capture_output=True, text=True,
+                             timeout=300, env=env)
+        assert run.returncode == 0, f"seed {seed}: status {run.returncode}: {run.stderr[-2000:]}"
+        made, refused = (int(w) for w in run.stdout.replace(",", "").split()[1::2])
+        assert made + refused == 500 and refused > 0
 
 
 def test_a_child_forked_after_a_run_calibrates(tmp_path, images):
