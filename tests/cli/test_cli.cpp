@@ -2,6 +2,7 @@
 // input the foundation promises a clear message for, with no output file left behind.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -92,7 +93,10 @@ TEST_F(Cli, NothingQuantizedWarnsLoudly) {
 // Library users call the same pipeline the CLI does (Note [Pipeline order]): the same job gives
 // the same model bytes and the same report, and a refused job writes nothing.
 TEST_F(Cli, LibraryPipelineGivesWhatTheCliGives) {
-  auto r = run_cli(quantize(testing::fixture_model(), calib_, "--report " + out_ + "/r.json --batch-size 4"));
+  // One thread on both sides: the same kernels then sum in the same order, so the two runs share
+  // their arithmetic and must agree to the bit (on any processor).
+  auto r = run_cli("--threads 1 " +
+                   quantize(testing::fixture_model(), calib_, "--report " + out_ + "/r.json --batch-size 4"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   QuantizeJob job;
   job.model = testing::fixture_model();
@@ -102,25 +106,16 @@ TEST_F(Cli, LibraryPipelineGivesWhatTheCliGives) {
   job.output = out_ + "/lib.onnx";
   job.report = out_ + "/lib.json";
   std::vector<std::string> steps;
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
   const QuantizeOutcome outcome =
       run_quantize(job, [&](const std::string& step, std::int64_t, std::int64_t, const std::string&) {
         if (steps.empty() || steps.back() != step) steps.push_back(step);
       });
+  at::set_num_threads(threads);
   EXPECT_EQ(steps, (std::vector<std::string>{"calibrating", ""}));
   EXPECT_EQ(outcome.calibration.samples, 17);
-  // The same graph and the same parameters; scales may differ in the last bit, since the test
-  // process and the CLI may run ATen's kernels with other thread counts.
-  const Model cli_model = load_onnx(out_ + "/q.onnx"), lib_model = load_onnx(out_ + "/lib.onnx");
-  ASSERT_EQ(cli_model.graph.num_nodes(), lib_model.graph.num_nodes());
-  for (std::size_t i = 0; i < cli_model.graph.num_nodes(); ++i)
-    EXPECT_EQ(cli_model.graph.node(i).op_type, lib_model.graph.node(i).op_type) << i;
-  ASSERT_EQ(cli_model.graph.initializers.size(), lib_model.graph.initializers.size());
-  for (const auto& [name, t] : cli_model.graph.initializers) {
-    ASSERT_TRUE(lib_model.graph.initializers.count(name)) << name;
-    const at::Tensor& u = lib_model.graph.initializers.at(name);
-    if (t.is_floating_point()) EXPECT_TRUE(at::allclose(t, u, 1e-6, 0)) << name;
-    else EXPECT_LE((t.to(at::kLong) - u.to(at::kLong)).abs().max().item<std::int64_t>(), 1) << name;
-  }
+  EXPECT_EQ(testing::read_text(out_ + "/q.onnx"), testing::read_text(out_ + "/lib.onnx")) << "model bytes differ";
   auto cli_report = nlohmann::json::parse(testing::read_text(out_ + "/r.json"));
   auto lib_report = nlohmann::json::parse(testing::read_text(out_ + "/lib.json"));
   EXPECT_EQ(nlohmann::json::parse(report_json(outcome)), lib_report);
@@ -135,26 +130,6 @@ TEST_F(Cli, LibraryPipelineGivesWhatTheCliGives) {
     report->erase("import_ms");
     (*report)["calibration"].erase("seconds");
     (*report)["calibration"]["range_selection"].erase("seconds");
-  }
-  // The agreement check sums over whole outputs, whose last bits follow the thread count: the
-  // error energy moves by about 1e-5 relative, which is 4e-5 dB of SQNR.
-  EXPECT_NEAR(cli_report["agreement"]["outputs"][0]["cosine"].get<double>(),
-              lib_report["agreement"]["outputs"][0]["cosine"].get<double>(), 1e-6);
-  EXPECT_NEAR(cli_report["agreement"]["outputs"][0]["sqnr_db"].get<double>(),
-              lib_report["agreement"]["outputs"][0]["sqnr_db"].get<double>(), 1e-3);
-  cli_report["agreement"].erase("outputs");
-  lib_report["agreement"].erase("outputs");
-  ASSERT_EQ(cli_report["quantized_inputs"].size(), lib_report["quantized_inputs"].size());
-  for (std::size_t i = 0; i < cli_report["quantized_inputs"].size(); ++i) {
-    auto& c = cli_report["quantized_inputs"][i];
-    auto& l = lib_report["quantized_inputs"][i];
-    if (c.contains("scale")) {
-      const auto cs = c["scale"].get<std::vector<double>>(), ls = l["scale"].get<std::vector<double>>();
-      ASSERT_EQ(cs.size(), ls.size());
-      for (std::size_t k = 0; k < cs.size(); ++k) EXPECT_NEAR(cs[k], ls[k], 1e-6 * cs[k]) << c["node"];
-      c.erase("scale");
-      l.erase("scale");
-    }
   }
   EXPECT_EQ(cli_report, lib_report);
 
