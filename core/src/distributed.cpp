@@ -198,7 +198,12 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistributedSettings& s, const J
   const std::string wrong_port = "is MASTER_PORT rank 0's port, and is rank 0 a sparsebit of the same version?";
   g_join_failure = who + ": the rendezvous store at " + endpoint(s) +
                    " answered with bytes that are not a rendezvous store's: " + wrong_port + " No output was written.";
-  const auto previous = std::set_terminate(join_terminated);
+  // Restored however the join ends: a process that goes on after a failed join (Python) keeps
+  // its own handler.
+  struct TerminateWhileJoining {
+    std::terminate_handler previous = std::set_terminate(join_terminated);
+    ~TerminateWhileJoining() { std::set_terminate(previous); }
+  } joining;
   auto promise = std::make_shared<std::promise<Joined>>();
   auto future = promise->get_future();
   const std::string mine = describe_job(job);
@@ -261,7 +266,6 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistributedSettings& s, const J
                 std::to_string(s.timeout.count() + 15) +
                 " s: another program may be listening on MASTER_PORT, or rank 0 is frozen");
   Joined joined = future.get();  // rethrows the rendezvous' error
-  std::set_terminate(previous);
   check_same_job(joined.jobs);
   return joined.store;
 }
