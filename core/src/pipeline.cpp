@@ -469,11 +469,9 @@ std::string qat_fingerprint(const QatJob& job) {
   return s.str();
 }
 
-}  // namespace
-
 // Note [Same job on every rank]: what the ranks of a distributed run compare at the rendezvous.
-// Files by content (size and digest), so copies on several hosts agree; data by path as given
-// and size; and the settings the command line can change over the config's text.
+// Files by content (size and digest), so copies on several hosts agree; data by the path as
+// given; and the settings the command line can change over the config's text.
 std::string file_identity(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return path + " (a folder)";
@@ -523,6 +521,8 @@ JobDescription describe_run(const PruneJob& job) {
                      {"fine-tuning epochs", std::to_string(job.finetune_epochs)}});
   return d;
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Steps
