@@ -35,7 +35,11 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   sb::AtomicFile json_out(a.output + ".json"), html_out(a.output + ".html");
   sb::Registry registry;
   registry.load(config.plugins);
-  sb::QuantModel qm(sb::load_float_model(a.model, registry, a.calib), config, registry);
+  // Prepared and given its data as `sparsebit quantize` does (Note [One preparation for every host]).
+  sb::Model model = sb::prepare_model(sb::load_float_model(a.model, registry, a.calib), config, registry, a.calib);
+  const auto inputs = model.graph.inputs;
+  sb::QuantModel qm(std::move(model), config, registry,
+                    [calib = a.calib, inputs] { return sb::open_dataset(calib, inputs); });
   {
     auto data = sb::open_dataset(a.calib, qm.graph().inputs);
     sb::cli::Progress bar("calibrating", !g.quiet);

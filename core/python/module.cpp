@@ -579,14 +579,17 @@ class PyQuantModel {
                             without_gil([&] { return sb::load_float_model(path, *registry_, calib_->path); })),
                         path};
     }
+    // Pruned and BN-tuned as `sparsebit quantize` would (Note [One preparation for every host]).
+    sb::Model prepared =
+        without_gil([&] { return sb::prepare_model(copy_model(*source_.model), config_, *registry_, calib_->path); });
     sb::QuantModel::DataSource data;
     if (!calib_->path.empty()) {
       const std::string p = calib_->path;
-      const auto inputs = source_.model->graph.inputs;
+      const auto inputs = prepared.graph.inputs;
       data = [p, inputs] { return sb::open_dataset(p, inputs); };
     }
     qm_ = std::make_unique<sb::QuantModel>(
-        without_gil([&] { return sb::QuantModel(copy_model(*source_.model), config_, *registry_, data); }));
+        without_gil([&] { return sb::QuantModel(std::move(prepared), config_, *registry_, data); }));
   }
 
   py::dict calibrate(py::handle data, const py::object& progress) {

@@ -45,6 +45,12 @@ Model tune_batchnorm(const Model& model, const Config& config, const Registry& r
     sdk::log_info("bn_tuning: the model has no BatchNormalization with constant statistics; nothing to tune");
     return Model{model.graph.clone(), model.meta};
   }
+  std::size_t count = 0;
+  for (const auto& [input, list] : by_input) count += list.size();
+  if (calib.empty())
+    throw Error(config.source + ": [schedule] bn_tuning re-estimates the statistics of " + std::to_string(count) +
+                " BatchNormalization node(s) from calibration data, and none was given: pass calibration data "
+                "(--calib; calib= in Python) or set bn_tuning = false");
   Executor& ex = qm.executor();
   for (auto& [input, list] : by_input)
     for (auto& s : list)

@@ -571,6 +571,27 @@ PruneResult prune_step(const Model& model, const Config& config, const Registry&
   return r;
 }
 
+Model prepare_model(Model model, const Config& config, const Registry& registry, const std::string& calib,
+                    Preparation* done) {
+  auto mark = std::chrono::steady_clock::now();
+  auto phase = [&](const char* name) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done) done->phase_seconds.emplace_back(name, std::chrono::duration<double>(now - mark).count());
+    mark = now;
+  };
+  if (config.sparse) {  // prune, then quantize the pruned model
+    PruneResult pr = prune_step(model, config, registry, calib);
+    if (done) done->pruning = static_cast<const PruneSummary&>(pr);
+    model = std::move(pr.pruned);
+    phase("prune");
+  }
+  if (bn_tuning_enabled(config)) {
+    model = tune_batchnorm(model, config, registry, calib);
+    phase("bn_tuning");
+  }
+  return model;
+}
+
 EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, const StepProgressFn& progress) {
   c10::InferenceMode guard;
   auto data = open_dataset(request.data, qm.graph().inputs);
@@ -637,6 +658,14 @@ EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, cons
 
 namespace {
 /// The config's file, when it came from one: an input no output may replace.
+/// Gives `g` and the bodies of its control-flow nodes copies of their initializers.
+void own_tensors(Graph& g) {
+  for (auto& [name, t] : g.initializers) t = t.clone();
+  for (Node* n : g.nodes())
+    for (auto& [key, a] : n->attributes)
+      if (a.kind == Attribute::Kind::kGraph && a.graph) own_tensors(*a.graph);
+}
+
 std::string config_file(const Config& c) {
   std::error_code ec;
   return fs::is_regular_file(c.source, ec) ? c.source : "";
@@ -673,16 +702,11 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   Model model = load_float_model(job.model, registry, job.calib);
   r.import_ms = ms_since(mark);
   phase("load");
-  if (config.sparse) {  // prune, then quantize the pruned model
-    PruneResult pr = prune_step(model, config, registry, job.calib);
-    r.pruning = pr;
-    model = std::move(pr.pruned);
-    phase("prune");
-  }
-  if (bn_tuning_enabled(config)) {
-    model = tune_batchnorm(model, config, registry, job.calib);
-    phase("bn_tuning");
-  }
+  Preparation prepared;
+  model = prepare_model(std::move(model), config, registry, job.calib, &prepared);
+  r.pruning = std::move(prepared.pruning);
+  for (const auto& p : prepared.phase_seconds) r.phase_seconds.push_back(p);
+  mark = std::chrono::steady_clock::now();
   if (config.target && config.target->metric == "top1-drop" && (!job.evaluation || job.evaluation->labels.empty()))
     throw Error("target " + config.target->describe() +
                 " needs --eval-data and --eval-labels (top-1 accuracy on labelled data)");
@@ -752,7 +776,9 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   Model float_model = load_float_model(job.model, registry, job.calib);
   Executor teacher(float_model.graph, registry);
   teacher.to(config.calibration.device);
-  Model qat_model = load_and_lift(job.model, registry, job.calib);  // its own tensors: QAT trains them
+  Model student{float_model.graph.clone(), float_model.meta};
+  own_tensors(student.graph);  // QAT trains them in place; the teacher keeps the originals
+  Model qat_model = prepare_model(std::move(student), config, registry, job.calib);
   const auto qat_inputs = qat_model.graph.inputs;
   QuantModel qm(std::move(qat_model), config, registry, calibration_source(job.calib, qat_inputs, 0));
   const auto& inputs = qm.graph().inputs;

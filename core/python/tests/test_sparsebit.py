@@ -92,6 +92,106 @@ def test_same_scales_and_bytes_as_the_command(tmp_path, images):
     assert py_out.read_bytes() == cli_out.read_bytes()
 
 
+def write_bn_model(path, rng):
+    """Conv -> BatchNormalization -> Relu -> Conv -> Flatten -> Gemm, its BN statistics off from
+    what the data gives (so re-estimating them changes the model), 8 channels (so pruning has
+    some to remove)."""
+    w1 = rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32)
+    wf = rng.normal(0, 0.2, (8 * 6 * 6, 5)).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(w1, "w1"),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "gamma"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "beta"),
+        numpy_helper.from_array(rng.normal(0, 1.0, 8).astype(np.float32), "mean"),
+        numpy_helper.from_array(rng.uniform(0.2, 3.0, 8).astype(np.float32), "var"),
+        numpy_helper.from_array(w2, "w2"),
+        numpy_helper.from_array(wf, "wf"),
+        numpy_helper.from_array(np.array([0, -1], np.int64), "flat"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "gamma", "beta", "mean", "var"], ["b1"]),
+        helper.make_node("Relu", ["b1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Reshape", ["r2", "flat"], ["f"]),
+        helper.make_node("MatMul", ["f", "wf"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+@pytest.mark.parametrize("extra", ["[schedule]\nbn_tuning = true\n",
+                                   "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\n"])
+def test_every_host_prepares_the_model_as_the_command_does(tmp_path, extra):
+    # Note [One preparation for every host]: BN re-estimation and pruning happen in the Python
+    # QuantModel and in `profile` as in `quantize`: the same model bytes and the same profile.
+    rng = np.random.default_rng(7)
+    model = str(tmp_path / "bn.onnx")
+    write_bn_model(model, rng)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(16):
+        np.save(calib / f"{i:02d}.npy", rng.normal(0.5, 1.0, (1, 3, 8, 8)).astype(np.float32))
+    base = open(os.path.join(ROOT, "configs", "w8a8_onnxruntime.toml")).read()
+    config = tmp_path / "prepared.toml"
+    config.write_text(base + "\n" + extra)
+    plain = tmp_path / "plain.toml"
+    plain.write_text(base)
+    out = {}
+    for name, cfg in (("cli", config), ("plain", plain)):
+        out[name] = tmp_path / f"{name}.onnx"
+        subprocess.run([BIN, "--quiet", "quantize", model, "-c", str(cfg), "--calib", str(calib), "-o", str(out[name])],
+                       check=True)
+        subprocess.run([BIN, "--quiet", "profile", model, "-c", str(cfg), "--calib", str(calib), "--samples", "8",
+                        "-o", str(tmp_path / f"{name}_profile")], check=True, stdout=subprocess.DEVNULL)
+    assert out["cli"].read_bytes() != out["plain"].read_bytes()  # the step changes the model
+
+    qm = sparsebit.QuantModel(model, str(config), calib=str(calib))
+    qm.calibrate(str(calib))
+    qm.export(tmp_path / "py.onnx")
+    assert (tmp_path / "py.onnx").read_bytes() == out["cli"].read_bytes()
+    py_profile = sparsebit.profile(qm, str(calib), samples=8)
+    cli_profile = json.load(open(tmp_path / "cli_profile.json"))
+    plain_profile = json.load(open(tmp_path / "plain_profile.json"))
+    assert py_profile == cli_profile
+    assert cli_profile != plain_profile
+
+
+def test_qat_trains_the_model_the_config_prepares(tmp_path):
+    # `sparsebit qat` prunes with [sparse] before training (it quantized the unpruned model).
+    rng = np.random.default_rng(7)
+    model = str(tmp_path / "bn.onnx")
+    write_bn_model(model, rng)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(16):
+        np.save(calib / f"{i:02d}.npy", rng.normal(0.5, 1.0, (1, 3, 8, 8)).astype(np.float32))
+    config = tmp_path / "sp.toml"
+    config.write_text(open(os.path.join(ROOT, "configs", "w8a8_onnxruntime.toml")).read()
+                      + '\n[sparse]\nsparser = "l1_structured"\nratio = 0.5\n[qat]\nepochs = 1\nbatch_size = 8\n')
+    out = tmp_path / "qat.onnx"
+    subprocess.run([BIN, "--quiet", "qat", model, "-c", str(config), "--calib", str(calib), "--train", str(calib),
+                    "-o", str(out)], check=True)
+    conv_weights = [list(t.dims) for t in onnx.load(str(out)).graph.initializer
+                    if t.name.endswith("_quantized") and len(t.dims) == 4]
+    assert sorted(conv_weights) == [[4, 3, 3, 3], [4, 4, 3, 3]]  # each Conv kept 4 of its 8 channels
+
+
+def test_bn_tuning_without_data_names_the_fix(tmp_path):
+    model = str(tmp_path / "bn.onnx")
+    write_bn_model(model, np.random.default_rng(7))
+    config = tmp_path / "bn.toml"
+    config.write_text(open(os.path.join(ROOT, "configs", "w8a8_onnxruntime.toml")).read()
+                      + "\n[schedule]\nbn_tuning = true\n")
+    with pytest.raises(sparsebit.Error, match=r"bn_tuning re-estimates the statistics of 1 BatchNormalization.*"
+                                               r"pass calibration data \(--calib; calib= in Python\)"):
+        sparsebit.QuantModel(model, str(config))
+
+
 def test_forward_is_the_simulated_model(images):
     qm = sparsebit.QuantModel(CNN, W8A8)  # paths work where objects do
     qm.calibrate([images[i : i + 64] for i in range(0, 512, 64)])  # batches: a list of [64, 1, 28, 28]

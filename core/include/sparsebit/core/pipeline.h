@@ -148,6 +148,22 @@ SPARSEBIT_API Model load_float_model(const std::string& path, const Registry& re
 SPARSEBIT_API PruneResult prune_step(const Model& model, const Config& config, const Registry& registry,
                                      const std::string& calib);
 
+/// Note [One preparation for every host]
+/// Every host that quantizes a model (run_quantize, run_qat, `sparsebit profile`, Python's
+/// QuantModel) takes its float model from prepare_model, so a config means the same in each:
+/// [sparse] prunes, then [schedule] bn_tuning re-estimates BatchNormalization statistics, both
+/// before any quantizer is placed. A host that built its QuantModel from the loaded model would
+/// quantize another network than `sparsebit quantize` does with the same config.
+struct Preparation {
+  std::optional<PruneSummary> pruning;                        ///< when [sparse] pruned
+  std::vector<std::pair<std::string, double>> phase_seconds;  ///< "prune", "bn_tuning": those that ran
+};
+
+/// The loaded float model as the config prepares it for quantization (see the note above).
+/// `calib` feeds pruning's bias compensation and BN re-estimation, which refuses to run without it.
+SPARSEBIT_API Model prepare_model(Model model, const Config& config, const Registry& registry, const std::string& calib,
+                                  Preparation* done = nullptr);
+
 /// Runs a float and the simulated quantized model over evaluation data.
 SPARSEBIT_API EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request,
                                         const StepProgressFn& progress = {});
