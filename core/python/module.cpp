@@ -867,7 +867,7 @@ void set_log_level(const std::string& level) {
 
 PYBIND11_MODULE(_sparsebit, m) {
   m.doc() = "Sparsebit: quantize ONNX models to low-bit QDQ ONNX (the C++ library's pipeline)";
-  pthread_atfork(nullptr, nullptr, on_fork_child);
+  pthread_atfork(nullptr, nullptr, on_fork_child);  // Note [Forked after a run]
 
   // Module-local: translators registered globally would also catch the C++ exceptions of other
   // pybind11 modules in the process (torch's).

@@ -639,10 +639,10 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   auto* vi = gp->mutable_value_info();
   for (int i = vi->size() - 1; i >= 0; --i)
     if (!names.count(vi->Get(i).name())) vi->DeleteSubrange(i, 1);
-  type_body_values(proto);
+  type_body_values(proto);  // Note [Types of body values]
 
   if (options.run_checker) {
-    register_runtime_schemas();
+    register_runtime_schemas();  // Note [ONNX Runtime's default-domain ops]
     if (opset <= onnx_library_max_opset() && proto.ir_version() <= onnx::IR_VERSION) {
       try {
         onnx::checker::check_model(proto);

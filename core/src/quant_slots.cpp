@@ -95,6 +95,7 @@ class QuantSlots::State final : public QuantState {
   std::map<const Node*, std::size_t> index_;
 };
 
+// Places the slots of Note [Quantization slots].
 QuantSlots::QuantSlots(const Graph& graph, const Executor& executor, const Config& config, const Backend& backend,
                        std::string backend_plugin, const Registry& registry)
     : graph_(&graph),

@@ -160,6 +160,7 @@ bool Registry::selected(const fs::path& library, const PluginSearch& filter) {
   return false;
 }
 
+// Note [Plugin discovery and gates]: where plugins are looked for, then each one's gates.
 void Registry::load(const PluginSearch& search) {
   std::vector<std::string> folders = search.paths;
   if (search.use_environment) {
@@ -229,7 +230,8 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
   const SparsebitPluginDescriptor* d = entry();
   if (!d) return refuse("descriptor", "the entry point returned no descriptor");
 
-  // Gates, in order. Only abi_version may be read before it is checked.
+  // Gates, in order. Only abi_version may be read before it is checked (Note [ABI version vs SDK
+  // version]).
   if (d->abi_version != sdk::kAbiVersion) {
     return refuse("abi_version", "ABI version " + std::to_string(d->abi_version) + ", host has " +
                                      std::to_string(sdk::kAbiVersion) + "; rebuild the plugin against this SDK");

@@ -328,6 +328,7 @@ void rename_in_subgraphs(Node& n, const std::string& from, const std::string& to
 }
 }  // namespace
 
+// Renames a value wherever it is read (Note [Values are names]), in subgraphs too.
 void Graph::replace_all_uses(const std::string& from, const std::string& to) {
   for (auto& n : impl_->nodes) {
     for (auto& in : n.inputs)

@@ -32,6 +32,7 @@ struct ResizeMode {
 
 /// Resizes axis `axis` of x from n to `out` samples; `scale` is out/n as the spec defines it
 /// (the given scale, or out/n when sizes were given); roi = {start, end} for tf_crop_and_resize.
+/// One axis of Note [Separable resize].
 at::Tensor resize_axis(const at::Tensor& x, std::int64_t axis, std::int64_t out, double scale, const ResizeMode& m,
                        std::pair<double, double> roi) {
   const std::int64_t n = x.size(axis);

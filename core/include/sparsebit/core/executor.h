@@ -42,6 +42,13 @@ struct BoundModule {
 /// If, Loop or Scan of the default domain: run by the executor (Note [Control flow]).
 SPARSEBIT_API bool is_control_flow(const Node& n);
 
+/// Note [Flat node numbering]
+/// Quantization, profiling and the accuracy target address nodes of every nesting level by one
+/// number. A graph's own nodes come first, in topological order; then, for each control-flow node
+/// in that order, its bodies in attribute-name order (If: else_branch, then_branch), each
+/// numbered the same way, recursively. Executor::number and flat_nodes() walk alike, so the
+/// number a QuantModel records for a node names the same node in a fresh flat_nodes() of the
+/// same graph; a control-flow node's bodies take the contiguous range [first, last).
 /// A node of some nesting level and the graph that holds it.
 struct FlatNode {
   Node* node;
