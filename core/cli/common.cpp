@@ -9,9 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <regex>
-#include <thread>
 
 #include "sparsebit/core/config.h"
+#include "sparsebit/core/distributed.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
@@ -21,16 +21,9 @@ namespace sparsebit::cli {
 void setup_logging(const GlobalOptions& g) {
   using sparsebit::sdk::LogLevel;
   sparsebit::sdk::log_to_stderr(g.quiet ? LogLevel::kWarn : g.verbose > 0 ? LogLevel::kDebug : LogLevel::kInfo);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int threads = g.threads > 0 ? g.threads : cores;
-  // Workers of one host share its cores (LOCAL_WORLD_SIZE: set by --nproc and by torchrun).
-  if (const char* local = std::getenv("LOCAL_WORLD_SIZE"); local && g.threads <= 0 && std::atoi(local) > 1)
-    threads = std::max(1, cores / std::atoi(local));
-  if (threads > cores) {  // more threads than cores only costs time (and creating a million takes minutes)
-    spdlog::warn("--threads {}: this machine has {} cores; using {}", threads, cores, cores);
-    threads = cores;
-  }
-  at::set_num_threads(threads);
+  const sb::ThreadChoice t = sb::choose_threads(g.threads);  // Note [Threads per process]
+  if (t.capped) spdlog::warn("--threads {}: this machine has {} cores; using {}", g.threads, t.cores, t.threads);
+  at::set_num_threads(t.threads);
 }
 
 CLI::Option* add_nproc_option(CLI::App& app, int& nproc) {

@@ -36,6 +36,7 @@
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/data.h"
+#include "sparsebit/core/distributed.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/pipeline.h"
 #include "sparsebit/core/profiler.h"
@@ -846,9 +847,8 @@ py::list plugins(py::handle config) {
 }
 
 void set_threads(int n) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (n < 0) throw sb::Error("threads must be 0 (all cores) or more");
-  at::set_num_threads(n == 0 ? cores : std::min(n, cores));
+  if (n < 0) throw sb::Error("threads must be 0 (all cores, shared among LOCAL_WORLD_SIZE workers) or more");
+  at::set_num_threads(sb::choose_threads(n).threads);  // Note [Threads per process]
   stay_on_one_thread_if_forked();
 }
 
@@ -868,6 +868,9 @@ void set_log_level(const std::string& level) {
 PYBIND11_MODULE(_sparsebit, m) {
   m.doc() = "Sparsebit: quantize ONNX models to low-bit QDQ ONNX (the C++ library's pipeline)";
   pthread_atfork(nullptr, nullptr, on_fork_child);  // Note [Forked after a run]
+  // Workers started by torchrun share the host's cores from the start (Note [Threads per process]).
+  if (const char* local = std::getenv("LOCAL_WORLD_SIZE"); local && std::atoi(local) > 1)
+    at::set_num_threads(sb::choose_threads(0).threads);
 
   // Module-local: translators registered globally would also catch the C++ exceptions of other
   // pybind11 modules in the process (torch's).
@@ -973,5 +976,7 @@ PYBIND11_MODULE(_sparsebit, m) {
         py::arg("report") = py::none(), py::arg("masked") = py::none(), py::arg("progress") = py::none());
   m.def("plugins", &plugins, py::kw_only(), py::arg("config") = py::none());
   m.def("set_threads", &set_threads, py::arg("threads"));
+  m.def(
+      "threads", [] { return at::get_num_threads(); }, "The LibTorch threads calibration and training use");
   m.def("set_log_level", &set_log_level, py::arg("level"));
 }

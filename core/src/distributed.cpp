@@ -622,6 +622,17 @@ void Distributed::report_failure(const std::string& message) noexcept {
   }
 }
 
+ThreadChoice choose_threads(int requested) {
+  ThreadChoice c;
+  c.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  c.threads = requested > 0 ? requested : c.cores;
+  if (const char* local = std::getenv("LOCAL_WORLD_SIZE"); local && requested <= 0 && std::atoi(local) > 1)
+    c.threads = std::max(1, c.cores / std::atoi(local));
+  c.capped = c.threads > c.cores;
+  c.threads = std::min(c.threads, c.cores);
+  return c;
+}
+
 Distributed* distributed() { return g_current; }
 
 Distributed* init_distributed(const std::string& device, const std::function<JobDescription()>& describe_job) {

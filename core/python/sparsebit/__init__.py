@@ -32,6 +32,7 @@ from ._sparsebit import (  # noqa: F401
     sdk_version,
     set_log_level,
     set_threads,
+    threads,
 )
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "quantize",
     "set_log_level",
     "set_threads",
+    "threads",
 ]
 
 

@@ -637,3 +637,19 @@ def test_a_child_forked_after_a_run_calibrates(tmp_path, images):
     assert (tmp_path / "child.onnx").stat().st_size > 0
     if os.cpu_count() > 1:
         assert "forked after sparsebit computed on several threads" in log.read_text()
+
+
+def test_workers_of_one_host_share_its_cores_as_the_command_does(tmp_path):
+    # Note [Threads per process]: under torchrun (LOCAL_WORLD_SIZE) each worker takes its share
+    # of the cores from import on, as `sparsebit --nproc` workers do; set_threads(0) keeps it.
+    cores = os.cpu_count()  # what std::thread::hardware_concurrency counts
+    code = ("import sparsebit; a = sparsebit.threads(); sparsebit.set_threads(0); b = sparsebit.threads(); "
+            "sparsebit.set_threads(10**6); print(a, b, sparsebit.threads())")
+    for workers in (1, 2, 4):
+        env = dict(os.environ, LOCAL_WORLD_SIZE=str(workers))
+        out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+        share = max(1, cores // workers)
+        got = [int(v) for v in out.stdout.split()]
+        assert got[1:] == [share, cores], (workers, got)
+        if workers > 1:
+            assert got[0] == share

@@ -110,4 +110,17 @@ SPARSEBIT_API bool writes_outputs();
 /// Records a failure for the other processes (no-op in a single-process run).
 SPARSEBIT_API void report_distributed_failure(const std::string& message) noexcept;
 
+/// Note [Threads per process]
+/// The LibTorch threads one process uses: `requested` when positive, at most the machine's
+/// cores (more only cost time); otherwise all cores, shared out among the workers of this host
+/// when LOCAL_WORLD_SIZE (set by --nproc and by torchrun) says there are several. The command's
+/// --threads and Python's set_threads() and import both take it from here, so a worker gets the
+/// same share whichever host started it.
+struct ThreadChoice {
+  int threads = 1;
+  int cores = 1;
+  bool capped = false;  ///< `requested` was more than the cores
+};
+SPARSEBIT_API ThreadChoice choose_threads(int requested);
+
 }  // namespace sparsebit
