@@ -1,7 +1,7 @@
-// Pruning: each sparser's pattern against a hand computation, channel removal through residual
-// Adds, Concat, BatchNormalization, depthwise convs and Flatten (the shrunk model computes the
-// masked one, and the shrunk weights are exact slices of the originals), what pins channels,
-// config errors, and fine-tuning that keeps the zeros.
+// Pruning (each sparser's own pattern is tested beside it, plugins/sparsers/*/tests): channel
+// removal through residual Adds, Concat, BatchNormalization, depthwise convs and Flatten (the
+// shrunk model computes the masked one, and the shrunk weights are exact slices of the
+// originals), global scope, what pins channels, config errors, and fine-tuning that keeps the zeros.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -12,24 +12,15 @@
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/prune.h"
+#include "prune_testing.h"
 #include "test_support.h"
 
 namespace sparsebit {
 namespace {
 
 using testing::Builder;
-
-Config sparse_config(const std::string& toml) {
-  Config c = Config::from_string(toml, "test.toml");
-  c.plugins.use_environment = false;
-  return c;
-}
-
-PruneResult run_prune(const Graph& g, const std::string& toml, std::vector<std::int64_t> input_shape) {
-  Model m{g.clone(), {}};
-  at::manual_seed(7);
-  return prune(m, sparse_config(toml), testing::shipped_registry(), {at::randn(input_shape)});
-}
+using testing::run_prune;
+using testing::sparse_config;
 
 at::Tensor run(const Graph& g, const at::Tensor& x) {
   Executor ex(g, testing::shipped_registry());
@@ -37,26 +28,6 @@ at::Tensor run(const Graph& g, const at::Tensor& x) {
 }
 
 Attribute ints(std::vector<std::int64_t> v) { return Attribute::of_ints(std::move(v)); }
-
-TEST(Prune, ElementSparsityHitsTheRatioAndZeroesTheSmallestWeights) {
-  Builder b({1, 4, 5, 5});
-  at::manual_seed(1);
-  b.constant("w", at::randn({8, 4, 3, 3}));
-  b.add("conv", "Conv", {"x", "w"}, {"y"});
-  auto r = run_prune(b.g, "[sparse]\nsparser = \"l1_unstructured\"\nratio = 0.3\n", {1, 4, 5, 5});
-  const at::Tensor w = b.g.initializers.at("w"), p = r.pruned.graph.initializers.at("w");
-  const std::int64_t zeros = (p == 0).sum().item<std::int64_t>();
-  EXPECT_EQ(zeros, static_cast<std::int64_t>(std::floor(0.3 * 288)));  // 86
-  // Every zeroed weight is no larger than every kept one, and kept ones are unchanged.
-  EXPECT_LE(w.abs().masked_select(p == 0).max().item<double>(), w.abs().masked_select(p != 0).min().item<double>());
-  EXPECT_TRUE(at::equal(p.masked_select(p != 0), w.masked_select(p != 0)));
-  ASSERT_EQ(r.layers.size(), 1u);
-  EXPECT_NEAR(r.layers[0].sparsity, 86.0 / 288, 1e-12);
-  EXPECT_EQ(r.after.nonzero_parameters, 288 - 86);
-  // MACs of the 3x3 conv on 5x5 (no padding): 8 x 3 x 3 positions x 4 x 3 x 3.
-  EXPECT_EQ(r.before.macs, 8 * 9 * 36);
-  EXPECT_EQ(r.after.sparse_macs, std::llround(8 * 9 * 36 * (288.0 - 86) / 288));
-}
 
 TEST(Prune, GlobalScopeRanksAllLayersTogether) {
   Builder b({1, 4, 5, 5});
@@ -73,42 +44,6 @@ TEST(Prune, GlobalScopeRanksAllLayersTogether) {
   const at::Tensor all = at::cat({b.g.initializers.at("w1").flatten(), b.g.initializers.at("w2").flatten()}).abs();
   const double threshold = std::get<0>(all.kthvalue(16)).item<double>();
   EXPECT_EQ(z2, (b.g.initializers.at("w2").abs() <= threshold).sum().item<std::int64_t>());
-}
-
-TEST(Prune, TwoOfFourKeepsTheTwoLargestOfEveryFourInputChannels) {
-  Builder b({2, 16, 4, 4});
-  at::manual_seed(3);
-  b.constant("w", at::randn({8, 16, 3, 3}));
-  b.constant("w_first", at::randn({16, 3, 1, 1}));  // 3 input channels: not a multiple of 4
-  b.constant("fc", at::randn({8 * 2 * 2, 12}));     // MatMul weight [K, N]: input axis 0
-  b.add("first", "Conv", {"x", "w"}, {"a"});
-  b.add("flat", "Flatten", {"a"}, {"f"});
-  b.add("fc", "MatMul", {"f", "fc"}, {"y"});
-  auto r = run_prune(b.g, "[sparse]\nsparser = \"n_m\"\n", {2, 16, 4, 4});
-  EXPECT_EQ(r.n, 2);
-  EXPECT_EQ(r.m, 4);
-  auto check = [](const at::Tensor& original, const at::Tensor& pruned, std::int64_t input_axis) {
-    at::Tensor o = original.movedim(input_axis, -1).reshape({-1, 4}),
-               p = pruned.movedim(input_axis, -1).reshape({-1, 4});
-    for (std::int64_t g = 0; g < o.size(0); ++g) {
-      auto kept = (p[g] != 0).nonzero().flatten();
-      ASSERT_EQ(kept.numel(), 2);
-      auto top = std::get<1>(o[g].abs().topk(2));
-      EXPECT_TRUE(at::equal(std::get<0>(kept.sort()), std::get<0>(top.sort()))) << "group " << g;
-    }
-  };
-  check(b.g.initializers.at("w"), r.pruned.graph.initializers.at("w"), 1);
-  check(b.g.initializers.at("fc"), r.pruned.graph.initializers.at("fc"), 0);
-}
-
-TEST(Prune, NMLeavesLayersWhoseInputChannelsDoNotDivideDense) {
-  Builder b({1, 3, 4, 4});
-  b.constant("w", at::randn({8, 3, 3, 3}));
-  b.add("rgb", "Conv", {"x", "w"}, {"y"});
-  auto r = run_prune(b.g, "[sparse]\nsparser = \"n_m\"\ngranularity = \"1:4\"\n", {1, 3, 4, 4});
-  EXPECT_TRUE(at::equal(r.pruned.graph.initializers.at("w"), b.g.initializers.at("w")));
-  ASSERT_EQ(r.notes.size(), 1u);
-  EXPECT_NE(r.notes[0].find("not a multiple of 4"), std::string::npos) << r.notes[0];
 }
 
 // conv0 -> BN -> Relu = a; conv1(a) -> BN = b; Relu(a + b) -> GlobalAveragePool -> Flatten -> Gemm.
