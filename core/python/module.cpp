@@ -653,7 +653,7 @@ class PyQuantModel {
     if (!calibrated_) throw sb::Error("export() needs calibrate() first");
     const std::string out = path_of(path);
     namespace fs = std::filesystem;
-    std::string location = fs::path(out).filename().string() + ".data";
+    std::string location = sb::default_side_file(out);
     bool force = false;
     if (py::isinstance<py::bool_>(external_data)) {
       force = external_data.cast<bool>();
@@ -668,15 +668,9 @@ class PyQuantModel {
     const std::string data_path = (fs::path(out).parent_path() / location).string();
     sb::check_distinct_paths(source_files(), {{"path", out, true}, {"external_data", data_path}});
     without_gil([&] {
-      sb::AtomicFile model_file(out), data_file(data_path);
       std::string external;
       const std::string bytes = qm_->serialize(&external, location, force);
-      if (!external.empty()) {
-        data_file.write(external);
-        data_file.commit();
-      }
-      model_file.write(bytes);
-      model_file.commit();
+      sb::write_onnx_files(out, bytes, external, location);  // Note [External data side file]
       return 0;
     });
   }

@@ -682,22 +682,30 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
   return bytes;
 }
 
-void write_onnx_files(const std::string& path, const std::string& model_bytes, const std::string& external_bytes) {
-  AtomicFile out(path);
-  std::optional<AtomicFile> data;
-  if (!external_bytes.empty()) {
-    data.emplace(path + ".data");
-    data->write(external_bytes);
-  }
+std::string default_side_file(const std::string& model_path) {
+  return fs::path(model_path).filename().string() + ".data";
+}
+
+bool write_side_file(const std::string& model_path, const std::string& bytes, const std::string& location) {
+  if (bytes.empty()) return false;
+  AtomicFile data(
+      (fs::path(model_path).parent_path() / (location.empty() ? default_side_file(model_path) : location)).string());
+  data.write(bytes);
+  data.commit();
+  return true;
+}
+
+void write_onnx_files(const std::string& path, const std::string& model_bytes, const std::string& external_bytes,
+                      const std::string& location) {
+  AtomicFile out(path);  // claimed first: an unwritable model path fails before the side file is written
   out.write(model_bytes);
-  if (data) data->commit();
+  write_side_file(path, external_bytes, location);
   out.commit();
 }
 
 void save_onnx(const Graph& graph, const ModelMeta& meta, const std::string& path, const ExportOptions& options) {
   std::string external;
-  const std::string model =
-      serialize_onnx(graph, meta, options, &external, fs::path(path).filename().string() + ".data");
+  const std::string model = serialize_onnx(graph, meta, options, &external, default_side_file(path));
   write_onnx_files(path, model, external);
 }
 

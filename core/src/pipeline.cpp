@@ -82,7 +82,7 @@ class JobFiles {
     if (!masked.empty()) masked_ = std::make_unique<AtomicFile>(masked);
   }
   /// Where the exporter points external tensors: the side file's name, relative to the model.
-  std::string external_location() const { return fs::path(model_path_).filename().string() + ".data"; }
+  std::string external_location() const { return default_side_file(model_path_); }
   void set_model(const std::string& bytes) { model_.write(bytes); }
   void set_masked(const std::string& bytes) {
     if (masked_) masked_->write(bytes);
@@ -90,13 +90,8 @@ class JobFiles {
   bool wants_masked() const { return masked_ != nullptr; }
   /// Writes the side file (if any external tensors), the masked model, the report, then the model.
   bool commit(const std::string& external, const std::string& report) {
-    const bool side = !external.empty();
-    if (side) {
-      AtomicFile data(model_path_ + ".data");
-      data.write(external);
-      data.commit();
-      spdlog::info("large initializers written to {}.data (ONNX external data)", model_path_);
-    }
+    const bool side = write_side_file(model_path_, external);  // Note [External data side file]
+    if (side) spdlog::info("large initializers written to {}.data (ONNX external data)", model_path_);
     if (masked_) masked_->commit();
     if (report_) {
       report_->write(report + "\n");

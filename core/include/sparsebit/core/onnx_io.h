@@ -66,9 +66,21 @@ SPARSEBIT_API void save_onnx(const Graph& graph, const ModelMeta& meta, const st
 /// relative to the model); otherwise a model over the protobuf limit is an Error.
 SPARSEBIT_API std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options = {},
                                          std::string* external = nullptr, const std::string& external_location = "");
+/// Note [External data side file]
+/// A model whose large tensors are external names its side file relative to itself (ONNX keeps
+/// external data beside the model): `location`, by default the model's file name + ".data".
+/// Every writer of models (the pipeline's jobs, save_onnx, Python's export) writes the side
+/// file first and the model last, each atomically, so a model never names a side file that is
+/// not there, and a failed run leaves neither.
+/// The side file's default location for a model written to `model_path`.
+SPARSEBIT_API std::string default_side_file(const std::string& model_path);
+/// Writes `bytes` (when not empty) as the side file `location` beside `model_path`, atomically;
+/// returns whether it wrote.
+SPARSEBIT_API bool write_side_file(const std::string& model_path, const std::string& bytes,
+                                   const std::string& location = "");
 /// Writes serialize_onnx's two outputs: the side file (if any) first, then the model; both atomic.
 SPARSEBIT_API void write_onnx_files(const std::string& path, const std::string& model_bytes,
-                                    const std::string& external_bytes);
+                                    const std::string& external_bytes, const std::string& location = "");
 
 /// Highest default-domain opset the linked ONNX library's checker knows.
 SPARSEBIT_API std::int64_t onnx_library_max_opset();
