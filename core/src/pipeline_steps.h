@@ -1,0 +1,111 @@
+#pragma once
+// The steps a job is made of, shared by the jobs of pipeline.cpp (Note [Pipeline order]):
+// calibration with its logging, the agreement check, input coverage, the accuracy target's
+// hold-out and search. Internal to the core.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sparsebit/core/data.h"
+#include "sparsebit/core/pipeline.h"
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/registry.h"
+
+namespace sparsebit::steps {
+
+inline double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Adapts a StepProgressFn to the (done, total) callbacks of calibration and evaluation.
+inline ProgressFn stage(const StepProgressFn& progress, const std::string& name) {
+  if (!progress) return {};
+  return [progress, name](std::int64_t done, std::int64_t total) { progress(name, done, total, ""); };
+}
+
+/// Ends a step's progress line.
+inline void end_step(const StepProgressFn& progress) {
+  if (progress) progress("", 0, 0, "");
+}
+
+/// 1.23 G, 4.56 M, 7.8 k: counts in tables.
+std::string human(double v);
+
+/// A dataset that notes the sizes its records give each model input (InputCoverage).
+class CoverageRecorder final : public Dataset {
+ public:
+  CoverageRecorder(std::unique_ptr<Dataset> data, const std::vector<ValueInfo>& inputs)
+      : data_(std::move(data)), inputs_(inputs), seen_(inputs.size()) {}
+  std::string describe() const override { return data_->describe(); }
+  std::optional<std::int64_t> num_samples() const override { return data_->num_samples(); }
+  std::optional<Batch> next() override {
+    auto b = data_->next();
+    if (!b) return b;
+    for (std::size_t i = 0; i < b->inputs.size() && i < inputs_.size(); ++i) {
+      const at::Tensor& t = b->inputs[i];
+      const auto rank = static_cast<std::int64_t>(inputs_[i].shape.size());
+      if (!t.defined() || rank < 2 || t.dim() < rank - 1) continue;
+      auto& c = seen_[i];
+      for (std::int64_t d = 1; d < rank; ++d) {  // sample dims, aligned from the right
+        const std::int64_t size = t.size(t.dim() - rank + d);
+        const auto k = static_cast<std::size_t>(d - 1);
+        if (c.min.size() <= k) c.min.push_back(size), c.max.push_back(size);
+        c.min[k] = std::min(c.min[k], size);
+        c.max[k] = std::max(c.max[k], size);
+      }
+    }
+    return b;
+  }
+  /// The inputs with an open sample dimension.
+  std::vector<InputCoverage> coverage() const {
+    std::vector<InputCoverage> out;
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      InputCoverage c = seen_[i];
+      c.input = inputs_[i].name;
+      bool any = false;
+      for (std::size_t d = 1; d < inputs_[i].shape.size(); ++d) {
+        const Dim& dim = inputs_[i].shape[d];
+        c.open.push_back(!(dim.value > 0 && dim.param.empty()));
+        any = any || c.open.back();
+      }
+      if (any && c.min.size() == c.open.size()) out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<Dataset> data_;
+  std::vector<ValueInfo> inputs_;
+  std::vector<InputCoverage> seen_;
+};
+
+/// Logs which sizes the calibration data gave each open input dimension.
+void log_coverage(const std::vector<InputCoverage>& coverage);
+
+AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int64_t target_holdout);
+void log_agreement(const AgreementCheck& a);
+
+/// Warns loudly when the backend and skip globs leave nothing quantized, saying why.
+void warn_if_nothing_quantized(QuantModel& qm, const Config& config);
+
+/// Calibrates the QuantModel on `data` (or the data at `calib`), logging what it does.
+CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, const StepProgressFn& progress);
+CalibrationStats calibrate(QuantModel& qm, const std::string& calib, const Config& config,
+                           const StepProgressFn& progress);
+
+/// How many calibration samples the accuracy target keeps apart (Note [Accuracy target]).
+std::int64_t holdout_count(const TargetConfig& t, const std::string& calib, const std::vector<ValueInfo>& inputs);
+
+/// The calibration samples: all of them, or all but the first `holdout`.
+QuantModel::DataSource calibration_source(const std::string& calib, const std::vector<ValueInfo>& inputs,
+                                          std::int64_t holdout);
+
+/// Calibrates on all but the held-out samples, then meets the target.
+TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64_t holdout,
+                              const QuantModel::DataSource& calibration, CalibrationStats& stats,
+                              std::vector<InputCoverage>& coverage, const Registry& registry,
+                              const StepProgressFn& progress);
+
+}  // namespace sparsebit::steps
