@@ -59,7 +59,6 @@ void log_op_times(const std::map<std::string, OpTime>& times, double total) {
                   total > 0 ? 100 * (t.seconds + t.hook_seconds) / total : 0.0);
 }
 
-
 std::string describe_dims(const InputCoverage& c) {
   std::string s = "[N";
   for (std::size_t d = 0; d < c.min.size(); ++d)
