@@ -124,11 +124,8 @@ def write_bn_model(path, rng):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
 
 
-@pytest.mark.parametrize("extra", ["[schedule]\nbn_tuning = true\n",
-                                   "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\n"])
-def test_every_host_prepares_the_model_as_the_command_does(tmp_path, extra):
-    # Note [One preparation for every host]: BN re-estimation and pruning happen in the Python
-    # QuantModel and in `profile` as in `quantize`: the same model bytes and the same profile.
+def bn_model_and_calib(tmp_path):
+    """write_bn_model's model and 16 calibration samples for it, in tmp_path."""
     rng = np.random.default_rng(7)
     model = str(tmp_path / "bn.onnx")
     write_bn_model(model, rng)
@@ -136,6 +133,15 @@ def test_every_host_prepares_the_model_as_the_command_does(tmp_path, extra):
     calib.mkdir()
     for i in range(16):
         np.save(calib / f"{i:02d}.npy", rng.normal(0.5, 1.0, (1, 3, 8, 8)).astype(np.float32))
+    return model, calib
+
+
+@pytest.mark.parametrize("extra", ["[schedule]\nbn_tuning = true\n",
+                                   "[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\n"])
+def test_every_host_prepares_the_model_as_the_command_does(tmp_path, extra):
+    # Note [One preparation for every host]: BN re-estimation and pruning happen in the Python
+    # QuantModel and in `profile` as in `quantize`: the same model bytes and the same profile.
+    model, calib = bn_model_and_calib(tmp_path)
     base = open(os.path.join(ROOT, "configs", "w8a8_onnxruntime.toml")).read()
     config = tmp_path / "prepared.toml"
     config.write_text(base + "\n" + extra)
@@ -163,13 +169,7 @@ def test_every_host_prepares_the_model_as_the_command_does(tmp_path, extra):
 
 def test_qat_trains_the_model_the_config_prepares(tmp_path):
     # `sparsebit qat` prunes with [sparse] before training (it quantized the unpruned model).
-    rng = np.random.default_rng(7)
-    model = str(tmp_path / "bn.onnx")
-    write_bn_model(model, rng)
-    calib = tmp_path / "calib"
-    calib.mkdir()
-    for i in range(16):
-        np.save(calib / f"{i:02d}.npy", rng.normal(0.5, 1.0, (1, 3, 8, 8)).astype(np.float32))
+    model, calib = bn_model_and_calib(tmp_path)
     config = tmp_path / "sp.toml"
     config.write_text(open(os.path.join(ROOT, "configs", "w8a8_onnxruntime.toml")).read()
                       + '\n[sparse]\nsparser = "l1_structured"\nratio = 0.5\n[qat]\nepochs = 1\nbatch_size = 8\n')
