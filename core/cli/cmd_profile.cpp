@@ -36,16 +36,15 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   sb::Registry registry;
   registry.load(config.plugins);
   // Prepared and given its data as `sparsebit quantize` does (Note [One preparation for every host]).
-  sb::Model model = sb::prepare_model(sb::load_float_model(a.model, registry, a.calib), config, registry, a.calib);
-  const auto inputs = model.graph.inputs;
-  sb::QuantModel qm(std::move(model), config, registry,
-                    [calib = a.calib, inputs] { return sb::open_dataset(calib, inputs); });
+  const sb::DataSource calib(a.calib);
+  sb::Model model = sb::prepare_model(sb::load_float_model(a.model, registry, calib), config, registry, calib);
+  sb::QuantModel qm(std::move(model), config, registry, calib);
   {
-    auto data = sb::open_dataset(a.calib, qm.graph().inputs);
+    auto data = calib.open(qm.graph().inputs);
     sb::cli::Progress bar("calibrating", !g.quiet);
     qm.calibrate(*data, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
   }
-  auto data = sb::open_dataset(a.calib, qm.graph().inputs);
+  auto data = calib.open(qm.graph().inputs);
   sb::ProfileOptions opt;
   opt.samples = a.samples;
   opt.accumulated = a.mode != "single";

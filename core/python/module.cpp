@@ -370,27 +370,18 @@ bool is_path(py::handle p) {
   return py::isinstance<py::str>(p) || py::isinstance<py::bytes>(p) || py::isinstance(p, os.attr("PathLike"));
 }
 
-/// Data given to a call: a path (str, bytes or os.PathLike) as the CLI takes it, or a Python iterable
-/// registered for the call's duration (Note [Named datasets]).
-struct DataArg {
-  std::string path;
-  std::unique_ptr<sb::NamedDataset> named;
-  DataArg() = default;
-  DataArg(py::handle data, const std::string& label) {
-    if (data.is_none()) return;
-    if (is_path(data)) {
-      path = path_of(data);
-      return;
-    }
-    // One dict is one item (name -> array), not an iterable of its keys.
-    py::object items =
-        py::isinstance<py::dict>(data) ? py::object(py::make_tuple(data)) : py::reinterpret_borrow<py::object>(data);
-    PyDataSource src{std::make_shared<PyRef>(items), label};
-    named = std::make_unique<sb::NamedDataset>(
-        label, [src](const std::vector<sb::ValueInfo>& inputs) { return std::make_unique<PyDataset>(src, inputs); });
-    path = named->name();
-  }
-};
+/// Data given to a call: a path (str, bytes or os.PathLike) as the CLI takes it, or a Python
+/// iterable, read afresh by each step that opens the source (Note [Data sources]).
+sb::DataSource data_source(py::handle data, const std::string& label) {
+  if (data.is_none()) return {};
+  if (is_path(data)) return sb::DataSource(path_of(data));
+  // One dict is one item (name -> array), not an iterable of its keys.
+  py::object items =
+      py::isinstance<py::dict>(data) ? py::object(py::make_tuple(data)) : py::reinterpret_borrow<py::object>(data);
+  PyDataSource src{std::make_shared<PyRef>(items), label};
+  return sb::DataSource(
+      label, [src](const std::vector<sb::ValueInfo>& inputs) { return std::make_unique<PyDataset>(src, inputs); });
+}
 
 // ---------------------------------------------------------------------------------------------
 // Config from a dict
@@ -571,35 +562,29 @@ class PyQuantModel {
     config_ = config_of(config);
     registry_ = std::make_shared<sb::Registry>();
     registry_->load(config_.plugins);
-    calib_ = std::make_shared<DataArg>(calib, "python calib");
+    calib_ = data_source(calib, "python calib");
     if (py::isinstance<PyModel>(model)) {
       source_ = model.cast<PyModel>();
     } else {
       const std::string path = path_of(model);
-      source_ = PyModel{std::make_shared<sb::Model>(
-                            without_gil([&] { return sb::load_float_model(path, *registry_, calib_->path); })),
-                        path};
+      source_ = PyModel{
+          std::make_shared<sb::Model>(without_gil([&] { return sb::load_float_model(path, *registry_, calib_); })),
+          path};
     }
     // Pruned and BN-tuned as `sparsebit quantize` would (Note [One preparation for every host]).
     sb::Model prepared =
-        without_gil([&] { return sb::prepare_model(copy_model(*source_.model), config_, *registry_, calib_->path); });
-    sb::QuantModel::DataSource data;
-    if (!calib_->path.empty()) {
-      const std::string p = calib_->path;
-      const auto inputs = prepared.graph.inputs;
-      data = [p, inputs] { return sb::open_dataset(p, inputs); };
-    }
+        without_gil([&] { return sb::prepare_model(copy_model(*source_.model), config_, *registry_, calib_); });
     qm_ = std::make_unique<sb::QuantModel>(
-        without_gil([&] { return sb::QuantModel(std::move(prepared), config_, *registry_, data); }));
+        without_gil([&] { return sb::QuantModel(std::move(prepared), config_, *registry_, calib_); }));
   }
 
   py::dict calibrate(py::handle data, const py::object& progress) {
     InUse in_use(busy_);
-    DataArg arg(data, "python calibration data");
-    if (arg.path.empty()) throw sb::Error("calibrate() needs data: an iterable of arrays, or a data path");
+    const sb::DataSource source = data_source(data, "python calibration data");
+    if (source.empty()) throw sb::Error("calibrate() needs data: an iterable of arrays, or a data path");
     const auto inputs = qm_->graph().inputs;
     stats_ = without_gil([&] {
-      auto dataset = sb::open_dataset(arg.path, inputs);
+      auto dataset = source.open(inputs);
       return qm_->calibrate(*dataset, progress_of(progress));
     });
     calibrated_ = true;
@@ -681,8 +666,8 @@ class PyQuantModel {
       throw sb::Error("mode must be both, accumulated or single");
     if (!calibrated_) throw sb::Error("profile() needs calibrate() first");
     if (samples < 1) throw sb::Error("samples must be at least 1");
-    DataArg arg(data, "python profiling data");
-    if (arg.path.empty()) throw sb::Error("profile() needs data: an iterable of arrays, or a data path");
+    const sb::DataSource source = data_source(data, "python profiling data");
+    if (source.empty()) throw sb::Error("profile() needs data: an iterable of arrays, or a data path");
     const std::string out = output.is_none() ? "" : path_of(output);
     if (!out.empty())
       sb::check_distinct_paths(source_files(), {{"output .json", out + ".json"}, {"output .html", out + ".html"}});
@@ -693,7 +678,7 @@ class PyQuantModel {
         json_file = std::make_unique<sb::AtomicFile>(out + ".json");
         html_file = std::make_unique<sb::AtomicFile>(out + ".html");
       }
-      auto dataset = sb::open_dataset(arg.path, inputs);
+      auto dataset = source.open(inputs);
       sb::ProfileOptions opt;
       opt.samples = samples;
       opt.accumulated = mode != "single";
@@ -733,7 +718,7 @@ class PyQuantModel {
     return {{"the model", source_.path}, {"the config", config_file ? config_.source : ""}};
   }
   std::shared_ptr<sb::Registry> registry_;
-  std::shared_ptr<DataArg> calib_;
+  sb::DataSource calib_;
   PyModel source_;
   std::unique_ptr<sb::QuantModel> qm_;
   std::optional<sb::CalibrationStats> stats_;
@@ -758,14 +743,14 @@ py::object quantize(py::handle model, py::handle config, py::handle calib, py::h
     if (!job.config.target) throw sb::Error("target_strict needs a target (target=\"cosine>=0.99\" or [target])");
     job.config.target->strict = true;
   }
-  DataArg calib_arg(calib, "python calib"), eval_arg(eval_data, "python eval data");
   job.model = path_of(model);
-  job.calib = calib_arg.path;
+  job.calib = data_source(calib, "python calib");
   if (job.calib.empty()) throw sb::Error("quantize() needs calib: an iterable of arrays, or a data path");
   job.output = path_of(output);
   job.report = report.is_none() ? "" : path_of(report);
   job.external_data = external_data;
-  if (!eval_arg.path.empty()) job.evaluation = sb::EvaluationRequest{eval_arg.path, "", "", ""};
+  if (sb::DataSource eval = data_source(eval_data, "python eval data"); !eval.empty())
+    job.evaluation = sb::EvaluationRequest{eval, "", "", ""};
   const std::string json =
       without_gil([&] { return sb::report_json(sb::run_quantize(job, step_progress_of(progress))); });
   return json_loads(json);
@@ -784,10 +769,9 @@ py::object qat(py::handle model, py::handle config, py::handle calib, py::handle
     if (!(*lr > 0)) throw sb::Error("lr must be positive");
     job.config.qat.lr = *lr;
   }
-  DataArg calib_arg(calib, "python calib"), train_arg(train, "python train");
   job.model = path_of(model);
-  job.calib = calib_arg.path;
-  job.train = train_arg.path;
+  job.calib = data_source(calib, "python calib");
+  job.train = data_source(train, "python train");
   if (job.calib.empty() || job.train.empty()) throw sb::Error("qat() needs calib and train data");
   job.output = path_of(output);
   job.report = report.is_none() ? "" : path_of(report);
@@ -804,10 +788,9 @@ py::object prune(py::handle model, py::handle config, py::handle output, py::han
                  int finetune_epochs, py::handle report, py::handle masked, const py::object& progress) {
   sb::PruneJob job;
   job.config = config_of(config);
-  DataArg calib_arg(calib, "python calib"), train_arg(train, "python train");
   job.model = path_of(model);
-  job.calib = calib_arg.path;
-  job.train = train_arg.path;
+  job.calib = data_source(calib, "python calib");
+  job.train = data_source(train, "python train");
   if (finetune_epochs < 0) throw sb::Error("finetune_epochs must be 0 or more");
   job.finetune_epochs = finetune_epochs;
   job.output = path_of(output);
@@ -933,11 +916,11 @@ PYBIND11_MODULE(_sparsebit, m) {
         const std::string p = path_of(path);
         sb::PluginSearch search;
         if (!config.is_none()) search = config_of(config).plugins;
-        DataArg data(calib, "python calib");
+        const sb::DataSource data = data_source(calib, "python calib");
         auto model = without_gil([&] {
           sb::Registry registry;
           registry.load(search);
-          return std::make_shared<sb::Model>(sb::load_float_model(p, registry, data.path));
+          return std::make_shared<sb::Model>(sb::load_float_model(p, registry, data));
         });
         return PyModel{model, p};
       },

@@ -27,7 +27,7 @@ struct ChannelStats {
 };
 }  // namespace
 
-Model tune_batchnorm(const Model& model, const Config& config, const Registry& registry, const std::string& calib) {
+Model tune_batchnorm(const Model& model, const Config& config, const Registry& registry, const DataSource& calib) {
   Config unfused = config;
   for (auto& e : unfused.schedule)
     if (e.pass == "fuse_bn") e.enabled = false;
@@ -58,11 +58,11 @@ Model tune_batchnorm(const Model& model, const Config& config, const Registry& r
   const auto& constants = ex.constants();
 
   {
-    auto data = open_dataset(calib, qm.graph().inputs);
+    auto data = calib.open(qm.graph().inputs);
     qm.calibrate(*data);
   }
   c10::InferenceMode guard;
-  auto data = open_dataset(calib, qm.graph().inputs);
+  auto data = calib.open(qm.graph().inputs);
   Batcher batcher(*data, qm.graph().inputs, config.calibration.batch_size, config.calibration.count);
   const at::Device device(config.calibration.device);
   qm.set_quant(true, true);
@@ -90,7 +90,7 @@ Model tune_batchnorm(const Model& model, const Config& config, const Registry& r
     });
     samples += b->rows;
   }
-  if (samples == 0) throw Error("bn_tuning: " + calib + " yielded no samples");
+  if (samples == 0) throw Error("bn_tuning: " + calib.name() + " yielded no samples");
 
   Model tuned{model.graph.clone(), model.meta};
   std::size_t tuned_count = 0;

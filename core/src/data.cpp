@@ -350,49 +350,29 @@ class IdxDataset final : public Dataset {
 
 }  // namespace
 
-namespace {
+DataSource::DataSource(std::string path) : path_(std::move(path)) {}
+DataSource::DataSource(const char* path) : path_(path ? path : "") {}
+DataSource::DataSource(std::string name, DatasetOpener opener) : name_(std::move(name)), opener_(std::move(opener)) {}
 
-struct NamedDatasets {
-  std::mutex mutex;
-  std::map<std::string, DatasetOpener> openers;
-  std::uint64_t issued = 0;
-};
+std::string DataSource::name() const { return opener_ ? "<" + name_ + ">" : path_; }
 
-NamedDatasets& named_datasets() {
-  static NamedDatasets table;
-  return table;
+std::string DataSource::identity() const {
+  if (opener_ || path_.empty()) return name();
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path_, ec);
+  return ec ? path_ : absolute.string();
 }
 
-}  // namespace
-
-NamedDataset::NamedDataset(const std::string& label, DatasetOpener opener) {
-  NamedDatasets& t = named_datasets();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  name_ = "<" + label + ">";  // stable while unique: QAT checkpoints record the data's name
-  while (t.openers.count(name_)) name_ = "<" + label + " #" + std::to_string(++t.issued) + ">";
-  t.openers.emplace(name_, std::move(opener));
-}
-
-NamedDataset::~NamedDataset() {
-  NamedDatasets& t = named_datasets();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  t.openers.erase(name_);
+std::unique_ptr<Dataset> DataSource::open(const std::vector<ValueInfo>& inputs) const {
+  if (!opener_) return open_dataset(path_, inputs);
+  if (inputs.empty()) throw Error("the model has no inputs to feed " + name() + " to");
+  auto data = opener_(inputs);
+  if (!data) throw Error(name() + ": the data source opened no dataset");
+  return data;
 }
 
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs) {
-  if (!path.empty() && path.front() == '<') {
-    DatasetOpener opener;
-    {
-      NamedDatasets& t = named_datasets();
-      std::lock_guard<std::mutex> lock(t.mutex);
-      auto it = t.openers.find(path);
-      if (it != t.openers.end()) opener = it->second;
-    }
-    if (opener) {
-      if (inputs.empty()) throw Error("the model has no inputs to feed calibration data to");
-      return opener(inputs);
-    }
-  }
+  if (path.empty()) throw Error("no data given: pass a folder of samples, an ONNX test-data folder or an IDX file");
   std::error_code ec;
   if (!fs::exists(path, ec))
     throw Error(

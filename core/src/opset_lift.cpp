@@ -12,7 +12,7 @@
 
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
-#include "sparsebit/core/prune.h"
+#include "sparsebit/core/data.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
@@ -567,7 +567,7 @@ void give_io_ranks(Model& model, const Registry& registry, const std::vector<at:
 
 }  // namespace
 
-Model load_and_lift(const std::string& path, const Registry& registry, const std::string& calib, std::int64_t target) {
+Model load_and_lift(const std::string& path, const Registry& registry, const DataSource& calib, std::int64_t target) {
   Model model = load_onnx(path, ImportOptions{0});
   const bool lift = model.graph.default_opset() < target;
   if (!lift && shapeless_io(model.graph).empty()) return model;

@@ -109,10 +109,10 @@ std::string qat_fingerprint(const QatJob& job) {
   };
   const Config& c = job.config;
   std::ostringstream s;
-  s << file_id(job.model) << "|" << file_id(c.source) << "|" << fs::absolute(job.calib).string() << "|"
-    << fs::absolute(job.train).string() << "|" << c.qat.lr << "|" << c.qat.weight_decay << "|" << c.qat.batch_size
-    << "|" << c.qat.count << "|" << c.qat.loss << "|" << c.qat.temperature << "|" << c.qat.seed << "|" << c.qat.tf32
-    << "|" << c.calibration.batch_size << "|" << c.calibration.count << "|" << c.calibration.mode;
+  s << file_id(job.model) << "|" << file_id(c.source) << "|" << job.calib.identity() << "|" << job.train.identity()
+    << "|" << c.qat.lr << "|" << c.qat.weight_decay << "|" << c.qat.batch_size << "|" << c.qat.count << "|"
+    << c.qat.loss << "|" << c.qat.temperature << "|" << c.qat.seed << "|" << c.qat.tf32 << "|"
+    << c.calibration.batch_size << "|" << c.calibration.count << "|" << c.calibration.mode;
   return s.str();
 }
 
@@ -135,11 +135,11 @@ std::string file_identity(const std::string& path) {
 }
 
 JobDescription describe_run(const std::string& command, const std::string& model, const Config& c,
-                            const std::string& calib) {
+                            const DataSource& calib) {
   JobDescription d{{"command", command},
                    {"model", file_identity(model)},
                    {"config", fmt::format("{:016x}", c.text_digest)},
-                   {"calibration data", calib.empty() ? "(none)" : calib},
+                   {"calibration data", calib.empty() ? "(none)" : calib.name()},
                    {"calibration count", std::to_string(c.calibration.count)},
                    {"calibration batch size", std::to_string(c.calibration.batch_size)},
                    {"calibration mode", c.calibration.mode},
@@ -154,7 +154,7 @@ JobDescription describe_run(const QuantizeJob& job) {
 
 JobDescription describe_run(const QatJob& job) {
   JobDescription d = describe_run("qat", job.model, job.config, job.calib);
-  d.insert(d.end(), {{"training data", job.train},
+  d.insert(d.end(), {{"training data", job.train.name()},
                      {"epochs", std::to_string(job.config.qat.epochs)},
                      {"learning rate", fmt::format("{}", job.config.qat.lr)},
                      {"loss", job.config.qat.loss},
@@ -164,7 +164,7 @@ JobDescription describe_run(const QatJob& job) {
 
 JobDescription describe_run(const PruneJob& job) {
   JobDescription d = describe_run("prune", job.model, job.config, job.calib);
-  d.insert(d.end(), {{"training data", job.train.empty() ? "(none)" : job.train},
+  d.insert(d.end(), {{"training data", job.train.empty() ? "(none)" : job.train.name()},
                      {"fine-tuning epochs", std::to_string(job.finetune_epochs)}});
   return d;
 }
@@ -199,8 +199,8 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   const EvaluationRequest eval = job.evaluation.value_or(EvaluationRequest{});
   check_distinct_paths({{"the model", job.model},
                         {"the config", config_file(config)},
-                        {"calib", job.calib},
-                        {"eval data", eval.data},
+                        {"calib", job.calib.path()},
+                        {"eval data", eval.data.path()},
                         {"eval labels", eval.labels}},
                        {{"output", job.output, true},
                         {"report", job.report},
@@ -229,7 +229,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
     throw Error("target " + config.target->describe() +
                 " needs --eval-data and --eval-labels (top-1 accuracy on labelled data)");
   const std::int64_t holdout = config.target ? holdout_count(*config.target, job.calib, model.graph.inputs) : 0;
-  const auto source = calibration_source(job.calib, model.graph.inputs, holdout);
+  const DataSource source = calibration_source(job.calib, holdout);
   QuantModel qm(std::move(model), config, registry, source);
   warn_if_nothing_quantized(qm, config);
   phase("passes");
@@ -237,7 +237,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
     r.target = meet_target_step(qm, job, holdout, source, r.calibration, r.input_coverage, registry, progress);
     phase("calibration+target");
   } else {
-    CoverageRecorder recorded(source(), qm.graph().inputs);
+    CoverageRecorder recorded(source.open(qm.graph().inputs), qm.graph().inputs);
     r.calibration = calibrate(qm, recorded, config, progress);
     r.input_coverage = recorded.coverage();
     phase("calibration");
@@ -280,9 +280,11 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   const Config& config = job.config;
   QatOutcome r;
   r.checkpoint = job.checkpoint.empty() ? job.output + ".ckpt" : job.checkpoint;
-  check_distinct_paths(
-      {{"the model", job.model}, {"the config", config_file(config)}, {"calib", job.calib}, {"train", job.train}},
-      {{"output", job.output, true}, {"report", job.report}, {"checkpoint", r.checkpoint}});
+  check_distinct_paths({{"the model", job.model},
+                        {"the config", config_file(config)},
+                        {"calib", job.calib.path()},
+                        {"train", job.train.path()}},
+                       {{"output", job.output, true}, {"report", job.report}, {"checkpoint", r.checkpoint}});
   Distributed* group = init_distributed(config.calibration.device, [&] { return describe_run(job); });
   if (job.restart && writes_outputs()) fs::remove(r.checkpoint);
   if (group) group->barrier("starting from the checkpoint or from calibration");
@@ -297,21 +299,19 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   Model student{float_model.graph.clone(), float_model.meta};
   own_tensors(student.graph);  // QAT trains them in place; the teacher keeps the originals
   Model qat_model = prepare_model(std::move(student), config, registry, job.calib);
-  const auto qat_inputs = qat_model.graph.inputs;
-  QuantModel qm(std::move(qat_model), config, registry, calibration_source(job.calib, qat_inputs, 0));
+  QuantModel qm(std::move(qat_model), config, registry, job.calib);
   const auto& inputs = qm.graph().inputs;
   {
-    auto calib = open_dataset(job.calib, inputs);
+    auto calib = job.calib.open(inputs);
     r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));
     end_step(progress);
   }
   spdlog::info("training {} epoch(s) on {} (batch {}, Adam lr {}, {} distillation loss, device {}, {} threads)",
-               config.qat.epochs, job.train, config.qat.batch_size, config.qat.lr, config.qat.loss,
+               config.qat.epochs, job.train.name(), config.qat.batch_size, config.qat.lr, config.qat.loss,
                config.calibration.device, at::get_num_threads());
   QatOptions options{config.qat, r.checkpoint, qat_fingerprint(job)};
   r.training = distill(
-      qm, teacher, [&] { return open_dataset(job.train, inputs); }, options,
-      epochs(progress, "epoch ", config.qat.epochs));
+      qm, teacher, [&] { return job.train.open(inputs); }, options, epochs(progress, "epoch ", config.qat.epochs));
   end_step(progress);
   r.quantization = qm.report(&r.calibration);
 
@@ -336,9 +336,11 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
     throw Error(config.source + " also quantizes ([w]/[a]): pass --calib with calibration data");
   if (job.finetune_epochs > 0 && job.train.empty()) throw Error("--finetune needs --train with training data");
   if (job.finetune_epochs > 0) config.qat.epochs = job.finetune_epochs;
-  check_distinct_paths(
-      {{"the model", job.model}, {"the config", config_file(config)}, {"calib", job.calib}, {"train", job.train}},
-      {{"output", job.output, true}, {"report", job.report}, {"masked", job.masked}});
+  check_distinct_paths({{"the model", job.model},
+                        {"the config", config_file(config)},
+                        {"calib", job.calib.path()},
+                        {"train", job.train.path()}},
+                       {{"output", job.output, true}, {"report", job.report}, {"masked", job.masked}});
   JobFiles files(job.output, job.report, job.masked);
   init_distributed(config.calibration.device, [&] { return describe_run(job); });
   Registry registry;
@@ -350,13 +352,13 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
     files.set_masked(serialize_onnx(pruned.masked.graph, pruned.masked.meta));
 
   const std::vector<ValueInfo> inputs = pruned.pruned.graph.inputs;  // a copy: the model moves below
-  auto open_train = [&] { return open_dataset(job.train, inputs); };
+  auto open_train = [&] { return job.train.open(inputs); };
   std::string bytes, external;
   if (r.quantized) {
     const auto inputs = pruned.pruned.graph.inputs;
-    QuantModel qm(std::move(pruned.pruned), config, registry, calibration_source(job.calib, inputs, 0));
+    QuantModel qm(std::move(pruned.pruned), config, registry, job.calib);
     if (job.finetune_epochs > 0) {
-      auto calib = open_dataset(job.calib, inputs);
+      auto calib = job.calib.open(inputs);
       r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));
       end_step(progress);
       // Zeros left by element / N:M pruning stay zero while training.

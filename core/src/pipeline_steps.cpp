@@ -97,12 +97,12 @@ AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int6
   if (target_holdout > 0) {
     r.held_out = true;
   } else if (config.calibration.count > 0) {
-    auto probe = open_dataset(job.calib, inputs);
+    auto probe = job.calib.open(inputs);
     const auto n = probe->num_samples();
     if (n && *n > config.calibration.count) first = config.calibration.count, r.held_out = true;
   }
   const std::int64_t take = target_holdout > 0 ? std::min(kSamples, target_holdout) : kSamples;
-  SampleWindow window(open_dataset(job.calib, inputs), inputs, first, take);
+  SampleWindow window(job.calib.open(inputs), inputs, first, take);
   Batcher batches(window, inputs,
                   std::max<std::int64_t>(1, std::min<std::int64_t>(config.calibration.batch_size, take)), take);
   const at::Device device(config.calibration.device);
@@ -213,18 +213,18 @@ CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, 
   return stats;
 }
 
-CalibrationStats calibrate(QuantModel& qm, const std::string& calib, const Config& config,
+CalibrationStats calibrate(QuantModel& qm, const DataSource& calib, const Config& config,
                            const StepProgressFn& progress) {
-  auto data = open_dataset(calib, qm.graph().inputs);
+  auto data = calib.open(qm.graph().inputs);
   return calibrate(qm, *data, config, progress);
 }
 
 /// How many calibration samples the accuracy target keeps apart (Note [Accuracy target]): as
 /// asked, or a quarter of a set smaller than twice that; 0 measures on calibration samples.
-std::int64_t holdout_count(const TargetConfig& t, const std::string& calib, const std::vector<ValueInfo>& inputs) {
+std::int64_t holdout_count(const TargetConfig& t, const DataSource& calib, const std::vector<ValueInfo>& inputs) {
   std::int64_t h = t.holdout;
   if (h == 0) return 0;
-  auto data = open_dataset(calib, inputs);
+  auto data = calib.open(inputs);
   std::optional<std::int64_t> n = data->num_samples();
   if (!n) {  // unknown without reading (a file may hold a batch): count up to what matters
     Batcher count(*data, inputs, 2 * h, 2 * h);
@@ -237,35 +237,35 @@ std::int64_t holdout_count(const TargetConfig& t, const std::string& calib, cons
     spdlog::info(
         "target: {} has {} samples; {} are kept apart to measure {} (with so few, [target] holdout = 0 measures on "
         "the calibration samples and keeps them all for the ranges)",
-        calib, *n, h, t.metric);
+        calib.name(), *n, h, t.metric);
   }
   return h;
 }
 
 /// The calibration samples: all of them, or all but the first `holdout`.
-QuantModel::DataSource calibration_source(const std::string& calib, const std::vector<ValueInfo>& inputs,
-                                          std::int64_t holdout) {
-  return [calib, inputs, holdout]() -> std::unique_ptr<Dataset> {
-    if (holdout == 0) return open_dataset(calib, inputs);
-    return std::make_unique<SampleWindow>(open_dataset(calib, inputs), inputs, holdout, 0);
-  };
+DataSource calibration_source(const DataSource& calib, std::int64_t holdout) {
+  if (holdout == 0) return calib;
+  return DataSource(calib.name() + " after the first " + std::to_string(holdout) + " samples",
+                    [calib, holdout](const std::vector<ValueInfo>& inputs) -> std::unique_ptr<Dataset> {
+                      return std::make_unique<SampleWindow>(calib.open(inputs), inputs, holdout, 0);
+                    });
 }
 
 /// Calibrates on all but the held-out samples, then meets the target.
 TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64_t holdout,
-                              const QuantModel::DataSource& calibration, CalibrationStats& stats,
+                              const DataSource& calibration, CalibrationStats& stats,
                               std::vector<InputCoverage>& coverage, const Registry& registry,
                               const StepProgressFn& progress) {
   const TargetConfig& t = *job.config.target;
   const auto& inputs = qm.graph().inputs;
   {
-    CoverageRecorder recorded(calibration(), inputs);
+    CoverageRecorder recorded(calibration.open(inputs), inputs);
     stats = calibrate(qm, recorded, job.config, progress);
     coverage = recorded.coverage();
   }
   TargetData data;
   const std::int64_t measured = holdout > 0 ? holdout : 16;
-  SampleWindow held(open_dataset(job.calib, inputs), inputs, 0, measured);
+  SampleWindow held(job.calib.open(inputs), inputs, 0, measured);
   const at::Device device(job.config.calibration.device);
   Batcher one(held, inputs, 1, 0);
   while (auto b = one.next()) {
@@ -276,14 +276,14 @@ TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64
                              (holdout > 0 ? " held-out calibration samples" : " calibration samples (no holdout)");
   data.calibration = calibration;
   if (t.metric == "top1-drop") {
-    auto eval = open_dataset(job.evaluation->data, inputs);
+    auto eval = job.evaluation->data.open(inputs);
     Batcher batches(*eval, inputs, std::max(job.config.calibration.batch_size, 256), 0);
     while (auto b = batches.next()) {
       for (auto& x : b->inputs) x = x.to(device);
       data.eval.push_back(std::move(b->inputs));
     }
     data.eval_labels = read_labels(job.evaluation->labels);
-    data.eval_description = job.evaluation->data;
+    data.eval_description = job.evaluation->data.name();
   }
   if (const auto* histogram = registry.observer("auto")) data.range_observer = histogram->factory;
   spdlog::info("target {}: measuring on {}", t.describe(), data.holdout_description);
@@ -324,7 +324,7 @@ using namespace steps;
 // ---------------------------------------------------------------------------------------------
 // Steps
 
-Model load_float_model(const std::string& path, const Registry& registry, const std::string& calib) {
+Model load_float_model(const std::string& path, const Registry& registry, const DataSource& calib) {
   Model model = load_and_lift(path, registry, calib);
   // Quantizing a QDQ model again would put a second set of quantizers around the first, which
   // no backend deploys as meant.
@@ -337,10 +337,10 @@ Model load_float_model(const std::string& path, const Registry& registry, const 
   return model;
 }
 
-PruneResult prune_step(const Model& model, const Config& config, const Registry& registry, const std::string& calib) {
+PruneResult prune_step(const Model& model, const Config& config, const Registry& registry, const DataSource& calib) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<Dataset> data;  // for bias compensation
-  if (!calib.empty()) data = open_dataset(calib, model.graph.inputs);
+  if (!calib.empty()) data = calib.open(model.graph.inputs);
   PruneResult r = prune(model, config, registry, sample_inputs(model.graph, calib), data.get());
   const double seconds = ms_since(t0) / 1000;
   std::string what = r.pattern == SparsityPattern::kChannel
@@ -368,7 +368,7 @@ PruneResult prune_step(const Model& model, const Config& config, const Registry&
   return r;
 }
 
-Model prepare_model(Model model, const Config& config, const Registry& registry, const std::string& calib,
+Model prepare_model(Model model, const Config& config, const Registry& registry, const DataSource& calib,
                     Preparation* done) {
   auto mark = std::chrono::steady_clock::now();
   auto phase = [&](const char* name) {
@@ -391,7 +391,7 @@ Model prepare_model(Model model, const Config& config, const Registry& registry,
 
 EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, const StepProgressFn& progress) {
   c10::InferenceMode guard;
-  auto data = open_dataset(request.data, qm.graph().inputs);
+  auto data = request.data.open(qm.graph().inputs);
   at::Tensor labels;
   if (!request.labels.empty()) labels = read_labels(request.labels);
   bool labels_checked = false;
@@ -436,7 +436,7 @@ EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, cons
   }
   end_step(progress);
   qm.set_quant(false, false);
-  if (n == 0) throw Error("evaluation data " + request.data + " yielded no samples");
+  if (n == 0) throw Error("evaluation data " + request.data.name() + " yielded no samples");
   if (!request.outputs.empty() && writes_outputs()) write_npy(at::cat(sim_outputs, 0), request.outputs);
   if (!request.fp32_outputs.empty() && writes_outputs()) write_npy(at::cat(fp_outputs, 0), request.fp32_outputs);
   EvaluationResult r;

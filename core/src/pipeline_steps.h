@@ -92,19 +92,18 @@ void warn_if_nothing_quantized(QuantModel& qm, const Config& config);
 
 /// Calibrates the QuantModel on `data` (or the data at `calib`), logging what it does.
 CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, const StepProgressFn& progress);
-CalibrationStats calibrate(QuantModel& qm, const std::string& calib, const Config& config,
+CalibrationStats calibrate(QuantModel& qm, const DataSource& calib, const Config& config,
                            const StepProgressFn& progress);
 
 /// How many calibration samples the accuracy target keeps apart (Note [Accuracy target]).
-std::int64_t holdout_count(const TargetConfig& t, const std::string& calib, const std::vector<ValueInfo>& inputs);
+std::int64_t holdout_count(const TargetConfig& t, const DataSource& calib, const std::vector<ValueInfo>& inputs);
 
 /// The calibration samples: all of them, or all but the first `holdout`.
-QuantModel::DataSource calibration_source(const std::string& calib, const std::vector<ValueInfo>& inputs,
-                                          std::int64_t holdout);
+DataSource calibration_source(const DataSource& calib, std::int64_t holdout);
 
 /// Calibrates on all but the held-out samples, then meets the target.
 TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64_t holdout,
-                              const QuantModel::DataSource& calibration, CalibrationStats& stats,
+                              const DataSource& calibration, CalibrationStats& stats,
                               std::vector<InputCoverage>& coverage, const Registry& registry,
                               const StepProgressFn& progress);
 

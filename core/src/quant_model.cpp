@@ -93,8 +93,11 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
                                      return fake_quantize(value, observer->compute(), spec);
                                    }};
   };
+  std::function<std::unique_ptr<Dataset>()> open_calibration;
+  if (!calibration.empty())
+    open_calibration = [calibration, inputs = model_->graph.inputs] { return calibration.open(inputs); };
   run_passes(config_.schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source,
-             PassData{calibration, config_.calibration.batch_size, config_.calibration.count, weight_grid});
+             PassData{open_calibration, config_.calibration.batch_size, config_.calibration.count, weight_grid});
   executor_ = std::make_unique<Executor>(model_->graph, registry);
   if (config_.calibration.device != "cpu") {
     at::Device dev(at::kCPU);

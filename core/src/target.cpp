@@ -372,7 +372,7 @@ class TargetSearch {
 
   /// Streams the calibration data through the float model; `see` gets every node input.
   std::int64_t stream_calibration(const std::function<void(std::size_t, std::size_t, const at::Tensor&)>& see) {
-    auto data = d_.calibration();
+    auto data = d_.calibration.open(qm_.graph().inputs);
     const Config& c = qm_.config();
     Batcher batcher(*data, qm_.graph().inputs, c.calibration.batch_size, c.calibration.count);
     const at::Device device(c.calibration.device);

@@ -319,7 +319,7 @@ TEST(OnnxRuntime, TargetFallbackLayersExportAndMatchTheSimulation) {
     TargetData data;
     const auto& inputs = qm->graph().inputs;
     const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
-    data.calibration = [inputs, images] { return open_dataset(images, inputs); };
+    data.calibration = images;
     SampleWindow held(open_dataset(images, inputs), inputs, 2000, 8);
     Batcher one(held, inputs, 1, 0);
     while (auto b = one.next()) data.holdout.push_back(b->inputs);

@@ -509,6 +509,55 @@ TEST(Pipeline, InputsAndOutputsWithoutAShapeAreWrittenWithTheirRank) {
     EXPECT_NE(e.find(needle), std::string::npos) << needle << " missing in: " << e;
 }
 
+// Note [Data sources]: samples an application holds in memory go through every step that reads
+// data (calibration, the agreement check, evaluation) as the same samples in a file do.
+TEST(Pipeline, AJobReadsSamplesInMemoryAsItReadsTheirFile) {
+  struct InMemory final : Dataset {
+    at::Tensor images;  // [n, 1, 28, 28], handed out 16 at a time
+    std::int64_t at = 0;
+    explicit InMemory(at::Tensor x) : images(std::move(x)) {}
+    std::string describe() const override { return "frames in memory"; }
+    std::optional<std::int64_t> num_samples() const override { return images.size(0); }
+    std::optional<Batch> next() override {
+      if (at >= images.size(0)) return std::nullopt;
+      const std::int64_t n = std::min<std::int64_t>(16, images.size(0) - at);
+      Batch b{{images.narrow(0, at, n)}, "frames", true};
+      at += n;
+      return b;
+    }
+  };
+  const at::Tensor calib = read_idx(kImages, 96).to(at::kFloat).div(255).unsqueeze(1);
+  const at::Tensor eval = test_batch(64);
+  int opened = 0;
+  auto in_memory = [&](const std::string& name, at::Tensor x) {
+    return DataSource(name, [&opened, x](const std::vector<ValueInfo>&) {
+      ++opened;
+      return std::make_unique<InMemory>(x);
+    });
+  };
+  testing::TempDir dir;
+  auto run = [&](DataSource calib_source, DataSource eval_source, const std::string& output) {
+    QuantizeJob job;
+    job.model = testing::fixture_model();
+    job.calib = std::move(calib_source);
+    job.config = config_for("w8a8_onnxruntime.toml", 64, "layerwise");
+    job.output = dir / output;
+    job.evaluation = EvaluationRequest{std::move(eval_source), "", "", ""};
+    return run_quantize(job, nullptr);
+  };
+  write_npy(eval, dir / "eval.npy");
+  const QuantizeOutcome files = run(kImages, dir / "eval.npy", "files.onnx");
+  const QuantizeOutcome memory = run(in_memory("calib", calib), in_memory("eval", eval), "memory.onnx");
+  EXPECT_GE(opened, 3) << "calibration, the agreement check and evaluation each open the source";
+  EXPECT_EQ(memory.calibration.samples, 64);
+  ASSERT_TRUE(memory.evaluation && files.evaluation);
+  EXPECT_EQ(memory.evaluation->samples, 64);
+  EXPECT_EQ(files.evaluation->samples, 64);
+  EXPECT_EQ(memory.evaluation->top1_agreement, files.evaluation->top1_agreement);
+  EXPECT_EQ(memory.evaluation->max_abs_output_diff, files.evaluation->max_abs_output_diff);
+  EXPECT_EQ(testing::read_text(dir / "memory.onnx"), testing::read_text(dir / "files.onnx"));
+}
+
 std::size_t count_ops(const Graph& g, const std::string& op) {
   std::size_t n = 0;
   for (const Node* node : g.nodes()) n += node->op_type == op;

@@ -46,10 +46,10 @@ Fixture calibrated(const std::string& config_text, std::int64_t holdout = 16) {
                        testing::shipped_registry()),
             {}};
   const auto& inputs = f.qm.graph().inputs;
-  f.data.calibration = [inputs] {
-    return std::unique_ptr<Dataset>(new SampleWindow(open_dataset(kImages, inputs), inputs, 1000, 0));
-  };
-  f.qm.calibrate(*f.data.calibration());
+  f.data.calibration = DataSource("images after the first 1000", [](const std::vector<ValueInfo>& in) {
+    return std::unique_ptr<Dataset>(new SampleWindow(open_dataset(kImages, in), in, 1000, 0));
+  });
+  f.qm.calibrate(*f.data.calibration.open(inputs));
   SampleWindow held(open_dataset(kImages, inputs), inputs, 0, holdout);
   Batcher one(held, inputs, 1, 0);
   while (auto b = one.next()) f.data.holdout.push_back(b->inputs);

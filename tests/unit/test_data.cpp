@@ -128,9 +128,10 @@ TEST(Data, BatchesAreSlicedAndSkippedWithoutReadingOtherProcessesSamples) {
   EXPECT_NE(e.find("first bad sample: 5"), std::string::npos) << e;
 }
 
-// Note [Named datasets]: an opener registered under a name is what open_dataset() opens there,
-// afresh each time; the name is stable while unique and gone with the registration.
-TEST(Data, NamedDatasetsOpenAfreshUntilUnregistered) {
+// Note [Data sources]: an application's opener is opened afresh by each step, under its name;
+// sources are values, so two with one name never see each other's data, and a path source
+// opens the files.
+TEST(Data, DataSourcesOpenAfreshAndStayApart) {
   struct Counting final : Dataset {
     int left;
     explicit Counting(int n) : left(n) {}
@@ -142,23 +143,31 @@ TEST(Data, NamedDatasetsOpenAfreshUntilUnregistered) {
     }
   };
   int opened = 0;
-  std::string name;
-  {
-    NamedDataset data("in memory", [&](const std::vector<ValueInfo>& in) {
-      EXPECT_EQ(in.size(), 1u);
-      ++opened;
-      return std::make_unique<Counting>(3);
-    });
-    NamedDataset twin("in memory", [](const std::vector<ValueInfo>&) { return std::make_unique<Counting>(1); });
-    name = data.name();
-    EXPECT_EQ(name, "<in memory>");
-    EXPECT_NE(twin.name(), name);
-    EXPECT_EQ(drain(*open_dataset(name, image_input()), image_input(), 2, 0), 3);
-    EXPECT_EQ(drain(*open_dataset(name, image_input()), image_input(), 2, 0), 3);
-    EXPECT_EQ(drain(*open_dataset(twin.name(), image_input()), image_input(), 2, 0), 1);
-    EXPECT_EQ(opened, 2);
-  }
-  EXPECT_NE(expect_error([&] { open_dataset(name, image_input()); }).find("no such file"), std::string::npos);
+  const DataSource data("in memory", [&](const std::vector<ValueInfo>& in) {
+    EXPECT_EQ(in.size(), 1u);
+    ++opened;
+    return std::make_unique<Counting>(3);
+  });
+  const DataSource twin("in memory", [](const std::vector<ValueInfo>&) { return std::make_unique<Counting>(1); });
+  EXPECT_EQ(data.name(), "<in memory>");
+  EXPECT_EQ(data.identity(), "<in memory>");
+  EXPECT_EQ(data.path(), "");
+  EXPECT_EQ(drain(*data.open(image_input()), image_input(), 2, 0), 3);
+  EXPECT_EQ(drain(*data.open(image_input()), image_input(), 2, 0), 3);
+  EXPECT_EQ(drain(*twin.open(image_input()), image_input(), 2, 0), 1);
+  EXPECT_EQ(opened, 2);
+  // A name that looks like one never reaches another source: it is a path.
+  EXPECT_NE(expect_error([&] { DataSource("<in memory>").open(image_input()); }).find("no such file"),
+            std::string::npos);
+  EXPECT_NE(expect_error([&] { data.open({}); }).find("<in memory>"), std::string::npos);
+  EXPECT_NE(expect_error([&] { DataSource().open(image_input()); }).find("no data given"), std::string::npos);
+
+  testing::TempDir dir;
+  write_npy(at::rand({2, 1, 28, 28}), dir / "a.npy");
+  const DataSource files(dir.path().string());
+  EXPECT_EQ(files.path(), dir.path().string());
+  EXPECT_EQ(files.name(), dir.path().string());
+  EXPECT_EQ(drain(*files.open(image_input()), image_input(), 4, 0), 2);
 }
 
 // A model exported with a fixed batch of one: a batch of 4 asked for becomes batches of one

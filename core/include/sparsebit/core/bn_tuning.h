@@ -14,6 +14,7 @@
 #include <string>
 
 #include "sparsebit/core/config.h"
+#include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/registry.h"
 
@@ -26,6 +27,6 @@ SPARSEBIT_API bool bn_tuning_enabled(const Config& config);
 /// opened twice (calibration, then the tuning pass). Logs and returns the model unchanged when
 /// it has no BatchNormalization with constant parameters.
 SPARSEBIT_API Model tune_batchnorm(const Model& model, const Config& config, const Registry& registry,
-                                   const std::string& calib);
+                                   const DataSource& calib);
 
 }  // namespace sparsebit

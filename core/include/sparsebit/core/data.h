@@ -59,31 +59,46 @@ class SPARSEBIT_API Dataset {
   virtual std::optional<Batch> next() = 0;
 };
 
-/// Opens PATH in whichever of the layouts above it is, for a model with `inputs`, or the
-/// dataset registered under that name (Note [Named datasets]).
+/// Opens PATH in whichever of the layouts above it is, for a model with `inputs`.
 SPARSEBIT_API std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs);
 
 /// Opens a dataset afresh (from its first sample) for a model with `inputs`.
 using DatasetOpener = std::function<std::unique_ptr<Dataset>(const std::vector<ValueInfo>& inputs)>;
 
-/// Note [Named datasets]
-/// Data an application holds in memory (the Python package's iterables) is registered under a
-/// name that open_dataset() looks up before the file system, so every step that takes a data
-/// path (calibration, lifting's sample run, the target's held-out samples, QAT's training data,
-/// bias compensation) reads it without a separate code path. Names start with '<' (a path
-/// cannot be confused with one by accident); the registration lasts as long as the object.
-class SPARSEBIT_API NamedDataset {
+/// Note [Data sources]
+/// Where a step's samples come from, carried by value in the job: a path in one of the layouts
+/// above, or an opener the application supplies (the Python package's iterables, a host's own
+/// records or generator) under a name for messages. Every step that reads samples opens the
+/// source afresh (calibration, lifting's sample run, the target's held-out samples, QAT's
+/// epochs, bias compensation, BN re-estimation), so an opener must start from the first sample
+/// each time. Nothing is registered process-wide: two jobs in one process never share data by
+/// accident, and a source lives exactly as long as the job that holds it.
+class SPARSEBIT_API DataSource {
  public:
-  /// Registers `opener` under "<label>", or "<label #N>" while that name is taken.
-  NamedDataset(const std::string& label, DatasetOpener opener);
-  ~NamedDataset();
-  NamedDataset(const NamedDataset&) = delete;
-  NamedDataset& operator=(const NamedDataset&) = delete;
-  const std::string& name() const { return name_; }
+  DataSource() = default;        ///< none
+  DataSource(std::string path);  // NOLINT(google-explicit-constructor): a path is a source
+  DataSource(const char* path);  // NOLINT(google-explicit-constructor)
+  DataSource(std::string name, DatasetOpener opener);
+
+  bool empty() const { return path_.empty() && !opener_; }
+  /// The file or folder; "" for an application's source (nothing on disk to guard).
+  const std::string& path() const { return path_; }
+  /// What messages call it: the path, or "<name>".
+  std::string name() const;
+  /// What names it to a QAT checkpoint and to the other ranks: the absolute path, or "<name>".
+  std::string identity() const;
+  /// A fresh dataset from the first sample; errors name the source.
+  std::unique_ptr<Dataset> open(const std::vector<ValueInfo>& inputs) const;
 
  private:
-  std::string name_;
+  std::string path_, name_;
+  DatasetOpener opener_;
 };
+
+/// Inputs for one sample: the first sample of `calib` when given, else drawn from the model's
+/// declared input shapes (unknown batch dims become 1; another unknown dim is an Error that asks
+/// for --calib).
+SPARSEBIT_API std::vector<at::Tensor> sample_inputs(const Graph& graph, const DataSource& calib = {});
 
 /// Regroups any dataset's records into batches of exactly `batch_size` samples, stopping after
 /// `limit` samples (0: no limit). A batch holds samples of one size only: where consecutive

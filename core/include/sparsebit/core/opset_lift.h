@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsebit/core/data.h"
 #include "sparsebit/sdk/graph.h"
 
 namespace sparsebit {
@@ -76,7 +77,7 @@ SPARSEBIT_API LiftReport lift_model(Model& model, std::int64_t target, const Reg
 /// The pipeline's first step, used by the CLI and library users alike: imports `path` (models
 /// older than opset 7 through ONNX's converter) and, below `target`, lifts it with lift_model() on
 /// the first sample of the calibration data `calib` (static facts only when `calib` is empty).
-SPARSEBIT_API Model load_and_lift(const std::string& path, const Registry& registry, const std::string& calib,
+SPARSEBIT_API Model load_and_lift(const std::string& path, const Registry& registry, const DataSource& calib,
                                   std::int64_t target = 13);
 
 /// Lowest opset the executor runs without ONNX's converter: older models are converted to it on

@@ -19,6 +19,12 @@
 ///     job.output = "model_int8.onnx";
 ///     sparsebit::QuantizeOutcome r = sparsebit::run_quantize(job);
 ///     std::string report = sparsebit::report_json(r);
+///
+/// Samples held in memory come as an opener instead of a path (Note [Data sources]):
+///
+///     job.calib = sparsebit::DataSource("camera frames", [&](const auto& inputs) {
+///       return std::make_unique<FrameDataset>(frames, inputs);  // a sparsebit::Dataset
+///     });
 
 #include <cstdint>
 #include <functional>
@@ -43,7 +49,7 @@ using StepProgressFn =
 
 /// Float vs simulated-quantized agreement on evaluation data (with labels: both accuracies).
 struct EvaluationRequest {
-  std::string data;          ///< samples, in any calibration-data format
+  DataSource data;           ///< samples, in any calibration-data format
   std::string labels;        ///< IDX labels, one per sample ("": none)
   std::string outputs;       ///< .npy of the simulated outputs ("": not written)
   std::string fp32_outputs;  ///< .npy of the float outputs ("": not written)
@@ -81,7 +87,7 @@ struct InputCoverage {
 
 struct QuantizeJob {
   std::string model;  ///< float ONNX model
-  std::string calib;  ///< calibration data
+  DataSource calib;   ///< calibration data (Note [Data sources])
   Config config;
   std::string output;          ///< the QDQ model; large initializers go to output + ".data" when needed
   std::string report;          ///< JSON report ("": not written)
@@ -106,7 +112,8 @@ struct QuantizeOutcome {
 };
 
 struct QatJob {
-  std::string model, calib, train;
+  std::string model;
+  DataSource calib, train;
   Config config;  ///< [qat] holds epochs, lr, loss...
   std::string output;
   std::string report;      ///< "": not written
@@ -123,9 +130,9 @@ struct QatOutcome {
 
 struct PruneJob {
   std::string model;
-  std::string calib;  ///< bias compensation, and calibration when the config also quantizes
-  std::string train;  ///< fine-tuning data (needed when finetune_epochs > 0)
-  Config config;      ///< needs [sparse]; [w]/[a] quantize the pruned model too
+  DataSource calib;  ///< bias compensation, and calibration when the config also quantizes
+  DataSource train;  ///< fine-tuning data (needed when finetune_epochs > 0)
+  Config config;     ///< needs [sparse]; [w]/[a] quantize the pruned model too
   int finetune_epochs = 0;
   std::string output;
   std::string report;  ///< "": not written
@@ -142,11 +149,11 @@ struct PruneOutcome {
 };
 
 /// Loads and lifts a float model for quantization: refuses models that already hold Q/DQ nodes.
-SPARSEBIT_API Model load_float_model(const std::string& path, const Registry& registry, const std::string& calib);
+SPARSEBIT_API Model load_float_model(const std::string& path, const Registry& registry, const DataSource& calib);
 
 /// Prunes as [sparse] says, logging the before/after table.
 SPARSEBIT_API PruneResult prune_step(const Model& model, const Config& config, const Registry& registry,
-                                     const std::string& calib);
+                                     const DataSource& calib);
 
 /// Note [One preparation for every host]
 /// Every host that quantizes a model (run_quantize, run_qat, `sparsebit profile`, Python's
@@ -161,7 +168,7 @@ struct Preparation {
 
 /// The loaded float model as the config prepares it for quantization (see the note above).
 /// `calib` feeds pruning's bias compensation and BN re-estimation, which refuses to run without it.
-SPARSEBIT_API Model prepare_model(Model model, const Config& config, const Registry& registry, const std::string& calib,
+SPARSEBIT_API Model prepare_model(Model model, const Config& config, const Registry& registry, const DataSource& calib,
                                   Preparation* done = nullptr);
 
 /// Runs a float and the simulated quantized model over evaluation data.

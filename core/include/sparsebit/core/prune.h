@@ -93,11 +93,6 @@ struct PruneResult : PruneSummary {
   Model masked;
 };
 
-/// Inputs for one sample: the first sample of `calib` when given, else drawn from the model's
-/// declared input shapes (unknown batch dims become 1; another unknown dim is an Error that asks
-/// for --calib).
-SPARSEBIT_API std::vector<at::Tensor> sample_inputs(const Graph& graph, const std::string& calib = "");
-
 /// Prunes `model` as `config.sparse` says (an Error if it is unset). `sample` fixes the shapes
 /// the channel analysis and the MAC counts need, and is what the shrunk model is checked on.
 /// With `data` (read as [calibration] batch_size and count say), biases are compensated

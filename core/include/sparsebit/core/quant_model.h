@@ -135,8 +135,6 @@ struct LayerPass;
 
 class SPARSEBIT_API QuantModel {
  public:
-  /// Opens the calibration samples afresh (for simplify passes that measure activations).
-  using DataSource = std::function<std::unique_ptr<Dataset>()>;
   /// `calibration`, when given, serves the simplify passes' calibration statistics
   /// (PassContext::channel_absmax: smooth_quant needs them).
   QuantModel(Model model, Config config, const Registry& registry, const DataSource& calibration = {});

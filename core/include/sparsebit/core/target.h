@@ -74,7 +74,7 @@ struct TargetData {
   std::string holdout_description;
   /// Calibration data again, for the observers of 16-bit activations (the same samples the
   /// model was calibrated on).
-  std::function<std::unique_ptr<Dataset>()> calibration;
+  DataSource calibration;
   /// An observer that offers candidate ranges (the `auto` observer), for the range remedy;
   /// empty: no range remedy.
   ObserverFactory range_observer;

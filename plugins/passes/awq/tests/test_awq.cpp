@@ -242,7 +242,7 @@ TEST(Awq, WeightOnlyInt4LosesLessThanRoundToNearest) {
             schedule,
         "awq.toml");
     PassData data = s.data(b.g);
-    QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, shipped_registry(), data.open);
+    QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, shipped_registry(), s.dir.path().string());
     auto calib = data.open();
     qm.calibrate(*calib);
     double err = 0;

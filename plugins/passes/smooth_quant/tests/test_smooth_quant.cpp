@@ -154,7 +154,7 @@ TEST(SmoothQuant, PerTensorActivationsLoseLessAfterSmoothing) {
                                        (smooth ? "true" : "false") + "\n",
                                    "sq.toml");
     PassData data = s.data(b.g);
-    QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, shipped_registry(), data.open);
+    QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, shipped_registry(), s.dir.path().string());
     auto calib = data.open();
     qm.calibrate(*calib);
     double signal = 0, noise = 0;
