@@ -6,7 +6,7 @@
 # baseline measured in the same run: the peak of `sparsebit plugins`, which loads LibTorch and
 # every plugin and nothing else. Each model is measured in one file and with its weights in an
 # external data file, which Sparsebit maps and holds about one layer at a time (Note [Mapped
-# weights] in core/src/mapped_file.h).
+# weights] in core/src/base/mapped_file.h).
 #
 #   bench/llm/memory.sh [BUILD_DIR] [--shape D,LAYERS,HEADS,FF] [--check RTN_LIMIT,GPTQ_LIMIT]
 #                       [--check-external LIMIT]

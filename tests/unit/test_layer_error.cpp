@@ -8,7 +8,7 @@
 
 #include <limits>
 
-#include "layer_error.h"
+#include "quant/layer_error.h"
 
 namespace sparsebit::detail {
 namespace {

@@ -1,0 +1,599 @@
+#include "sparsebit/core/config.h"
+
+#include "base/digest.h"
+#include "base/glob.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <regex>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "sparsebit/sdk/error.h"
+
+namespace sparsebit {
+
+namespace fs = std::filesystem;
+
+std::string nearest(const std::string& key, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::string::npos;
+  for (const auto& c : candidates) {
+    std::vector<std::size_t> prev(c.size() + 1), cur(c.size() + 1);
+    for (std::size_t j = 0; j <= c.size(); ++j) prev[j] = j;
+    for (std::size_t i = 1; i <= key.size(); ++i) {
+      cur[0] = i;
+      for (std::size_t j = 1; j <= c.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (key[i - 1] == c[j - 1] ? 0 : 1)});
+      std::swap(prev, cur);
+    }
+    if (prev[c.size()] < best_d) {
+      best_d = prev[c.size()];
+      best = c;
+    }
+  }
+  // Only suggest when the typo is plausibly a typo.
+  return best_d <= std::max<std::size_t>(2, key.size() / 3) ? best : std::string();
+}
+
+QSpec QuantTableConfig::spec(bool is_weight, std::int64_t channel_axis) const {
+  QSpec s;
+  s.bits = bits;
+  s.symmetric = qscheme.find("symmetric") != std::string::npos;
+  s.per_channel = qscheme.rfind("per-channel", 0) == 0 || qscheme.rfind("per-group", 0) == 0;
+  s.channel_axis = channel_axis;
+  if (qscheme.rfind("per-group", 0) == 0) {
+    s.group_size = group_size;
+    s.group_axis = channel_axis == 0 ? 1 : 0;  // the input-channel axis of the weight
+  }
+  s.narrow_range = narrow_range;
+  s.is_weight = is_weight;
+  if (reduce_range && is_weight && bits == 8) {
+    s.bits = 7;
+    s.reduce_range = true;
+  }
+  return s;
+}
+
+Config::Config() {
+  w.qscheme = "per-channel-symmetric";
+  a.qscheme = "per-tensor-symmetric";
+  a.observer = "auto";  // Note [Range selection]: the range each input's layer does best with
+  w.observer_options = Options("[w.observer_options]");
+  w.quantizer_options = Options("[w.quantizer_options]");
+  a.observer_options = Options("[a.observer_options]");
+  a.quantizer_options = Options("[a.quantizer_options]");
+}
+
+namespace {
+
+struct Reader {
+  const std::string& source;
+
+  std::string where(const std::string& table) const { return source + (table.empty() ? "" : ": [" + table + "]"); }
+
+  void check_keys(const toml::table& t, const std::string& table, const std::vector<std::string>& allowed) const {
+    for (const auto& [k, v] : t) {
+      std::string key(k.str());
+      if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+      std::string hint = nearest(key, allowed);
+      std::string valid;
+      for (auto& a : allowed) valid += (valid.empty() ? "" : ", ") + a;
+      throw Error(where(table) + ": unknown key '" + printable(key) + "'" +
+                  (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (valid keys: " + valid + ")");
+    }
+  }
+
+  std::string key_path(const std::string& table, const std::string& key) const {
+    return source + ": " + (table.empty() ? key : table + "." + key);
+  }
+
+  template <class T>
+  T get(const toml::table& t, const std::string& table, const std::string& key, T fallback, const char* what) const {
+    const toml::node* n = t.get(key);
+    if (!n) return fallback;
+    // The kind is checked before converting: toml++ turns a huge float into an integer with
+    // undefined behaviour (found by fuzzing: bits = 5.5e103).
+    bool kind_ok = n->is_floating_point() || n->is_integer();
+    if constexpr (std::is_same_v<T, std::int64_t>) kind_ok = n->is_integer();
+    if constexpr (std::is_same_v<T, bool>) kind_ok = n->is_boolean();
+    if constexpr (std::is_same_v<T, std::string>) kind_ok = n->is_string();
+    std::optional<T> v;
+    if (kind_ok) v = n->value<T>();
+    if (!v) throw Error(key_path(table, key) + " must be " + what);
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!std::isfinite(*v)) throw Error(key_path(table, key) + " must be a finite number, not " + std::to_string(*v));
+    }
+    return *v;
+  }
+
+  /// A list of node- or plugin-name globs: strings(), each checked to be a valid pattern.
+  std::vector<std::string> globs(const toml::table& t, const std::string& table, const std::string& key) const {
+    auto out = strings(t, table, key);
+    for (const auto& g : out) check_glob(g, table, key);
+    return out;
+  }
+  void check_glob(const std::string& g, const std::string& table, const std::string& key) const {
+    if (auto why = glob_error(g); !why.empty())
+      throw Error(key_path(table, key) + ": '" + printable(g, 80) + "' is not a valid glob: " + why);
+  }
+
+  std::vector<std::string> strings(const toml::table& t, const std::string& table, const std::string& key) const {
+    std::vector<std::string> out;
+    const toml::node* n = t.get(key);
+    if (!n) return out;
+    const toml::array* arr = n->as_array();
+    if (!arr) throw Error(key_path(table, key) + " must be an array of strings");
+    for (const auto& e : *arr) {
+      auto s = e.value<std::string>();
+      if (!s || !e.is_string()) throw Error(key_path(table, key) + " must be an array of strings");
+      out.push_back(*s);
+    }
+    return out;
+  }
+
+  Options options(const toml::table& t, const std::string& table) const {
+    Options o("[" + table + "]");
+    for (const auto& [k, v] : t) {
+      std::string key(k.str());
+      if (v.is_boolean()) o.set(key, *v.value<bool>());
+      else if (v.is_integer()) o.set(key, *v.value<std::int64_t>());
+      else if (v.is_floating_point()) {
+        const double d = *v.value<double>();
+        if (!std::isfinite(d)) throw Error(key_path(table, key) + " must be a finite number, not " + std::to_string(d));
+        o.set(key, d);
+      } else if (v.is_string()) o.set(key, *v.value<std::string>());
+      else throw Error(key_path(table, key) + " must be a boolean, number or string");
+    }
+    return o;
+  }
+
+  /// Reads a [w]/[a]-style table into `out`, over the values already there. Option sub-tables
+  /// given here replace the inherited ones; when this table changes the observer (quantizer),
+  /// the inherited observer (quantizer) options are dropped, since they were for another one.
+  void quant_table(const toml::table& t, const std::string& name, QuantTableConfig& out) const {
+    const std::string inherited_observer = out.observer, inherited_quantizer = out.quantizer;
+    check_keys(t, name,
+               {"qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "reduce_range", "embeddings",
+                "disable", "observer_options", "quantizer_options"});
+    out.qscheme = get<std::string>(t, name, "qscheme", out.qscheme, "a string");
+    static const std::vector<std::string> schemes = {"per-tensor-symmetric",  "per-tensor-affine",
+                                                     "per-channel-symmetric", "per-channel-affine",
+                                                     "per-group-symmetric",   "per-group-affine"};
+    if (std::find(schemes.begin(), schemes.end(), out.qscheme) == schemes.end()) {
+      std::string hint = nearest(out.qscheme, schemes);
+      throw Error(key_path(name, "qscheme") + ": unknown scheme '" + printable(out.qscheme) + "'" +
+                  (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
+                  " (per-{tensor,channel,group}-{symmetric,affine})");
+    }
+    std::int64_t group = get<std::int64_t>(t, name, "group_size", out.group_size, "an integer");
+    const bool grouped = out.qscheme.rfind("per-group", 0) == 0;
+    if (grouped && group < 1)
+      throw Error(key_path(name, "group_size") + " must be set (>= 1) with qscheme = \"" + out.qscheme + "\"");
+    if (group > (std::int64_t{1} << 31))  // also keeps (K + group - 1) / group from overflowing
+      throw Error(key_path(name, "group_size") + " = " + std::to_string(group) +
+                  " is larger than any weight row (at most 2^31); one group per row is qscheme = \"per-channel-" +
+                  (out.qscheme.find("affine") != std::string::npos ? "affine" : "symmetric") + "\"");
+    if (grouped && name.back() == 'a')
+      throw Error(key_path(name, "qscheme") + ": per-group quantization is for weights ([w])");
+    out.group_size = group;
+    std::int64_t bits = get<std::int64_t>(t, name, "bits", out.bits, "an integer");
+    if (bits < 2 || bits > 16)
+      throw Error(key_path(name, "bits") + " must be between 2 and 16, got " + std::to_string(bits));
+    out.bits = static_cast<int>(bits);
+    out.observer = get<std::string>(t, name, "observer", out.observer, "a string");
+    out.quantizer = get<std::string>(t, name, "quantizer", out.quantizer, "a string");
+    out.narrow_range = get<bool>(t, name, "narrow_range", out.narrow_range, "true or false");
+    out.reduce_range = get<bool>(t, name, "reduce_range", out.reduce_range, "true or false");
+    if (t.contains("reduce_range") && out.reduce_range && name.back() == 'a')
+      throw Error(key_path(name, "reduce_range") + ": reduce range is for weights ([w]); activations keep 8 bits");
+    if (t.contains("reduce_range") && out.reduce_range && out.bits != 8)  // inherited, it applies at 8 bits only
+      throw Error(key_path(name, "reduce_range") +
+                  " puts 8-bit weights on a 7-bit grid; it needs bits = 8 (bits = " + std::to_string(out.bits) + ")");
+    out.embeddings = get<bool>(t, name, "embeddings", out.embeddings, "true or false");
+    if (t.contains("embeddings") && name.back() == 'a')
+      throw Error(key_path(name, "embeddings") + ": embedding tables are weights; set it in [w]");
+    out.disable = get<bool>(t, name, "disable", out.disable, "true or false");
+    for (const char* sub : {"observer_options", "quantizer_options"}) {
+      const bool is_observer = std::string(sub) == "observer_options";
+      Options& target = is_observer ? out.observer_options : out.quantizer_options;
+      const bool changed = is_observer ? out.observer != inherited_observer : out.quantizer != inherited_quantizer;
+      const toml::node* n = t.get(sub);
+      std::string sub_name = name + "." + sub;
+      if (n) {
+        if (!n->is_table()) throw Error(key_path(name, sub) + " must be a table");
+        target = options(*n->as_table(), sub_name);
+      } else if (changed || target.where().empty()) {
+        target = Options("[" + sub_name + "]");
+      }
+    }
+  }
+
+  double ratio(const toml::table& t, const std::string& table, double fallback) const {
+    const double v = get<double>(t, table, "ratio", fallback, "a number");
+    if (!(v >= 0 && v < 1))
+      throw Error(key_path(table, "ratio") + " must be at least 0 and below 1, got " + std::to_string(v));
+    return v;
+  }
+
+  SparseSpecific sparse_specific(const toml::table& t, const std::string& table, const std::string& name,
+                                 const std::vector<std::string>& nodes) const {
+    check_keys(t, table, {"ratio", "nodes"});
+    SparseSpecific s;
+    s.name = name;
+    s.nodes = nodes;
+    if (const toml::node* n = t.get("nodes"); n && n->is_string()) {
+      s.nodes = {*n->value<std::string>()};
+      check_glob(s.nodes[0], table, "nodes");
+    } else if (n) s.nodes = globs(t, table, "nodes");
+    if (s.nodes.empty())
+      throw Error(key_path(table, "nodes") + " is required: a glob (or list of globs) over node names");
+    if (!t.get("ratio")) throw Error(key_path(table, "ratio") + " is required (0 keeps the nodes dense)");
+    s.ratio = ratio(t, table, 0);
+    return s;
+  }
+
+  SparseConfig sparse_table(const toml::table& t) const {
+    check_keys(t, "sparse",
+               {"sparser", "ratio", "granularity", "scope", "round_to", "bias_compensation", "skip", "specific",
+                "sparser_options"});
+    SparseConfig s;
+    s.sparser = get<std::string>(t, "sparse", "sparser", s.sparser, "a string");
+    s.ratio_set = t.get("ratio") != nullptr;
+    s.ratio = ratio(t, "sparse", s.ratio);
+    s.granularity = get<std::string>(t, "sparse", "granularity", s.granularity, "a string");
+    s.scope = get<std::string>(t, "sparse", "scope", s.scope, "a string");
+    if (s.scope != "layer" && s.scope != "global")
+      throw Error(key_path("sparse", "scope") + " must be \"layer\" or \"global\"");
+    s.round_to = get<std::int64_t>(t, "sparse", "round_to", s.round_to, "an integer");
+    if (s.round_to < 1 || s.round_to > 4096)
+      throw Error(key_path("sparse", "round_to") + " must be between 1 and 4096");
+    s.bias_compensation = get<bool>(t, "sparse", "bias_compensation", s.bias_compensation, "true or false");
+    s.skip = globs(t, "sparse", "skip");
+    if (const toml::node* n = t.get("sparser_options")) {
+      if (!n->is_table()) throw Error(key_path("sparse", "sparser_options") + " must be a table");
+      s.sparser_options = options(*n->as_table(), "sparse.sparser_options");
+    }
+    if (const toml::node* n = t.get("specific")) {
+      const toml::array* entries = n->as_array();
+      if (!entries) throw Error(source + ": 'sparse.specific' must be an array of tables ([[sparse.specific]])");
+      for (std::size_t i = 0; i < entries->size(); ++i) {
+        const toml::table* e = (*entries)[i].as_table();
+        const std::string name = "sparse.specific[" + std::to_string(i) + "]";
+        if (!e) throw Error(source + ": " + name + " must be a table ([[sparse.specific]])");
+        s.specific.push_back(sparse_specific(*e, name, "[[sparse.specific]] #" + std::to_string(i + 1), {}));
+      }
+    }
+    return s;
+  }
+};
+
+}  // namespace
+
+namespace {
+
+/// Refuses a key of more than kMaxKeyParts dotted parts (`a.b.c = 1`, `[a.b.c]`) before toml++
+/// sees it: the parser nests one table per part and recurses through them, so a key of 100,000
+/// parts exhausts the stack. Strings (one-line and multi-line) and comments are skipped; a run of
+/// key characters, quoted parts and dots counts its dots, so numbers and dates never come close.
+void check_key_depth(const std::string& text, const std::string& source_name) {
+  constexpr std::size_t kMaxKeyParts = 64;  // Sparsebit's deepest key has 3
+  std::size_t parts = 1, line = 1;
+  auto refuse = [&] {
+    throw Error(source_name + ":" + std::to_string(line) + ": a key of more than " + std::to_string(kMaxKeyParts) +
+                " dotted parts; Sparsebit's keys have at most 3 (e.g. a.observer_options.alpha)");
+  };
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '#') {  // comment: to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else if (ch == '"' || ch == '\'') {
+      const bool multi = text.compare(i, 3, std::string(3, ch)) == 0;
+      const std::string close = multi ? std::string(3, ch) : std::string(1, ch);
+      std::size_t j = i + close.size();
+      for (; j < text.size(); ++j) {
+        if (text[j] == '\n') {
+          if (!multi) break;  // an unterminated one-line string: toml++ reports it
+          ++line;
+        }
+        if (ch == '"' && text[j] == '\\') {
+          ++j;
+          continue;
+        }
+        if (text.compare(j, close.size(), close) == 0) break;
+      }
+      i = std::min(j + close.size(), text.size()) - 1;  // a quoted part keeps the run going
+    } else if (ch == '.') {
+      if (++parts > kMaxKeyParts) refuse();
+    } else if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == ' ' || ch == '\t')) {
+      parts = 1;
+      if (ch == '\n') ++line;
+    }
+  }
+}
+
+}  // namespace
+
+Config Config::from_string(const std::string& text, const std::string& source_name) {
+  check_key_depth(text, source_name);
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    throw Error(source_name + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) +
+                ": invalid TOML: " + std::string(e.description()));
+  }
+  Config c;
+  c.source = source_name;
+  Digest64 digest;
+  digest.mix(text);
+  c.text_digest = digest.value;
+  Reader r{c.source};
+  r.check_keys(root, "",
+               {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "target",
+                "export", "plugins"});
+  c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
+  c.skip = r.globs(root, "", "skip");
+  auto table = [&](const char* key) -> const toml::table* {
+    const toml::node* n = root.get(key);
+    if (!n) return nullptr;
+    if (!n->is_table()) throw Error(source_name + ": '" + key + "' must be a table ([" + key + "])");
+    return n->as_table();
+  };
+  if (auto* t = table("w")) r.quant_table(*t, "w", c.w);
+  if (auto* t = table("a")) r.quant_table(*t, "a", c.a);
+  c.quantization_given = root.get("w") || root.get("a");
+  // Note [Weight-only quantization]: [w] without [a] quantizes weights only (INT4/INT8 weights
+  // of language models); a [[specific]] entry's `a` table turns activations on for its nodes.
+  c.weight_only = root.get("w") && !root.get("a");
+  if (c.weight_only) c.a.disable = true;
+  if (auto* t = table("sparse")) c.sparse = r.sparse_table(*t);
+  std::vector<SparseSpecific> top_level_sparse;  // from [[specific]] sparse = {...}, after [[sparse.specific]]
+  if (const toml::node* n = root.get("specific")) {
+    const toml::array* entries = n->as_array();
+    if (!entries) throw Error(source_name + ": 'specific' must be an array of tables ([[specific]])");
+    for (std::size_t i = 0; i < entries->size(); ++i) {
+      const std::string name = "specific[" + std::to_string(i) + "]";
+      const toml::table* t = (*entries)[i].as_table();
+      if (!t) throw Error(source_name + ": " + name + " must be a table ([[specific]])");
+      r.check_keys(*t, name, {"nodes", "w", "a", "sparse"});
+      SpecificEntry e;
+      e.name = "[[specific]] #" + std::to_string(i + 1);
+      if (const toml::node* nodes = t->get("nodes"); nodes && nodes->is_string()) {
+        e.nodes = {*nodes->value<std::string>()};
+        r.check_glob(e.nodes[0], name, "nodes");
+      } else e.nodes = r.globs(*t, name, "nodes");
+      if (e.nodes.empty())
+        throw Error(r.key_path(name, "nodes") + " is required: a glob (or list of globs) over node names");
+      e.w = c.w;
+      e.a = c.a;
+      for (const char* side : {"w", "a"}) {
+        const toml::node* sub = t->get(side);
+        if (!sub) continue;
+        if (!sub->is_table())
+          throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
+        if (std::string(side) == "a" && c.weight_only) e.a.disable = false;
+        r.quant_table(*sub->as_table(), name + "." + side, std::string(side) == "w" ? e.w : e.a);
+      }
+      if (const toml::node* sub = t->get("sparse")) {
+        if (!sub->is_table())
+          throw Error(r.key_path(name, "sparse") + " must be a table, e.g. sparse = { ratio = 0.3 }");
+        if (!c.sparse) throw Error(r.key_path(name, "sparse") + " needs a [sparse] table that says how to prune");
+        top_level_sparse.push_back(r.sparse_specific(*sub->as_table(), name + ".sparse", e.name, e.nodes));
+      }
+      if (t->get("w") || t->get("a") || !t->get("sparse")) c.specific.push_back(std::move(e));
+    }
+  }
+  if (c.sparse) c.sparse->specific.insert(c.sparse->specific.end(), top_level_sparse.begin(), top_level_sparse.end());
+  if (auto* t = table("passes")) {
+    for (const auto& name : r.strings(*t, "passes", "extra")) {
+      bool known = false;
+      for (const auto& e : c.schedule) known = known || e.pass == name;
+      if (known)
+        throw Error(r.key_path("passes", "extra") + ": '" + name + "' is already scheduled; turn it on in [schedule]");
+      c.schedule.push_back({name, true});
+    }
+    std::vector<ScheduleEntry> ordered;
+    for (const auto& name : r.strings(*t, "passes", "order")) {
+      auto it =
+          std::find_if(c.schedule.begin(), c.schedule.end(), [&](const ScheduleEntry& e) { return e.pass == name; });
+      if (it == c.schedule.end()) {
+        std::vector<std::string> known;
+        for (const auto& e : c.schedule) known.push_back(e.pass);
+        std::string hint = nearest(name, known);
+        throw Error(r.key_path("passes", "order") + ": '" + name + "' is not a scheduled pass" +
+                    (hint.empty() ? "" : " (did you mean '" + hint + "'?)") + "; add it to [passes] extra");
+      }
+      ordered.push_back(std::move(*it));
+      c.schedule.erase(it);
+    }
+    ordered.insert(ordered.end(), std::make_move_iterator(c.schedule.begin()),
+                   std::make_move_iterator(c.schedule.end()));
+    c.schedule = std::move(ordered);
+    std::vector<std::string> keys{"extra", "order"};
+    for (const auto& e : c.schedule) keys.push_back(e.pass);
+    r.check_keys(*t, "passes", keys);
+    for (auto& e : c.schedule) {
+      if (const toml::node* n = t->get(e.pass)) {
+        if (!n->is_table())
+          throw Error(r.key_path("passes", e.pass) + " must be a table of options for pass '" + e.pass + "'");
+        e.options = r.options(*n->as_table(), "passes." + e.pass);
+      } else {
+        e.options = Options("[passes." + e.pass + "]");
+      }
+    }
+  }
+  if (auto* t = table("schedule")) {
+    std::vector<std::string> known;
+    for (const auto& e : c.schedule) known.push_back(e.pass);
+    r.check_keys(*t, "schedule", known);
+    for (auto& e : c.schedule) e.enabled = r.get<bool>(*t, "schedule", e.pass, e.enabled, "true or false");
+  }
+  if (auto* t = table("calibration")) {
+    r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode", "cuda_graph", "range_samples"});
+    std::int64_t bs = r.get<std::int64_t>(*t, "calibration", "batch_size", c.calibration.batch_size, "an integer");
+    if (bs < 1) throw Error(r.key_path("calibration", "batch_size") + " must be at least 1");
+    c.calibration.batch_size = static_cast<int>(bs);
+    std::int64_t count = r.get<std::int64_t>(*t, "calibration", "count", c.calibration.count, "an integer");
+    if (count < 0) throw Error(r.key_path("calibration", "count") + " must be 0 (all) or more");
+    c.calibration.count = static_cast<int>(count);
+    c.calibration.device = r.get<std::string>(*t, "calibration", "device", c.calibration.device, "a string");
+    if (!std::regex_match(c.calibration.device, std::regex("cpu|cuda(:[0-9]{1,3})?")))
+      throw Error(r.key_path("calibration", "device") + " must be cpu, cuda or cuda:N, got '" +
+                  printable(c.calibration.device, 40) + "'");
+    c.calibration.cuda_graph = r.get<bool>(*t, "calibration", "cuda_graph", c.calibration.cuda_graph, "true or false");
+    const std::int64_t rs =
+        r.get<std::int64_t>(*t, "calibration", "range_samples", c.calibration.range_samples, "an integer");
+    if (rs < 0 || rs > 1000000)
+      throw Error(r.key_path("calibration", "range_samples") + " must be between 0 (off) and 1000000, got " +
+                  std::to_string(rs));
+    c.calibration.range_samples = static_cast<int>(rs);
+    c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
+    if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
+      throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");
+  }
+  if (auto* t = table("export")) {
+    r.check_keys(*t, "export", {"weight_format", "accuracy_level"});
+    c.export_options.weight_format =
+        r.get<std::string>(*t, "export", "weight_format", c.export_options.weight_format, "a string");
+    if (c.export_options.weight_format != "dequantize_linear" && c.export_options.weight_format != "matmul_nbits")
+      throw Error(r.key_path("export", "weight_format") + " must be \"dequantize_linear\" or \"matmul_nbits\", got '" +
+                  printable(c.export_options.weight_format, 40) + "'");
+    const std::int64_t level =
+        r.get<std::int64_t>(*t, "export", "accuracy_level", c.export_options.accuracy_level, "an integer");
+    if (level < 0 || level > 4) throw Error(r.key_path("export", "accuracy_level") + " must be 0 to 4");
+    c.export_options.accuracy_level = level;
+  }
+  if (auto* t = table("qat")) {
+    r.check_keys(*t, "qat",
+                 {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed", "tf32",
+                  "cache_teacher", "cuda_graph", "deterministic"});
+    auto positive_int = [&](const char* key, int current, std::int64_t min) {
+      const std::int64_t v = r.get<std::int64_t>(*t, "qat", key, current, "an integer");
+      if (v < min || v > (1 << 30)) throw Error(r.key_path("qat", key) + " must be at least " + std::to_string(min));
+      return static_cast<int>(v);
+    };
+    c.qat.epochs = positive_int("epochs", c.qat.epochs, 1);
+    c.qat.batch_size = positive_int("batch_size", c.qat.batch_size, 1);
+    c.qat.count = positive_int("count", c.qat.count, 0);
+    c.qat.lr = r.get<double>(*t, "qat", "lr", c.qat.lr, "a number");
+    if (!(c.qat.lr > 0)) throw Error(r.key_path("qat", "lr") + " must be > 0");
+    c.qat.weight_decay = r.get<double>(*t, "qat", "weight_decay", c.qat.weight_decay, "a number");
+    if (!(c.qat.weight_decay >= 0)) throw Error(r.key_path("qat", "weight_decay") + " must be >= 0");
+    c.qat.loss = r.get<std::string>(*t, "qat", "loss", c.qat.loss, "a string");
+    if (c.qat.loss != "mse" && c.qat.loss != "kl")
+      throw Error(r.key_path("qat", "loss") + " must be \"mse\" or \"kl\"");
+    c.qat.temperature = r.get<double>(*t, "qat", "temperature", c.qat.temperature, "a number");
+    if (!(c.qat.temperature > 0)) throw Error(r.key_path("qat", "temperature") + " must be > 0");
+    c.qat.seed = r.get<std::int64_t>(*t, "qat", "seed", c.qat.seed, "an integer");
+    c.qat.tf32 = r.get<bool>(*t, "qat", "tf32", c.qat.tf32, "true or false");
+    c.qat.cache_teacher = r.get<bool>(*t, "qat", "cache_teacher", c.qat.cache_teacher, "true or false");
+    c.qat.cuda_graph = r.get<bool>(*t, "qat", "cuda_graph", c.qat.cuda_graph, "true or false");
+    c.qat.deterministic = r.get<bool>(*t, "qat", "deterministic", c.qat.deterministic, "true or false");
+  }
+  if (auto* t = table("target")) {
+    r.check_keys(*t, "target", {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict"});
+    TargetConfig& tc = c.target.emplace();
+    tc.metric = r.get<std::string>(*t, "target", "metric", tc.metric, "a string");
+    if (tc.metric != "cosine" && tc.metric != "sqnr" && tc.metric != "mse" && tc.metric != "top1-drop")
+      throw Error(r.key_path("target", "metric") + " must be \"cosine\", \"sqnr\", \"mse\" or \"top1-drop\", got '" +
+                  printable(tc.metric, 40) + "'");
+    tc.has_value = t->get("value") != nullptr;
+    tc.value = r.get<double>(*t, "target", "value", tc.value, "a number");
+    if (t->get("fallback")) tc.fallback = r.strings(*t, "target", "fallback");
+    for (const auto& f : tc.fallback)
+      if (f != "range" && f != "per-channel" && f != "int16" && f != "float")
+        throw Error(r.key_path("target", "fallback") + ": '" + printable(f, 40) +
+                    "' is not a precision or remedy; use any of \"range\" (another range for the layer's "
+                    "activations), \"per-channel\" (per-channel weights), \"int16\" (16-bit activations), "
+                    "\"float\"");
+    if (tc.fallback.empty()) throw Error(r.key_path("target", "fallback") + " needs at least one remedy");
+    tc.max_fallback_layers =
+        r.get<std::int64_t>(*t, "target", "max_fallback_layers", tc.max_fallback_layers, "an integer");
+    if (tc.max_fallback_layers < 0 && t->get("max_fallback_layers"))
+      throw Error(r.key_path("target", "max_fallback_layers") + " must be 0 or more");
+    tc.holdout = r.get<std::int64_t>(*t, "target", "holdout", tc.holdout, "an integer");
+    if (tc.holdout < 0 || tc.holdout > 100000) throw Error(r.key_path("target", "holdout") + " must be 0 to 100000");
+    tc.strict = r.get<bool>(*t, "target", "strict", tc.strict, "true or false");
+    if (tc.has_value) tc.check_value(r.key_path("target", "value"));
+  }
+  if (auto* t = table("plugins")) {
+    r.check_keys(*t, "plugins", {"paths", "enable", "disable"});
+    c.plugins.paths = r.strings(*t, "plugins", "paths");
+    // Relative plugin folders are relative to the config file, not to the current directory.
+    fs::path base = fs::path(source_name).parent_path();
+    for (auto& p : c.plugins.paths)
+      if (fs::path(p).is_relative()) p = (base / p).lexically_normal().string();
+    c.plugins.enable = r.globs(*t, "plugins", "enable");
+    c.plugins.disable = r.globs(*t, "plugins", "disable");
+  }
+  return c;
+}
+
+std::string TargetConfig::describe() const {
+  std::ostringstream os;
+  os << metric << (higher_is_better() ? ">=" : "<=") << value;
+  return os.str();
+}
+
+void TargetConfig::parse_expression(const std::string& text, const std::string& where) {
+  static const std::regex form(R"(\s*(cosine|sqnr|mse|top1-drop)\s*(>=|<=)\s*([-+0-9.eE]+)\s*)");
+  std::smatch m;
+  if (!std::regex_match(text, m, form))
+    throw Error(where + ": '" + printable(text, 60) +
+                "' is not a target; write METRIC>=VALUE or METRIC<=VALUE: cosine>=0.99, sqnr>=30, mse<=1e-4, "
+                "top1-drop<=0.5");
+  metric = m[1];
+  const std::string want = higher_is_better() ? ">=" : "<=";
+  if (m[2] != want) throw Error(where + ": " + metric + " takes " + want + " (" + metric + want + m[3].str() + ")");
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(m[3].str(), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != m[3].length() || !std::isfinite(v)) throw Error(where + ": '" + m[3].str() + "' is not a number");
+  value = v;
+  has_value = true;
+  check_value(where);
+}
+
+void TargetConfig::check_value(const std::string& where) const {
+  // Bounds that always hold (cosine>=-1) are accepted; only those that never can are refused. A
+  // top-1 drop may be negative (the quantized model ahead), an SQNR anything.
+  if (metric == "cosine" && value > 1)
+    throw Error(where + ": " + describe() + " can never hold (cosine lies in [-1, 1])");
+  if (metric == "mse" && value < 0) throw Error(where + ": " + describe() + " can never hold (it is never negative)");
+}
+
+std::string one_line_message(const std::string& text, std::size_t max) {
+  if (text.size() <= max) return printable(text, max);
+  const std::size_t tail = max / 4;
+  return printable(text.substr(0, max - tail), max) + "... (" + std::to_string(text.size()) + " characters) ..." +
+         printable(text.substr(text.size() - tail), max);
+}
+
+Config Config::from_file(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    throw Error(path + ": is a folder; give the config's TOML file (e.g. configs/w8a8_tensorrt.toml)");
+  if (!fs::exists(path, ec))
+    throw Error(
+        path + ": " +
+        (ec && ec != std::errc::no_such_file_or_directory ? ec.message() : std::string("config file not found")));
+  if (!fs::is_regular_file(path, ec)) throw Error(path + ": is a device, pipe or socket, not a TOML file");
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": config file cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_string(ss.str(), path);
+}
+
+}  // namespace sparsebit

@@ -1,0 +1,749 @@
+#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/cpu_allocator.h"
+#include "sparsebit/core/executor.h"
+#include "sparsebit/core/opset_lift.h"
+
+#include <ATen/ATen.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <onnx/checker.h>
+#include <onnx/defs/schema.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+#include <onnx/version_converter/convert.h>
+
+#include <sys/wait.h>
+#include <csignal>
+#include <unistd.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "base/limits.h"
+#include "base/mapped_file.h"
+#include "graph/onnx_proto.h"
+#include "sparsebit/core/atomic_file.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit {
+
+namespace fs = std::filesystem;
+
+using proto::attribute_from_proto;
+using proto::attribute_to_proto;
+using proto::kInt4;
+using proto::kUint4;
+using proto::take_tensor_from_proto;
+using proto::tensor_from_proto;
+using proto::tensor_to_proto;
+using proto::value_info_from_proto;
+using proto::value_info_to_proto;
+
+namespace {
+
+constexpr std::int64_t kMaxOpset = 21;      // the newest default-domain opset the executor implements
+constexpr std::int64_t kMaxIrVersion = 11;  // ONNX 1.18's IR
+
+/// A Conv/ConvTranspose's attributes against its weight, when the weight is an initializer:
+/// what ONNX Runtime would refuse at session creation is refused here, before any work.
+void check_conv(const Node& n, const Graph& g, const std::string& name) {
+  if (!n.has_input(1)) return;
+  auto w = g.initializers.find(n.inputs[1]);
+  if (w == g.initializers.end()) return;
+  const at::Tensor& weight = w->second;
+  auto bad = [&](const std::string& why) {
+    throw Error(name + ": " + n.describe() + ": " + why + " (weight '" + printable(n.inputs[1]) + "' has shape " +
+                c10::str(weight.sizes()) + "); fix or re-export the model");
+  };
+  if (weight.dim() < 3) bad("the weight needs at least 3 dimensions");
+  const auto spatial = static_cast<std::size_t>(weight.dim() - 2);
+  const std::vector<std::int64_t> kernel(weight.sizes().begin() + 2, weight.sizes().end());
+  if (n.has_attr("kernel_shape") && n.attr_ints("kernel_shape") != kernel)
+    bad("kernel_shape " + c10::str(c10::IntArrayRef(n.attr_ints("kernel_shape"))) +
+        " disagrees with the weight's spatial dims");
+  for (const char* key : {"strides", "dilations"}) {
+    const auto v = n.attr_ints(key);
+    if (n.has_attr(key) && v.size() != spatial)
+      bad(std::string(key) + " has " + std::to_string(v.size()) + " values for " + std::to_string(spatial) +
+          " spatial dims");
+    for (auto x : v)
+      if (x < 1) bad(std::string(key) + " must be at least 1");
+  }
+  if (n.has_attr("pads") && n.attr_ints("pads").size() != 2 * spatial)
+    bad("pads has " + std::to_string(n.attr_ints("pads").size()) + " values for " + std::to_string(spatial) +
+        " spatial dims");
+  const std::int64_t group = n.attr_int("group", 1);
+  if (group < 1) bad("group must be at least 1");
+  if (n.op_type == "Conv" && weight.size(0) % group != 0)
+    bad("group " + std::to_string(group) + " does not divide the " + std::to_string(weight.size(0)) +
+        " output channels");
+}
+
+std::int64_t default_opset_of(const onnx::ModelProto& m) {
+  for (const auto& o : m.opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
+  return 0;
+}
+
+// Constant node -> tensor (its value attribute in any of the spec's forms).
+at::Tensor constant_value(const Node& n) {
+  if (n.has_attr("value")) return n.attr_tensor("value");
+  if (n.has_attr("value_float")) return at::scalar_tensor(n.attr_float("value_float", 0), at::kFloat);
+  if (n.has_attr("value_int")) return at::scalar_tensor(n.attr_int("value_int", 0), at::kLong);
+  if (n.has_attr("value_floats")) {
+    auto v = n.attr_floats("value_floats");
+    return at::tensor(std::vector<float>(v.begin(), v.end()), at::kFloat);
+  }
+  if (n.has_attr("value_ints")) return at::tensor(n.attr_ints("value_ints"), at::kLong);
+  throw Error(n.describe() + ": Constant with a sparse or string value is not supported");
+}
+
+/// Checks a node against its ONNX schema (input/output counts, attribute names, kinds and
+/// required attributes) and the element types of its inputs whose type the file states
+/// (initializers, graph inputs) against the schema's type constraints. Nodes of other domains
+/// and opsets newer than the installed ONNX knows are left to their plugins.
+void verify_node(const onnx::NodeProto& np, const Node& n, std::int64_t opset,
+                 const std::map<std::string, std::int32_t>& known_types, const std::string& name) {
+  if (!(np.domain().empty() || np.domain() == "ai.onnx") || opset > onnx_library_max_opset()) return;
+  const auto* schema = onnx::OpSchemaRegistry::Schema(np.op_type(), static_cast<int>(opset), "");
+  if (!schema) return;
+  const std::string spec = np.op_type() + "-" + std::to_string(schema->SinceVersion());
+  try {
+    schema->Verify(np);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (auto cut = why.find("==>"); cut != std::string::npos) why = why.substr(0, cut);
+    while (!why.empty() && (why.back() == ' ' || why.back() == '\n' || why.back() == '.')) why.pop_back();
+    throw Error(name + ": " + n.describe() + " does not follow the ONNX spec of " + spec + ": " + why +
+                ". Fix or re-export the model");
+  }
+  const auto& formals = schema->inputs();
+  for (int i = 0; i < np.input_size() && !formals.empty(); ++i) {
+    auto t = known_types.find(np.input(i));
+    if (np.input(i).empty() || t == known_types.end()) continue;
+    const auto& formal = formals[std::min<std::size_t>(static_cast<std::size_t>(i), formals.size() - 1)];
+    const std::string type = "tensor(" + onnx_type_name(t->second) + ")";
+    bool allowed = false;
+    for (const auto* allowed_type : formal.GetTypes()) allowed = allowed || *allowed_type == type;
+    if (!allowed) {
+      throw Error(name + ": " + n.describe() + ": input " + std::to_string(i) + " ('" + np.input(i) + "', " +
+                  formal.GetName() + ") is " + onnx_type_name(t->second) + ", which " + spec + " does not accept");
+    }
+  }
+}
+
+/// Runs `work` on a copy of `proto` in a forked child process and returns what it made of it:
+/// on malformed models ONNX's own code can crash (e.g. ConvTranspose shape inference on a
+/// rank-2 input segfaults in ONNX 1.12), and a crash there must not take the host down.
+/// Result: "1" + the serialized model, "0" + an error message, or "" after a crash, with
+/// `status` the child's wait status.
+std::string run_isolated(const onnx::ModelProto& proto, const std::function<onnx::ModelProto(onnx::ModelProto&)>& work,
+                         int& status) {
+  std::string input;
+  if (!proto.SerializeToString(&input)) return "0the model cannot be re-serialized";
+  int fds[2];
+  if (pipe(fds) != 0) return "0cannot create a pipe";
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return "0cannot fork";
+  }
+  if (pid == 0) {  // child: work, write "1" + model or "0" + message, exit without cleanup
+    close(fds[0]);
+    // A crash here is reported by the parent; no inherited crash handler should run.
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, SIG_DFL);
+    std::string out;
+    try {
+      onnx::ModelProto m;
+      m.ParseFromString(input);
+      out = "1" + work(m).SerializeAsString();
+    } catch (const std::exception& e) {
+      out = std::string("0") + e.what();
+    }
+    for (std::size_t done = 0; done < out.size();) {
+      const ssize_t n = write(fds[1], out.data() + done, out.size() - done);
+      if (n <= 0) _exit(3);
+      done += static_cast<std::size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string result;
+  char buf[1 << 16];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) result.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status) || !WIFEXITED(status) || WEXITSTATUS(status) != 0) result.clear();
+  return result;
+}
+
+/// Lifts `proto` to `opset` with ONNX's shape inference and version converter, isolated.
+onnx::ModelProto convert_isolated(const onnx::ModelProto& proto, std::int64_t opset, const std::string& name,
+                                  std::int64_t source_opset) {
+  const std::string hint = ". Re-export the model at opset " + std::to_string(opset) + " or newer";
+  int status = 0;
+  const std::string result = run_isolated(
+      proto,
+      [opset](onnx::ModelProto& m) {
+        try {
+          onnx::shape_inference::InferShapes(m);  // some adapters (Softmax 12->13) need input shapes
+        } catch (const std::exception&) {
+        }
+        return onnx::version_conversion::ConvertVersion(m, static_cast<int>(opset));
+      },
+      status);
+  if (result.empty()) {
+    throw Error(name + ": ONNX's version converter crashed on this model (" +
+                (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) : std::string("no result")) +
+                ") while lifting it from opset " + std::to_string(source_opset) + " to " + std::to_string(opset) +
+                "; the model is malformed" + hint);
+  }
+  if (result[0] == '0') {
+    throw Error(name + ": ONNX's version converter could not lift the model from opset " +
+                std::to_string(source_opset) + " to " + std::to_string(opset) + ": " + result.substr(1) + hint);
+  }
+  onnx::ModelProto converted;
+  if (!converted.ParseFromArray(result.data() + 1, static_cast<int>(result.size() - 1)))
+    throw Error(name + ": the converted model could not be read back");
+  return converted;
+}
+
+/// Reads a GraphProto's initializers, inputs, outputs and nodes into `g` (whose opset_imports
+/// are set); graph-valued attributes become subgraphs read the same way (Note [Subgraphs]).
+/// Node names are made unique across all nesting levels through `used_names`.
+void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, const std::string& name,
+                std::set<std::string>& used_names, bool main, std::map<std::string, std::string>& types) {
+  auto keep_type = [&](const onnx::ValueInfoProto& v) {
+    if (v.type().has_sequence_type() || v.type().has_optional_type()) types[v.name()] = v.type().SerializeAsString();
+  };
+  for (const auto& v : gp.input()) keep_type(v);
+  for (const auto& v : gp.output()) keep_type(v);
+  for (const auto& init : gp.initializer()) {
+    const std::string what = name + ": initializer '" + init.name() + "'";
+    // The main graph is model_from_proto's own (mutable) proto, dropped after reading: its
+    // tensors' bytes move into the IR rather than being copied.
+    g.initializers[init.name()] = main ? take_tensor_from_proto(const_cast<onnx::TensorProto&>(init), base, what)
+                                       : tensor_from_proto(init, base, what);
+    if (init.data_type() == kInt4 || init.data_type() == kUint4 || init.data_type() == onnx::TensorProto::UINT16)
+      g.narrow_types[init.name()] = init.data_type();
+  }
+  if (gp.sparse_initializer_size() > 0) throw Error(name + ": sparse initializers are not supported");
+  for (const auto& in : gp.input()) {
+    if (!g.initializers.count(in.name())) g.inputs.push_back(value_info_from_proto(in));
+  }
+  for (const auto& out : gp.output()) {
+    const auto& type = out.type();  // sequence and optional types are reported where they are used
+    if (main && (type.value_case() == onnx::TypeProto::VALUE_NOT_SET ||
+                 (type.has_tensor_type() && type.tensor_type().elem_type() == 0))) {
+      throw Error(
+          name + ": graph output '" + printable(out.name()) +
+          "' declares no tensor element type; the model is malformed (re-export it, or fix its outputs' types)");
+    }
+    g.outputs.push_back(value_info_from_proto(out));
+  }
+
+  std::map<std::string, std::int32_t> known_types;  // element types the file states
+  for (const auto& init : gp.initializer()) known_types[init.name()] = init.data_type();
+  for (const auto& in : gp.input())
+    if (in.type().has_tensor_type() && !known_types.count(in.name()))
+      known_types[in.name()] = in.type().tensor_type().elem_type();
+  const std::int64_t opset = g.default_opset();
+
+  std::size_t index = 0;
+  for (const auto& np : gp.node()) {
+    Node n;
+    n.op_type = np.op_type();
+    n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
+    n.name = np.name().empty() ? n.op_type + "_" + std::to_string(index) : np.name();
+    ++index;
+    if (!used_names.insert(n.name).second) {  // names must be unique for globs and messages
+      std::string base_name = n.name;
+      for (int k = 1; !used_names.insert(n.name).second; ++k) n.name = base_name + "_" + std::to_string(k);
+    }
+    n.inputs.assign(np.input().begin(), np.input().end());
+    n.outputs.assign(np.output().begin(), np.output().end());
+    n.doc_string = np.doc_string();
+    verify_node(np, n, opset, known_types, name);
+    for (const auto& a : np.attribute()) {
+      if (a.type() == onnx::AttributeProto::GRAPH) {
+        Graph sub;
+        sub.opset_imports = g.opset_imports;
+        read_graph(a.g(), sub, base, name, used_names, /*main=*/false, types);
+        try {
+          sub.topological_sort();
+        } catch (const Error& e) {
+          throw Error(name + ": in '" + a.name() + "' of " + n.describe() + ": " + e.what());
+        }
+        n.attributes[a.name()] = Attribute::of_graph(std::move(sub));
+        continue;
+      }
+      n.attributes[a.name()] = attribute_from_proto(a, base, name + ": " + n.describe());
+    }
+    if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1) {
+      g.initializers[n.outputs[0]] = constant_value(n);
+      continue;
+    }
+    g.append(std::move(n));
+  }
+}
+
+Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const ImportOptions& options) {
+  if (!proto.has_graph()) throw Error(name + ": the ONNX model has no graph");
+  Model model;
+  model.meta.source_path = name;
+  model.meta.source_opset = default_opset_of(proto);
+  if (model.meta.source_opset == 0) {
+    throw Error(name + ": the model imports no opset of the default ONNX domain; is it an ONNX model?");
+  }
+  // Newer versions may change what ops mean: refuse them rather than run them with old meanings.
+  if (model.meta.source_opset > kMaxOpset) {
+    throw Error(name + ": default-domain opset " + std::to_string(model.meta.source_opset) +
+                " is newer than Sparsebit runs (up to " + std::to_string(kMaxOpset) + "); re-export at opset " +
+                std::to_string(kMaxOpset) + " or older");
+  }
+  if (proto.ir_version() > kMaxIrVersion) {
+    throw Error(name + ": ONNX IR version " + std::to_string(proto.ir_version()) +
+                " is newer than Sparsebit reads (up to " + std::to_string(kMaxIrVersion) +
+                "); re-export with an older ONNX");
+  }
+  if (model.meta.source_opset < kMinLiftableOpset) {
+    // Before 7, broadcasting followed other rules that our executor does not run.
+    sdk::log_info(name + ": converting from opset " + std::to_string(model.meta.source_opset) + " to " +
+                  std::to_string(kMinLiftableOpset) + " with ONNX's version converter");
+    proto = convert_isolated(proto, kMinLiftableOpset, name, model.meta.source_opset);
+  }
+  for (const auto& v : proto.graph().value_info()) model.meta.value_info.push_back(value_info_from_proto(v));
+
+  const fs::path base = fs::path(name).parent_path();
+  Graph& g = model.graph;
+  for (const auto& o : proto.opset_import()) g.opset_imports[o.domain() == "ai.onnx" ? "" : o.domain()] = o.version();
+  std::set<std::string> used_names;
+  read_graph(proto.graph(), g, base, name, used_names, /*main=*/true, model.meta.value_types);
+  try {
+    g.topological_sort();
+    g.validate();
+  } catch (const Error& e) {
+    throw Error(name + ": " + e.what());
+  }
+  for (const Node* n : g.nodes())
+    if (n->domain.empty() && (n->op_type == "Conv" || n->op_type == "ConvTranspose")) check_conv(*n, g, name);
+
+  if (options.min_opset > g.default_opset()) {
+    try {
+      const LiftReport r = lift_opset(g, options.min_opset, static_value_facts(g, model.meta.value_info));
+      sdk::log_info(name + ": lifted from opset " + std::to_string(r.from) + " to " + std::to_string(r.to) + " (" +
+                    std::to_string(r.rewrites.size()) + " node rewrites)");
+      for (const auto& line : r.rewrites) sdk::log_debug("  " + line);
+    } catch (const Error& e) {
+      throw Error(name + ": " + e.what());
+    }
+  }
+  for (const auto& kv : proto.metadata_props()) model.meta.metadata_props[kv.key()] = kv.value();
+  // Keep model-level fields; nodes and tensors live in the IR from now on.
+  // The graph's bulk moves out first, so that the copy is of the small remainder only.
+  auto* pg = proto.mutable_graph();
+  onnx::GraphProto bulk;
+  bulk.mutable_node()->Swap(pg->mutable_node());
+  bulk.mutable_initializer()->Swap(pg->mutable_initializer());
+  bulk.mutable_input()->Swap(pg->mutable_input());
+  bulk.mutable_output()->Swap(pg->mutable_output());
+  model.meta.skeleton = proto.SerializeAsString();
+  return model;
+}
+
+std::int64_t min_ir_version_for(std::int64_t opset) {
+  if (opset >= 21) return 10;
+  if (opset >= 19) return 9;
+  if (opset >= 14) return 8;
+  return 7;
+}
+
+}  // namespace
+
+std::int64_t onnx_library_max_opset() {
+  const auto& map = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+  auto it = map.find("");
+  return it == map.end() ? 0 : it->second.second;
+}
+
+namespace {
+std::string read_all(std::ifstream& in) {
+  in.seekg(0, std::ios::end);
+  const auto size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  std::string bytes(size > 0 ? static_cast<std::size_t>(size) : 0, '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return bytes;
+}
+
+// Protobuf refuses messages nested more than 100 deep, its default, which ONNX's own readers
+// keep; a file that parses with a deeper limit is a model of bodies nested too deep rather than
+// a corrupt one, and is named as such.
+bool parses_nested_deeper(google::protobuf::io::ZeroCopyInputStream& in) {
+  google::protobuf::io::CodedInputStream coded(&in);
+  coded.SetRecursionLimit(2000);
+  onnx::ModelProto proto;
+  return proto.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage();
+}
+
+[[noreturn]] void not_a_model(const std::string& name, bool nested_too_deep) {
+  if (nested_too_deep)
+    throw Error(name +
+                ": the model nests If/Loop/Scan bodies deeper than protobuf reads by default (100 message levels, "
+                "about 30 nested bodies; ONNX's readers keep that limit): re-export it with less nesting");
+  throw Error(name +
+              ": not a valid ONNX model (protobuf parsing failed: the file is truncated, "
+              "corrupt, or of another format)");
+}
+}  // namespace
+
+Model load_onnx_from_bytes(const std::string& bytes, const std::string& name, const ImportOptions& options) {
+  onnx::ModelProto proto;
+  if (bytes.empty()) throw Error(name + ": the file is empty, not an ONNX model");
+  if (!proto.ParseFromString(bytes)) {
+    google::protobuf::io::ArrayInputStream again(bytes.data(), static_cast<int>(bytes.size()));
+    not_a_model(name, bytes.size() <= static_cast<std::size_t>(INT_MAX) && parses_nested_deeper(again));
+  }
+  return model_from_proto(proto, name, options);
+}
+
+Model load_onnx(const std::string& path, const ImportOptions& options) {
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw Error(path + ": " +
+                (ec && ec != std::errc::no_such_file_or_directory ? ec.message() : std::string("no such file")));
+  if (fs::is_directory(path, ec)) throw Error(path + ": is a folder, expected an .onnx file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot be opened for reading");
+  if (fs::file_size(path, ec) == 0) throw Error(path + ": the file is empty, not an ONNX model");
+  Model model;
+  {
+    onnx::ModelProto proto;
+    // Parsed from the stream: the file's bytes are never held beside the parsed model.
+    if (!proto.ParseFromIstream(&in)) {
+      std::ifstream again(path, std::ios::binary);
+      google::protobuf::io::IstreamInputStream stream(&again);
+      not_a_model(path, parses_nested_deeper(stream));
+    }
+    model = model_from_proto(proto, path, options);
+  }
+  release_free_memory();  // what parsing left in the malloc heap
+  return model;
+}
+
+namespace {
+/// Writes the nodes of `graph` into `gp` (subgraphs as GraphProto attributes, with their own
+/// inputs, outputs and initializers), collecting the names of node outputs in `names`.
+// A graph or body input/output: its tensor type, or the sequence/optional type it was imported with.
+void write_value_info(const ValueInfo& v, onnx::ValueInfoProto* p, const std::map<std::string, std::string>& types) {
+  value_info_to_proto(v, p);
+  if (auto t = types.find(v.name); t != types.end() && !p->mutable_type()->ParseFromString(t->second))
+    throw Error("internal: bad type of '" + v.name + "'");
+}
+
+void write_nodes(const Graph& graph, onnx::GraphProto* gp, std::set<std::string>& names,
+                 const std::map<std::string, std::string>& types) {
+  for (const auto* n : graph.nodes()) {
+    auto* np = gp->add_node();
+    np->set_name(n->name);
+    np->set_op_type(n->op_type);
+    if (!n->domain.empty()) np->set_domain(n->domain);
+    for (auto& s : n->inputs) np->add_input(s);
+    for (auto& s : n->outputs) {
+      np->add_output(s);
+      names.insert(s);
+    }
+    if (!n->doc_string.empty()) np->set_doc_string(n->doc_string);
+    for (const auto& kv : n->attributes) {
+      if (kv.second.kind != Attribute::Kind::kGraph) {
+        attribute_to_proto(kv.first, kv.second, np->add_attribute());
+        continue;
+      }
+      auto* ap = np->add_attribute();
+      ap->set_name(kv.first);
+      ap->set_type(onnx::AttributeProto::GRAPH);
+      const Graph& sub = *kv.second.graph;
+      auto* sp = ap->mutable_g();
+      sp->set_name(n->name + "_" + kv.first);
+      for (const auto& v : sub.inputs) write_value_info(v, sp->add_input(), types);
+      for (const auto& v : sub.outputs) write_value_info(v, sp->add_output(), types);
+      for (const auto& init : sub.initializers) {
+        auto narrow = sub.narrow_types.find(init.first);
+        tensor_to_proto(init.second, init.first, sp->add_initializer(),
+                        narrow == sub.narrow_types.end() ? 0 : narrow->second);
+      }
+      write_nodes(sub, sp, names, types);
+    }
+  }
+}
+}  // namespace
+
+namespace {
+bool untyped(const onnx::ValueInfoProto& v) {
+  const auto& t = v.type();
+  return t.value_case() == onnx::TypeProto::VALUE_NOT_SET || (t.has_tensor_type() && t.tensor_type().elem_type() == 0);
+}
+
+/// Every control-flow body under `g`, outermost first.
+void bodies(onnx::GraphProto& g, std::vector<onnx::GraphProto*>& out) {
+  for (auto& n : *g.mutable_node())
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.has_g()) {
+        out.push_back(a.mutable_g());
+        bodies(*a.mutable_g(), out);
+      }
+      for (auto& sub : *a.mutable_graphs()) {
+        out.push_back(&sub);
+        bodies(sub, out);
+      }
+    }
+}
+
+/// Note [Types of body values]
+/// Exporters often leave the inputs and outputs of If/Loop/Scan bodies untyped (torch's
+/// scripted exports nested four deep, for one); ONNX Runtime infers them when it reads the
+/// original, but refuses a type written with element type 0. Those the model leaves untyped are
+/// filled from ONNX's type inference (run isolated, as the opset lift is), and any it cannot
+/// infer are written with no type at all, as the model had them.
+void type_body_values(onnx::ModelProto& proto) {
+  std::vector<onnx::GraphProto*> mine;
+  bodies(*proto.mutable_graph(), mine);
+  bool missing = false;
+  for (const auto* b : mine) {
+    for (const auto& v : b->input()) missing = missing || untyped(v);
+    for (const auto& v : b->output()) missing = missing || untyped(v);
+  }
+  if (!missing) return;
+  int status = 0;
+  const std::string result = run_isolated(
+      proto,
+      [](onnx::ModelProto& m) {
+        onnx::shape_inference::InferShapes(m);
+        return m;
+      },
+      status);
+  onnx::ModelProto inferred;
+  std::vector<onnx::GraphProto*> theirs;
+  if (!result.empty() && result[0] == '1' &&
+      inferred.ParseFromArray(result.data() + 1, static_cast<int>(result.size() - 1))) {
+    bodies(*inferred.mutable_graph(), theirs);
+  } else {
+    sdk::log_debug("ONNX's type inference did not run on the export; untyped body values stay untyped");
+  }
+  auto fill = [](google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& values,
+                 const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* from) {
+    for (int i = 0; i < values.size(); ++i) {
+      auto& v = values[i];
+      if (!untyped(v)) continue;
+      if (from && i < from->size() && from->Get(i).name() == v.name() && !untyped(from->Get(i)))
+        *v.mutable_type() = from->Get(i).type();
+      else v.clear_type();
+    }
+  };
+  const bool aligned = theirs.size() == mine.size();
+  for (std::size_t b = 0; b < mine.size(); ++b) {
+    fill(*mine[b]->mutable_input(), aligned ? &theirs[b]->input() : nullptr);
+    fill(*mine[b]->mutable_output(), aligned ? &theirs[b]->output() : nullptr);
+  }
+}
+}  // namespace
+
+namespace {
+// Note [ONNX Runtime's default-domain ops]
+// ONNX Runtime registers SimplifiedLayerNormalization (RMS normalization, written by its
+// transformer optimizer and Optimum) in the default domain, where ONNX's checker knows no such
+// op and refuses the model. Its schema is registered here, once, as ONNX Runtime defines it, so
+// such models round-trip; the op itself is the contrib plugin's.
+void register_runtime_schemas() {
+  static const bool registered = [] {
+    using onnx::AttributeProto;
+    onnx::OpSchema s;
+    s.SetName("SimplifiedLayerNormalization")
+        .SetDomain("")
+        .SinceVersion(1)
+        .SetDoc("ONNX Runtime's root-mean-square layer normalization")
+        .Attr("axis", "first normalized axis", AttributeProto::INT, static_cast<std::int64_t>(-1))
+        .Attr("epsilon", "added to the mean square", AttributeProto::FLOAT, 1e-5f)
+        .Attr("stash_type", "type of the statistics", AttributeProto::INT, static_cast<std::int64_t>(1))
+        .Input(0, "X", "input", "T")
+        .Input(1, "scale", "scale", "V")
+        .Output(0, "Y", "output", "V")
+        .Output(1, "inv_std_var", "reciprocal root mean square", "U", onnx::OpSchema::Optional)
+        .TypeConstraint("T", {"tensor(float16)", "tensor(float)", "tensor(double)", "tensor(bfloat16)"}, "input")
+        .TypeConstraint("U", {"tensor(float)", "tensor(double)"}, "statistics")
+        .TypeConstraint("V", {"tensor(float16)", "tensor(float)", "tensor(double)", "tensor(bfloat16)"}, "output")
+        .TypeAndShapeInferenceFunction([](onnx::InferenceContext& ctx) {
+          onnx::propagateElemTypeFromInputToOutput(ctx, 1, 0);
+          if (onnx::hasInputShape(ctx, 0)) onnx::propagateShapeFromInputToOutput(ctx, 0, 0);
+        });
+    onnx::OpSchemaRegistry::OpSchemaRegisterOnce once(s);
+    return true;
+  }();
+  (void)registered;
+}
+}  // namespace
+
+std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options,
+                           std::string* external, const std::string& external_location) {
+  onnx::ModelProto proto;
+  if (!meta.skeleton.empty() && !proto.ParseFromString(meta.skeleton)) throw Error("internal: bad model skeleton");
+  if (proto.ir_version() == 0) proto.set_ir_version(7);
+  if (proto.producer_name().empty()) proto.set_producer_name("sparsebit");
+  proto.clear_opset_import();
+  for (const auto& kv : graph.opset_imports) {
+    auto* o = proto.add_opset_import();
+    o->set_domain(kv.first);
+    o->set_version(kv.second);
+  }
+  const std::int64_t opset = graph.default_opset();
+  proto.set_ir_version(std::max<std::int64_t>(proto.ir_version(), min_ir_version_for(opset)));
+  for (const auto& kv : options.metadata_props) {
+    const std::string& key = kv.first;
+    auto* props = proto.mutable_metadata_props();
+    auto it = std::find_if(props->begin(), props->end(),
+                           [&](const onnx::StringStringEntryProto& e) { return e.key() == key; });
+    onnx::StringStringEntryProto* entry = it != props->end() ? &*it : proto.add_metadata_props();
+    entry->set_key(key);
+    entry->set_value(kv.second);
+  }
+
+  auto* gp = proto.mutable_graph();
+  if (gp->name().empty()) gp->set_name("graph");
+  for (const auto& v : graph.inputs) write_value_info(v, gp->add_input(), meta.value_types);
+  for (const auto& v : graph.outputs) write_value_info(v, gp->add_output(), meta.value_types);
+  std::int64_t total = 0;
+  for (const auto& kv : graph.initializers) total += static_cast<std::int64_t>(kv.second.nbytes());
+  const bool to_side_file = external != nullptr && (options.external_data || total > options.external_threshold_bytes);
+  if (to_side_file && external_location.empty()) throw Error("internal: external data needs a location");
+  if (external) external->clear();
+  for (const auto& kv : graph.initializers) {
+    auto narrow = graph.narrow_types.find(kv.first);
+    tensor_to_proto(kv.second, kv.first, gp->add_initializer(),
+                    narrow == graph.narrow_types.end() ? 0 : narrow->second);
+    page_out(kv.second);  // Note [Mapped weights]
+  }
+  std::set<std::string> names;
+  write_nodes(graph, gp, names, meta.value_types);
+  // Drop shape annotations of tensors that no longer exist.
+  auto* vi = gp->mutable_value_info();
+  for (int i = vi->size() - 1; i >= 0; --i)
+    if (!names.count(vi->Get(i).name())) vi->DeleteSubrange(i, 1);
+  type_body_values(proto);  // Note [Types of body values]
+
+  if (options.run_checker) {
+    register_runtime_schemas();  // Note [ONNX Runtime's default-domain ops]
+    if (opset <= onnx_library_max_opset() && proto.ir_version() <= onnx::IR_VERSION) {
+      try {
+        onnx::checker::check_model(proto);
+      } catch (const std::exception& e) {
+        throw Error(std::string("the exported model fails ONNX's checker: ") + e.what());
+      }
+    } else {
+      sdk::log_info("opset " + std::to_string(opset) + " is newer than the installed ONNX checker knows (" +
+                    std::to_string(onnx_library_max_opset()) + "); the checker was skipped");
+    }
+  }
+  // After the checker (which would look for the side file): large initializers move out.
+  for (auto& tp : *gp->mutable_initializer()) {
+    if (!to_side_file || !tp.has_raw_data() ||
+        static_cast<std::int64_t>(tp.raw_data().size()) < options.external_min_bytes)
+      continue;
+    external->resize((external->size() + 4095) / 4096 * 4096, '\0');  // mappable offsets
+    const std::size_t offset = external->size();
+    external->append(tp.raw_data());
+    tp.clear_raw_data();
+    tp.set_data_location(onnx::TensorProto::EXTERNAL);
+    const std::pair<const char*, std::string> entries[] = {{"location", external_location},
+                                                           {"offset", std::to_string(offset)},
+                                                           {"length", std::to_string(external->size() - offset)}};
+    for (const auto& [k, v] : entries) {
+      auto* e = tp.add_external_data();
+      e->set_key(k);
+      e->set_value(v);
+    }
+  }
+  std::string bytes;
+  if (!proto.SerializeToString(&bytes)) {
+    throw Error(
+        "the model could not be serialized: protobuf messages stop at 2 GiB; write it with external data "
+        "(`--external-data`, or save_onnx, which switches automatically)");
+  }
+  return bytes;
+}
+
+std::string default_side_file(const std::string& model_path) {
+  return fs::path(model_path).filename().string() + ".data";
+}
+
+bool write_side_file(const std::string& model_path, const std::string& bytes, const std::string& location) {
+  if (bytes.empty()) return false;
+  AtomicFile data(
+      (fs::path(model_path).parent_path() / (location.empty() ? default_side_file(model_path) : location)).string());
+  data.write(bytes);
+  data.commit();
+  return true;
+}
+
+void write_onnx_files(const std::string& path, const std::string& model_bytes, const std::string& external_bytes,
+                      const std::string& location) {
+  AtomicFile out(path);  // claimed first: an unwritable model path fails before the side file is written
+  out.write(model_bytes);
+  write_side_file(path, external_bytes, location);
+  out.commit();
+}
+
+void save_onnx(const Graph& graph, const ModelMeta& meta, const std::string& path, const ExportOptions& options) {
+  std::string external;
+  const std::string model = serialize_onnx(graph, meta, options, &external, default_side_file(path));
+  write_onnx_files(path, model, external);
+}
+
+at::Tensor load_tensor_pb(const std::string& path, std::string* name) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot be opened");
+  std::string bytes = read_all(in);
+  onnx::TensorProto p;
+  if (!p.ParseFromString(bytes)) throw Error(path + ": not a serialized onnx.TensorProto");
+  if (name) *name = p.name();
+  return tensor_from_proto(p, fs::path(path).parent_path(), path);
+}
+
+at::Tensor load_value_pb(const std::string& path, const std::string& type) {
+  onnx::TypeProto t;
+  if (type.empty() || !t.ParseFromString(type) || (!t.has_sequence_type() && !t.has_optional_type()))
+    return load_tensor_pb(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot be opened");
+  const std::string bytes = read_all(in);
+  const fs::path base = fs::path(path).parent_path();
+  auto sequence = [&](const onnx::SequenceProto& s, const onnx::TypeProto& of) {
+    std::vector<at::Tensor> items;
+    for (const auto& e : s.tensor_values()) items.push_back(tensor_from_proto(e, base, path));
+    const std::int32_t elem = of.sequence_type().elem_type().tensor_type().elem_type();
+    return sequence_of(items,
+                       items.empty() ? proto::scalar_type_of(elem == 0 ? 1 : elem, path) : items[0].scalar_type());
+  };
+  if (t.has_sequence_type()) {
+    onnx::SequenceProto s;
+    if (!s.ParseFromString(bytes)) throw Error(path + ": not a serialized onnx.SequenceProto");
+    return sequence(s, t);
+  }
+  onnx::OptionalProto o;
+  if (!o.ParseFromString(bytes)) throw Error(path + ": not a serialized onnx.OptionalProto");
+  if (o.has_tensor_value()) return tensor_from_proto(o.tensor_value(), base, path);
+  if (o.has_sequence_value()) return sequence(o.sequence_value(), t.optional_type().elem_type());
+  return {};
+}
+
+}  // namespace sparsebit

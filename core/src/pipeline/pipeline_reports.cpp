@@ -1,0 +1,84 @@
+// The JSON reports the jobs write (pipeline.h), made from their typed outcomes.
+
+#include <nlohmann/json.hpp>
+
+#include "prune/prune_report_value.h"
+#include "quant/quant_report_value.h"
+#include "sparsebit/core/pipeline.h"
+
+namespace sparsebit {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// Reports
+
+std::string report_json(const QuantizeOutcome& r) {
+  json rep = quantization_report_value(r.quantization);
+  rep["import_ms"] = r.import_ms;
+  json phases = json::object();  // all but write, the phase that writes this report
+  for (const auto& [name, seconds] : r.phase_seconds)
+    if (name != "write") phases[name] = seconds;
+  rep["phase_seconds"] = phases;
+  if (r.pruning) rep["pruning"] = prune_report_value(*r.pruning);
+  if (r.evaluation) {
+    const EvaluationResult& e = *r.evaluation;
+    json ev = {
+        {"samples", e.samples}, {"top1_agreement", e.top1_agreement}, {"max_abs_output_diff", e.max_abs_output_diff}};
+    if (e.fp32_accuracy) ev["fp32_accuracy"] = *e.fp32_accuracy;
+    if (e.simulated_accuracy) ev["int8_simulated_accuracy"] = *e.simulated_accuracy;
+    rep["evaluation"] = ev;
+  }
+  if (r.target) rep["target"] = json::parse(target_report_json(*r.target));
+  if (r.agreement) {
+    json outs = json::array();
+    for (const auto& o : r.agreement->outputs)
+      outs.push_back({{"output", o.name},
+                      {"cosine", o.cosine},
+                      {"sqnr_db", std::isfinite(o.sqnr_db) ? json(o.sqnr_db) : json(nullptr)}});
+    rep["agreement"] = {{"samples", r.agreement->samples},
+                        {"held_out", r.agreement->held_out},
+                        {"poor", r.agreement->poor},
+                        {"outputs", outs}};
+  }
+  json coverage = json::array();
+  for (const auto& c : r.input_coverage)
+    coverage.push_back({{"input", c.input}, {"min", c.min}, {"max", c.max}, {"open", c.open}});
+  rep["input_coverage"] = coverage;
+  return rep.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string report_json(const QatOutcome& r, const QatJob& job) {
+  json rep = quantization_report_value(r.quantization);
+  rep["qat"] = {{"resumed_after_epoch", r.training.resumed_after},
+                {"checkpoint", r.checkpoint},
+                {"loss", job.config.qat.loss},
+                {"lr", job.config.qat.lr},
+                {"epochs", json::array()}};
+  for (const auto& e : r.training.epochs)
+    rep["qat"]["epochs"].push_back({{"epoch", e.epoch},
+                                    {"loss", e.loss},
+                                    {"samples", e.samples},
+                                    {"seconds", e.seconds},
+                                    {"graphed_steps", e.graphed_steps}});
+  return rep.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string report_json(const PruneOutcome& r, const PruneJob& job) {
+  json rep = prune_report_value(r.pruning);
+  rep["model"] = job.model;
+  rep["config"] = job.config.source;
+  if (job.finetune_epochs > 0) {
+    if (r.finetune_quantization_aware) {
+      rep["finetune"] = {{"epochs", json::array()}, {"quantization_aware", true}};
+      for (std::size_t i = 0; i < r.finetune_losses.size(); ++i)
+        rep["finetune"]["epochs"].push_back({{"epoch", static_cast<int>(i) + 1}, {"loss", r.finetune_losses[i]}});
+    } else {
+      rep["finetune"] = {{"epoch_loss", r.finetune_losses}, {"quantization_aware", false}};
+    }
+  }
+  if (r.quantization) rep["quantization"] = quantization_report_value(*r.quantization);
+  return rep.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace sparsebit

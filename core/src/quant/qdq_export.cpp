@@ -1,0 +1,296 @@
+// The QDQ exporter: the float graph with QuantizeLinear/DequantizeLinear where the slots
+// quantize, BatchNormalization folded where the weights allow, lifted to the backend's opset.
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "quant/qdq_export.h"
+#include "base/mapped_file.h"
+
+#include "sparsebit/core/opset_lift.h"
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/saturation.h"
+#include "sparsebit/sdk/batchnorm.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit {
+
+namespace {
+// Note [Narrow export]
+// Opset-13 QuantizeLinear stores 8-bit integers. A b-bit (b < 8) activation is exported as
+// QuantizeLinear -> Clip(qmin, qmax) -> DequantizeLinear with the b-bit scale and zero point:
+// the 8-bit quantizer's own clamp is wider, so clipping its integers to the b-bit range gives
+// exactly clamp(round(x / s) + zp, qmin, qmax), per tensor or per channel alike. Weights are
+// stored already quantized. metadata_props["sparsebit.bits"] maps each such quantized tensor to
+// its bit width (JSON), and `sparsebit inspect` reads it back.
+// Names come from the top-level graph `g` (unique across nesting levels); the nodes and
+// initializers go to `h`, the graph of `consumer` (g itself or a control-flow body).
+std::string clip_to_grid(Graph& g, Graph& h, const Node* consumer, const QuantSlot& s, const std::string& quantized,
+                         at::ScalarType qtype) {
+  const std::string lo = g.unique_name(s.tensor + "_qmin"), hi = g.unique_name(s.tensor + "_qmax");
+  h.initializers[lo] = at::scalar_tensor(s.spec.qmin(), at::kInt).to(qtype);
+  h.initializers[hi] = at::scalar_tensor(s.spec.qmax(), at::kInt).to(qtype);
+  Node clip;
+  clip.op_type = "Clip";
+  clip.name = g.unique_name(s.tensor + "_clip_to_" + std::to_string(s.spec.bits) + "bit");
+  const std::string out = g.unique_name(quantized + "_" + std::to_string(s.spec.bits) + "bit");
+  clip.inputs = {quantized, lo, hi};
+  clip.outputs = {out};
+  h.insert_before(consumer, std::move(clip));
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> qdq_metadata(const QuantSlots& slots) {
+  nlohmann::json bits = nlohmann::json::object();
+  for (const auto& s : slots.all())
+    if (s.active() && s.calibrated && s.role != InputRole::kBias && s.spec.bits < 8) bits[s.tensor] = s.spec.bits;
+  if (bits.empty()) return {};
+  return {{"sparsebit.bits", bits.dump()}};
+}
+
+// Note [4-bit export]
+// 4-bit weights are stored as int4 (symmetric) / uint4 (affine) initializers read by
+// DequantizeLinear, which needs opset 21; so do 16-bit activations (int16 / uint16 Q/DQ). 4-bit activations use Note
+// [Narrow export] (8-bit storage clipped to 16 levels): ONNX Runtime 1.30's graph optimizer moves an int4 activation
+// Q/DQ pair across MaxPool and then rejects the MaxPool on int4 data (measured on the
+// Fashion-MNIST fixture), while int4 weights behind DequantizeLinear run at every optimization
+// level. The graph is lifted from 13 to 21 by the rules of Note [Opset lifting], which keep every
+// node and the position of its inputs and add none, so the slots still address the right inputs. Other widths
+// below 8 use Note [Narrow export].
+
+namespace {
+// Note [BN folding at export]
+// A BatchNormalization left in the model (fuse_bn = false, e.g. to train it in QAT) after a Conv
+// whose weight is quantized per output channel is folded into that Conv on export: with
+// k = gamma / sqrt(var + eps) > 0 per channel, Conv(x, s q) then BN equals Conv(x, (s k) q) plus
+// the bias (b - mean) k + beta, so the weight's integers stay, its scales are multiplied by k, and
+// an int32 bias (scale s_a s) is requantized at s_a s k. What deployment runs is then exactly
+// what was simulated. BNs that cannot be folded this way (per-tensor or float weights shared
+// elsewhere, k <= 0, other producers) stay as BatchNormalization nodes.
+const Node* single_producer(Graph& g, const std::string& value, const char* op) {
+  Node* p = g.producer(value);
+  return p && p->op_type == op && g.consumers(value).size() == 1 && !g.is_graph_output(value) ? p : nullptr;
+}
+
+bool fold_batchnorm(Graph& g, Node* bn) {
+  auto init = [&](const std::string& name) -> const at::Tensor* {
+    auto it = g.initializers.find(name);
+    return it == g.initializers.end() ? nullptr : &it->second;
+  };
+  const auto affine = batchnorm_affine(g, *bn);  // Note [BatchNormalization as an affine map]
+  if (!affine) return false;
+  Node* conv = g.producer(bn->inputs[0]);
+  if (!conv || conv->op_type != "Conv" || !conv->has_input(1) || g.consumers(bn->inputs[0]).size() != 1 ||
+      g.is_graph_output(bn->inputs[0]))
+    return false;
+  const Node* wdq = single_producer(g, conv->inputs[1], "DequantizeLinear");
+  if (!wdq || wdq->attr_int("axis", 1) != 0 || wdq->has_attr("block_size") || !init(wdq->inputs[0]) ||
+      !init(wdq->inputs[1]))
+    return false;
+  const at::Tensor scale = *init(wdq->inputs[1]);
+  const std::int64_t channels = init(wdq->inputs[0])->size(0);
+  if (scale.dim() != 1 || scale.size(0) != channels || g.consumers(wdq->inputs[1]).size() != 1) return false;
+  const at::Tensor& k = affine->scale;
+  if (k.numel() != channels) return false;
+  if (!(k > 0).all().item<bool>()) return false;
+
+  // The bias: float, int32 behind DequantizeLinear, or none.
+  at::Tensor bias = at::zeros({channels}, at::kDouble);
+  const Node* bdq = conv->has_input(2) ? single_producer(g, conv->inputs[2], "DequantizeLinear") : nullptr;
+  if (conv->has_input(2)) {
+    if (bdq) {
+      if (!init(bdq->inputs[0]) || !init(bdq->inputs[1]) || g.consumers(bdq->inputs[1]).size() != 1 ||
+          g.consumers(bdq->inputs[0]).size() != 1 || init(bdq->inputs[1])->numel() != channels)
+        return false;
+      bias = init(bdq->inputs[0])->to(at::kDouble) * init(bdq->inputs[1])->to(at::kDouble);
+    } else if (const at::Tensor* b = init(conv->inputs[2]); b && g.consumers(conv->inputs[2]).size() == 1) {
+      bias = b->to(at::kDouble);
+    } else {
+      return false;
+    }
+  }
+  const at::Tensor folded_bias = affine->fold_bias(bias);
+  g.initializers[wdq->inputs[1]] = (scale.to(at::kDouble) * k).to(scale.scalar_type());
+  if (bdq) {
+    const at::Tensor bscale = init(bdq->inputs[1])->to(at::kDouble) * k;
+    g.initializers[bdq->inputs[1]] = bscale.to(at::kFloat);
+    g.initializers[bdq->inputs[0]] = at::round(folded_bias / bscale).to(at::kInt);
+  } else {
+    const std::string name = g.unique_name(bn->name + "_folded_bias");
+    g.initializers[name] = folded_bias.to(at::kFloat);
+    if (conv->inputs.size() < 3) conv->inputs.resize(3);
+    conv->inputs[2] = name;
+  }
+  absorb_batchnorm(g, *conv, *bn);
+  return true;
+}
+
+void fold_batchnorms(Graph& g) {
+  for (Node* n : g.nodes())
+    if (n->op_type == "BatchNormalization" && !fold_batchnorm(g, n))
+      sdk::log_debug(n->describe() + ": exported unfolded");
+}
+}  // namespace
+
+Graph export_qdq(const QdqExportInput& in) {
+  Graph g = in.graph.clone();
+  for (const auto& name : in.trained)  // Note [QAT]: the trained values
+    g.initializers[name] = in.executor.constants().at(name).detach().to(at::kCPU).clone();
+  for (const auto& [name, t] : in.states)  // running statistics
+    g.initializers[name.substr(6)] = t.detach().to(at::kCPU).clone();
+  std::int64_t opset = std::max<std::int64_t>({g.default_opset(), in.backend.min_export_opset(), 13});
+  std::string why = "the backend";
+  for (const auto& s : in.slots.all()) {
+    if (!in.slots.usable(s) || opset >= 21) continue;
+    if (s.role == InputRole::kWeight && (s.spec.bits == 4 || s.spec.group_size > 0)) why = "4-bit or per-group Q/DQ";
+    else if (s.role == InputRole::kActivation && s.spec.bits == 16) why = "16-bit Q/DQ";
+    else continue;
+    opset = 21;  // Note [4-bit export]
+  }
+  if (opset > g.default_opset()) {
+    try {
+      lift_opset(g, opset, static_value_facts(g, in.meta.value_info));
+    } catch (const Error& e) {
+      throw Error(why + " export needs opset " + std::to_string(opset) + ": " + e.what() +
+                  "; export at 8 bits (or keep the node in float with `skip`)");
+    }
+  }
+  // Nodes of every nesting level by the slots' node_index (the 13+ rules add no node), with the
+  // graph each sits in: Q/DQ of a node inside a control-flow body go into that body.
+  const auto consumers = flat_nodes(g);
+  if (consumers.size() != in.executor.flat_size()) throw Error("internal: lifting for export changed the node count");
+  std::map<std::string, std::string> made;  // dedupe key -> dequantized tensor name
+  auto constant = [&](const QuantSlot& s) -> const at::Tensor& {
+    const at::Tensor* t = in.executor.flat_constant(s.node_index, s.tensor);
+    if (!t) throw Error(s.where() + ": internal: its constant is missing");
+    return *t;
+  };
+
+  for (const auto& s : in.slots.all()) {
+    if (!in.slots.usable(s)) continue;
+    if (!s.calibrated) throw Error(s.where() + ": not calibrated; calibrate before exporting");
+    if (s.spec.bits > 8 && s.spec.bits != 16 && s.role != InputRole::kBias) {
+      throw Error(s.where() + ": " + std::to_string(s.spec.bits) +
+                  "-bit quantization is simulated only; Q/DQ stores 2-8 or 16 bits (use one of those to export)");
+    }
+    const bool is_bias = s.role == InputRole::kBias;
+    if (!is_bias && !s.quantizer->affine_grid()) {
+      if (s.role != InputRole::kWeight) {
+        throw Error(s.where() + ": quantizer '" + s.quantizer_name +
+                    "' has no integer grid QuantizeLinear can express; it cannot quantize exported activations");
+      }
+      // The simulated weights, baked as floats: exactly what forward() computes.
+      c10::InferenceMode guard;
+      const std::string baked = g.unique_name(s.tensor + "_" + s.quantizer_name);
+      consumers[s.node_index].graph->initializers[baked] = s.quantizer->forward(constant(s)).detach().to(at::kCPU);
+      consumers[s.node_index].node->inputs[s.input_index] = baked;
+      continue;
+    }
+    const QParams p = is_bias ? s.bias_params : s.quantizer->qparams();
+    const bool wide = !is_bias && s.spec.bits == 16;
+    // uint16 has no LibTorch dtype: held as int32 and typed UINT16 (4) on export.
+    const at::ScalarType qtype = is_bias || (wide && !s.spec.symmetric) ? at::kInt
+                                 : wide                                 ? at::kShort
+                                 : s.spec.symmetric                     ? at::kChar
+                                                                        : at::kByte;
+    at::Tensor scale = p.scale.detach().to(at::kCPU, at::kFloat).contiguous();
+    at::Tensor zp = p.zero_point.detach().to(at::kCPU, at::kInt).to(qtype).contiguous();
+    Node* consumer = consumers[s.node_index].node;
+    Graph& h = *consumers[s.node_index].graph;
+    std::string key = std::to_string(reinterpret_cast<std::uintptr_t>(&h)) + "|" + s.tensor + "|" + s.spec.describe() +
+                      "|" + std::string(static_cast<const char*>(scale.data_ptr()), scale.nbytes()) +
+                      std::string(static_cast<const char*>(zp.data_ptr()), zp.nbytes());
+    // A weight that several nodes read shares one Q/DQ when the grids agree, unless its rounding
+    // was learnt or solved per node (AdaRound, GPTQ): then equal scales do not mean equal integers.
+    if (!is_bias && (s.quantizer->reconstruction() || s.quantizer->solves_from_inputs()))
+      key += "|" + std::to_string(s.node_index);
+    auto done = made.find(key);
+    if (done != made.end()) {
+      consumer->inputs[s.input_index] = done->second;
+      continue;
+    }
+    const std::string base = s.tensor;
+    const std::string scale_name = g.unique_name(base + "_scale");
+    h.initializers[scale_name] = scale;
+    const std::string zp_name = g.unique_name(base + "_zero_point");
+    h.initializers[zp_name] = zp;
+    const std::int32_t narrow = s.role == InputRole::kWeight && s.spec.bits == 4 ? (s.spec.symmetric ? 22 : 21)
+                                : wide && !s.spec.symmetric                      ? 4
+                                                                                 : 0;
+    if (narrow) h.narrow_types[zp_name] = narrow;
+    auto axis_attrs = [&](Node& n) {
+      if (s.spec.group_size > 0) {  // Note [Per-group quantization]: blocked Q/DQ, opset 21
+        n.attributes["axis"] = Attribute::of_int(s.spec.group_axis);
+        n.attributes["block_size"] = Attribute::of_int(s.spec.group_size);
+      } else if (s.spec.per_channel) {
+        n.attributes["axis"] = Attribute::of_int(s.spec.channel_axis);
+      }
+    };
+    std::string quantized;
+    if (s.role != InputRole::kActivation) {
+      // Weights (and biases) are stored as integers followed by DequantizeLinear. A weight's
+      // integers are those of what its quantizer computes (exactly on the grid of p), so
+      // quantizers that choose their own rounding (AdaRound) export what they simulated.
+      quantized = g.unique_name(base + "_quantized");
+      at::Tensor value = constant(s);
+      if (!is_bias) {
+        c10::InferenceMode guard;
+        value = s.quantizer->forward(value);
+      }
+      h.initializers[quantized] = quantize_to_int(value.detach().to(at::kCPU), p, s.spec).to(qtype);
+      page_out(constant(s));  // Note [Mapped weights]: one weight in memory at a time
+      if (narrow) h.narrow_types[quantized] = narrow;
+    } else {
+      Node q;
+      q.op_type = "QuantizeLinear";
+      q.name = g.unique_name(base + "_QuantizeLinear");
+      quantized = g.unique_name(base + "_quantized");
+      q.inputs = {s.tensor, scale_name, zp_name};
+      q.outputs = {quantized};
+      axis_attrs(q);
+      h.insert_before(consumer, std::move(q));
+      if (s.spec.bits < 8 && !narrow)
+        quantized = clip_to_grid(g, h, consumer, s, quantized, qtype);  // Note [Narrow export]
+    }
+    Node dq;
+    dq.op_type = "DequantizeLinear";
+    dq.name = g.unique_name(base + "_DequantizeLinear");
+    const std::string dequantized = g.unique_name(base + "_dequantized");
+    dq.inputs = {quantized, scale_name, zp_name};
+    dq.outputs = {dequantized};
+    axis_attrs(dq);
+    h.insert_before(consumer, std::move(dq));
+    consumer->inputs[s.input_index] = dequantized;
+    made[key] = dequantized;
+  }
+  fold_batchnorms(g);
+  try {
+    in.backend.adjust_export(g);
+  } catch (const Error& e) {
+    throw Error("backend '" + in.backend_name + "' (plugin '" + in.backend_plugin +
+                "') export adjustment: " + e.what());
+  }
+  // Float weights now read by nobody, in the bodies (innermost first: flat order lists a body
+  // after the graph around it) and in the main graph.
+  std::vector<Graph*> graphs;
+  for (const FlatNode& f : flat_nodes(g))
+    if (std::find(graphs.begin(), graphs.end(), f.graph) == graphs.end()) graphs.push_back(f.graph);
+  for (auto it = graphs.rbegin(); it != graphs.rend(); ++it) (*it)->prune_dead();
+  g.prune_dead();
+  g.topological_sort();
+  g.validate();
+  if (in.backend.checks_u8s8_saturation()) {  // Note [u8s8 saturation]
+    if (auto warning = saturation_warning(check_u8s8_saturation(g)); !warning.empty()) sdk::log_warn(warning);
+  }
+  return g;
+}
+
+}  // namespace sparsebit

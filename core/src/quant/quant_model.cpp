@@ -1,0 +1,422 @@
+#include "sparsebit/core/quant_model.h"
+
+#include "sparsebit/core/cpu_allocator.h"
+#include "sparsebit/core/matmul_nbits.h"
+#include "sparsebit/core/opset_lift.h"
+#include "sparsebit/core/passes.h"
+#include "quant/distributed_merge.h"
+#include "quant/layerwise.h"
+#include "quant/qdq_export.h"
+#include "quant/plugin_call.h"
+#include "quant/range_selection.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <fnmatch.h>
+
+#include <chrono>
+#include <optional>
+#include <set>
+
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+#include "base/glob.h"
+
+namespace sparsebit {
+
+namespace {
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "none" : s;
+}
+}  // namespace
+
+QuantModel::QuantModel(Model model, Config config, const Registry& registry, const DataSource& calibration)
+    : model_(std::make_unique<Model>(std::move(model))), config_(std::move(config)) {
+  // Per-channel Q/DQ needs opset 13, and lifting later would move the inputs quantizers refer to.
+  if (model_->graph.default_opset() < 13) {
+    try {
+      lift_opset(model_->graph, 13, static_value_facts(model_->graph, model_->meta.value_info));
+    } catch (const Error& e) {
+      throw Error(model_->meta.source_path + ": " + e.what());
+    }
+  }
+  const auto* backend = registry.backend(config_.backend);
+  if (!backend) {
+    throw Error(config_.source + ": backend '" + printable(config_.backend) +
+                "' is not provided by any loaded plugin (installed: " + join(registry.names("backend")) + ")");
+  }
+  backend_ = backend->factory();
+  backend_plugin_ = backend->plugin;
+  std::vector<std::tuple<std::string, const QuantTableConfig*, bool>> tables = {{"[w]", &config_.w, true},
+                                                                                {"[a]", &config_.a, false}};
+  for (const auto& e : config_.specific) {
+    tables.emplace_back(e.name + " w", &e.w, true);
+    tables.emplace_back(e.name + " a", &e.a, false);
+  }
+  for (const auto& [table, cfg, is_weight] : tables) {
+    if (cfg->disable) continue;
+    if (auto why = backend_->check(cfg->spec(is_weight, is_weight ? 0 : 1), is_weight ? "w" : "a")) {
+      throw Error(config_.source + ": " + table + " breaks the rules of backend '" + config_.backend + "': " + *why);
+    }
+  }
+
+  // Simplify-stage passes rewrite the float graph before anything is bound to its nodes.
+  // The grids weights will be rounded on, for passes that choose weight transforms (awq).
+  auto weight_grid = [this, &registry](const Node& n, std::size_t input,
+                                       std::int64_t channel_axis) -> std::optional<PassContext::WeightGrid> {
+    if (matches_any(n.name, config_.skip) || !n.has_input(input)) return std::nullopt;
+    const QuantTableConfig* cfg = &config_.w;
+    for (const auto& e : config_.specific)
+      if (matches_any(n.name, e.nodes)) {
+        cfg = &e.w;
+        break;
+      }
+    if (cfg->disable) return std::nullopt;
+    const auto* obs = registry.observer(cfg->observer);
+    if (!obs)
+      throw Error(config_.source + ": [w] observer '" + printable(cfg->observer) +
+                  "' is not provided by any loaded plugin (available: " + join(registry.names("observer")) + ")");
+    const auto w = model_->graph.initializers.find(n.inputs[input]);
+    if (w == model_->graph.initializers.end()) return std::nullopt;
+    if (channel_axis < 0) channel_axis += w->second.dim();
+    const QSpec spec = cfg->spec(true, channel_axis);
+    auto make = obs->factory;
+    const Options* options = &cfg->observer_options;
+    const std::string where = "input " + std::to_string(input) + " of " + n.describe();
+    return PassContext::WeightGrid{spec, [spec, make, options, where](const at::Tensor& value) {
+                                     auto observer = make(ObserverContext{spec, *options, where});
+                                     c10::InferenceMode guard;
+                                     observer->observe(value);
+                                     return fake_quantize(value, observer->compute(), spec);
+                                   }};
+  };
+  std::function<std::unique_ptr<Dataset>()> open_calibration;
+  if (!calibration.empty())
+    open_calibration = [calibration, inputs = model_->graph.inputs] { return calibration.open(inputs); };
+  run_passes(config_.schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source,
+             PassData{open_calibration, config_.calibration.batch_size, config_.calibration.count, weight_grid});
+  executor_ = std::make_unique<Executor>(model_->graph, registry);
+  if (config_.calibration.device != "cpu") {
+    at::Device dev(at::kCPU);
+    try {
+      dev = at::Device(config_.calibration.device);
+    } catch (const std::exception&) {
+      throw Error("device '" + config_.calibration.device + "' is not a device name (cpu, cuda, cuda:N)");
+    }
+    if (dev.is_cuda() && !at::hasCUDA()) {
+      throw Error("device '" + config_.calibration.device +
+                  "' requested, but this build of LibTorch has no CUDA support or no GPU is visible; use --device cpu");
+    }
+    executor_->to(config_.calibration.device);
+  }
+
+  const auto nodes = model_->graph.nodes();
+  // A glob that matches nothing is almost always a typo or a model other than the one meant.
+  auto warn_unmatched = [&](const std::vector<std::string>& globs, const std::string& key) {
+    for (const auto& glob : globs) {
+      if (std::any_of(nodes.begin(), nodes.end(), [&](const Node* n) { return matches_any(n->name, {glob}); }))
+        continue;
+      sdk::log_warn(config_.source + ": " + key + " glob '" + printable(glob, 80) + "' matches no node of " +
+                    printable(model_->meta.source_path) + " (" + std::to_string(nodes.size()) + " nodes" +
+                    (nodes.empty() ? std::string() : ", e.g. '" + printable(nodes.front()->name, 80) + "'") +
+                    "); `sparsebit inspect --json` lists them");
+    }
+  };
+  warn_unmatched(config_.skip, "skip");
+  for (const auto& e : config_.specific) warn_unmatched(e.nodes, e.name + " nodes");
+  slots_ = std::make_unique<QuantSlots>(model_->graph, *executor_, config_, *backend_, backend_plugin_, registry);
+  run_passes(config_.schedule, Pass::Stage::kFuse, model_->graph, registry, &slots_->state(), config_.source);
+  layer_passes_ = make_layer_passes(config_.schedule, registry);
+  try {
+    backend_->place(slots_->state());
+  } catch (const Error& e) {
+    throw Error("backend '" + config_.backend + "' (plugin '" + backend_plugin_ + "'): " + e.what());
+  }
+  slots_->finish_building();
+  std::size_t active = 0;
+  for (const auto& s : slots()) active += s.active();
+  sdk::log_info(std::to_string(nodes.size()) + " nodes, " + std::to_string(active) + " quantized inputs (" +
+                std::to_string(slots().size() - active) + " fused away)");
+}
+
+QuantModel::~QuantModel() = default;
+QuantModel::QuantModel(QuantModel&&) noexcept = default;
+
+std::size_t QuantModel::set_enabled(const std::string& node_glob, bool enabled, std::optional<InputRole> role) {
+  auto found = slots_->matching(node_glob, role);
+  for (QuantSlot* s : found) s->enabled = enabled;
+  return found.size();
+}
+
+std::size_t QuantModel::set_bits(const std::string& node_glob, int bits, std::optional<InputRole> role) {
+  return slots_->set_bits(node_glob, bits, role);
+}
+
+void QuantModel::set_quant(bool weights, bool activations) { slots_->set_quant(weights, activations); }
+
+std::vector<at::Tensor> QuantModel::forward(const std::vector<at::Tensor>& inputs, const ValueFn& on_value) {
+  const auto& gin = model_->graph.inputs;
+  if (inputs.size() != gin.size()) {
+    throw Error("the model has " + std::to_string(gin.size()) + " input(s), " + std::to_string(inputs.size()) +
+                " given");
+  }
+  std::map<std::string, at::Tensor> feeds;
+  for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = inputs[i];
+  if (!slots_->weights_on() && !slots_->activations_on() && !on_value) return executor_->run(feeds);
+  return executor_->run(feeds, [this, &on_value](std::size_t n, std::size_t k, const at::Tensor& x) {
+    if (on_value) on_value(executor_->flat_node(n).inputs[k], x);
+    return slots_->apply(n, k, x);
+  });
+}
+
+void QuantModel::set_slot_enabled(std::size_t slot, bool enabled) { slots_->all().at(slot).enabled = enabled; }
+
+CalibrationStats QuantModel::init_qat(Dataset& data, const ProgressFn& progress) {
+  CalibrationStats stats = calibrate(data, progress);
+  set_quant(true, true);
+  trainable_.clear();
+  std::set<std::string> seen;
+  const auto nodes = model_->graph.nodes();
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    bool quantized_weight = false;
+    for (std::size_t k = 0; k < nodes[i]->inputs.size(); ++k) {
+      const QuantSlot* s = slots_->at(i, k);
+      quantized_weight = quantized_weight || (s && s->role == InputRole::kWeight && s->active());
+    }
+    const auto specs = executor_->modules()[i].module->input_specs();
+    bool learns = quantized_weight;
+    for (const auto& spec : specs) learns = learns || spec.trainable;
+    if (!learns) continue;
+    for (std::size_t k = 0; k < specs.size() && k < nodes[i]->inputs.size(); ++k) {
+      const bool weight_or_bias = specs[k].role == InputRole::kWeight || specs[k].role == InputRole::kBias;
+      if (!(weight_or_bias && quantized_weight) && !specs[k].trainable) continue;
+      const std::string& name = nodes[i]->inputs[k];
+      auto c = executor_->constants().find(name);
+      if (c == executor_->constants().end() || !c->second.is_floating_point() || !seen.insert(name).second) continue;
+      executor_->set_constant(name, c->second.detach().clone().set_requires_grad(true));
+      trainable_.push_back(name);
+    }
+  }
+  train(true);
+  sdk::log_info("QAT: " + std::to_string(trainable_.size()) + " weight and bias tensors trainable, " +
+                std::to_string(named_parameters().size() - trainable_.size()) + " quantizer parameters");
+  return stats;
+}
+
+void QuantModel::train(bool on) {
+  for (std::size_t i = 0; i < executor_->modules().size(); ++i) {
+    try {
+      executor_->modules()[i].module->set_training(on);
+    } catch (const std::exception& e) {
+      throw Error(model_->graph.node(i).describe() + " (plugin '" + executor_->modules()[i].plugin +
+                  "') set_training: " + e.what());
+    }
+  }
+  training_ = on;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> QuantModel::named_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& name : trainable_) out.emplace_back("weight " + name, executor_->constants().at(name));
+  for (auto& s : slots_->all()) {
+    if (!s.active() || !s.quantizer) continue;
+    const auto params = plugin_call(s, false, "parameters", [&] { return s.quantizer->parameters(); });
+    for (std::size_t j = 0; j < params.size(); ++j)
+      out.emplace_back("quantizer " + s.node_name + "#" + std::to_string(s.input_index) + "/" + std::to_string(j),
+                       params[j]);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> QuantModel::named_states() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::set<std::string> seen;
+  const auto nodes = model_->graph.nodes();
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const auto specs = executor_->modules()[i].module->input_specs();
+    for (std::size_t k = 0; k < specs.size() && k < nodes[i]->inputs.size(); ++k) {
+      if (!specs[k].training_state) continue;
+      auto c = executor_->constants().find(nodes[i]->inputs[k]);
+      if (c != executor_->constants().end() && c->second.is_floating_point() && seen.insert(c->first).second)
+        out.emplace_back("state " + c->first, c->second);
+    }
+  }
+  return out;
+}
+
+std::vector<at::Tensor> QuantModel::parameters() {
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress) {
+  slots_->reset_observers();
+  if (config_.calibration.mode != "streaming") return run_layerwise(*this, data, progress);
+  std::string why;
+  if (!layer_passes_.empty()) why = "pass '" + layer_passes_.front().name + "' works layer by layer";
+  for (const auto& s : slots())
+    if (why.empty() && s.active() && s.role == InputRole::kWeight && s.quantizer->reconstruction())
+      why = s.where() + " uses quantizer '" + s.quantizer_name + "', which learns by layer reconstruction";
+    else if (why.empty() && s.active() && s.role == InputRole::kWeight && s.quantizer->solves_from_inputs())
+      why = s.where() + " uses quantizer '" + s.quantizer_name + "', which solves the weight from the layer's inputs";
+  if (!why.empty()) {
+    throw Error(config_.source + ": " + why +
+                "; set [calibration] mode = \"layerwise\" or \"asym\" (now \"streaming\")");
+  }
+
+  // Inference mode only while data flows: quantizer parameters made afterwards must be
+  // ordinary tensors that autograd (QAT) can train.
+  std::optional<c10::InferenceMode> inference(std::in_place);
+  const auto start = std::chrono::steady_clock::now();
+  CalibrationStats stats;
+  stats.mode = config_.calibration.mode;
+  const auto& gin = model_->graph.inputs;
+  Batcher batcher(data, gin, config_.calibration.batch_size, config_.calibration.count);
+  const std::int64_t total =
+      config_.calibration.count > 0 ? config_.calibration.count : data.num_samples().value_or(-1);
+  const at::Device device(config_.calibration.device);
+  // Weights are observed from the constants when the slots finish; only activations need the
+  // data. Weight-only models skip the passes (and never page a mapped model in as a whole).
+  const bool reads_data = std::any_of(slots().begin(), slots().end(), [](const QuantSlot& s) {
+    return s.active() && s.role == InputRole::kActivation;
+  });
+  if (!reads_data) sdk::log_info("only weights are quantized: the calibration data is not read");
+  // Note [Distributed runs]: process r computes batches r, r + W, ...; observers merge below.
+  Distributed* group = reads_data ? dividing_group(*slots_, false, false) : nullptr;
+  std::int64_t index = -1;
+  // Note [Choosing ranges by the consuming layer]: the first samples are kept for the range
+  // selection; they are few and bounded whatever the data's size. Every process reads the
+  // batches that hold them (only their owner observes them), so that all choose on the samples
+  // one process would.
+  const std::int64_t keep_for_ranges = config_.calibration.range_samples;
+  const std::int64_t batch_size = config_.calibration.batch_size;
+  std::vector<std::map<std::string, at::Tensor>> range_batches;
+  std::int64_t range_samples = 0;
+  auto mine = [group](std::int64_t i) { return !group || i % group->world_size() == group->rank(); };
+  // Memory is independent of the sample count: one batch in flight (and two read ahead),
+  // observers stream.
+  std::optional<Prefetcher> ahead;
+  if (reads_data)
+    ahead.emplace(batcher, [mine, keep_for_ranges, batch_size](std::int64_t i) {
+      return BatchShare{0, 1, !mine(i) && i * batch_size >= keep_for_ranges};
+    });
+  while (auto b = ahead ? ahead->next() : std::nullopt) {
+    ++index;
+    if (b->held == 0) {  // another process's batch
+      stats.samples += b->rows;
+      ++stats.batches;
+      continue;
+    }
+    std::map<std::string, at::Tensor> feeds;
+    for (std::size_t i = 0; i < gin.size(); ++i) feeds[gin[i].name] = b->inputs[i].to(device);
+    if (mine(index))
+      executor_->run(feeds, [this](std::size_t n, std::size_t k, const at::Tensor& x) {
+        slots_->observe(n, k, x);
+        return x;
+      });
+    if (range_samples < keep_for_ranges) {
+      // The first samples of a batch the Batcher stacked along dim 0; a batch it could not cut
+      // (inputs not all stacked) is kept whole.
+      const std::int64_t take = std::min(b->held, keep_for_ranges - range_samples);
+      const bool cut = take < b->held && std::all_of(feeds.begin(), feeds.end(), [&](const auto& f) {
+                         return f.second.dim() > 0 && f.second.size(0) == b->held;
+                       });
+      if (cut)
+        for (auto& [name, t] : feeds) t = t.narrow(0, 0, take);
+      range_samples += cut ? take : b->held;
+      range_batches.push_back(std::move(feeds));
+    }
+    stats.samples += b->rows;
+    ++stats.batches;
+    if (progress) progress(stats.samples, total);
+  }
+  if (stats.samples == 0 && reads_data) throw Error("the calibration data " + data.describe() + " yielded no samples");
+  inference.reset();
+  if (group) {
+    std::vector<QuantSlot*> all;
+    for (auto& s : slots_->all()) all.push_back(&s);
+    merge_observers(*group, all, device, "merging observer states");
+  }
+  const auto params_start = std::chrono::steady_clock::now();
+  {
+    c10::NoGradGuard no_grad;
+    slots_->finish_all();
+  }
+  stats.parameter_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - params_start).count();
+  if (!range_batches.empty()) {
+    const auto chosen = detail::select_ranges(*executor_, *slots_, range_batches, range_samples, group);
+    range_batches.clear();
+    stats.range_selected_inputs = chosen.inputs;
+    stats.range_selection_samples = chosen.samples;
+    stats.range_selection_seconds = chosen.seconds;
+    stats.range_choices = chosen.chosen;
+  }
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+void QuantModel::set_constant_input(std::size_t node, std::size_t input, const at::Tensor& value) {
+  Graph& g = model_->graph;
+  if (node >= g.num_nodes())
+    throw Error(executor_->flat_node(node).describe() + ": constants inside control-flow bodies stay as they are");
+  Node& n = g.node(node);
+  if (!n.has_input(input) || !g.initializers.count(n.inputs[input]))
+    throw Error(n.describe() + ": input " + std::to_string(input) + " is not a constant");
+  const std::string name = n.inputs[input];
+  const at::Tensor& old = g.initializers.at(name);
+  if (value.sizes() != old.sizes()) {
+    throw Error(n.describe() + ": new value of '" + name + "' has shape " + c10::str(value.sizes()) +
+                ", the constant has " + c10::str(old.sizes()));
+  }
+  const at::Tensor cpu = value.detach().to(at::kCPU, old.scalar_type()).contiguous();
+  const at::Tensor on_device = value.detach().to(executor_->constants().at(name).device(), old.scalar_type());
+  std::size_t readers = 0;
+  for (const Node* other : g.nodes())
+    readers += static_cast<std::size_t>(std::count(other->inputs.begin(), other->inputs.end(), name));
+  if (readers == 1) {
+    g.initializers[name] = cpu;
+    executor_->set_constant(name, on_device);
+    return;
+  }
+  // Shared with other nodes: this node gets its own copy.
+  const std::string own = g.unique_name(name + "_" + n.name + "_corrected");
+  g.initializers[own] = cpu;
+  executor_->add_constant(own, on_device);
+  n.inputs[input] = own;
+  if (QuantSlot* s = slots_->at(node, input)) s->tensor = own;
+}
+
+Graph QuantModel::export_graph() const {
+  release_free_memory();  // calibration's cached activations: export allocates other sizes
+  Graph g = export_qdq(QdqExportInput{model_->graph, model_->meta, *executor_, *slots_, *backend_, config_.backend,
+                                      backend_plugin_, trainable_, named_states()});
+  if (config_.export_options.weight_format == "matmul_nbits") {
+    const std::size_t n = to_matmul_nbits(g, config_.export_options.accuracy_level);
+    if (n == 0)
+      sdk::log_warn(config_.source +
+                    ": [export] weight_format = \"matmul_nbits\" found no MatMul or Gemm with per-group 4- or 8-bit "
+                    "weights in blocks of a power of two >= 16 along K; every weight keeps DequantizeLinear");
+    else sdk::log_info("wrote " + std::to_string(n) + " layers as com.microsoft.MatMulNBits");
+  }
+  return g;
+}
+
+std::string QuantModel::serialize(std::string* external, const std::string& external_location,
+                                  bool force_external) const {
+  ExportOptions options;
+  options.metadata_props = qdq_metadata(*slots_);
+  options.external_data = force_external;
+  return serialize_onnx(export_graph(), model_->meta, options, external, external_location);
+}
+
+void QuantModel::export_onnx(const std::string& path) const {
+  ExportOptions options;
+  options.metadata_props = qdq_metadata(*slots_);
+  save_onnx(export_graph(), model_->meta, path, options);
+}
+
+}  // namespace sparsebit

@@ -1,0 +1,475 @@
+#include "sparsebit/core/quant_slots.h"
+
+#include <ATen/ATen.h>
+#include <fnmatch.h>
+
+#include <map>
+
+#include "base/glob.h"
+#include "base/mapped_file.h"
+#include "quant/plugin_call.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+
+namespace sparsebit {
+
+std::string QuantSlot::where() const {
+  const char* kind = role == InputRole::kWeight ? "weight" : role == InputRole::kBias ? "bias" : "activation";
+  return std::string(kind) + " input " + std::to_string(input_index) + " ('" + tensor + "') of node '" + node_name +
+         "' (" + op_type + ")";
+}
+
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "none" : s;
+}
+
+void refuse_unused(const Options& o, const std::string& plugin_kind, const std::string& name) {
+  auto unused = o.unused();
+  if (!unused.empty()) {
+    throw Error(o.where() + ": key" + (unused.size() > 1 ? "s " : " ") + join(unused) + " not understood by " +
+                plugin_kind + " '" + name + "'; remove or correct " + (unused.size() > 1 ? "them" : "it"));
+  }
+}
+
+/// The config's quantization tables: (name for messages, table, whether it is for weights).
+std::vector<std::tuple<std::string, const QuantTableConfig*, bool>> tables_of(const Config& config) {
+  std::vector<std::tuple<std::string, const QuantTableConfig*, bool>> tables = {{"[w]", &config.w, true},
+                                                                                {"[a]", &config.a, false}};
+  for (const auto& e : config.specific) {
+    tables.emplace_back(e.name + " w", &e.w, true);
+    tables.emplace_back(e.name + " a", &e.a, false);
+  }
+  return tables;
+}
+
+QuantSlot slot_for(const Node& n, std::size_t node, std::size_t input, InputRole role) {
+  QuantSlot s;
+  s.node_index = node;
+  s.input_index = input;
+  s.node_name = n.name;
+  s.op_type = n.op_type;
+  s.tensor = n.inputs[input];
+  s.role = role;
+  return s;
+}
+
+}  // namespace
+
+// The QuantState that fuse passes and the backend's placement see.
+class QuantSlots::State final : public QuantState {
+ public:
+  explicit State(QuantSlots& slots) : slots_(slots) {
+    for (std::size_t i = 0; i < slots.executor_->flat_size(); ++i) index_[&slots.executor_->flat_node(i)] = i;
+  }
+  const Graph& graph() const override { return *slots_.graph_; }
+  bool is_quantized(const Node& node, std::size_t input) const override {
+    const QuantSlot* s = slots_.at(index_of(node), input);
+    return s && !s->fake_fused;
+  }
+  void set_fake_fused(const Node& node, std::size_t input, bool fused) override {
+    if (QuantSlot* s = slots_.at(index_of(node), input)) s->fake_fused = fused;
+  }
+  bool quantize_activation(const Node& node, std::size_t input) override {
+    const std::size_t i = index_of(node);
+    if (!node.has_input(input) || slots_.is_constant(i, node.inputs[input]) ||
+        matches_any(node.name, slots_.config_->skip))
+      return false;
+    if (QuantSlot* s = slots_.at(i, input)) {
+      s->fake_fused = false;
+      return true;
+    }
+    return slots_.add(i, input, InputRole::kActivation, 0) >= 0;
+  }
+
+ private:
+  std::size_t index_of(const Node& node) const {
+    auto it = index_.find(&node);
+    if (it == index_.end()) throw Error("a pass referred to a node outside the model");
+    return it->second;
+  }
+  QuantSlots& slots_;
+  std::map<const Node*, std::size_t> index_;
+};
+
+// Places the slots of Note [Quantization slots].
+QuantSlots::QuantSlots(const Graph& graph, const Executor& executor, const Config& config, const Backend& backend,
+                       std::string backend_plugin, const Registry& registry)
+    : graph_(&graph),
+      executor_(&executor),
+      backend_(&backend),
+      backend_name_(config.backend),
+      backend_plugin_(std::move(backend_plugin)),
+      config_(&config),
+      registry_(&registry) {
+  // Nodes of every nesting level (Note [Flat node numbering]): Conv/MatMul in a branch or a
+  // loop body are quantized like any other, their observers fed at every iteration.
+  slot_of_.assign(executor.flat_size(), {});
+  for (std::size_t i = 0; i < executor.flat_size(); ++i) {
+    const Node& n = executor.flat_node(i);
+    slot_of_[i].assign(n.inputs.size(), -1);
+    if (matches_any(n.name, config.skip)) {
+      sdk::log_debug(n.describe() + " kept in float (skip)");
+      continue;
+    }
+    const auto specs = executor.flat_module(i).module->input_specs();
+    std::vector<std::size_t> bias_inputs;
+    for (std::size_t k = 0; k < n.inputs.size() && k < specs.size(); ++k) {
+      if (specs[k].role == InputRole::kFloat || !n.has_input(k)) continue;
+      // A constant in an activation position (a bias Add, a Concat with a fixed tensor) stays
+      // in float: it has no calibration data, and the backend folds it.
+      if (specs[k].role == InputRole::kActivation && is_constant(i, n.inputs[k])) continue;
+      if (specs[k].role == InputRole::kBias) bias_inputs.push_back(k);
+      else if (specs[k].lookup_table) add_lookup_table(i, k, specs[k].channel_axis);
+      else add(i, k, specs[k].role, specs[k].channel_axis);
+    }
+    if (backend.quantize_bias()) add_bias_slots(i, bias_inputs);
+  }
+  state_ = std::make_unique<State>(*this);
+}
+
+QuantSlots::~QuantSlots() = default;
+QuantSlots::QuantSlots(QuantSlots&&) noexcept = default;
+
+QuantState& QuantSlots::state() {
+  if (!state_) throw Error("internal: the slots are built; passes and placement run before finish_building()");
+  return *state_;
+}
+
+void QuantSlots::finish_building() {
+  for (const auto& s : slots_) {
+    if (!s.active()) continue;
+    if (auto why = backend_->check_input(executor_->flat_node(s.node_index), s.input_index, s.role, s.spec)) {
+      throw Error(s.where() + ": backend '" + backend_name_ + "' cannot deploy " + s.spec.describe() + ": " + *why +
+                  " (change the config, or keep the node in float with `skip`)");
+    }
+  }
+  // Options must all have been read by the plugins they were meant for; tables no node used
+  // are checked too, by constructing their objects once.
+  for (const auto& [table, cfg, is_weight] : tables_of(*config_)) {
+    if (cfg->disable) continue;
+    if (!used_tables_.count(cfg)) probe_options(*cfg, is_weight);
+    refuse_unused(cfg->observer_options, "observer", cfg->observer);
+    refuse_unused(cfg->quantizer_options, "quantizer", cfg->quantizer);
+  }
+  used_tables_.clear();
+  state_.reset();
+  config_ = nullptr;
+  registry_ = nullptr;  // the slots need nothing more from the registry
+}
+
+namespace {
+/// Where a quantizer name is a pass's (awq transforms the graph, then any quantizer rounds).
+std::string pass_hint(const Registry& registry, const std::string& name) {
+  if (!registry.pass(name)) return "";
+  return "; '" + name + "' is a pass: keep a quantizer here (rtn, gptq) and turn it on with [schedule] " + name +
+         " = true";
+}
+}  // namespace
+
+const QuantTableConfig& QuantSlots::table_for(const Node& n, bool is_weight) const {
+  for (const auto& e : config_->specific)
+    if (matches_any(n.name, e.nodes)) return is_weight ? e.w : e.a;
+  return is_weight ? config_->w : config_->a;
+}
+
+void QuantSlots::probe_options(const QuantTableConfig& cfg, bool is_weight) {
+  QSpec spec = cfg.spec(is_weight, 0);
+  const auto* obs = registry_->observer(cfg.observer);
+  const auto* qz = registry_->quantizer(cfg.quantizer);
+  const char* table = is_weight ? "w" : "a";
+  if (!obs)
+    throw Error(config_->source + ": [" + table + "] observer '" + printable(cfg.observer) +
+                "' is not provided by any loaded plugin (available: " + join(registry_->names("observer")) + ")");
+  if (!qz)
+    throw Error(config_->source + ": [" + table + "] quantizer '" + printable(cfg.quantizer) +
+                "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")" +
+                pass_hint(*registry_, cfg.quantizer));
+  obs->factory(ObserverContext{spec, cfg.observer_options, "config check"});
+  qz->factory(QuantizerContext{spec, cfg.quantizer_options, "config check"});
+}
+
+bool QuantSlots::is_constant(std::size_t node, const std::string& name) const {
+  return graph_->initializers.count(name) || executor_->flat_constant(node, name);
+}
+
+const at::Tensor& QuantSlots::constant(std::size_t node, const std::string& name) const {
+  if (const at::Tensor* t = executor_->flat_constant(node, name)) return *t;
+  return graph_->initializers.at(name);
+}
+
+int QuantSlots::add(std::size_t i, std::size_t k, InputRole role, std::int64_t weight_axis) {
+  const Node& n = executor_->flat_node(i);
+  if (!n.has_input(k) || slot_of_[i][k] >= 0) return slot_of_[i][k];
+  if (role == InputRole::kWeight && !is_constant(i, n.inputs[k])) {
+    sdk::log_debug(n.describe() + ": weight input '" + n.inputs[k] + "' is computed, quantized as an activation");
+    role = InputRole::kActivation;
+  }
+  const bool is_weight = role == InputRole::kWeight;
+  const QuantTableConfig& cfg = table_for(n, is_weight);
+  if (cfg.disable) return -1;
+  used_tables_.insert(&cfg);
+  std::int64_t axis = is_weight ? weight_axis : 1;
+  if (is_weight && axis < 0) axis += constant(i, n.inputs[k]).dim();
+  QuantSlot s = slot_for(n, i, k, role);
+  s.spec = cfg.spec(is_weight, axis);
+  s.observer_name = cfg.observer;
+  s.quantizer_name = cfg.quantizer;
+  const char* table = is_weight ? "w" : "a";
+  const auto* obs = registry_->observer(cfg.observer);
+  if (!obs) {
+    throw Error(config_->source + ": [" + table + "] observer '" + cfg.observer +
+                "' is not provided by any loaded plugin (available: " + join(registry_->names("observer")) + ")");
+  }
+  const auto* qz = registry_->quantizer(cfg.quantizer);
+  if (!qz) {
+    throw Error(config_->source + ": [" + table + "] quantizer '" + cfg.quantizer +
+                "' is not provided by any loaded plugin (available: " + join(registry_->names("quantizer")) + ")" +
+                pass_hint(*registry_, cfg.quantizer));
+  }
+  s.make_observer = obs->factory;
+  s.make_quantizer = qz->factory;
+  s.observer_plugin = obs->plugin;
+  s.quantizer_plugin = qz->plugin;
+  s.observer_options = cfg.observer_options;
+  s.quantizer_options = cfg.quantizer_options;
+  try {
+    s.observer = obs->factory(ObserverContext{s.spec, cfg.observer_options, s.where()});
+    s.quantizer = qz->factory(QuantizerContext{s.spec, cfg.quantizer_options, s.where()});
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(s.where() + ": creating observer '" + cfg.observer + "' (plugin '" + obs->plugin + "') or quantizer '" +
+                cfg.quantizer + "' (plugin '" + qz->plugin + "') failed: " + e.what());
+  }
+  slot_of_[i][k] = static_cast<int>(slots_.size());
+  slots_.push_back(std::move(s));
+  return slot_of_[i][k];
+}
+
+// An embedding table is a weight only where the config asks for it and where it is one: a
+// computed or integer "table" (Shape -> Gather chains) stays as it is.
+void QuantSlots::add_lookup_table(std::size_t i, std::size_t k, std::int64_t row_axis) {
+  const Node& n = executor_->flat_node(i);
+  if (!table_for(n, true).embeddings || !is_constant(i, n.inputs[k])) return;
+  const at::Tensor& table = constant(i, n.inputs[k]);
+  if (table.dim() != 2 || !table.is_floating_point()) {
+    sdk::log_debug(n.describe() + ": table '" + n.inputs[k] + "' is not a 2-D float constant; kept as it is");
+    return;
+  }
+  const int idx = add(i, k, InputRole::kWeight, row_axis);
+  if (idx >= 0) slots_[static_cast<std::size_t>(idx)].lookup_table = true;
+}
+
+void QuantSlots::add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs) {
+  const Node& n = executor_->flat_node(node);
+  int act = -1, weight = -1;
+  for (std::size_t k = 0; k < slot_of_[node].size(); ++k) {
+    int idx = slot_of_[node][k];
+    if (idx < 0) continue;
+    if (slots_[static_cast<std::size_t>(idx)].role == InputRole::kActivation) act = act < 0 ? idx : -2;
+    else weight = weight < 0 ? idx : -2;
+  }
+  if (act < 0 || weight < 0) return;  // no unique activation x weight product to scale by
+  for (std::size_t k : bias_inputs) {
+    if (!is_constant(node, n.inputs[k]) || constant(node, n.inputs[k]).dim() != 1) continue;
+    QuantSlot s = slot_for(n, node, k, InputRole::kBias);
+    s.spec.bits = 32;
+    s.spec.symmetric = true;
+    s.spec.per_channel = slots_[static_cast<std::size_t>(weight)].spec.per_channel;
+    s.spec.channel_axis = 0;
+    s.observer_name = s.quantizer_name = "derived";
+    s.bias_activation = act;
+    s.bias_weight = weight;
+    slot_of_[node][k] = static_cast<int>(slots_.size());
+    slots_.push_back(std::move(s));
+  }
+}
+
+QuantSlot* QuantSlots::at(std::size_t node, std::size_t input) {
+  return const_cast<QuantSlot*>(static_cast<const QuantSlots*>(this)->at(node, input));
+}
+
+const QuantSlot* QuantSlots::at(std::size_t node, std::size_t input) const {
+  if (node >= slot_of_.size() || input >= slot_of_[node].size() || slot_of_[node][input] < 0) return nullptr;
+  return &slots_[static_cast<std::size_t>(slot_of_[node][input])];
+}
+
+bool QuantSlots::usable(const QuantSlot& s) const {
+  if (!s.active()) return false;
+  if (s.role != InputRole::kBias) return true;
+  // A bias is int32 only while both factors of its scale are quantized.
+  return slots_[static_cast<std::size_t>(s.bias_activation)].active() &&
+         slots_[static_cast<std::size_t>(s.bias_weight)].active();
+}
+
+std::vector<QuantSlot*> QuantSlots::matching(const std::string& node_glob, std::optional<InputRole> role) {
+  std::vector<QuantSlot*> out;
+  for (auto& s : slots_)
+    if (s.role != InputRole::kBias && (!role || *role == s.role) &&
+        fnmatch(node_glob.c_str(), s.node_name.c_str(), 0) == 0)
+      out.push_back(&s);
+  return out;
+}
+
+void QuantSlots::set_slot_bits(QuantSlot& s, int bits) {
+  if (bits < 2 || bits > 16) throw Error("set_bits: bits must be between 2 and 16, got " + std::to_string(bits));
+  QSpec spec = s.spec;
+  spec.bits = bits;
+  set_slot_spec(s, spec, std::to_string(bits) + " bits");
+}
+
+void QuantSlots::set_slot_spec(QuantSlot& s, const QSpec& spec, const std::string& what) {
+  if (s.role == InputRole::kBias) throw Error(s.where() + ": a bias's precision follows its node's scales");
+  for (const auto& why : {backend_->check(spec, s.role == InputRole::kWeight ? "w" : "a"),
+                          backend_->check_input(executor_->flat_node(s.node_index), s.input_index, s.role, spec)}) {
+    if (why) throw Error(s.where() + ": " + what + " break the rules of backend '" + backend_name_ + "': " + *why);
+  }
+  s.spec = spec;
+  // New objects for the new grid; the previous calibration no longer applies.
+  s.observer = s.make_observer(ObserverContext{s.spec, s.observer_options, s.where()});
+  s.quantizer = s.make_quantizer(QuantizerContext{s.spec, s.quantizer_options, s.where()});
+  s.calibrated = false;
+  // Biases derive from their activation and weight scales: recompute them at calibration.
+  for (auto& b : slots_)
+    if (b.role == InputRole::kBias && b.node_index == s.node_index) b.calibrated = false;
+}
+
+std::size_t QuantSlots::set_bits(const std::string& node_glob, int bits, std::optional<InputRole> role) {
+  if (bits < 2 || bits > 16) throw Error("set_bits: bits must be between 2 and 16, got " + std::to_string(bits));
+  auto found = matching(node_glob, role);
+  for (QuantSlot* s : found) set_slot_bits(*s, bits);
+  return found.size();
+}
+
+at::Tensor QuantSlots::apply(std::size_t node, std::size_t input, const at::Tensor& x, bool force) {
+  QuantSlot* slot = at(node, input);
+  if (!slot) return x;
+  QuantSlot& s = *slot;
+  const bool on = force || (s.role == InputRole::kWeight ? w_on_ : a_on_);
+  if (!on || !usable(s) || !x.defined() || x.is_nested() || !x.is_floating_point()) return x;
+  if (!s.calibrated) throw Error(s.where() + ": quantization is on but the model was not calibrated");
+  if (s.role == InputRole::kBias) return force || (w_on_ && a_on_) ? fake_quantize(x, s.bias_params, s.spec) : x;
+  at::Tensor y = plugin_call(s, false, "forward", [&] { return s.quantizer->forward(x); });
+  if (!y.defined() || y.sizes() != x.sizes()) {
+    throw Error(s.where() + ": quantizer '" + s.quantizer_name + "' (plugin '" + s.quantizer_plugin +
+                "') forward returned " + (y.defined() ? "shape " + c10::str(y.sizes()) : std::string("no tensor")) +
+                " for an input of shape " + c10::str(x.sizes()));
+  }
+  return y;
+}
+
+void QuantSlots::observe(std::size_t node, std::size_t input, const at::Tensor& x) {
+  QuantSlot* slot = at(node, input);
+  if (!slot) return;
+  QuantSlot& s = *slot;
+  if (s.role != InputRole::kActivation || !s.active() || !x.defined()) return;
+  if (x.is_nested() || !x.is_floating_point()) {
+    // Integer or bool data (indices, masks, shape arithmetic) has nothing to quantize.
+    sdk::log_debug(s.where() + ": carries " + std::string(c10::toString(x.scalar_type())) + " data, left unquantized");
+    s.enabled = false;
+    return;
+  }
+  plugin_call(s, true, "observe", [&] { s.observer->observe(x); });
+  ++s.observed;
+}
+
+void QuantSlots::reset_observers() {
+  for (auto& s : slots_) {
+    if (s.observer) s.observer->reset();
+    s.observed = 0;
+  }
+}
+
+/// Scale and zero point from an observer must have one value per tensor, per channel or per
+/// group of the quantized tensor (checked against the weight itself where it is known).
+void QuantSlots::check_qparams(const QuantSlot& s, const QParams& p, const char* call) const {
+  auto fail = [&](const std::string& why) {
+    throw Error(s.where() + ": observer '" + s.observer_name + "' (plugin '" + s.observer_plugin + "') " + call + " " +
+                why);
+  };
+  if (!p.scale.defined() || !p.zero_point.defined()) fail("returned no scale or zero point");
+  if (p.scale.numel() != p.zero_point.numel()) fail("returned scale and zero point of different sizes");
+  if (!s.spec.per_channel && s.spec.group_size == 0 && p.scale.numel() != 1)
+    fail("returned " + std::to_string(p.scale.numel()) + " scales for a per-tensor scheme");
+  if (s.spec.per_channel && s.spec.group_size == 0 && s.role == InputRole::kWeight) {
+    const at::Tensor& w = constant(s.node_index, s.tensor);
+    if (s.spec.channel_axis < w.dim() && p.scale.numel() != w.size(s.spec.channel_axis))
+      fail("returned " + std::to_string(p.scale.numel()) + " scales for " +
+           std::to_string(w.size(s.spec.channel_axis)) + " channels");
+  }
+}
+
+void QuantSlots::finish(QuantSlot& s) {
+  if (s.role == InputRole::kActivation && s.observed == 0 && s.node_index >= graph_->num_nodes()) {
+    // A branch the calibration data never took (or a loop that never iterated) has no range.
+    sdk::log_warn(s.where() +
+                  ": the calibration data never ran this part of a control-flow body; it stays in "
+                  "float (calibrate with data that takes every branch to quantize it)");
+    s.enabled = false;
+    return;
+  }
+  if (s.role == InputRole::kWeight) {
+    plugin_call(s, true, "reset", [&] { s.observer->reset(); });
+    plugin_call(s, true, "observe", [&] { s.observer->observe(constant(s.node_index, s.tensor)); });
+    page_out(constant(s.node_index, s.tensor));  // Note [Mapped weights]
+  }
+  s.range_candidates.clear();
+  s.range.clear();
+  if (s.role == InputRole::kActivation) {
+    auto offered = plugin_call(s, true, "candidates", [&] { return s.observer->candidates(); });
+    for (const auto& c : offered) check_qparams(s, c.params, "candidates");
+    if (offered.size() >= 2) s.range_candidates = std::move(offered);
+  }
+  const QParams p = plugin_call(s, true, "compute", [&] { return s.observer->compute(); });
+  check_qparams(s, p, "compute");
+  plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(p); });
+  s.observer->reset();  // statistics are no longer needed
+  s.observed = 0;
+  s.calibrated = true;
+}
+
+// Bias scale = activation scale x weight scale(s): what an int32 accumulator adds.
+void QuantSlots::finish_bias(QuantSlot& s) {
+  s.fake_fused = false;  // decided afresh from the current activation and weight slots
+  const QuantSlot& act = slots_[static_cast<std::size_t>(s.bias_activation)];
+  const QuantSlot& w = slots_[static_cast<std::size_t>(s.bias_weight)];
+  const at::Tensor& bias = constant(s.node_index, s.tensor);
+  const at::Tensor w_scale = w.calibrated ? w.quantizer->qparams().scale.to(at::kCPU, at::kFloat) : at::Tensor();
+  if (!act.active() || !w.active() || !act.calibrated || !w.calibrated || act.spec.per_channel ||
+      w.spec.group_size > 0 || (w.spec.per_channel && w_scale.numel() != bias.numel())) {
+    s.fake_fused = true;  // the product has no single per-output scale: keep the bias float
+    return;
+  }
+  s.bias_params.scale = act.quantizer->qparams().scale.to(at::kCPU, at::kFloat).reshape({}) * w_scale;
+  s.bias_params.zero_point = at::zeros(s.bias_params.scale.sizes(), at::TensorOptions().dtype(at::kInt));
+  s.calibrated = true;
+}
+
+QuantSlot* QuantSlots::finish_node(std::size_t node) {
+  QuantSlot* reconstructed = nullptr;
+  for (int idx : slot_of_.at(node)) {
+    if (idx < 0) continue;
+    QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
+    if (!s.active() || s.role == InputRole::kBias) continue;
+    finish(s);
+    if (s.role == InputRole::kWeight && (s.quantizer->reconstruction() || s.quantizer->solves_from_inputs()))
+      reconstructed = &s;
+  }
+  for (int idx : slot_of_[node])
+    if (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kBias)
+      finish_bias(slots_[static_cast<std::size_t>(idx)]);
+  return reconstructed;
+}
+
+void QuantSlots::finish_all() {
+  for (auto& s : slots_)
+    if (s.active() && s.role != InputRole::kBias) finish(s);
+  for (auto& s : slots_)
+    if (s.role == InputRole::kBias) finish_bias(s);
+}
+
+}  // namespace sparsebit
