@@ -12,93 +12,18 @@
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/quant_model.h"
+#include "op_testing.h"
 #include "test_support.h"
 
 namespace sparsebit {
 namespace {
 
-struct Case {
-  std::string op, domain;
-  std::map<std::string, Attribute> attributes;
-  std::vector<std::pair<std::string, at::Tensor>> inputs;  // "" leaves an optional input out
-  std::vector<std::string> outputs;
-};
-
-ValueInfo float_value(const std::string& name, const at::Tensor* t = nullptr) {
-  ValueInfo v;
-  v.name = name;
-  v.elem_type = !t || t->is_floating_point() ? 1 : t->scalar_type() == at::kInt ? 6 : 7;
-  if (t) {
-    v.has_shape = true;
-    for (auto d : t->sizes()) v.shape.push_back(Dim{d, ""});
-  }
-  return v;
-}
-
-Graph single_node(const Case& c) {
-  Graph g;
-  g.opset_imports[""] = 17;
-  g.opset_imports["com.microsoft"] = 1;
-  Node n;
-  n.name = c.op + "_0";
-  n.op_type = c.op;
-  n.domain = c.domain;
-  n.attributes = c.attributes;
-  for (const auto& [name, t] : c.inputs) {
-    n.inputs.push_back(name);
-    if (!name.empty()) g.inputs.push_back(float_value(name, &t));
-  }
-  n.outputs = c.outputs;
-  for (const auto& o : c.outputs) g.outputs.push_back(float_value(o));
-  g.append(std::move(n));
-  return g;
-}
-
-// Our executor and ONNX Runtime on the same inputs; every output within atol + rtol |ort|.
-void expect_matches_ort(const Case& c, double atol = 2e-5, double rtol = 1e-4) {
-  testing::TempDir dir;
-  Graph g = single_node(c);
-  std::map<std::string, at::Tensor> feeds;
-  std::string args;
-  for (const auto& [name, t] : c.inputs) {
-    if (name.empty()) continue;
-    feeds[name] = t;
-    write_npy(t, dir / (name + ".npy"));
-    args += " --in " + name + "=" + (dir / (name + ".npy"));
-  }
-  std::vector<at::Tensor> got;
-  {
-    Executor ours(g, testing::shipped_registry());
-    got = ours.run(feeds);
-  }
-  ASSERT_EQ(got.size(), c.outputs.size());
-  for (std::size_t i = 0; i < got.size(); ++i)
-    g.outputs[i] = float_value(c.outputs[i], &got[i]);  // the checker wants shapes
-  const std::string model = dir / "model.onnx";
-  save_onnx(g, ModelMeta{}, model);
-  for (const auto& o : c.outputs) args += " --out " + o + "=" + (dir / (o + ".npy"));
-  const auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " +
-                                      model + " --optimization disabled" + args);
-  ASSERT_EQ(r.exit_code, 0) << c.op << "\n" << r.output;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const at::Tensor want = read_npy(dir / (c.outputs[i] + ".npy"));
-    ASSERT_EQ(got[i].numel(), want.numel()) << c.op << " output " << c.outputs[i];
-    const at::Tensor g32 = got[i].reshape(want.sizes()).to(at::kFloat);
-    ASSERT_EQ(got[i].sizes(), want.sizes()) << c.op << " output " << c.outputs[i];
-    const double worst = ((g32 - want).abs() - rtol * want.abs()).max().item<double>();
-    EXPECT_LE(worst, atol) << c.op << " output " << c.outputs[i];
-  }
-}
+using testing::expect_matches_ort;
+using Case = testing::OpCase;
 
 at::Tensor randn(std::vector<std::int64_t> shape, double scale = 1.0) { return at::randn(shape) * scale; }
 
-class ContribOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
-    at::manual_seed(7);
-  }
-};
+class ContribOps : public testing::OrtOpTest {};
 
 TEST_F(ContribOps, GeluFamily) {
   const at::Tensor x = randn({2, 5, 24}, 3), b = randn({24});
@@ -251,7 +176,7 @@ TEST_F(ContribOps, GroupQueryAttentionPromptDecodeRotaryWindowAndSoftcap) {
 TEST(ContribOpsByDefinition, BiasAddIsTheSumOfItsInputs) {
   at::manual_seed(3);
   const at::Tensor x = randn({2, 5, 24}), b = randn({24}), skip = randn({2, 5, 24});
-  Graph g = single_node({"BiasAdd", "com.microsoft", {}, {{"x", x}, {"b", b}, {"skip", skip}}, {"y"}});
+  Graph g = testing::single_node({"BiasAdd", "com.microsoft", {}, {{"x", x}, {"b", b}, {"skip", skip}}, {"y"}});
   Executor ours(g, testing::shipped_registry());
   const at::Tensor y = ours.run({{"x", x}, {"b", b}, {"skip", skip}})[0];
   EXPECT_TRUE(at::allclose(y, x + b.reshape({1, 1, 24}) + skip, 1e-6, 1e-6));
@@ -332,11 +257,11 @@ TEST_F(ContribOps, FusedMatMulTransposes) {
 // quantized model stays close to float.
 void expect_quantized_block_runs_in_ort(Graph g, int weights, const std::string& what) {
   testing::TempDir dir;
-  ValueInfo x = float_value("x");
+  ValueInfo x = testing::value_of("x");
   x.has_shape = true;
   x.shape = {Dim{-1, "batch"}, Dim{6, ""}, Dim{32, ""}};
   g.inputs.push_back(x);
-  ValueInfo y = float_value("y");
+  ValueInfo y = testing::value_of("y");
   y.has_shape = true;
   y.shape = x.shape;
   g.outputs.push_back(y);
