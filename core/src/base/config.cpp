@@ -317,6 +317,185 @@ void check_key_depth(const std::string& text, const std::string& source_name) {
   }
 }
 
+void read_specific(const Reader& r, const toml::node* n, const std::string& source_name, Config& c,
+                   std::vector<SparseSpecific>& top_level_sparse) {
+  const toml::array* entries = n->as_array();
+  if (!entries) throw Error(source_name + ": 'specific' must be an array of tables ([[specific]])");
+  for (std::size_t i = 0; i < entries->size(); ++i) {
+    const std::string name = "specific[" + std::to_string(i) + "]";
+    const toml::table* t = (*entries)[i].as_table();
+    if (!t) throw Error(source_name + ": " + name + " must be a table ([[specific]])");
+    r.check_keys(*t, name, {"nodes", "w", "a", "sparse"});
+    SpecificEntry e;
+    e.name = "[[specific]] #" + std::to_string(i + 1);
+    if (const toml::node* nodes = t->get("nodes"); nodes && nodes->is_string()) {
+      e.nodes = {*nodes->value<std::string>()};
+      r.check_glob(e.nodes[0], name, "nodes");
+    } else e.nodes = r.globs(*t, name, "nodes");
+    if (e.nodes.empty())
+      throw Error(r.key_path(name, "nodes") + " is required: a glob (or list of globs) over node names");
+    e.w = c.w;
+    e.a = c.a;
+    for (const char* side : {"w", "a"}) {
+      const toml::node* sub = t->get(side);
+      if (!sub) continue;
+      if (!sub->is_table())
+        throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
+      if (std::string(side) == "a" && c.weight_only) e.a.disable = false;
+      r.quant_table(*sub->as_table(), name + "." + side, std::string(side) == "w" ? e.w : e.a);
+    }
+    if (const toml::node* sub = t->get("sparse")) {
+      if (!sub->is_table())
+        throw Error(r.key_path(name, "sparse") + " must be a table, e.g. sparse = { ratio = 0.3 }");
+      if (!c.sparse) throw Error(r.key_path(name, "sparse") + " needs a [sparse] table that says how to prune");
+      top_level_sparse.push_back(r.sparse_specific(*sub->as_table(), name + ".sparse", e.name, e.nodes));
+    }
+    if (t->get("w") || t->get("a") || !t->get("sparse")) c.specific.push_back(std::move(e));
+  }
+}
+
+void read_passes(const Reader& r, const toml::table* t, Config& c) {
+  for (const auto& name : r.strings(*t, "passes", "extra")) {
+    bool known = false;
+    for (const auto& e : c.schedule) known = known || e.pass == name;
+    if (known)
+      throw Error(r.key_path("passes", "extra") + ": '" + name + "' is already scheduled; turn it on in [schedule]");
+    c.schedule.push_back({name, true});
+  }
+  std::vector<ScheduleEntry> ordered;
+  for (const auto& name : r.strings(*t, "passes", "order")) {
+    auto it =
+        std::find_if(c.schedule.begin(), c.schedule.end(), [&](const ScheduleEntry& e) { return e.pass == name; });
+    if (it == c.schedule.end()) {
+      std::vector<std::string> known;
+      for (const auto& e : c.schedule) known.push_back(e.pass);
+      std::string hint = nearest(name, known);
+      throw Error(r.key_path("passes", "order") + ": '" + name + "' is not a scheduled pass" +
+                  (hint.empty() ? "" : " (did you mean '" + hint + "'?)") + "; add it to [passes] extra");
+    }
+    ordered.push_back(std::move(*it));
+    c.schedule.erase(it);
+  }
+  ordered.insert(ordered.end(), std::make_move_iterator(c.schedule.begin()),
+                 std::make_move_iterator(c.schedule.end()));
+  c.schedule = std::move(ordered);
+  std::vector<std::string> keys{"extra", "order"};
+  for (const auto& e : c.schedule) keys.push_back(e.pass);
+  r.check_keys(*t, "passes", keys);
+  for (auto& e : c.schedule) {
+    if (const toml::node* n = t->get(e.pass)) {
+      if (!n->is_table())
+        throw Error(r.key_path("passes", e.pass) + " must be a table of options for pass '" + e.pass + "'");
+      e.options = r.options(*n->as_table(), "passes." + e.pass);
+    } else {
+      e.options = Options("[passes." + e.pass + "]");
+    }
+  }
+}
+
+void read_calibration(const Reader& r, const toml::table* t, Config& c) {
+  r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode", "cuda_graph", "range_samples"});
+  std::int64_t bs = r.get<std::int64_t>(*t, "calibration", "batch_size", c.calibration.batch_size, "an integer");
+  if (bs < 1) throw Error(r.key_path("calibration", "batch_size") + " must be at least 1");
+  c.calibration.batch_size = static_cast<int>(bs);
+  std::int64_t count = r.get<std::int64_t>(*t, "calibration", "count", c.calibration.count, "an integer");
+  if (count < 0) throw Error(r.key_path("calibration", "count") + " must be 0 (all) or more");
+  c.calibration.count = static_cast<int>(count);
+  c.calibration.device = r.get<std::string>(*t, "calibration", "device", c.calibration.device, "a string");
+  if (!std::regex_match(c.calibration.device, std::regex("cpu|cuda(:[0-9]{1,3})?")))
+    throw Error(r.key_path("calibration", "device") + " must be cpu, cuda or cuda:N, got '" +
+                printable(c.calibration.device, 40) + "'");
+  c.calibration.cuda_graph = r.get<bool>(*t, "calibration", "cuda_graph", c.calibration.cuda_graph, "true or false");
+  const std::int64_t rs =
+      r.get<std::int64_t>(*t, "calibration", "range_samples", c.calibration.range_samples, "an integer");
+  if (rs < 0 || rs > 1000000)
+    throw Error(r.key_path("calibration", "range_samples") + " must be between 0 (off) and 1000000, got " +
+                std::to_string(rs));
+  c.calibration.range_samples = static_cast<int>(rs);
+  c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
+  if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
+    throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");
+}
+
+void read_export(const Reader& r, const toml::table* t, Config& c) {
+  r.check_keys(*t, "export", {"weight_format", "accuracy_level"});
+  c.export_options.weight_format =
+      r.get<std::string>(*t, "export", "weight_format", c.export_options.weight_format, "a string");
+  if (c.export_options.weight_format != "dequantize_linear" && c.export_options.weight_format != "matmul_nbits")
+    throw Error(r.key_path("export", "weight_format") + " must be \"dequantize_linear\" or \"matmul_nbits\", got '" +
+                printable(c.export_options.weight_format, 40) + "'");
+  const std::int64_t level =
+      r.get<std::int64_t>(*t, "export", "accuracy_level", c.export_options.accuracy_level, "an integer");
+  if (level < 0 || level > 4) throw Error(r.key_path("export", "accuracy_level") + " must be 0 to 4");
+  c.export_options.accuracy_level = level;
+}
+
+void read_qat(const Reader& r, const toml::table* t, Config& c) {
+  r.check_keys(*t, "qat",
+               {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed", "tf32",
+                "cache_teacher", "cuda_graph", "deterministic"});
+  auto positive_int = [&](const char* key, int current, std::int64_t min) {
+    const std::int64_t v = r.get<std::int64_t>(*t, "qat", key, current, "an integer");
+    if (v < min || v > (1 << 30)) throw Error(r.key_path("qat", key) + " must be at least " + std::to_string(min));
+    return static_cast<int>(v);
+  };
+  c.qat.epochs = positive_int("epochs", c.qat.epochs, 1);
+  c.qat.batch_size = positive_int("batch_size", c.qat.batch_size, 1);
+  c.qat.count = positive_int("count", c.qat.count, 0);
+  c.qat.lr = r.get<double>(*t, "qat", "lr", c.qat.lr, "a number");
+  if (!(c.qat.lr > 0)) throw Error(r.key_path("qat", "lr") + " must be > 0");
+  c.qat.weight_decay = r.get<double>(*t, "qat", "weight_decay", c.qat.weight_decay, "a number");
+  if (!(c.qat.weight_decay >= 0)) throw Error(r.key_path("qat", "weight_decay") + " must be >= 0");
+  c.qat.loss = r.get<std::string>(*t, "qat", "loss", c.qat.loss, "a string");
+  if (c.qat.loss != "mse" && c.qat.loss != "kl")
+    throw Error(r.key_path("qat", "loss") + " must be \"mse\" or \"kl\"");
+  c.qat.temperature = r.get<double>(*t, "qat", "temperature", c.qat.temperature, "a number");
+  if (!(c.qat.temperature > 0)) throw Error(r.key_path("qat", "temperature") + " must be > 0");
+  c.qat.seed = r.get<std::int64_t>(*t, "qat", "seed", c.qat.seed, "an integer");
+  c.qat.tf32 = r.get<bool>(*t, "qat", "tf32", c.qat.tf32, "true or false");
+  c.qat.cache_teacher = r.get<bool>(*t, "qat", "cache_teacher", c.qat.cache_teacher, "true or false");
+  c.qat.cuda_graph = r.get<bool>(*t, "qat", "cuda_graph", c.qat.cuda_graph, "true or false");
+  c.qat.deterministic = r.get<bool>(*t, "qat", "deterministic", c.qat.deterministic, "true or false");
+}
+
+void read_target(const Reader& r, const toml::table* t, Config& c) {
+  r.check_keys(*t, "target", {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict"});
+  TargetConfig& tc = c.target.emplace();
+  tc.metric = r.get<std::string>(*t, "target", "metric", tc.metric, "a string");
+  if (tc.metric != "cosine" && tc.metric != "sqnr" && tc.metric != "mse" && tc.metric != "top1-drop")
+    throw Error(r.key_path("target", "metric") + " must be \"cosine\", \"sqnr\", \"mse\" or \"top1-drop\", got '" +
+                printable(tc.metric, 40) + "'");
+  tc.has_value = t->get("value") != nullptr;
+  tc.value = r.get<double>(*t, "target", "value", tc.value, "a number");
+  if (t->get("fallback")) tc.fallback = r.strings(*t, "target", "fallback");
+  for (const auto& f : tc.fallback)
+    if (f != "range" && f != "per-channel" && f != "int16" && f != "float")
+      throw Error(r.key_path("target", "fallback") + ": '" + printable(f, 40) +
+                  "' is not a precision or remedy; use any of \"range\" (another range for the layer's "
+                  "activations), \"per-channel\" (per-channel weights), \"int16\" (16-bit activations), "
+                  "\"float\"");
+  if (tc.fallback.empty()) throw Error(r.key_path("target", "fallback") + " needs at least one remedy");
+  tc.max_fallback_layers =
+      r.get<std::int64_t>(*t, "target", "max_fallback_layers", tc.max_fallback_layers, "an integer");
+  if (tc.max_fallback_layers < 0 && t->get("max_fallback_layers"))
+    throw Error(r.key_path("target", "max_fallback_layers") + " must be 0 or more");
+  tc.holdout = r.get<std::int64_t>(*t, "target", "holdout", tc.holdout, "an integer");
+  if (tc.holdout < 0 || tc.holdout > 100000) throw Error(r.key_path("target", "holdout") + " must be 0 to 100000");
+  tc.strict = r.get<bool>(*t, "target", "strict", tc.strict, "true or false");
+  if (tc.has_value) tc.check_value(r.key_path("target", "value"));
+}
+
+void read_plugins(const Reader& r, const toml::table* t, const std::string& source_name, Config& c) {
+  r.check_keys(*t, "plugins", {"paths", "enable", "disable"});
+  c.plugins.paths = r.strings(*t, "plugins", "paths");
+  // Relative plugin folders are relative to the config file, not to the current directory.
+  fs::path base = fs::path(source_name).parent_path();
+  for (auto& p : c.plugins.paths)
+    if (fs::path(p).is_relative()) p = (base / p).lexically_normal().string();
+  c.plugins.enable = r.globs(*t, "plugins", "enable");
+  c.plugins.disable = r.globs(*t, "plugins", "disable");
+}
+
 }  // namespace
 
 Config Config::from_string(const std::string& text, const std::string& source_name) {
@@ -355,184 +534,20 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   if (c.weight_only) c.a.disable = true;
   if (auto* t = table("sparse")) c.sparse = r.sparse_table(*t);
   std::vector<SparseSpecific> top_level_sparse;  // from [[specific]] sparse = {...}, after [[sparse.specific]]
-  if (const toml::node* n = root.get("specific")) {
-    const toml::array* entries = n->as_array();
-    if (!entries) throw Error(source_name + ": 'specific' must be an array of tables ([[specific]])");
-    for (std::size_t i = 0; i < entries->size(); ++i) {
-      const std::string name = "specific[" + std::to_string(i) + "]";
-      const toml::table* t = (*entries)[i].as_table();
-      if (!t) throw Error(source_name + ": " + name + " must be a table ([[specific]])");
-      r.check_keys(*t, name, {"nodes", "w", "a", "sparse"});
-      SpecificEntry e;
-      e.name = "[[specific]] #" + std::to_string(i + 1);
-      if (const toml::node* nodes = t->get("nodes"); nodes && nodes->is_string()) {
-        e.nodes = {*nodes->value<std::string>()};
-        r.check_glob(e.nodes[0], name, "nodes");
-      } else e.nodes = r.globs(*t, name, "nodes");
-      if (e.nodes.empty())
-        throw Error(r.key_path(name, "nodes") + " is required: a glob (or list of globs) over node names");
-      e.w = c.w;
-      e.a = c.a;
-      for (const char* side : {"w", "a"}) {
-        const toml::node* sub = t->get(side);
-        if (!sub) continue;
-        if (!sub->is_table())
-          throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
-        if (std::string(side) == "a" && c.weight_only) e.a.disable = false;
-        r.quant_table(*sub->as_table(), name + "." + side, std::string(side) == "w" ? e.w : e.a);
-      }
-      if (const toml::node* sub = t->get("sparse")) {
-        if (!sub->is_table())
-          throw Error(r.key_path(name, "sparse") + " must be a table, e.g. sparse = { ratio = 0.3 }");
-        if (!c.sparse) throw Error(r.key_path(name, "sparse") + " needs a [sparse] table that says how to prune");
-        top_level_sparse.push_back(r.sparse_specific(*sub->as_table(), name + ".sparse", e.name, e.nodes));
-      }
-      if (t->get("w") || t->get("a") || !t->get("sparse")) c.specific.push_back(std::move(e));
-    }
-  }
+  if (const toml::node* n = root.get("specific")) read_specific(r, n, source_name, c, top_level_sparse);
   if (c.sparse) c.sparse->specific.insert(c.sparse->specific.end(), top_level_sparse.begin(), top_level_sparse.end());
-  if (auto* t = table("passes")) {
-    for (const auto& name : r.strings(*t, "passes", "extra")) {
-      bool known = false;
-      for (const auto& e : c.schedule) known = known || e.pass == name;
-      if (known)
-        throw Error(r.key_path("passes", "extra") + ": '" + name + "' is already scheduled; turn it on in [schedule]");
-      c.schedule.push_back({name, true});
-    }
-    std::vector<ScheduleEntry> ordered;
-    for (const auto& name : r.strings(*t, "passes", "order")) {
-      auto it =
-          std::find_if(c.schedule.begin(), c.schedule.end(), [&](const ScheduleEntry& e) { return e.pass == name; });
-      if (it == c.schedule.end()) {
-        std::vector<std::string> known;
-        for (const auto& e : c.schedule) known.push_back(e.pass);
-        std::string hint = nearest(name, known);
-        throw Error(r.key_path("passes", "order") + ": '" + name + "' is not a scheduled pass" +
-                    (hint.empty() ? "" : " (did you mean '" + hint + "'?)") + "; add it to [passes] extra");
-      }
-      ordered.push_back(std::move(*it));
-      c.schedule.erase(it);
-    }
-    ordered.insert(ordered.end(), std::make_move_iterator(c.schedule.begin()),
-                   std::make_move_iterator(c.schedule.end()));
-    c.schedule = std::move(ordered);
-    std::vector<std::string> keys{"extra", "order"};
-    for (const auto& e : c.schedule) keys.push_back(e.pass);
-    r.check_keys(*t, "passes", keys);
-    for (auto& e : c.schedule) {
-      if (const toml::node* n = t->get(e.pass)) {
-        if (!n->is_table())
-          throw Error(r.key_path("passes", e.pass) + " must be a table of options for pass '" + e.pass + "'");
-        e.options = r.options(*n->as_table(), "passes." + e.pass);
-      } else {
-        e.options = Options("[passes." + e.pass + "]");
-      }
-    }
-  }
+  if (auto* t = table("passes")) read_passes(r, t, c);
   if (auto* t = table("schedule")) {
     std::vector<std::string> known;
     for (const auto& e : c.schedule) known.push_back(e.pass);
     r.check_keys(*t, "schedule", known);
     for (auto& e : c.schedule) e.enabled = r.get<bool>(*t, "schedule", e.pass, e.enabled, "true or false");
   }
-  if (auto* t = table("calibration")) {
-    r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode", "cuda_graph", "range_samples"});
-    std::int64_t bs = r.get<std::int64_t>(*t, "calibration", "batch_size", c.calibration.batch_size, "an integer");
-    if (bs < 1) throw Error(r.key_path("calibration", "batch_size") + " must be at least 1");
-    c.calibration.batch_size = static_cast<int>(bs);
-    std::int64_t count = r.get<std::int64_t>(*t, "calibration", "count", c.calibration.count, "an integer");
-    if (count < 0) throw Error(r.key_path("calibration", "count") + " must be 0 (all) or more");
-    c.calibration.count = static_cast<int>(count);
-    c.calibration.device = r.get<std::string>(*t, "calibration", "device", c.calibration.device, "a string");
-    if (!std::regex_match(c.calibration.device, std::regex("cpu|cuda(:[0-9]{1,3})?")))
-      throw Error(r.key_path("calibration", "device") + " must be cpu, cuda or cuda:N, got '" +
-                  printable(c.calibration.device, 40) + "'");
-    c.calibration.cuda_graph = r.get<bool>(*t, "calibration", "cuda_graph", c.calibration.cuda_graph, "true or false");
-    const std::int64_t rs =
-        r.get<std::int64_t>(*t, "calibration", "range_samples", c.calibration.range_samples, "an integer");
-    if (rs < 0 || rs > 1000000)
-      throw Error(r.key_path("calibration", "range_samples") + " must be between 0 (off) and 1000000, got " +
-                  std::to_string(rs));
-    c.calibration.range_samples = static_cast<int>(rs);
-    c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
-    if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
-      throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");
-  }
-  if (auto* t = table("export")) {
-    r.check_keys(*t, "export", {"weight_format", "accuracy_level"});
-    c.export_options.weight_format =
-        r.get<std::string>(*t, "export", "weight_format", c.export_options.weight_format, "a string");
-    if (c.export_options.weight_format != "dequantize_linear" && c.export_options.weight_format != "matmul_nbits")
-      throw Error(r.key_path("export", "weight_format") + " must be \"dequantize_linear\" or \"matmul_nbits\", got '" +
-                  printable(c.export_options.weight_format, 40) + "'");
-    const std::int64_t level =
-        r.get<std::int64_t>(*t, "export", "accuracy_level", c.export_options.accuracy_level, "an integer");
-    if (level < 0 || level > 4) throw Error(r.key_path("export", "accuracy_level") + " must be 0 to 4");
-    c.export_options.accuracy_level = level;
-  }
-  if (auto* t = table("qat")) {
-    r.check_keys(*t, "qat",
-                 {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed", "tf32",
-                  "cache_teacher", "cuda_graph", "deterministic"});
-    auto positive_int = [&](const char* key, int current, std::int64_t min) {
-      const std::int64_t v = r.get<std::int64_t>(*t, "qat", key, current, "an integer");
-      if (v < min || v > (1 << 30)) throw Error(r.key_path("qat", key) + " must be at least " + std::to_string(min));
-      return static_cast<int>(v);
-    };
-    c.qat.epochs = positive_int("epochs", c.qat.epochs, 1);
-    c.qat.batch_size = positive_int("batch_size", c.qat.batch_size, 1);
-    c.qat.count = positive_int("count", c.qat.count, 0);
-    c.qat.lr = r.get<double>(*t, "qat", "lr", c.qat.lr, "a number");
-    if (!(c.qat.lr > 0)) throw Error(r.key_path("qat", "lr") + " must be > 0");
-    c.qat.weight_decay = r.get<double>(*t, "qat", "weight_decay", c.qat.weight_decay, "a number");
-    if (!(c.qat.weight_decay >= 0)) throw Error(r.key_path("qat", "weight_decay") + " must be >= 0");
-    c.qat.loss = r.get<std::string>(*t, "qat", "loss", c.qat.loss, "a string");
-    if (c.qat.loss != "mse" && c.qat.loss != "kl")
-      throw Error(r.key_path("qat", "loss") + " must be \"mse\" or \"kl\"");
-    c.qat.temperature = r.get<double>(*t, "qat", "temperature", c.qat.temperature, "a number");
-    if (!(c.qat.temperature > 0)) throw Error(r.key_path("qat", "temperature") + " must be > 0");
-    c.qat.seed = r.get<std::int64_t>(*t, "qat", "seed", c.qat.seed, "an integer");
-    c.qat.tf32 = r.get<bool>(*t, "qat", "tf32", c.qat.tf32, "true or false");
-    c.qat.cache_teacher = r.get<bool>(*t, "qat", "cache_teacher", c.qat.cache_teacher, "true or false");
-    c.qat.cuda_graph = r.get<bool>(*t, "qat", "cuda_graph", c.qat.cuda_graph, "true or false");
-    c.qat.deterministic = r.get<bool>(*t, "qat", "deterministic", c.qat.deterministic, "true or false");
-  }
-  if (auto* t = table("target")) {
-    r.check_keys(*t, "target", {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict"});
-    TargetConfig& tc = c.target.emplace();
-    tc.metric = r.get<std::string>(*t, "target", "metric", tc.metric, "a string");
-    if (tc.metric != "cosine" && tc.metric != "sqnr" && tc.metric != "mse" && tc.metric != "top1-drop")
-      throw Error(r.key_path("target", "metric") + " must be \"cosine\", \"sqnr\", \"mse\" or \"top1-drop\", got '" +
-                  printable(tc.metric, 40) + "'");
-    tc.has_value = t->get("value") != nullptr;
-    tc.value = r.get<double>(*t, "target", "value", tc.value, "a number");
-    if (t->get("fallback")) tc.fallback = r.strings(*t, "target", "fallback");
-    for (const auto& f : tc.fallback)
-      if (f != "range" && f != "per-channel" && f != "int16" && f != "float")
-        throw Error(r.key_path("target", "fallback") + ": '" + printable(f, 40) +
-                    "' is not a precision or remedy; use any of \"range\" (another range for the layer's "
-                    "activations), \"per-channel\" (per-channel weights), \"int16\" (16-bit activations), "
-                    "\"float\"");
-    if (tc.fallback.empty()) throw Error(r.key_path("target", "fallback") + " needs at least one remedy");
-    tc.max_fallback_layers =
-        r.get<std::int64_t>(*t, "target", "max_fallback_layers", tc.max_fallback_layers, "an integer");
-    if (tc.max_fallback_layers < 0 && t->get("max_fallback_layers"))
-      throw Error(r.key_path("target", "max_fallback_layers") + " must be 0 or more");
-    tc.holdout = r.get<std::int64_t>(*t, "target", "holdout", tc.holdout, "an integer");
-    if (tc.holdout < 0 || tc.holdout > 100000) throw Error(r.key_path("target", "holdout") + " must be 0 to 100000");
-    tc.strict = r.get<bool>(*t, "target", "strict", tc.strict, "true or false");
-    if (tc.has_value) tc.check_value(r.key_path("target", "value"));
-  }
-  if (auto* t = table("plugins")) {
-    r.check_keys(*t, "plugins", {"paths", "enable", "disable"});
-    c.plugins.paths = r.strings(*t, "plugins", "paths");
-    // Relative plugin folders are relative to the config file, not to the current directory.
-    fs::path base = fs::path(source_name).parent_path();
-    for (auto& p : c.plugins.paths)
-      if (fs::path(p).is_relative()) p = (base / p).lexically_normal().string();
-    c.plugins.enable = r.globs(*t, "plugins", "enable");
-    c.plugins.disable = r.globs(*t, "plugins", "disable");
-  }
+  if (auto* t = table("calibration")) read_calibration(r, t, c);
+  if (auto* t = table("export")) read_export(r, t, c);
+  if (auto* t = table("qat")) read_qat(r, t, c);
+  if (auto* t = table("target")) read_target(r, t, c);
+  if (auto* t = table("plugins")) read_plugins(r, t, source_name, c);
   return c;
 }
 
