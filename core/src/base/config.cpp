@@ -339,14 +339,12 @@ void read_specific(const Reader& r, const toml::node* n, const std::string& sour
     for (const char* side : {"w", "a"}) {
       const toml::node* sub = t->get(side);
       if (!sub) continue;
-      if (!sub->is_table())
-        throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
+      if (!sub->is_table()) throw Error(r.key_path(name, side) + " must be a table, e.g. " + side + " = { bits = 4 }");
       if (std::string(side) == "a" && c.weight_only) e.a.disable = false;
       r.quant_table(*sub->as_table(), name + "." + side, std::string(side) == "w" ? e.w : e.a);
     }
     if (const toml::node* sub = t->get("sparse")) {
-      if (!sub->is_table())
-        throw Error(r.key_path(name, "sparse") + " must be a table, e.g. sparse = { ratio = 0.3 }");
+      if (!sub->is_table()) throw Error(r.key_path(name, "sparse") + " must be a table, e.g. sparse = { ratio = 0.3 }");
       if (!c.sparse) throw Error(r.key_path(name, "sparse") + " needs a [sparse] table that says how to prune");
       top_level_sparse.push_back(r.sparse_specific(*sub->as_table(), name + ".sparse", e.name, e.nodes));
     }
@@ -376,8 +374,7 @@ void read_passes(const Reader& r, const toml::table* t, Config& c) {
     ordered.push_back(std::move(*it));
     c.schedule.erase(it);
   }
-  ordered.insert(ordered.end(), std::make_move_iterator(c.schedule.begin()),
-                 std::make_move_iterator(c.schedule.end()));
+  ordered.insert(ordered.end(), std::make_move_iterator(c.schedule.begin()), std::make_move_iterator(c.schedule.end()));
   c.schedule = std::move(ordered);
   std::vector<std::string> keys{"extra", "order"};
   for (const auto& e : c.schedule) keys.push_back(e.pass);
@@ -447,8 +444,7 @@ void read_qat(const Reader& r, const toml::table* t, Config& c) {
   c.qat.weight_decay = r.get<double>(*t, "qat", "weight_decay", c.qat.weight_decay, "a number");
   if (!(c.qat.weight_decay >= 0)) throw Error(r.key_path("qat", "weight_decay") + " must be >= 0");
   c.qat.loss = r.get<std::string>(*t, "qat", "loss", c.qat.loss, "a string");
-  if (c.qat.loss != "mse" && c.qat.loss != "kl")
-    throw Error(r.key_path("qat", "loss") + " must be \"mse\" or \"kl\"");
+  if (c.qat.loss != "mse" && c.qat.loss != "kl") throw Error(r.key_path("qat", "loss") + " must be \"mse\" or \"kl\"");
   c.qat.temperature = r.get<double>(*t, "qat", "temperature", c.qat.temperature, "a number");
   if (!(c.qat.temperature > 0)) throw Error(r.key_path("qat", "temperature") + " must be > 0");
   c.qat.seed = r.get<std::int64_t>(*t, "qat", "seed", c.qat.seed, "an integer");

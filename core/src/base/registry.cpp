@@ -192,6 +192,62 @@ void Registry::load(const PluginSearch& search) {
   }
 }
 
+namespace {
+
+/// A plugin refused at a gate (PluginRecord::gate) and why.
+struct Refusal {
+  std::string gate, why;
+};
+
+/// The descriptor's gates, in order, filling `rec` with what the descriptor says of the plugin.
+/// Only abi_version may be read before it is checked (Note [ABI version vs SDK version]).
+std::optional<Refusal> check_descriptor(const SparsebitPluginDescriptor& d, PluginRecord& rec,
+                                        const std::string& path) {
+  if (d.abi_version != sdk::kAbiVersion) {
+    return Refusal{"abi_version", "ABI version " + std::to_string(d.abi_version) + ", host has " +
+                                      std::to_string(sdk::kAbiVersion) + "; rebuild the plugin against this SDK"};
+  }
+  if (d.descriptor_size != sizeof(SparsebitPluginDescriptor)) {
+    return Refusal{"descriptor_size", "descriptor size " + std::to_string(d.descriptor_size) + ", host expects " +
+                                          std::to_string(sizeof(SparsebitPluginDescriptor))};
+  }
+  rec.name = d.name ? d.name : "";
+  rec.version = d.version ? d.version : "";
+  rec.sdk_version = std::to_string(d.sdk_major) + "." + std::to_string(d.sdk_minor);
+  rec.torch_version = d.torch_version ? d.torch_version : "";
+  rec.compiler = d.compiler ? d.compiler : "";
+  rec.cuda = d.cuda;
+  rec.cxx11_abi = d.cxx11_abi;
+  if (rec.name.empty()) return Refusal{"name", "the descriptor has an empty plugin name"};
+  if (auto sidecar = Registry::sidecar_name(path); sidecar && *sidecar != rec.name) {
+    return Refusal{"name", "plugin '" + rec.name + "' disagrees with its sidecar file, which names '" +
+                               printable(*sidecar) +
+                               "' (Note [Selection before loading]); rebuild it with sparsebit_add_plugin"};
+  }
+  const std::string host_sdk = std::to_string(sdk::kSdkVersionMajor) + "." + std::to_string(sdk::kSdkVersionMinor);
+  if (d.sdk_major != sdk::kSdkVersionMajor || d.sdk_minor > sdk::kSdkVersionMinor) {
+    return Refusal{"sdk_version", "plugin '" + rec.name + "' was built against SDK " + rec.sdk_version +
+                                      ", host SDK is " + host_sdk + " (same major, minor not newer)"};
+  }
+  const HostFingerprint host = host_fingerprint();
+  if (rec.torch_version != host.torch_version) {
+    return Refusal{"torch_version", "plugin '" + rec.name + "' was built against LibTorch " + rec.torch_version +
+                                        ", host uses LibTorch " + host.torch_version};
+  }
+  if (rec.cuda != host.cuda) {
+    return Refusal{"cuda", "plugin '" + rec.name + "' was built with cuda=" + std::to_string(rec.cuda) +
+                               ", host has cuda=" + std::to_string(host.cuda)};
+  }
+  if (rec.cxx11_abi != host.cxx11_abi) {
+    return Refusal{"cxx11_abi", "plugin '" + rec.name + "' was built with _GLIBCXX_USE_CXX11_ABI=" +
+                                    std::to_string(rec.cxx11_abi) + ", host has " + std::to_string(host.cxx11_abi)};
+  }
+  if (!d.register_fn) return Refusal{"register", "the descriptor has no register function"};
+  return std::nullopt;
+}
+
+}  // namespace
+
 const PluginRecord& Registry::load_file(const std::string& path, const PluginSearch& filter) {
   plugins_.emplace_back();
   PluginRecord& rec = plugins_.back();
@@ -230,48 +286,7 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
   const SparsebitPluginDescriptor* d = entry();
   if (!d) return refuse("descriptor", "the entry point returned no descriptor");
 
-  // Gates, in order. Only abi_version may be read before it is checked (Note [ABI version vs SDK
-  // version]).
-  if (d->abi_version != sdk::kAbiVersion) {
-    return refuse("abi_version", "ABI version " + std::to_string(d->abi_version) + ", host has " +
-                                     std::to_string(sdk::kAbiVersion) + "; rebuild the plugin against this SDK");
-  }
-  if (d->descriptor_size != sizeof(SparsebitPluginDescriptor)) {
-    return refuse("descriptor_size", "descriptor size " + std::to_string(d->descriptor_size) + ", host expects " +
-                                         std::to_string(sizeof(SparsebitPluginDescriptor)));
-  }
-  rec.name = d->name ? d->name : "";
-  rec.version = d->version ? d->version : "";
-  rec.sdk_version = std::to_string(d->sdk_major) + "." + std::to_string(d->sdk_minor);
-  rec.torch_version = d->torch_version ? d->torch_version : "";
-  rec.compiler = d->compiler ? d->compiler : "";
-  rec.cuda = d->cuda;
-  rec.cxx11_abi = d->cxx11_abi;
-  if (rec.name.empty()) return refuse("name", "the descriptor has an empty plugin name");
-  if (auto sidecar = sidecar_name(path); sidecar && *sidecar != rec.name) {
-    return refuse("name", "plugin '" + rec.name + "' disagrees with its sidecar file, which names '" +
-                              printable(*sidecar) +
-                              "' (Note [Selection before loading]); rebuild it with sparsebit_add_plugin");
-  }
-  const std::string host_sdk = std::to_string(sdk::kSdkVersionMajor) + "." + std::to_string(sdk::kSdkVersionMinor);
-  if (d->sdk_major != sdk::kSdkVersionMajor || d->sdk_minor > sdk::kSdkVersionMinor) {
-    return refuse("sdk_version", "plugin '" + rec.name + "' was built against SDK " + rec.sdk_version +
-                                     ", host SDK is " + host_sdk + " (same major, minor not newer)");
-  }
-  const HostFingerprint host = host_fingerprint();
-  if (rec.torch_version != host.torch_version) {
-    return refuse("torch_version", "plugin '" + rec.name + "' was built against LibTorch " + rec.torch_version +
-                                       ", host uses LibTorch " + host.torch_version);
-  }
-  if (rec.cuda != host.cuda) {
-    return refuse("cuda", "plugin '" + rec.name + "' was built with cuda=" + std::to_string(rec.cuda) +
-                              ", host has cuda=" + std::to_string(host.cuda));
-  }
-  if (rec.cxx11_abi != host.cxx11_abi) {
-    return refuse("cxx11_abi", "plugin '" + rec.name + "' was built with _GLIBCXX_USE_CXX11_ABI=" +
-                                   std::to_string(rec.cxx11_abi) + ", host has " + std::to_string(host.cxx11_abi));
-  }
-  if (!d->register_fn) return refuse("register", "the descriptor has no register function");
+  if (auto refused = check_descriptor(*d, rec, path)) return refuse(refused->gate, refused->why);
 
   for (const auto& other : plugins_) {
     if (&other != &rec && other.status == PluginRecord::Status::kLoaded && other.name == rec.name) {
