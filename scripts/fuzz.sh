@@ -23,7 +23,7 @@ fi
 
 if [[ ! -f "$build/build.ninja" ]]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSEBIT_FUZZ=ON \
-    -DCMAKE_CXX_COMPILER=clang++-14 > /dev/null
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_CXX_COMPILER=clang++-14 > /dev/null
 fi
 cmake --build "$build" --target "fuzz_$target" -j "$(nproc)" > /dev/null
 

@@ -82,12 +82,40 @@ TEST_F(PluginHost, NewerSdkMinorIsRefused) {
   EXPECT_NE(p->reason.find(newer), std::string::npos) << p->reason;
 }
 
-TEST_F(PluginHost, OlderSdkMinorLoads) {
-  const PluginRecord* p = find(registry_, "fixture_old_sdk_minor");
+// A plugin built against the last release's headers (tests/plugin_host/released) loads, and its
+// optional roles are found and run: observed, merged, solved, by hand-checked numbers.
+TEST_F(PluginHost, PluginOfTheLastReleaseRunsWithItsRoles) {
+  const PluginRecord* p = find(registry_, "fixture_released_sdk");
   ASSERT_TRUE(p);
   EXPECT_EQ(p->status, PluginRecord::Status::kLoaded) << p->reason;
-  EXPECT_EQ(p->sdk_version, std::to_string(sdk::kSdkVersionMajor) + "." + std::to_string(sdk::kSdkVersionMinor - 1));
-  EXPECT_TRUE(registry_.observer("fixture_old_sdk"));
+  EXPECT_EQ(p->sdk_version.substr(0, p->sdk_version.find('.')), std::to_string(sdk::kSdkVersionMajor));
+  const auto* obs = registry_.observer("fixture_released_absmax");
+  const auto* quant = registry_.quantizer("fixture_released_rounding");
+  ASSERT_TRUE(obs && quant);
+
+  QSpec spec;  // symmetric int8: scale = 2 absmax / 255 (Note [Quantization arithmetic])
+  spec.is_weight = true;
+  const Options options("[test]");
+  auto first = obs->factory(ObserverContext{spec, options, "w"});
+  auto second = obs->factory(ObserverContext{spec, options, "w"});
+  first->observe(at::tensor({0.5f, -2.0f}));
+  second->observe(at::tensor({2.55f, 1.0f}));
+  testing::role<MergeableObserver>(first).merge(testing::role<MergeableObserver>(second).state());
+  const QParams merged = first->compute();
+  EXPECT_FLOAT_EQ(merged.scale.item<float>(), 2 * 2.55f / 255);  // the range of both
+
+  auto q = quant->factory(QuantizerContext{spec, options, "w"});
+  q->initialize(merged);
+  auto& solver = testing::role<SolvedFromInputs>(q);
+  EXPECT_EQ(dynamic_cast<ReconstructedByLayer*>(q.get()), nullptr);  // a role it does not have
+  solver.accumulate_inputs(at::zeros({3, 4}));
+  solver.accumulate_inputs(at::zeros({5, 4}));
+  solver.solve(at::zeros({4, 2}), 0);
+  EXPECT_EQ(q->parameters().at(0).item<double>(), 8.0);
+  const float s = merged.scale.item<float>();
+  const at::Tensor w = at::tensor({0.26f, -1.0f, 2.55f});  // 13, -50 and 127.5 steps: 128 clamps to 127
+  const at::Tensor by_hand = at::tensor({13 * s, -50 * s, 127 * s});
+  EXPECT_TRUE(at::allclose(q->forward(w), by_hand, 1e-6, 1e-6)) << q->forward(w);
 }
 
 TEST_F(PluginHost, OtherCxxAbiFlagIsRefusedNamingBothValues) {

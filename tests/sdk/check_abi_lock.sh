@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The ABI lock must catch what breaks plugins: on a copy of the SDK headers, a comment-only edit
-# passes, an added virtual fails the check, rewriting the lock without a kAbiVersion bump is
-# refused, and a bump with a rewritten lock passes again.
+# The ABI lock must catch every change to the SDK: on a copy of the headers, a comment-only edit
+# passes, an added virtual fails the check, recording it without a new SDK version is refused,
+# and a new minor version is recorded beside the old one and passes.
 #   check_abi_lock.sh SOURCE_DIR
 set -euo pipefail
 src="$1"
@@ -22,13 +22,15 @@ sed -i 's|virtual void set_training(bool training) { (void)training; }|&\n  virt
 grep -q added_later "$headers/op.h" || fail "could not plant the added virtual"
 if out="$(check)"; then fail "an added virtual passed the check"; fi
 grep -q "Bump" <<<"$out" || fail "the failure does not say what to do: $out"
-if out="$(check -DUPDATE=ON)"; then fail "the lock was rewritten without a kAbiVersion bump"; fi
-grep -q "kAbiVersion is still" <<<"$out" || fail "the refusal does not name kAbiVersion: $out"
+if out="$(check -DUPDATE=ON)"; then fail "the lock was rewritten without a new SDK version"; fi
+grep -q "kSdkVersionMinor" <<<"$out" || fail "the refusal does not name the version to bump: $out"
 
-abi=$(sed -n 's/.*kAbiVersion = \([0-9]*\);.*/\1/p' "$headers/version.h")
-sed -i "s/kAbiVersion = $abi;/kAbiVersion = $((abi + 1));/" "$headers/version.h"
-if check >/dev/null; then fail "a bumped kAbiVersion passed against the old lock"; fi
-check -DUPDATE=ON >/dev/null || fail "the lock could not be rewritten after the bump"
-grep -q "abi_version = $((abi + 1))" "$work/sdk/abi.lock" || fail "the rewritten lock does not record ABI $((abi + 1))"
-check >/dev/null || fail "the bumped headers do not match their rewritten lock"
-echo "ABI lock: comments pass, an added virtual fails, a rewrite needs a bump: ok"
+major=$(sed -n 's/.*kSdkVersionMajor = \([0-9]*\);.*/\1/p' "$headers/version.h")
+minor=$(sed -n 's/.*kSdkVersionMinor = \([0-9]*\);.*/\1/p' "$headers/version.h")
+sed -i "s/kSdkVersionMinor = $minor;/kSdkVersionMinor = $((minor + 1));/" "$headers/version.h"
+if check >/dev/null; then fail "SDK $major.$((minor + 1)) passed before the lock recorded it"; fi
+check -DUPDATE=ON >/dev/null || fail "the lock could not record SDK $major.$((minor + 1))"
+grep -q "^sdk $major.$minor = " "$work/sdk/abi.lock" || fail "the lock forgot SDK $major.$minor"
+grep -q "^sdk $major.$((minor + 1)) = " "$work/sdk/abi.lock" || fail "the lock does not record SDK $major.$((minor + 1))"
+check >/dev/null || fail "the new minor version does not match its record"
+echo "ABI lock: comments pass, an added virtual fails, recording it needs a new SDK version: ok"

@@ -1,0 +1,127 @@
+#pragma once
+/// \file
+/// Graph passes. A pass runs at one of three stages of the pipeline:
+///   - kSimplify, before conversion: rewrites the IR (Graph) and keeps its float function;
+///   - kFuse, after conversion: sees which node inputs are quantized (QuantState) and may
+///     bypass quantizers that deployment fuses away ("fake fused": kept, neither applied in
+///     simulation nor exported);
+///   - kLayer, during layerwise calibration: called for each node once its quantizers are set,
+///     with the node's float and quantized outputs on the calibration data (LayerState), e.g.
+///     to correct its bias. Needs `[calibration] mode = "layerwise"` or `"asym"`.
+/// `[schedule]` in the config turns passes on by name; `[passes]` adds and orders them.
+/// Passes that match subgraphs use sparsebit/sdk/pattern.h.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sparsebit/sdk/graph.h"
+#include "sparsebit/sdk/options.h"
+#include "sparsebit/sdk/quant.h"
+
+namespace sparsebit {
+
+struct PassContext {
+  const Options& options;
+  /// Runs one node with the loaded op plugins (for constant folding); empty where the host
+  /// offers none. Throws sparsebit::Error when no plugin runs the op.
+  std::function<std::vector<at::Tensor>(const Node&, const std::vector<at::Tensor>&)> evaluate = {};
+  /// Calibration statistics for simplify passes that move ranges between activations and
+  /// weights (smooth_quant): for each (value name, channel axis; negative counts from the end),
+  /// the largest |x| of each channel of that float value over the calibration samples, as a 1-D
+  /// float tensor, all requests served by one pass over the data. Empty where the host has no
+  /// calibration data (`sparsebit simplify`); the pass should then say what it needs.
+  using ChannelRequest = std::pair<std::string, std::int64_t>;
+  std::function<std::vector<at::Tensor>(const std::vector<ChannelRequest>&)> channel_absmax = {};
+  /// Second moments for passes that choose a weight transform by the output error it causes
+  /// (awq): for each request, over every position of the float value on the calibration
+  /// samples (the channel axis moved last, the rest flattened into n rows x), the mean |x| of
+  /// each channel [C] and the Gram matrix (1/n) sum x x^T [C, C], float32. One pass over the
+  /// data serves all requests; the caller bounds memory by asking for a few values at a time.
+  /// Empty where the host has no calibration data.
+  struct ChannelMoments {
+    at::Tensor mean_abs;
+    at::Tensor gram;
+    std::int64_t rows = 0;
+  };
+  std::function<std::vector<ChannelMoments>(const std::vector<ChannelRequest>&)> channel_moments = {};
+  /// The grid the configuration gives constant input `input` of `node` ([w] or its [[specific]]
+  /// entry; skip applied), `channel_axis` being the weight's output-channel axis: its QSpec
+  /// (bits, scheme, group size and axis) and `round`, which rounds a candidate value of that
+  /// weight to nearest as calibration will (the configured observer's range) and returns it
+  /// dequantized. std::nullopt where that input stays float. Empty where the host has no
+  /// quantization config (`sparsebit simplify`).
+  struct WeightGrid {
+    QSpec spec;
+    std::function<at::Tensor(const at::Tensor&)> round;
+  };
+  std::function<std::optional<WeightGrid>(const Node&, std::size_t, std::int64_t)> weight_grid = {};
+};
+
+/// The quantization state a kFuse pass works on.
+class QuantState {
+ public:
+  virtual ~QuantState() = default;
+  virtual const Graph& graph() const = 0;
+  /// True if input `input` of `node` has a quantizer that is not bypassed.
+  virtual bool is_quantized(const Node& node, std::size_t input) const = 0;
+  /// Bypasses (or restores) that quantizer; no-op if the input has none.
+  virtual void set_fake_fused(const Node& node, std::size_t input, bool fused) = 0;
+  /// Quantizes activation input `input` of `node` with the [a] scheme if it is not already;
+  /// returns false when that is impossible (a constant, an omitted input, a skipped node).
+  virtual bool quantize_activation(const Node& node, std::size_t input) = 0;
+};
+
+/// One node of the layerwise calibration runner (Note [Layerwise runner] in quant_model.h).
+class LayerState {
+ public:
+  virtual ~LayerState() = default;
+  virtual const Graph& graph() const = 0;
+  virtual const Node& node() const = 0;
+  /// Number of cached calibration batches.
+  virtual std::size_t batches() const = 0;
+  /// Output `k` of the node in the float model for batch `b`.
+  virtual at::Tensor float_output(std::size_t b, std::size_t k = 0) const = 0;
+  /// Output `k` of the node with its quantizers on, for batch `b`, computed now from the
+  /// inputs the quantized model gives it ("asym" mode) or the float ones ("layerwise").
+  virtual at::Tensor quantized_output(std::size_t b, std::size_t k = 0) = 0;
+  /// Index of the node's bias input (a 1-D constant), or -1 when it has none.
+  virtual int bias_input() const = 0;
+  /// Axis of output 0 that the bias runs along (1 for Conv, the last for Gemm/MatMul).
+  virtual std::int64_t bias_axis() const = 0;
+  /// Replaces the value of the bias (same shape); used by the rest of calibration and export.
+  virtual void set_bias(const at::Tensor& value) = 0;
+};
+
+class Pass {
+ public:
+  enum class Stage { kSimplify, kFuse, kLayer };
+  virtual ~Pass() = default;
+  virtual Stage stage() const = 0;
+  /// kSimplify passes: rewrite `graph`; return true if it changed.
+  virtual bool run(Graph& graph, const PassContext& ctx) {
+    (void)graph;
+    (void)ctx;
+    return false;
+  }
+  /// kFuse passes: adjust quantizers; return true if anything changed.
+  virtual bool run_quant(QuantState& state, const PassContext& ctx) {
+    (void)state;
+    (void)ctx;
+    return false;
+  }
+  /// kLayer passes: called once per node; return true if anything changed.
+  virtual bool run_layer(LayerState& state, const PassContext& ctx) {
+    (void)state;
+    (void)ctx;
+    return false;
+  }
+};
+
+}  // namespace sparsebit
