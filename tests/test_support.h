@@ -12,6 +12,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <typeinfo>
 
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/graph.h"
@@ -76,6 +77,15 @@ inline Node make_node(const std::string& name, const std::string& op, std::vecto
   n.outputs = std::move(out);
   n.attributes = std::move(attributes);
   return n;
+}
+
+/// The optional role `Role` of a plugin's object (Note [Capabilities] in sparsebit/sdk/quantizer.h);
+/// throws naming the role when the object has none, so the test fails there.
+template <class Role, class T>
+Role& role(const std::unique_ptr<T>& object) {
+  auto* r = dynamic_cast<Role*>(object.get());
+  if (!r) throw Error(std::string("the object has no role ") + typeid(Role).name());
+  return *r;
 }
 
 inline std::string fixture_model() {

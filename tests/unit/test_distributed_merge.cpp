@@ -48,10 +48,10 @@ void expect_merge_is_exact(const std::string& name, bool per_channel, int parts)
     whole->observe(data[b]);
     shards[b % static_cast<std::size_t>(parts)]->observe(data[b]);
   }
-  ASSERT_TRUE(whole->mergeable()) << name;
+  ASSERT_NE(dynamic_cast<MergeableObserver*>(whole.get()), nullptr) << name;
   auto merged = make_observer(name, spec);
-  for (auto& s : shards) merged->merge(s->state());
-  const auto a = whole->state(), m = merged->state();
+  for (auto& s : shards) role<MergeableObserver>(merged).merge(role<MergeableObserver>(s).state());
+  const auto a = role<MergeableObserver>(whole).state(), m = role<MergeableObserver>(merged).state();
   ASSERT_EQ(a.size(), m.size()) << name;
   for (std::size_t i = 0; i < a.size(); ++i) {
     // Counts, minimum, maximum, zeros and shapes exactly; the double sums to rounding.
@@ -81,7 +81,7 @@ TEST(DistributedMerge, HistogramCountsAreThoseOfAllTheDataOnAPowerOfTwoGrid) {
     obs->observe(b);
     all = all.defined() ? at::cat({all, b.reshape({-1})}) : b.reshape({-1});
   }
-  const auto state = obs->state();
+  const auto state = role<MergeableObserver>(obs).state();
   const double amax = all.abs().max().item<double>();
   const double range = std::exp2(std::floor(std::log2(amax)) + 1);
   ASSERT_EQ(state.back().dim(), 1);
@@ -96,10 +96,10 @@ TEST(DistributedMerge, HistogramCountsAreThoseOfAllTheDataOnAPowerOfTwoGrid) {
 // An observer without the hook says so, and merging a nothing-observed state changes nothing.
 TEST(DistributedMerge, EmptyStatesMergeToNothing) {
   auto a = make_observer("minmax", activation_spec(false));
-  EXPECT_TRUE(a->state().empty());
-  a->merge({});
+  EXPECT_TRUE(role<MergeableObserver>(a).state().empty());
+  role<MergeableObserver>(a).merge({});
   EXPECT_THROW(a->compute(), Error);
-  EXPECT_FALSE(make_observer("moving_average", activation_spec(false))->mergeable());
+  EXPECT_EQ(dynamic_cast<MergeableObserver*>(make_observer("moving_average", activation_spec(false)).get()), nullptr);
 }
 
 // GPTQ's running-mean Hessian: the halves merged equal the whole, and the solved weights agree.
@@ -119,18 +119,19 @@ TEST(DistributedMerge, GptqHessiansMergeAsTheMeanOverAllSamples) {
   };
   auto whole = make(), first = make(), second = make(), merged = make();
   for (std::size_t b = 0; b < rows.size(); ++b) {
-    whole->accumulate_inputs(rows[b]);
-    (b % 2 ? second : first)->accumulate_inputs(rows[b]);
-    merged->accumulate_inputs(rows[b].narrow(0, 0, 1));  // replaced by the merge
+    role<SolvedFromInputs>(whole).accumulate_inputs(rows[b]);
+    role<SolvedFromInputs>(b % 2 ? second : first).accumulate_inputs(rows[b]);
+    role<SolvedFromInputs>(merged).accumulate_inputs(rows[b].narrow(0, 0, 1));  // replaced by the merge
   }
-  ASSERT_TRUE(merged->merges_inputs());
-  const auto a_half = first->input_state(), b_half = second->input_state();
-  merged->merge_inputs({a_half[0] + b_half[0], a_half[1] + b_half[1]});  // what the runner's sum gives
-  const auto w = whole->input_state(), m = merged->input_state();
+  ASSERT_NE(dynamic_cast<MergesInputs*>(merged.get()), nullptr);
+  const auto a_half = role<MergesInputs>(first).input_state(), b_half = role<MergesInputs>(second).input_state();
+  role<MergesInputs>(merged).merge_inputs(
+      {a_half[0] + b_half[0], a_half[1] + b_half[1]});  // what the runner's sum gives
+  const auto w = role<MergesInputs>(whole).input_state(), m = role<MergesInputs>(merged).input_state();
   EXPECT_EQ(w[1].item<double>(), m[1].item<double>());
   EXPECT_TRUE(at::allclose(w[0], m[0], 1e-5, 1e-4)) << (w[0] - m[0]).abs().max();
-  whole->solve(weight, 0);
-  merged->solve(weight, 0);
+  role<SolvedFromInputs>(whole).solve(weight, 0);
+  role<SolvedFromInputs>(merged).solve(weight, 0);
   const at::Tensor a = whole->forward(weight), b = merged->forward(weight);
   EXPECT_GT((a == b).to(at::kFloat).mean().item<double>(), 0.99);
 }

@@ -70,7 +70,7 @@ TEST(RangeSelection, TheInputTakesTheCandidateItsLayerDoesBestWith) {
   Options none("[test]");
   auto obs = e->factory(ObserverContext{act->spec, none, "test"});
   for (const auto& chunk : t.x.split(16384)) obs->observe(chunk);
-  const auto candidates = obs->candidates();
+  const auto candidates = testing::role<OffersRanges>(obs).candidates();
   ASSERT_GE(candidates.size(), 2u);
   const at::Tensor wq = fake_quantize(t.w, weight->quantizer->qparams(), weight->spec);
   const at::Tensor y = at::matmul(t.x, t.w);

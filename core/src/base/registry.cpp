@@ -1,5 +1,6 @@
 #include "sparsebit/core/registry.h"
 
+#include <cstddef>
 #include <algorithm>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
@@ -207,8 +208,12 @@ std::optional<Refusal> check_descriptor(const SparsebitPluginDescriptor& d, Plug
     return Refusal{"abi_version", "ABI version " + std::to_string(d.abi_version) + ", host has " +
                                       std::to_string(sdk::kAbiVersion) + "; rebuild the plugin against this SDK"};
   }
-  if (d.descriptor_size != sizeof(SparsebitPluginDescriptor)) {
+  // SDK 1.0's descriptor ends at register_fn; later minor versions of the major may add fields
+  // after it, which this host reads only up to the plugin's descriptor_size.
+  constexpr std::size_t kFirstSize = offsetof(SparsebitPluginDescriptor, register_fn) + sizeof(d.register_fn);
+  if (d.descriptor_size < kFirstSize || d.descriptor_size > sizeof(SparsebitPluginDescriptor)) {
     return Refusal{"descriptor_size", "descriptor size " + std::to_string(d.descriptor_size) + ", host expects " +
+                                          std::to_string(kFirstSize) + " to " +
                                           std::to_string(sizeof(SparsebitPluginDescriptor))};
   }
   rec.name = d.name ? d.name : "";

@@ -8,6 +8,12 @@
 #include "sparsebit/sdk/log.h"
 
 namespace sparsebit {
+namespace {
+
+// The observer's merging role (Note [Distributed observers]), null without.
+MergeableObserver* mergeable(const QuantSlot& s) { return dynamic_cast<MergeableObserver*>(s.observer.get()); }
+
+}  // namespace
 
 Distributed* dividing_group(const QuantSlots& slots, bool layer_passes, bool reconstruction) {
   Distributed* group = distributed();
@@ -18,11 +24,10 @@ Distributed* dividing_group(const QuantSlots& slots, bool layer_passes, bool rec
   for (const auto& s : slots.all()) {
     if (!why.empty()) break;
     if (!s.active() || !s.observer) continue;
-    if (s.role == InputRole::kActivation && !s.observer->mergeable())
+    if (s.role == InputRole::kActivation && !mergeable(s))
       why = s.where() + ": observer '" + s.observer_name + "' (plugin '" + s.observer_plugin +
             "') cannot merge its state";
-    else if (s.role == InputRole::kWeight && s.quantizer && s.quantizer->solves_from_inputs() &&
-             !s.quantizer->merges_inputs())
+    else if (s.role == InputRole::kWeight && s.solved() && !dynamic_cast<MergesInputs*>(s.quantizer.get()))
       why = s.where() + ": quantizer '" + s.quantizer_name + "' (plugin '" + s.quantizer_plugin +
             "') cannot merge its layer inputs";
   }
@@ -35,13 +40,13 @@ void merge_observers(Distributed& group, const std::vector<QuantSlot*>& slots, c
                      const std::string& what) {
   std::vector<QuantSlot*> merged;
   for (QuantSlot* s : slots)
-    if (s->role == InputRole::kActivation && s->observer) merged.push_back(s);
+    if (s->role == InputRole::kActivation && mergeable(*s)) merged.push_back(s);
   if (merged.empty()) return;
   // Per slot: [tensor count, observed], then its state's tensors.
   std::vector<at::Tensor> mine;
   std::vector<std::vector<at::Tensor>> own;
   for (QuantSlot* s : merged) {
-    own.push_back(plugin_call(*s, true, "state", [&] { return s->observer->state(); }));
+    own.push_back(plugin_call(*s, true, "state", [&] { return mergeable(*s)->state(); }));
     mine.push_back(at::tensor({static_cast<std::int64_t>(own.back().size()), s->observed}, at::kLong));
     for (const auto& t : own.back()) mine.push_back(t);
   }
@@ -63,16 +68,17 @@ void merge_observers(Distributed& group, const std::vector<QuantSlot*>& slots, c
         const auto kk = static_cast<std::size_t>(k);
         state.push_back(t.to(kk < own[i].size() ? own[i][kk].device() : device));
       }
-      if (!state.empty()) plugin_call(s, true, "merge", [&] { s.observer->merge(state); });
+      if (!state.empty()) plugin_call(s, true, "merge", [&] { mergeable(s)->merge(state); });
     }
     s.observed = observed;
   }
 }
 
 void merge_quantizer_inputs(Distributed& group, QuantSlot& slot, const std::string& what) {
-  auto sums = plugin_call(slot, false, "input_state", [&] { return slot.quantizer->input_state(); });
+  auto& merges = dynamic_cast<MergesInputs&>(*slot.quantizer);  // checked by distributed_calibration
+  auto sums = plugin_call(slot, false, "input_state", [&] { return merges.input_state(); });
   group.all_reduce_sum(sums, what);
-  plugin_call(slot, false, "merge_inputs", [&] { slot.quantizer->merge_inputs(sums); });
+  plugin_call(slot, false, "merge_inputs", [&] { merges.merge_inputs(sums); });
 }
 
 }  // namespace sparsebit

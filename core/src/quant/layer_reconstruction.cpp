@@ -115,7 +115,9 @@ struct LayerwiseRunner::RecordedStep {
 void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats& stats) {
   const Node& n = *nodes_[i];
   const auto t0 = std::chrono::steady_clock::now();
-  const ReconstructionSettings settings = *w.quantizer->reconstruction();
+  ReconstructedByLayer& learner = *w.reconstructed();
+  auto* penalty_on_device = dynamic_cast<PenaltyOnDevice*>(w.quantizer.get());
+  const ReconstructionSettings settings = plugin_call(w, false, "settings", [&] { return learner.settings(); });
   const at::Tensor weight = ex_.constants().at(w.tensor);
   const auto& constants = ex_.constants();
   const at::Device device = weight.device();
@@ -161,7 +163,7 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
   ReconstructionReport report;
   report.node = n.name;
   report.mse_nearest = output_mse(i, w);
-  plugin_call(w, false, "begin_reconstruction", [&] { w.quantizer->begin_reconstruction(weight); });
+  plugin_call(w, false, "begin_reconstruction", [&] { learner.begin_reconstruction(weight); });
   {
     at::AutoGradMode grad(true);
     auto params = plugin_call(w, false, "parameters", [&] { return w.quantizer->parameters(); });
@@ -173,16 +175,13 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
     at::Tensor device_step;
     if (device.is_cuda()) {
       device_step = at::zeros({}, at::TensorOptions(device).dtype(at::kLong));
-      const bool penalty_on_device = plugin_call(w, false, "reconstruction_penalty_on_device", [&] {
-        return w.quantizer->reconstruction_penalty_on_device(device_step).has_value();
-      });
       if (!penalty_on_device || !adam.count_steps_on_device()) device_step = at::Tensor();
     }
     auto penalty_at = [&](std::int64_t step, const at::Tensor& on_device) {
       if (on_device.defined())
         return plugin_call(w, false, "reconstruction_penalty_on_device",
-                           [&] { return *w.quantizer->reconstruction_penalty_on_device(on_device); });
-      return plugin_call(w, false, "reconstruction_penalty", [&] { return w.quantizer->reconstruction_penalty(step); });
+                           [&] { return penalty_on_device->reconstruction_penalty_on_device(on_device); });
+      return plugin_call(w, false, "reconstruction_penalty", [&] { return learner.reconstruction_penalty(step); });
     };
     auto loss_of = [&](const std::vector<at::Tensor>& inputs, const at::Tensor& target, std::int64_t step,
                        const at::Tensor& on_device) {
@@ -276,7 +275,7 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
       adam.step();
     }
   }
-  plugin_call(w, false, "end_reconstruction", [&] { w.quantizer->end_reconstruction(); });
+  plugin_call(w, false, "end_reconstruction", [&] { learner.end_reconstruction(); });
   report.mse_learnt = output_mse(i, w);
   report.quantizer = w.quantizer_name;
   report.iterations = settings.iterations;
@@ -337,6 +336,7 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
     return;
   }
   const std::int64_t k = weight.size(axis);
+  SolvedFromInputs& solver = *w.solved();
   ReconstructionReport report;
   report.node = n.name;
   report.quantizer = w.quantizer_name;
@@ -348,10 +348,10 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
       throw Error(n.describe() + ": its input " + c10::str(x.sizes()) + " does not end in the weight's " +
                   std::to_string(k) + " features");
     const at::Tensor rows = x.reshape({-1, k});
-    plugin_call(w, false, "accumulate_inputs", [&] { w.quantizer->accumulate_inputs(rows); });
+    plugin_call(w, false, "accumulate_inputs", [&] { solver.accumulate_inputs(rows); });
   }
   if (group_) merge_quantizer_inputs(*group_, w, "merging the layer inputs of " + n.name);
-  plugin_call(w, false, "solve", [&] { w.quantizer->solve(weight, axis); });
+  plugin_call(w, false, "solve", [&] { solver.solve(weight, axis); });
   report.mse_learnt = output_mse(i, w);
   report.seconds = seconds_since(t0);
   sdk::log_info(w.quantizer_name + " " + n.describe() + ": output MSE " + std::to_string(report.mse_nearest) +

@@ -256,7 +256,7 @@ CalibrationStats LayerwiseRunner::run() {
       merge_observers(*group_, here, device, "merging observer states of " + n.name);
     }
     if (QuantSlot* learnt = slots_.finish_node(i)) {
-      if (learnt->quantizer->reconstruction()) reconstruct(i, *learnt, stats);
+      if (learnt->reconstructed()) reconstruct(i, *learnt, stats);
       else solve_weight(i, *learnt, stats);
     }
     finish_nested(i);

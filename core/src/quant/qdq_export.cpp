@@ -210,8 +210,7 @@ Graph export_qdq(const QdqExportInput& in) {
                       std::string(static_cast<const char*>(zp.data_ptr()), zp.nbytes());
     // A weight that several nodes read shares one Q/DQ when the grids agree, unless its rounding
     // was learnt or solved per node (AdaRound, GPTQ): then equal scales do not mean equal integers.
-    if (!is_bias && (s.quantizer->reconstruction() || s.quantizer->solves_from_inputs()))
-      key += "|" + std::to_string(s.node_index);
+    if (!is_bias && s.learns_weight()) key += "|" + std::to_string(s.node_index);
     auto done = made.find(key);
     if (done != made.end()) {
       consumer->inputs[s.input_index] = done->second;

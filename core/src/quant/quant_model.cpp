@@ -259,9 +259,9 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   std::string why;
   if (!layer_passes_.empty()) why = "pass '" + layer_passes_.front().name + "' works layer by layer";
   for (const auto& s : slots())
-    if (why.empty() && s.active() && s.role == InputRole::kWeight && s.quantizer->reconstruction())
+    if (why.empty() && s.active() && s.role == InputRole::kWeight && s.reconstructed())
       why = s.where() + " uses quantizer '" + s.quantizer_name + "', which learns by layer reconstruction";
-    else if (why.empty() && s.active() && s.role == InputRole::kWeight && s.quantizer->solves_from_inputs())
+    else if (why.empty() && s.active() && s.role == InputRole::kWeight && s.solved())
       why = s.where() + " uses quantizer '" + s.quantizer_name + "', which solves the weight from the layer's inputs";
   if (!why.empty()) {
     throw Error(config_.source + ": " + why +

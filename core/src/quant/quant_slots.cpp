@@ -420,7 +420,9 @@ void QuantSlots::finish(QuantSlot& s) {
   s.range_candidates.clear();
   s.range.clear();
   if (s.role == InputRole::kActivation) {
-    auto offered = plugin_call(s, true, "candidates", [&] { return s.observer->candidates(); });
+    std::vector<RangeCandidate> offered;
+    if (auto* ranges = dynamic_cast<OffersRanges*>(s.observer.get()))
+      offered = plugin_call(s, true, "candidates", [&] { return ranges->candidates(); });
     for (const auto& c : offered) check_qparams(s, c.params, "candidates");
     if (offered.size() >= 2) s.range_candidates = std::move(offered);
   }
@@ -456,8 +458,7 @@ QuantSlot* QuantSlots::finish_node(std::size_t node) {
     QuantSlot& s = slots_[static_cast<std::size_t>(idx)];
     if (!s.active() || s.role == InputRole::kBias) continue;
     finish(s);
-    if (s.role == InputRole::kWeight && (s.quantizer->reconstruction() || s.quantizer->solves_from_inputs()))
-      reconstructed = &s;
+    if (s.role == InputRole::kWeight && s.learns_weight()) reconstructed = &s;
   }
   for (int idx : slot_of_[node])
     if (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kBias)

@@ -284,7 +284,9 @@ class TargetSearch {
     const std::string kAsCalibrated = "as calibrated";
     std::map<std::size_t, SlotObjects> parked;
     for (auto& [i, o] : observers) {
-      std::vector<RangeCandidate> offered = o->candidates();
+      auto* ranges = dynamic_cast<OffersRanges*>(o.get());
+      if (!ranges) continue;
+      std::vector<RangeCandidate> offered = ranges->candidates();
       if (offered.empty()) continue;
       QuantSlot& s = qs.all()[i];
       const QParams current = s.quantizer->qparams();

@@ -32,7 +32,7 @@ const std::map<int, double> kLaplace = {{1, 1.86}, {2, 2.83}, {3, 3.89}, {4, 5.0
 const std::map<int, double> kLaplacePositive = {{1, 2.83}, {2, 3.89}, {3, 5.02}, {4, 6.2},
                                                 {5, 7.41}, {6, 8.64}, {7, 9.89}, {8, 11.16}};
 
-class AciqObserver final : public Observer {
+class AciqObserver final : public Observer, public MergeableObserver {
  public:
   explicit AciqObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {
     distribution_ = c.options.get_string("distribution", "gaus");
@@ -91,7 +91,6 @@ class AciqObserver final : public Observer {
     exact_ = at::Tensor();
   }
 
-  bool mergeable() const override { return true; }
   std::vector<at::Tensor> state() const override {
     return histogram_observer_state(hist_, shape_, {at::tensor({per_sample_}, at::TensorOptions().dtype(at::kLong))});
   }

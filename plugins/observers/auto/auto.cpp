@@ -40,7 +40,7 @@ namespace {
 constexpr int kShrinkSteps = 99;
 constexpr double kAlphas[] = {1e-5, 1e-4, 1e-3};
 
-class AutoObserver final : public Observer {
+class AutoObserver final : public Observer, public MergeableObserver, public OffersRanges {
  public:
   explicit AutoObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {}
 
@@ -99,7 +99,6 @@ class AutoObserver final : public Observer {
     weight_lo_ = weight_hi_ = at::Tensor();
   }
 
-  bool mergeable() const override { return true; }
   std::vector<at::Tensor> state() const override { return histogram_observer_state(hist_, shape_); }
   void merge(const std::vector<at::Tensor>& other) override {
     merge_histogram_observer_state(other, 0, hist_, shape_, where_ + ": not an auto state");

@@ -30,7 +30,7 @@
 namespace sparsebit::observers {
 namespace {
 
-class KlHistogramObserver final : public Observer {
+class KlHistogramObserver final : public Observer, public MergeableObserver {
  public:
   explicit KlHistogramObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {}
 
@@ -65,7 +65,6 @@ class KlHistogramObserver final : public Observer {
   void reset() override { hists_.clear(); }
 
   // [shape], then the six tensors of each channel's histogram.
-  bool mergeable() const override { return true; }
   std::vector<at::Tensor> state() const override {
     if (hists_.empty()) return {};
     std::vector<at::Tensor> s{shape_state(shape_)};

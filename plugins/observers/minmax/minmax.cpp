@@ -9,7 +9,7 @@
 namespace sparsebit::observers {
 namespace {
 
-class MinMaxObserver final : public Observer {
+class MinMaxObserver final : public Observer, public MergeableObserver {
  public:
   explicit MinMaxObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {}
 
@@ -47,7 +47,6 @@ class MinMaxObserver final : public Observer {
   }
 
   // Minimum and maximum merge exactly: several processes give the one process's parameters.
-  bool mergeable() const override { return true; }
   std::vector<at::Tensor> state() const override {
     if (!min_.defined()) return {};
     return {min_, max_};

@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kCandidates = 80;
 
-class MseObserver final : public Observer {
+class MseObserver final : public Observer, public MergeableObserver {
  public:
   explicit MseObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {}
 
@@ -70,7 +70,6 @@ class MseObserver final : public Observer {
     exact_ = at::Tensor();
   }
 
-  bool mergeable() const override { return true; }
   std::vector<at::Tensor> state() const override { return histogram_observer_state(hist_, shape_); }
   void merge(const std::vector<at::Tensor>& other) override {
     merge_histogram_observer_state(other, 0, hist_, shape_, where_ + ": not an mse state");

@@ -19,7 +19,7 @@
 namespace sparsebit::observers {
 namespace {
 
-class PercentileObserver final : public Observer {
+class PercentileObserver final : public Observer, public MergeableObserver {
  public:
   explicit PercentileObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {
     alpha_ = c.options.get_double("alpha", 1e-3);
@@ -65,7 +65,6 @@ class PercentileObserver final : public Observer {
     exact_ = neg_ = at::Tensor();
   }
 
-  bool mergeable() const override { return true; }
   std::vector<at::Tensor> state() const override { return histogram_observer_state(hist_, shape_, {neg_}); }
   void merge(const std::vector<at::Tensor>& other) override {
     const auto extra = merge_histogram_observer_state(other, 1, hist_, shape_, where_ + ": not a percentile state");

@@ -27,7 +27,7 @@ namespace {
 
 constexpr double kZeta = 1.1, kGamma = -0.1;
 
-class AdaRoundQuantizer final : public Quantizer {
+class AdaRoundQuantizer final : public Quantizer, public ReconstructedByLayer, public PenaltyOnDevice {
  public:
   explicit AdaRoundQuantizer(const QuantizerContext& c) : spec_(c.spec), where_(c.where) {
     if (!spec_.is_weight) {
@@ -85,7 +85,7 @@ class AdaRoundQuantizer final : public Quantizer {
     return state_ == State::kSoft ? std::vector<at::Tensor>{v_} : std::vector<at::Tensor>{};
   }
 
-  std::optional<ReconstructionSettings> reconstruction() const override { return settings_; }
+  ReconstructionSettings settings() const override { return settings_; }
 
   void begin_reconstruction(const at::Tensor& weight) override {
     if (!params_.defined()) throw Error(where_ + ": reconstruction started before calibration");
@@ -110,7 +110,7 @@ class AdaRoundQuantizer final : public Quantizer {
   // The same arithmetic with the step on the device; the regularizer's weight is 0 during the
   // warm-up instead of the term being left out, and |2h - 1| is kept above 1e-30 so that
   // its gradient stays finite (times 0) for beta < 1.
-  std::optional<at::Tensor> reconstruction_penalty_on_device(const at::Tensor& step) override {
+  at::Tensor reconstruction_penalty_on_device(const at::Tensor& step) override {
     if (state_ != State::kSoft || lambda_ == 0) return at::Tensor();
     const double warm = warm_up_ * double(settings_.iterations);
     const at::Tensor t = step.to(at::kDouble);

@@ -78,7 +78,7 @@ class WeightRounding : public Quantizer {
 
   QParams qparams() const override { return params_; }
 
-  void accumulate_inputs(const at::Tensor& rows_in) override {
+  void accumulate_inputs(const at::Tensor& rows_in) {
     const at::Tensor rows = rows_in.detach().to(at::kFloat);
     const std::int64_t n = rows.size(0), k = rows.size(1);
     if (!hessian_.defined()) hessian_ = at::zeros({k, k}, rows.options());
@@ -93,12 +93,11 @@ class WeightRounding : public Quantizer {
   }
 
   // The running mean times its sample count, and the count: both add up over processes.
-  bool merges_inputs() const override { return true; }
-  std::vector<at::Tensor> input_state() const override {
+  std::vector<at::Tensor> input_state() const {
     if (!hessian_.defined()) throw Error(where_ + ": " + name_ + " has no layer inputs to merge");
     return {hessian_ * double(samples_), at::full({1}, double(samples_), hessian_.options().dtype(at::kDouble))};
   }
-  void merge_inputs(const std::vector<at::Tensor>& sums) override {
+  void merge_inputs(const std::vector<at::Tensor>& sums) {
     if (sums.size() != 2 || !hessian_.defined() || sums[0].sizes() != hessian_.sizes())
       throw Error(where_ + ": not a " + name_ + " input state of " + c10::str(hessian_.sizes()));
     const double total = sums[1].item<double>();
@@ -230,7 +229,7 @@ class WeightRounding : public Quantizer {
   std::int64_t samples_ = 0;
 };
 
-class GptqQuantizer final : public WeightRounding {
+class GptqQuantizer : public WeightRounding {
  public:
   explicit GptqQuantizer(const QuantizerContext& c) : WeightRounding(c, "gptq") {
     damp_ = c.options.get_double("damp", 0.01);
@@ -242,9 +241,7 @@ class GptqQuantizer final : public WeightRounding {
     if (block_ < 1) throw Error(c.options.where() + ": block_size must be >= 1");
   }
 
-  bool solves_from_inputs() const override { return true; }
-
-  void solve(const at::Tensor& weight, std::int64_t axis) override {
+  void solve(const at::Tensor& weight, std::int64_t axis) {
     if (weight.dim() != 2) throw Error(where_ + ": gptq needs a 2-D weight, got " + c10::str(weight.sizes()));
     at::Tensor w = to_rows(weight.detach(), axis).to(at::kFloat).clone();
     const std::int64_t n = w.size(0), k = w.size(1);
@@ -358,16 +355,13 @@ class GptqQuantizer final : public WeightRounding {
   ClipSearch clip_;
 };
 
-class RtnQuantizer final : public WeightRounding {
+class RtnQuantizer : public WeightRounding {
  public:
   explicit RtnQuantizer(const QuantizerContext& c) : WeightRounding(c, "rtn") {
-    clip_search_ = c.options.get_bool("clip_search", false);
     clip_ = clip_search_options(c.options);
   }
 
-  bool solves_from_inputs() const override { return clip_search_; }
-
-  void solve(const at::Tensor& weight, std::int64_t axis) override {
+  void solve(const at::Tensor& weight, std::int64_t axis) {
     if (weight.dim() != 2)
       throw Error(where_ + ": rtn's clip search needs a 2-D weight, got " + c10::str(weight.sizes()));
     at::Tensor w = to_rows(weight.detach(), axis).to(at::kFloat).clone();
@@ -391,13 +385,28 @@ class RtnQuantizer final : public WeightRounding {
   }
 
  private:
-  bool clip_search_;
   ClipSearch clip_;
 };
 
+/// A rounding with its roles (Note [Capabilities]): solved from the layer's inputs, which add
+/// up over processes.
+template <class Rounding>
+class Solved final : public Rounding, public SolvedFromInputs, public MergesInputs {
+ public:
+  using Rounding::Rounding;
+  void accumulate_inputs(const at::Tensor& rows) override { Rounding::accumulate_inputs(rows); }
+  void solve(const at::Tensor& weight, std::int64_t axis) override { Rounding::solve(weight, axis); }
+  std::vector<at::Tensor> input_state() const override { return Rounding::input_state(); }
+  void merge_inputs(const std::vector<at::Tensor>& sums) override { Rounding::merge_inputs(sums); }
+};
+
 void register_all(Registrar& r) {
-  r.add_quantizer<GptqQuantizer>("gptq");
-  r.add_quantizer<RtnQuantizer>("rtn");
+  r.add_quantizer<Solved<GptqQuantizer>>("gptq");
+  // Without a clip search rtn rounds the observer's grid to nearest: nothing to solve.
+  r.add_quantizer_factory("rtn", [](const QuantizerContext& c) -> std::unique_ptr<Quantizer> {
+    if (c.options.get_bool("clip_search", false)) return std::make_unique<Solved<RtnQuantizer>>(c);
+    return std::make_unique<RtnQuantizer>(c);
+  });
 }
 
 }  // namespace

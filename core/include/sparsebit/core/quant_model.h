@@ -22,7 +22,7 @@
 /// yet it shares the float stream's tensors instead of holding copies.
 ///
 /// Note [Layer reconstruction]
-/// A weight quantizer whose reconstruction() is set (AdaRound) is trained at its node by the
+/// A weight quantizer that is ReconstructedByLayer (AdaRound) is trained at its node by the
 /// layerwise runner: targets are the node's float outputs; inputs are the cached inputs (the
 /// quantized stream in asym mode), fake-quantized by the node's activation quantizers; each
 /// step draws `batch_size` samples, runs the node with the quantizer's soft weight, and takes
@@ -35,7 +35,7 @@
 /// dispatch, not the GPU, sets their pace. So on a GPU the samples of every step are drawn on
 /// the host a chunk of steps ahead (the same draws, in the same order) and copied there once per
 /// chunk; Adam counts its steps there and the penalty reads its step from a tensor there
-/// (Quantizer::reconstruction_penalty_on_device): no step waits for the GPU. With
+/// (PenaltyOnDevice, sdk/quantizer.h): no step waits for the GPU. With
 /// `[calibration] cuda_graph = true` (the default) the step (the inputs' fake quantization, the soft weight,
 /// the node, the loss and penalty, backward and Adam) is recorded as a CUDA graph after three
 /// eager ones, and each later step gathers its samples into the recorded inputs and replays it:

@@ -48,6 +48,11 @@ struct SPARSEBIT_API QuantSlot {
   bool fake_fused = false;    ///< bypassed by a fuse pass: neither simulated nor exported
   bool enabled = true;        ///< switched off by the user (QuantModel::set_enabled)
   bool active() const { return enabled && !fake_fused; }
+  /// The optional roles of its quantizer and observer (Note [Capabilities]), null without.
+  ReconstructedByLayer* reconstructed() const { return dynamic_cast<ReconstructedByLayer*>(quantizer.get()); }
+  SolvedFromInputs* solved() const { return dynamic_cast<SolvedFromInputs*>(quantizer.get()); }
+  /// A weight whose integers are learnt or solved at its node (AdaRound, GPTQ), not rounded.
+  bool learns_weight() const { return reconstructed() || solved(); }
   ObserverFactory make_observer;  ///< to rebuild the objects when the scheme changes
   QuantizerFactory make_quantizer;
   Options observer_options, quantizer_options;

@@ -40,7 +40,7 @@ TEST(AutoObserver, CandidatesAreTheOtherObserversRanges) {
   const at::Tensor x = outlier_data();
   obs->observe(x.narrow(0, 0, 32));
   obs->observe(x.narrow(0, 32, 32));
-  const auto all = obs->candidates();
+  const auto all = role<OffersRanges>(obs).candidates();
   ASSERT_GE(all.size(), 3u);
   EXPECT_EQ(all.front().name, "minmax");
 
@@ -82,7 +82,7 @@ TEST(AutoObserver, ComputeIsTheCandidateWithTheLeastErrorOnTheData) {
   auto obs = make_observer("auto", spec);
   const at::Tensor x = outlier_data();
   obs->observe(x);
-  const auto all = obs->candidates();
+  const auto all = role<OffersRanges>(obs).candidates();
   double best = std::numeric_limits<double>::infinity();
   double best_scale = 0;
   for (const auto& c : all) {
@@ -103,7 +103,7 @@ TEST(AutoObserver, WeightsTakeTheirMinAndMaxAndOfferNothing) {
   spec.channel_axis = 0;
   auto obs = make_observer("auto", spec);
   obs->observe(at::tensor({1.0f, -4.0f, -2.0f, 0.5f}).reshape({2, 2}));
-  EXPECT_TRUE(obs->candidates().empty());
+  EXPECT_TRUE(role<OffersRanges>(obs).candidates().empty());
   const QParams p = obs->compute();
   EXPECT_FLOAT_EQ(p.scale[0].item<float>(), 2 * 4.0f / 255);
   EXPECT_FLOAT_EQ(p.scale[1].item<float>(), 2 * 2.0f / 255);
@@ -111,7 +111,7 @@ TEST(AutoObserver, WeightsTakeTheirMinAndMaxAndOfferNothing) {
 
 TEST(AutoObserver, NothingObservedIsAnError) {
   auto obs = make_observer("auto", affine8());
-  EXPECT_THROW(obs->candidates(), Error);
+  EXPECT_THROW(role<OffersRanges>(obs).candidates(), Error);
   EXPECT_THROW(obs->compute(), Error);
 }
 

@@ -39,7 +39,7 @@ TEST(AdaRound, SoftRoundingStartsAtTheFloatWeight) {
   q->initialize(per_tensor(0.5));
   // Before reconstruction: round to nearest, half to even.
   EXPECT_TRUE(at::allclose(q->forward(kWeight), at::tensor({0.5f, -1.0f, 1.0f, 3.5f})));
-  q->begin_reconstruction(kWeight);
+  role<ReconstructedByLayer>(q).begin_reconstruction(kWeight);
   ASSERT_EQ(q->parameters().size(), 1u);
   // V = -log((zeta - gamma) / (rest - gamma) - 1), so that h(V) = rest.
   const std::vector<double> rest = {0.6, 0.4, 0.2, 0.8};
@@ -56,24 +56,27 @@ TEST(AdaRound, RegularizerFollowsWarmUpAndBetaSchedule) {
   o.set("lambda", 0.01);
   auto q = make_adaround(int4_weight(), o);
   q->initialize(per_tensor(0.5));
-  q->begin_reconstruction(kWeight);
+  role<ReconstructedByLayer>(q).begin_reconstruction(kWeight);
   // lambda * sum(1 - |2h - 1|^beta) with h = [0.6, 0.4, 0.2, 0.8]: |2h - 1| = [0.2, 0.2, 0.6, 0.6].
   auto expected = [](double beta) { return 0.01 * (2 * (1 - std::pow(0.2, beta)) + 2 * (1 - std::pow(0.6, beta))); };
-  EXPECT_EQ(q->reconstruction_penalty(0).item<double>(), 0.0);  // warm-up: first 20 steps
-  EXPECT_EQ(q->reconstruction_penalty(19).item<double>(), 0.0);
-  EXPECT_NEAR(q->reconstruction_penalty(20).item<double>(), expected(20), 1e-7);  // beta starts at 20
-  EXPECT_NEAR(q->reconstruction_penalty(60).item<double>(), expected(11), 1e-7);  // halfway: 2 + 18 / 2
-  EXPECT_NEAR(q->reconstruction_penalty(100).item<double>(), expected(2), 1e-7);  // ends at 2
+  EXPECT_EQ(role<ReconstructedByLayer>(q).reconstruction_penalty(0).item<double>(), 0.0);  // warm-up: first 20 steps
+  EXPECT_EQ(role<ReconstructedByLayer>(q).reconstruction_penalty(19).item<double>(), 0.0);
+  EXPECT_NEAR(role<ReconstructedByLayer>(q).reconstruction_penalty(20).item<double>(), expected(20),
+              1e-7);  // beta starts at 20
+  EXPECT_NEAR(role<ReconstructedByLayer>(q).reconstruction_penalty(60).item<double>(), expected(11),
+              1e-7);  // halfway: 2 + 18 / 2
+  EXPECT_NEAR(role<ReconstructedByLayer>(q).reconstruction_penalty(100).item<double>(), expected(2),
+              1e-7);  // ends at 2
   // Its gradient is the derivative of the formula (finite differences on V).
   at::Tensor v = q->parameters()[0];
-  q->reconstruction_penalty(60).backward();
+  role<ReconstructedByLayer>(q).reconstruction_penalty(60).backward();
   const at::Tensor grad = v.grad().clone();
   for (int i = 0; i < 4; ++i) {
     const double eps = 1e-3, v0 = v[i].item<double>();
     auto at_v = [&](double x) {
       c10::NoGradGuard g;
       v[i].fill_(x);
-      const double p = q->reconstruction_penalty(60).item<double>();
+      const double p = role<ReconstructedByLayer>(q).reconstruction_penalty(60).item<double>();
       v[i].fill_(v0);
       return p;
     };
@@ -90,14 +93,13 @@ TEST(AdaRound, RegularizerWithTheStepInATensorFollowsTheSameSchedule) {
   o.set("beta_end", 0.5);  // beta < 1: |2h - 1|^beta has an infinite slope at 0
   auto q = make_adaround(int4_weight(), o);
   q->initialize(per_tensor(0.5));
-  q->begin_reconstruction(at::tensor({0.3f, -0.8f, 1.1f, 3.9f, 0.25f}));  // 0.25 / 0.5 is half way: |2h - 1| = 0
+  role<ReconstructedByLayer>(q).begin_reconstruction(
+      at::tensor({0.3f, -0.8f, 1.1f, 3.9f, 0.25f}));  // 0.25 / 0.5 is half way: |2h - 1| = 0
   auto expected = [](double beta) {
     return 0.01 * (2 * (1 - std::pow(0.2, beta)) + 2 * (1 - std::pow(0.6, beta)) + 1);
   };
   auto on_device = [&](std::int64_t step) {
-    auto p = q->reconstruction_penalty_on_device(at::scalar_tensor(step, at::kLong));
-    EXPECT_TRUE(p.has_value());
-    return *p;
+    return role<PenaltyOnDevice>(q).reconstruction_penalty_on_device(at::scalar_tensor(step, at::kLong));
   };
   EXPECT_EQ(on_device(0).item<double>(), 0.0);
   EXPECT_EQ(on_device(19).item<double>(), 0.0);
@@ -109,7 +111,7 @@ TEST(AdaRound, RegularizerWithTheStepInATensorFollowsTheSameSchedule) {
     on_device(step).backward();
     const at::Tensor device_grad = v.grad().clone();
     v.mutable_grad() = at::Tensor();
-    at::Tensor host = q->reconstruction_penalty(step);
+    at::Tensor host = role<ReconstructedByLayer>(q).reconstruction_penalty(step);
     at::Tensor host_grad = at::zeros_like(v);
     if (host.requires_grad()) {
       host.backward();
@@ -127,13 +129,13 @@ TEST(AdaRound, HardRoundingFollowsTheLearntVariableNotTheNearestValue) {
   Options o("[w.quantizer_options]");
   auto q = make_adaround(int4_weight(), o);
   q->initialize(per_tensor(0.5));
-  q->begin_reconstruction(kWeight);
+  role<ReconstructedByLayer>(q).begin_reconstruction(kWeight);
   {
     c10::NoGradGuard g;
     q->parameters()[0][0].fill_(-3.0);  // 0.6 rounds down
     q->parameters()[0][1].fill_(2.0);   // -1.6 rounds up
   }
-  q->end_reconstruction();
+  role<ReconstructedByLayer>(q).end_reconstruction();
   EXPECT_TRUE(q->parameters().empty());
   EXPECT_TRUE(at::equal(q->forward(kWeight), at::tensor({0.0f, -0.5f, 1.0f, 3.5f})));
   EXPECT_THROW(q->forward(at::zeros({3})), Error);  // learnt for one weight shape

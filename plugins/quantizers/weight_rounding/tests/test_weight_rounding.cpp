@@ -44,10 +44,10 @@ std::unique_ptr<Quantizer> solved(const std::string& name, const Options& option
                                   const at::Tensor& x, const QSpec& spec) {
   auto q = make_quantizer(name, spec, options);
   q->initialize(observed(w, spec));
-  EXPECT_TRUE(q->solves_from_inputs());
-  q->accumulate_inputs(x.narrow(0, 0, 200));  // in two batches: the running mean must add up
-  q->accumulate_inputs(x.narrow(0, 200, 312));
-  q->solve(w, 0);
+  EXPECT_NE(dynamic_cast<SolvedFromInputs*>(q.get()), nullptr);
+  role<SolvedFromInputs>(q).accumulate_inputs(x.narrow(0, 0, 200));  // in two batches: the running mean must add up
+  role<SolvedFromInputs>(q).accumulate_inputs(x.narrow(0, 200, 312));
+  role<SolvedFromInputs>(q).solve(w, 0);
   return q;
 }
 
@@ -173,8 +173,8 @@ TEST(Gptq, ARaggedLastGroupAndAGemmWeightAreHandled) {
   spec.group_axis = 1;
   auto q = make_quantizer("gptq", spec);
   q->initialize(observed(w, spec));
-  q->accumulate_inputs(x);
-  q->solve(w, 1);
+  role<SolvedFromInputs>(q).accumulate_inputs(x);
+  role<SolvedFromInputs>(q).solve(w, 1);
   const at::Tensor ours = q->forward(w);
   EXPECT_EQ(q->qparams().scale.sizes(), (std::vector<std::int64_t>{kOut, 3}));
   const double e_rtn = (x.mm(w.t()) - x.mm(fake_quantize(w, observed(w, spec), spec).t())).pow(2).mean().item<double>();
@@ -193,8 +193,8 @@ TEST(Gptq, AGroupWiderThanTheWeightIsOneRaggedGroup) {
     if (axis == 1) spec.channel_axis = 0, spec.group_axis = 1;
     auto q = make_quantizer("gptq", spec);
     q->initialize(observed(wa, spec));
-    q->accumulate_inputs(x);
-    q->solve(wa, axis);
+    role<SolvedFromInputs>(q).accumulate_inputs(x);
+    role<SolvedFromInputs>(q).solve(wa, axis);
     const at::Tensor ours = q->forward(wa);
     EXPECT_EQ(q->qparams().scale.numel(), kOut);
     EXPECT_TRUE(at::equal(
@@ -219,7 +219,7 @@ TEST(Gptq, DeadInputsAndBadUseGiveClearErrors) {
   auto unsolved = make_quantizer("gptq", int4_groups());
   unsolved->initialize(observed(w, int4_groups()));
   try {
-    unsolved->solve(w, 0);
+    role<SolvedFromInputs>(unsolved).solve(w, 0);
     FAIL() << "solved without inputs";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("without layer inputs"), std::string::npos) << e.what();
@@ -231,7 +231,7 @@ TEST(Rtn, ClipSearchLowersTheOutputErrorAndPlainRtnIsRoundToNearest) {
   const QSpec spec = int4_groups();
   auto plain = make_quantizer("rtn", spec);
   plain->initialize(observed(w, spec));
-  EXPECT_FALSE(plain->solves_from_inputs());
+  EXPECT_EQ(dynamic_cast<SolvedFromInputs*>(plain.get()), nullptr);
   EXPECT_TRUE(at::equal(plain->forward(w), fake_quantize(w, observed(w, spec), spec)));
 
   Options o("[w.quantizer_options]");

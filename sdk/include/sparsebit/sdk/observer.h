@@ -34,29 +34,37 @@ class Observer {
   /// Parameters from everything observed so far. Throws Error if nothing was observed.
   virtual QParams compute() = 0;
   virtual void reset() = 0;
+};
 
-  /// Note [Distributed observers]
-  /// In a run spread over several processes (docs/DISTRIBUTED.md) each process observes its
-  /// share of the calibration data; then every process gathers the states of all of them and
-  /// merges them into a reset observer in rank order, so all compute the same parameters.
-  /// state() is everything compute() needs, as CPU or device tensors (empty: nothing observed);
-  /// merge() adds another process's state() to this one. Merging must give the parameters of one
-  /// process that observed all the data (exactly, where the statistics allow it: minimum and
-  /// maximum, histogram counts). An observer that returns false from mergeable() is fed all the
-  /// data in every process instead (correct, not faster).
-  virtual bool mergeable() const { return false; }
-  virtual std::vector<at::Tensor> state() const { return {}; }
-  virtual void merge(const std::vector<at::Tensor>& other) { (void)other; }
+/// Note [Distributed observers]
+/// In a run spread over several processes (docs/DISTRIBUTED.md) each process observes its
+/// share of the calibration data; then every process gathers the states of all of them and
+/// merges them into a reset observer in rank order, so all compute the same parameters. An
+/// observer takes part by also deriving from MergeableObserver (Note [Capabilities] in
+/// quantizer.h): state() is everything compute() needs, as CPU or device tensors (empty:
+/// nothing observed); merge() adds another process's state() to this one. Merging must give the
+/// parameters of one process that observed all the data (exactly, where the statistics allow
+/// it: minimum and maximum, histogram counts). An observer without it is fed all the data in
+/// every process instead (correct, not faster).
+class MergeableObserver {
+ public:
+  virtual ~MergeableObserver() = default;
+  virtual std::vector<at::Tensor> state() const = 0;
+  virtual void merge(const std::vector<at::Tensor>& other) = 0;
+};
 
-  /// Note [Range selection]
-  /// An activation observer may offer several ranges instead of deciding alone: candidates()
-  /// is called after the last observe() and before compute(). When it returns two or more, the
-  /// host (in streaming calibration) runs each consuming layer on a few calibration batches with
-  /// the input quantized on each candidate's grid and keeps the candidate whose layer output is
-  /// closest to the float layer's (least squared error); compute() is its choice where the host
-  /// does not select (layerwise modes, weights) and must be one of the candidates. The default
-  /// offers none: compute() alone decides.
-  virtual std::vector<RangeCandidate> candidates() { return {}; }
+/// Note [Range selection]
+/// An activation observer may offer several ranges instead of deciding alone, by also deriving
+/// from OffersRanges: candidates() is called after the last observe() and before compute().
+/// When it returns two or more, the host (in streaming calibration) runs each consuming layer
+/// on a few calibration batches with the input quantized on each candidate's grid and keeps the
+/// candidate whose layer output is closest to the float layer's (least squared error);
+/// compute() is its choice where the host does not select (layerwise modes, weights) and must
+/// be one of the candidates. Without it, compute() alone decides.
+class OffersRanges {
+ public:
+  virtual ~OffersRanges() = default;
+  virtual std::vector<RangeCandidate> candidates() = 0;
 };
 
 }  // namespace sparsebit

@@ -3,11 +3,14 @@
 /// Versions and the build fingerprint that gate plugin loading (docs in plugin.h).
 ///
 /// Note [ABI version vs SDK version]
-/// kAbiVersion names one exact state of the public SDK headers; the host refuses any other value.
-/// sdk/abi.lock holds it with a hash of these headers, and the sdk.abi_lock test fails until both
-/// are bumped together after any change other than comments (docs/PLUGINS.md, Stability). The
-/// SDK minor version grows with each bump; a host accepts its own major version and any minor
-/// version up to its own.
+/// kAbiVersion and the SDK major version change together, only when a release breaks plugins
+/// built before it; the host refuses any other value. Within a major version the SDK only grows
+/// (Note [Capabilities] in quantizer.h): each release that adds to it bumps the minor version,
+/// and a host loads plugins of its major version built against its own or any older minor.
+/// sdk/abi.lock records the headers of every minor version of the major; the sdk.abi_lock test
+/// fails until a change to them comes with a new minor version (or a new major), and
+/// sdk.older_minor_plugin builds a plugin against the last release's headers, kept in
+/// tests/plugin_host/sdk/, and runs it in this host (docs/PLUGINS.md, Stability).
 
 #include <cstdint>
 
@@ -22,9 +25,9 @@
 
 namespace sparsebit::sdk {
 
-inline constexpr std::uint32_t kAbiVersion = 17;  // 17: Observer::candidates (range selection)
-inline constexpr std::uint32_t kSdkVersionMajor = 0;
-inline constexpr std::uint32_t kSdkVersionMinor = 17;
+inline constexpr std::uint32_t kAbiVersion = 18;  // 18 = SDK 1: optional roles as capabilities
+inline constexpr std::uint32_t kSdkVersionMajor = 1;
+inline constexpr std::uint32_t kSdkVersionMinor = 0;
 
 }  // namespace sparsebit::sdk
 
