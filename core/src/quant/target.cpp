@@ -1,3 +1,5 @@
+// The accuracy target's search and report (Note [Accuracy target] in sparsebit/core/target.h).
+
 #include "sparsebit/core/target.h"
 
 #include <ATen/ATen.h>
@@ -14,80 +16,26 @@
 #include <numeric>
 #include <set>
 
+#include "quant/target_search.h"
 #include "quant/layer_error.h"
 #include "quant/range_selection.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit {
-namespace {
+namespace target_detail {
 
-/// Per-layer remedies, cheapest first (Note [Accuracy target] in target.h).
-enum Remedy { kNone = 0, kRange, kPerChannel, kInt16, kFloat, kRemedies };
-const char* const kRemedyNames[kRemedies] = {"", "range", "per-channel", "int16", "float"};
-bool costly(int r) { return r == kInt16 || r == kFloat; }  // count against the budget
 int remedy_of(const std::string& name) {
   for (int r = kRange; r < kRemedies; ++r)
     if (name == kRemedyNames[r]) return r;
   throw Error("target: unknown remedy '" + name + "'");
 }
-constexpr double kUnknown = std::numeric_limits<double>::infinity();
 double sqnr_db(double relative_error) { return relative_error > 0 ? -10 * std::log10(relative_error) : 999.0; }
-
-/// Float outputs only: integer outputs (indices, lengths) carry no quantization error to measure.
 std::vector<at::Tensor> float_outputs(const std::vector<at::Tensor>& outs) {
   std::vector<at::Tensor> r;
   for (const auto& o : outs)
     if (o.defined() && o.is_floating_point()) r.push_back(o.detach().to(at::kDouble).reshape({-1}));
   return r;
 }
-
-/// Error sums of quantized against float outputs, sample by sample.
-struct Agreement {
-  double sse = 0, ff = 0, worst_cosine = 1;
-  std::int64_t n = 0;
-  void add(const std::vector<at::Tensor>& f, const std::vector<at::Tensor>& q) {
-    if (f.size() != q.size()) throw Error("target: the quantized model gave other outputs than the float one");
-    double s_sse = 0, s_ff = 0, s_qq = 0, s_fq = 0;
-    for (std::size_t i = 0; i < f.size(); ++i) {
-      if (f[i].sizes() != q[i].sizes()) throw Error("target: an output changed shape between float and quantized runs");
-      s_sse += (q[i] - f[i]).pow(2).sum().item<double>();
-      s_ff += f[i].pow(2).sum().item<double>();
-      s_qq += q[i].pow(2).sum().item<double>();
-      s_fq += (f[i] * q[i]).sum().item<double>();
-      n += f[i].numel();
-    }
-    const double cosine = s_ff > 0 && s_qq > 0 ? s_fq / std::sqrt(s_ff * s_qq) : (s_sse == 0 ? 1.0 : 0.0);
-    worst_cosine = std::min(worst_cosine, cosine);
-    sse += s_sse;
-    ff += s_ff;
-  }
-  double sqnr_db() const { return sse > 0 ? 10 * std::log10(ff / sse) : 999.0; }
-  double metric(const std::string& m) const {
-    if (m == "cosine") return worst_cosine;
-    if (m == "sqnr") return sqnr_db();
-    return n > 0 ? sse / static_cast<double>(n) : 0;  // mse
-  }
-};
-
-struct Layer {
-  std::size_t node = 0;
-  std::vector<std::size_t> slots;        // non-bias slots in use
-  std::vector<std::size_t> activations;  // of those, the activation slots
-  std::vector<std::size_t> biases;
-  /// The layer's own output error against float under each remedy (Note [Relative layer
-  /// error]): kUnknown where the remedy does not apply or could not be measured.
-  std::array<double, kRemedies> error{kUnknown, kUnknown, kUnknown, kUnknown, 0.0};
-};
-
-/// A slot's remedy-dependent objects, swapped in and out as a layer changes remedy.
-struct SlotObjects {
-  QSpec spec;
-  std::unique_ptr<Observer> observer;
-  std::unique_ptr<Quantizer> quantizer;
-  bool calibrated = false;
-  std::string range;
-};
-
 void swap_objects(QuantSlot& s, SlotObjects& o) {
   std::swap(s.spec, o.spec);
   std::swap(s.observer, o.observer);
@@ -95,7 +43,6 @@ void swap_objects(QuantSlot& s, SlotObjects& o) {
   std::swap(s.calibrated, o.calibrated);
   std::swap(s.range, o.range);
 }
-
 SlotObjects take(QuantSlot& s) {
   return SlotObjects{s.spec, std::move(s.observer), std::move(s.quantizer), s.calibrated, s.range};
 }
@@ -107,472 +54,286 @@ void put(QuantSlot& s, SlotObjects&& o) {
   s.range = std::move(o.range);
 }
 
-class TargetSearch {
- public:
-  TargetSearch(QuantModel& qm, const TargetConfig& t, const TargetData& d) : qm_(qm), t_(t), d_(d) {
-    for (const auto& name : t_.fallback) ladder_.push_back(remedy_of(name));
+TargetReport TargetSearch::run(const ProgressFn& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  collect_layers();
+  report_.target = t_.describe();
+  report_.quantized_layers = layers_.size();
+  report_.budget = t_.max_fallback_layers >= 0 ? static_cast<std::size_t>(t_.max_fallback_layers)
+                                               : std::max<std::size_t>(1, layers_.size() / 10);  // at most 10%
+  report_.budget = std::min(report_.budget, layers_.size());
+  cache_references();
+  state_.assign(layers_.size(), kNone);
+  report_.before = measure();
+  std::vector<int> best_state = state_;
+  double best = report_.before;
+  report_.reached = meets(best);
+  if (!report_.reached && !layers_.empty()) {
+    const auto s0 = std::chrono::steady_clock::now();
+    prepare_remedies();
+    measure_layers(progress);
+    report_.sensitivity_seconds = seconds_since(s0);
+    search(best, best_state);
   }
+  configure(best_state);
+  report_.after = best;
+  int costliest = kNone;
+  for (auto l : ranked_) {
+    report_.ranking.push_back(sensitivity(l));
+    if (state_[l] == kNone) continue;
+    report_.fallback_layers.push_back(sensitivity(l));
+    ++report_.remedies[kRemedyNames[state_[l]]];
+    costliest = std::max(costliest, state_[l]);
+  }
+  report_.precision = kRemedyNames[costliest];
+  qm_.set_quant(false, false);
+  report_.seconds = seconds_since(t0);
+  return report_;
+}
 
-  TargetReport run(const ProgressFn& progress) {
-    const auto t0 = std::chrono::steady_clock::now();
-    collect_layers();
-    report_.target = t_.describe();
-    report_.quantized_layers = layers_.size();
-    report_.budget = t_.max_fallback_layers >= 0 ? static_cast<std::size_t>(t_.max_fallback_layers)
-                                                 : std::max<std::size_t>(1, layers_.size() / 10);  // at most 10%
-    report_.budget = std::min(report_.budget, layers_.size());
-    cache_references();
-    state_.assign(layers_.size(), kNone);
-    report_.before = measure();
-    std::vector<int> best_state = state_;
-    double best = report_.before;
-    report_.reached = meets(best);
-    if (!report_.reached && !layers_.empty()) {
-      const auto s0 = std::chrono::steady_clock::now();
-      prepare_remedies();
-      measure_layers(progress);
-      report_.sensitivity_seconds = seconds_since(s0);
-      search(best, best_state);
+LayerSensitivity TargetSearch::sensitivity(std::size_t l) const {
+  const Node* n = &qm_.executor().flat_node(layers_[l].node);
+  const double e = layers_[l].error[kNone];
+  LayerSensitivity r{n->name, n->op_type, e == kUnknown ? std::nan("") : sqnr_db(e), kRemedyNames[state_[l]]};
+  if (state_[l] != kNone) r.remedied_sqnr_db = sqnr_db(layers_[l].error[state_[l]]);
+  return r;
+}
+
+void TargetSearch::collect_layers() {
+  QuantSlots& qs = qm_.quant_slots();
+  std::map<std::size_t, std::size_t> layer_of;  // node -> layer
+  const auto& slots = qs.all();
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const QuantSlot& s = slots[i];
+    if (s.role == InputRole::kBias || !qs.usable(s)) continue;
+    auto [it, fresh] = layer_of.emplace(s.node_index, layers_.size());
+    if (fresh) layers_.push_back(Layer{s.node_index});
+    layers_[it->second].slots.push_back(i);
+    if (s.role == InputRole::kActivation) layers_[it->second].activations.push_back(i);
+  }
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].role == InputRole::kBias && layer_of.count(slots[i].node_index))
+      layers_[layer_of[slots[i].node_index]].biases.push_back(i);
+  std::sort(layers_.begin(), layers_.end(), [](const Layer& a, const Layer& b) { return a.node < b.node; });
+  for (const auto& l : layers_)
+    for (auto s : l.biases) bias_enabled_[s] = slots[s].enabled;
+}
+
+void TargetSearch::cache_references() {
+  if (d_.holdout.empty()) throw Error("target: no held-out samples to measure " + t_.metric + " on");
+  report_.measured_on = d_.holdout_description;
+  report_.samples = static_cast<std::int64_t>(d_.holdout.size());
+  qm_.set_quant(false, false);
+  for (const auto& x : d_.holdout) reference_.push_back(float_outputs(qm_.forward(x)));
+  if (t_.metric == "top1-drop") {
+    if (d_.eval.empty() || !d_.eval_labels.defined())
+      throw Error("target top1-drop needs evaluation data with labels (--eval-data and --eval-labels)");
+    report_.measured_on = d_.eval_description;
+    std::int64_t n = 0, correct = 0;
+    for (const auto& x : d_.eval) {
+      at::Tensor top = top1(qm_.forward(x));
+      correct += (top == labels(n, top.size(0))).sum().item<std::int64_t>();
+      n += top.size(0);
     }
-    configure(best_state);
-    report_.after = best;
-    int costliest = kNone;
-    for (auto l : ranked_) {
-      report_.ranking.push_back(sensitivity(l));
-      if (state_[l] == kNone) continue;
-      report_.fallback_layers.push_back(sensitivity(l));
-      ++report_.remedies[kRemedyNames[state_[l]]];
-      costliest = std::max(costliest, state_[l]);
+    report_.samples = n;
+    fp32_accuracy_ = 100.0 * static_cast<double>(correct) / static_cast<double>(n);
+  }
+}
+
+at::Tensor TargetSearch::top1(const std::vector<at::Tensor>& outs) {
+  const at::Tensor& y = outs.at(0);
+  return y.reshape({y.size(0), -1}).argmax(1).to(at::kCPU);
+}
+
+at::Tensor TargetSearch::labels(std::int64_t first, std::int64_t rows) const {
+  if (first + rows > d_.eval_labels.numel())
+    throw Error(d_.eval_description + ": fewer labels (" + std::to_string(d_.eval_labels.numel()) +
+                ") than evaluation samples");
+  return d_.eval_labels.narrow(0, first, rows);
+}
+
+double TargetSearch::measure() {
+  ++report_.evaluations;
+  qm_.set_quant(true, true);
+  if (t_.metric == "top1-drop") {
+    std::int64_t n = 0, correct = 0;
+    for (const auto& x : d_.eval) {
+      at::Tensor top = top1(qm_.forward(x));
+      correct += (top == labels(n, top.size(0))).sum().item<std::int64_t>();
+      n += top.size(0);
     }
-    report_.precision = kRemedyNames[costliest];
-    qm_.set_quant(false, false);
-    report_.seconds = seconds_since(t0);
-    return report_;
+    return fp32_accuracy_ - 100.0 * static_cast<double>(correct) / static_cast<double>(n);
   }
+  Agreement a;
+  for (std::size_t i = 0; i < d_.holdout.size(); ++i) a.add(reference_[i], float_outputs(qm_.forward(d_.holdout[i])));
+  return a.metric(t_.metric);
+}
 
- private:
-  static double seconds_since(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  }
-  bool meets(double v) const { return t_.higher_is_better() ? v >= t_.value : v <= t_.value; }
-  bool better(double a, double b) const { return t_.higher_is_better() ? a > b : a < b; }
+std::map<std::string, at::Tensor> TargetSearch::feeds(const std::vector<at::Tensor>& x) const {
+  std::map<std::string, at::Tensor> f;
+  for (std::size_t k = 0; k < x.size(); ++k) f[qm_.graph().inputs[k].name] = x[k];
+  return f;
+}
 
-  LayerSensitivity sensitivity(std::size_t l) const {
-    const Node* n = &qm_.executor().flat_node(layers_[l].node);
-    const double e = layers_[l].error[kNone];
-    LayerSensitivity r{n->name, n->op_type, e == kUnknown ? std::nan("") : sqnr_db(e), kRemedyNames[state_[l]]};
-    if (state_[l] != kNone) r.remedied_sqnr_db = sqnr_db(layers_[l].error[state_[l]]);
-    return r;
-  }
-
-  void collect_layers() {
-    QuantSlots& qs = qm_.quant_slots();
-    std::map<std::size_t, std::size_t> layer_of;  // node -> layer
-    const auto& slots = qs.all();
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      const QuantSlot& s = slots[i];
-      if (s.role == InputRole::kBias || !qs.usable(s)) continue;
-      auto [it, fresh] = layer_of.emplace(s.node_index, layers_.size());
-      if (fresh) layers_.push_back(Layer{s.node_index});
-      layers_[it->second].slots.push_back(i);
-      if (s.role == InputRole::kActivation) layers_[it->second].activations.push_back(i);
-    }
-    for (std::size_t i = 0; i < slots.size(); ++i)
-      if (slots[i].role == InputRole::kBias && layer_of.count(slots[i].node_index))
-        layers_[layer_of[slots[i].node_index]].biases.push_back(i);
-    std::sort(layers_.begin(), layers_.end(), [](const Layer& a, const Layer& b) { return a.node < b.node; });
-    for (const auto& l : layers_)
-      for (auto s : l.biases) bias_enabled_[s] = slots[s].enabled;
-  }
-
-  /// Float outputs of every held-out sample, and the float top-1 on the evaluation data.
-  void cache_references() {
-    if (d_.holdout.empty()) throw Error("target: no held-out samples to measure " + t_.metric + " on");
-    report_.measured_on = d_.holdout_description;
-    report_.samples = static_cast<std::int64_t>(d_.holdout.size());
-    qm_.set_quant(false, false);
-    for (const auto& x : d_.holdout) reference_.push_back(float_outputs(qm_.forward(x)));
-    if (t_.metric == "top1-drop") {
-      if (d_.eval.empty() || !d_.eval_labels.defined())
-        throw Error("target top1-drop needs evaluation data with labels (--eval-data and --eval-labels)");
-      report_.measured_on = d_.eval_description;
-      std::int64_t n = 0, correct = 0;
-      for (const auto& x : d_.eval) {
-        at::Tensor top = top1(qm_.forward(x));
-        correct += (top == labels(n, top.size(0))).sum().item<std::int64_t>();
-        n += top.size(0);
-      }
-      report_.samples = n;
-      fp32_accuracy_ = 100.0 * static_cast<double>(correct) / static_cast<double>(n);
-    }
-  }
-
-  static at::Tensor top1(const std::vector<at::Tensor>& outs) {
-    const at::Tensor& y = outs.at(0);
-    return y.reshape({y.size(0), -1}).argmax(1).to(at::kCPU);
-  }
-  at::Tensor labels(std::int64_t first, std::int64_t rows) const {
-    if (first + rows > d_.eval_labels.numel())
-      throw Error(d_.eval_description + ": fewer labels (" + std::to_string(d_.eval_labels.numel()) +
-                  ") than evaluation samples");
-    return d_.eval_labels.narrow(0, first, rows);
-  }
-
-  /// The metric of the current configuration.
-  double measure() {
-    ++report_.evaluations;
-    qm_.set_quant(true, true);
-    if (t_.metric == "top1-drop") {
-      std::int64_t n = 0, correct = 0;
-      for (const auto& x : d_.eval) {
-        at::Tensor top = top1(qm_.forward(x));
-        correct += (top == labels(n, top.size(0))).sum().item<std::int64_t>();
-        n += top.size(0);
-      }
-      return fp32_accuracy_ - 100.0 * static_cast<double>(correct) / static_cast<double>(n);
-    }
-    Agreement a;
-    for (std::size_t i = 0; i < d_.holdout.size(); ++i) a.add(reference_[i], float_outputs(qm_.forward(d_.holdout[i])));
-    return a.metric(t_.metric);
-  }
-
-  std::map<std::string, at::Tensor> feeds(const std::vector<at::Tensor>& x) const {
-    std::map<std::string, at::Tensor> f;
-    for (std::size_t k = 0; k < x.size(); ++k) f[qm_.graph().inputs[k].name] = x[k];
-    return f;
-  }
-
-  void prepare_remedies() {
-    for (int r : ladder_) {
-      if (r == kRange) prepare_ranges();
-      if (r == kPerChannel) prepare_per_channel();
-      if (r == kInt16) prepare_int16();
-    }
-  }
-
-  /// Range remedy: a histogram observer (the `auto` observer's candidates) on every activation
-  /// of every layer, streamed over the calibration data in float; then, per input, the
-  /// candidate (or the range as calibrated) under which the layer's output is closest to float
-  /// on the held-out samples (Note [Choosing ranges by the consuming layer]).
-  void prepare_ranges() {
-    if (!d_.range_observer) {
-      spdlog::warn(
-          "target: the range remedy is skipped: no observer offers candidate ranges (is the 'auto' "
-          "observer's plugin disabled?)");
-      return;
-    }
-    QuantSlots& qs = qm_.quant_slots();
-    const Options no_options("[target]");
-    std::map<std::size_t, std::unique_ptr<Observer>> observers;
-    for (const auto& l : layers_)
-      if (!is_control_flow(qm_.executor().flat_node(l.node)))
-        for (auto i : l.activations) {
-          const QuantSlot& s = qs.all()[i];
-          observers[i] = d_.range_observer(ObserverContext{s.spec, no_options, s.where()});
-        }
-    if (observers.empty()) return;
-    std::set<std::pair<std::size_t, std::size_t>> edges;
-    std::map<std::pair<std::size_t, std::size_t>, std::size_t> slot_at;
-    for (const auto& [i, o] : observers) slot_at[{qs.all()[i].node_index, qs.all()[i].input_index}] = i;
-    stream_calibration([&](std::size_t n, std::size_t k, const at::Tensor& x) {
-      auto it = slot_at.find({n, k});
-      if (it != slot_at.end() && x.defined() && !x.is_nested() && x.is_floating_point())
-        observers[it->second]->observe(x);
-    });
-    // Each input chooses among its candidates and the range it has, which comes first and so
-    // stays on ties; the choices become the remedy's objects.
-    const std::string kAsCalibrated = "as calibrated";
-    std::map<std::size_t, SlotObjects> parked;
-    for (auto& [i, o] : observers) {
-      auto* ranges = dynamic_cast<OffersRanges*>(o.get());
-      if (!ranges) continue;
-      std::vector<RangeCandidate> offered = ranges->candidates();
-      if (offered.empty()) continue;
-      QuantSlot& s = qs.all()[i];
-      const QParams current = s.quantizer->qparams();
-      parked.emplace(i, take(s));
-      s.observer = s.make_observer(ObserverContext{s.spec, s.observer_options, s.where()});
-      s.quantizer = s.make_quantizer(QuantizerContext{s.spec, s.quantizer_options, s.where()});
-      s.range_candidates = {RangeCandidate{kAsCalibrated, current}};
-      for (auto& c : offered) s.range_candidates.push_back(std::move(c));
-    }
-    std::vector<std::map<std::string, at::Tensor>> batches;
-    for (const auto& x : d_.holdout) batches.push_back(feeds(x));
-    detail::select_ranges(qm_.executor(), qs, batches, static_cast<std::int64_t>(batches.size()), nullptr);
-    for (auto& [i, o] : parked) {
-      QuantSlot& s = qs.all()[i];
-      s.range_candidates.clear();
-      if (s.range != kAsCalibrated && !s.range.empty()) objects_[kRange][i] = take(s);
-      put(s, std::move(o));
-    }
-    finish_biases();
-  }
-
-  /// Per-channel remedy: per-tensor weights observed again per output channel, where the
-  /// backend allows it.
-  void prepare_per_channel() {
-    QuantSlots& qs = qm_.quant_slots();
-    for (const auto& l : layers_)
-      for (auto i : l.slots) {
-        QuantSlot& s = qs.all()[i];
-        if (s.role != InputRole::kWeight || s.spec.per_channel || s.spec.group_size > 0) continue;
-        QSpec wide = s.spec;
-        wide.per_channel = true;
-        SlotObjects parked = take(s);
-        try {
-          qs.set_slot_spec(s, wide, "per-channel weights");
-          qs.finish(s);
-          objects_[kPerChannel][i] = take(s);
-        } catch (const Error& e) {
-          spdlog::debug("target: no per-channel remedy for {}", e.what());
-        }
-        put(s, std::move(parked));
-      }
-    finish_biases();
-  }
-
-  /// Int16 remedy: 16-bit objects for every activation slot of every layer, calibrated once on
-  /// the calibration data in float. Skipped (with a warning) where the backend refuses 16 bits.
-  void prepare_int16() {
-    QuantSlots& qs = qm_.quant_slots();
-    std::set<std::size_t> wide;
-    for (const auto& l : layers_) wide.insert(l.activations.begin(), l.activations.end());
-    // The 8-bit objects are parked while set_slot_bits gives each slot fresh 16-bit ones.
-    std::map<std::size_t, SlotObjects> parked;
-    try {
-      for (auto i : wide) {
-        parked.emplace(i, take(qs.all()[i]));
-        qs.set_slot_bits(qs.all()[i], 16);
-      }
-      std::set<std::pair<std::size_t, std::size_t>> edges;
-      for (auto i : wide) edges.insert({qs.all()[i].node_index, qs.all()[i].input_index});
-      const std::int64_t seen = stream_calibration([&](std::size_t n, std::size_t k, const at::Tensor& x) {
-        if (edges.count({n, k})) qs.observe(n, k, x);
-      });
-      if (seen == 0) throw Error("target: the calibration data yielded no samples for the 16-bit observers");
-      for (auto i : wide)
-        if (qs.all()[i].active()) qs.finish(qs.all()[i]);
-    } catch (const Error& e) {
-      for (auto& [i, o] : parked) put(qs.all()[i], std::move(o));
-      finish_biases();
-      spdlog::warn("target: the int16 remedy is skipped: {}", e.what());
-      return;
-    }
-    for (auto& [i, o] : parked) {
-      objects_[kInt16][i] = take(qs.all()[i]);
-      put(qs.all()[i], std::move(o));
-    }
-    finish_biases();
-  }
-
-  void finish_biases() {
-    QuantSlots& qs = qm_.quant_slots();
-    for (const auto& l : layers_)
-      for (auto b : l.biases)
-        if (qs.all()[b].enabled) qs.finish_bias(qs.all()[b]);
-  }
-
-  /// Streams the calibration data through the float model; `see` gets every node input.
-  std::int64_t stream_calibration(const std::function<void(std::size_t, std::size_t, const at::Tensor&)>& see) {
-    auto data = d_.calibration.open(qm_.graph().inputs);
-    const Config& c = qm_.config();
-    Batcher batcher(*data, qm_.graph().inputs, c.calibration.batch_size, c.calibration.count);
-    const at::Device device(c.calibration.device);
-    std::int64_t seen = 0;
-    qm_.set_quant(false, false);
-    while (auto b = batcher.next()) {
-      std::map<std::string, at::Tensor> f;
-      for (std::size_t k = 0; k < b->inputs.size(); ++k) f[qm_.graph().inputs[k].name] = b->inputs[k].to(device);
-      qm_.executor().run(f, [&](std::size_t n, std::size_t k, const at::Tensor& x) {
-        see(n, k, x);
-        return x;
-      });
-      seen += b->rows;
-    }
-    return seen;
-  }
-
-  /// Each layer's own output error under each remedy it can take, from one float pass per
-  /// held-out sample: at each layer the float inputs are at hand, and the layer runs once
-  /// per remedy with its weights and activations quantized as that remedy has them (biases
-  /// float: their int32 grid adds nothing measurable). Nodes inside control-flow bodies are
-  /// measured alike, at every run of their body.
-  void measure_layers(const ProgressFn& progress) {
-    QuantSlots& qs = qm_.quant_slots();
-    Executor& ex = qm_.executor();
-    struct Work {
-      std::size_t layer = 0, last_input = 0;
-      std::vector<int> remedies;            // as calibrated first, then those that apply
-      std::vector<detail::SliceSums> sums;  // per output
-    };
-    std::map<std::size_t, Work> work;  // node -> what to measure there
-    for (std::size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& layer = layers_[l];
-      if (is_control_flow(ex.flat_node(layer.node))) continue;
-      Work w{l};
-      const Node& n = ex.flat_node(layer.node);
-      for (std::size_t k = 0; k < n.inputs.size(); ++k)
-        if (!n.inputs[k].empty()) w.last_input = k;
-      w.remedies.push_back(kNone);
-      for (int r : {kRange, kPerChannel, kInt16})
-        for (auto s : layer.slots)
-          if (objects_[r].count(s)) {
-            w.remedies.push_back(r);
-            break;
-          }
-      work.emplace(layer.node, std::move(w));
-    }
-    auto evaluate = [&](std::size_t node, Work& w, const std::vector<at::Tensor>& in) {
-      const detail::Reference ref = detail::reference_of(ex.run_flat_node(node, in));
-      std::vector<std::vector<at::Tensor>> errs(ref.outputs.size());  // [output][remedy]
-      for (int r : w.remedies) {
-        std::vector<at::Tensor> q = in;
-        for (auto i : layers_[w.layer].slots) {
-          QuantSlot& s = qs.all()[i];
-          auto o = objects_[r].find(i);
-          if (o != objects_[r].end()) swap_objects(s, o->second);
-          q[s.input_index] = qs.apply(node, s.input_index, in[s.input_index], true);
-          if (o != objects_[r].end()) swap_objects(s, o->second);
-        }
-        const auto got = ex.run_flat_node(node, q);
-        for (std::size_t o = 0; o < ref.outputs.size(); ++o) {
-          if (!ref.energy[o].defined()) continue;
-          const bool alike = o < got.size() && got[o].defined() && got[o].sizes() == ref.outputs[o].sizes();
-          errs[o].push_back(alike ? detail::slice_error(got[o], ref.outputs[o]) : ref.energy[o].clone());
-        }
-      }
-      if (w.sums.empty()) w.sums.resize(ref.outputs.size());
-      for (std::size_t o = 0; o < ref.outputs.size() && o < w.sums.size(); ++o)
-        if (ref.energy[o].defined()) w.sums[o].add(ref.energy[o], errs[o]);
-    };
-    qm_.set_quant(false, false);
-    std::map<std::size_t, std::vector<at::Tensor>> pending;
-    for (std::size_t x = 0; x < d_.holdout.size(); ++x) {
-      ex.run(feeds(d_.holdout[x]), [&](std::size_t n, std::size_t k, const at::Tensor& v) {
-        auto it = work.find(n);
-        if (it == work.end()) return v;
-        auto& in = pending[n];
-        if (in.empty()) in.resize(ex.flat_node(n).inputs.size());
-        in[k] = v;
-        if (k == it->second.last_input) {
-          evaluate(n, it->second, in);
-          pending.erase(n);
-        }
-        return v;
-      });
-      if (progress) progress(static_cast<std::int64_t>(x + 1), static_cast<std::int64_t>(d_.holdout.size()));
-    }
-    for (auto& [node, w] : work) {
-      Layer& layer = layers_[w.layer];
-      for (std::size_t v = 0; v < w.remedies.size(); ++v) {
-        double e = 0;
-        for (const auto& sums : w.sums) e += sums.mean_relative(v);
-        layer.error[w.remedies[v]] = e;
-      }
-    }
-    ranked_.resize(layers_.size());
-    std::iota(ranked_.begin(), ranked_.end(), 0);
-    std::stable_sort(ranked_.begin(), ranked_.end(), [&](std::size_t a, std::size_t b) {
-      const double ea = layers_[a].error[kNone], eb = layers_[b].error[kNone];
-      if ((ea == kUnknown) != (eb == kUnknown)) return eb == kUnknown;  // measured layers first
-      return ea > eb;
-    });
-  }
-
-  /// The configuration that remedies the j layers whose own error is largest: each takes the
-  /// cheapest remedy of the ladder whose error is no larger than that of the first layer left
-  /// as calibrated (float has none); where none does, the one that errs least.
-  std::vector<int> remedied(std::size_t j) const {
-    std::vector<int> want(layers_.size(), kNone);
-    const double bound =
-        j < ranked_.size() && layers_[ranked_[j]].error[kNone] != kUnknown ? layers_[ranked_[j]].error[kNone] : 0.0;
-    for (std::size_t i = 0; i < j && i < ranked_.size(); ++i) {
-      const Layer& l = layers_[ranked_[i]];
-      int pick = kNone;
-      for (int r : ladder_)
-        if (l.error[r] <= bound) {
-          pick = r;
+void TargetSearch::measure_layers(const ProgressFn& progress) {
+  QuantSlots& qs = qm_.quant_slots();
+  Executor& ex = qm_.executor();
+  struct Work {
+    std::size_t layer = 0, last_input = 0;
+    std::vector<int> remedies;            // as calibrated first, then those that apply
+    std::vector<detail::SliceSums> sums;  // per output
+  };
+  std::map<std::size_t, Work> work;  // node -> what to measure there
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
+    if (is_control_flow(ex.flat_node(layer.node))) continue;
+    Work w{l};
+    const Node& n = ex.flat_node(layer.node);
+    for (std::size_t k = 0; k < n.inputs.size(); ++k)
+      if (!n.inputs[k].empty()) w.last_input = k;
+    w.remedies.push_back(kNone);
+    for (int r : {kRange, kPerChannel, kInt16})
+      for (auto s : layer.slots)
+        if (objects_[r].count(s)) {
+          w.remedies.push_back(r);
           break;
         }
-      if (pick == kNone) {
-        double least = l.error[kNone];
-        for (int r : ladder_)
-          if (l.error[r] < least) least = l.error[r], pick = r;
+    work.emplace(layer.node, std::move(w));
+  }
+  auto evaluate = [&](std::size_t node, Work& w, const std::vector<at::Tensor>& in) {
+    const detail::Reference ref = detail::reference_of(ex.run_flat_node(node, in));
+    std::vector<std::vector<at::Tensor>> errs(ref.outputs.size());  // [output][remedy]
+    for (int r : w.remedies) {
+      std::vector<at::Tensor> q = in;
+      for (auto i : layers_[w.layer].slots) {
+        QuantSlot& s = qs.all()[i];
+        auto o = objects_[r].find(i);
+        if (o != objects_[r].end()) swap_objects(s, o->second);
+        q[s.input_index] = qs.apply(node, s.input_index, in[s.input_index], true);
+        if (o != objects_[r].end()) swap_objects(s, o->second);
       }
-      want[ranked_[i]] = pick;
+      const auto got = ex.run_flat_node(node, q);
+      for (std::size_t o = 0; o < ref.outputs.size(); ++o) {
+        if (!ref.energy[o].defined()) continue;
+        const bool alike = o < got.size() && got[o].defined() && got[o].sizes() == ref.outputs[o].sizes();
+        errs[o].push_back(alike ? detail::slice_error(got[o], ref.outputs[o]) : ref.energy[o].clone());
+      }
     }
-    return want;
-  }
-  std::size_t cost(const std::vector<int>& want) const {
-    return static_cast<std::size_t>(std::count_if(want.begin(), want.end(), costly));
-  }
-
-  /// Remedies the most erring layers, as many as the budget allows; if the target then
-  /// holds, bisection finds the fewest that still hold it.
-  void search(double& best, std::vector<int>& best_state) {
-    std::size_t j_max = 0;
-    for (std::size_t j = 1; j <= ranked_.size(); ++j)
-      if (cost(remedied(j)) <= report_.budget) j_max = j;
-    if (j_max == 0) return;
-    auto try_j = [&](std::size_t j) {
-      configure(remedied(j));
-      const double v = measure();
-      spdlog::debug("target: {} layers remedied: {} = {:.6g}", j, t_.metric, v);
-      if (better(v, best)) best = v, best_state = state_;
+    if (w.sums.empty()) w.sums.resize(ref.outputs.size());
+    for (std::size_t o = 0; o < ref.outputs.size() && o < w.sums.size(); ++o)
+      if (ref.energy[o].defined()) w.sums[o].add(ref.energy[o], errs[o]);
+  };
+  qm_.set_quant(false, false);
+  std::map<std::size_t, std::vector<at::Tensor>> pending;
+  for (std::size_t x = 0; x < d_.holdout.size(); ++x) {
+    ex.run(feeds(d_.holdout[x]), [&](std::size_t n, std::size_t k, const at::Tensor& v) {
+      auto it = work.find(n);
+      if (it == work.end()) return v;
+      auto& in = pending[n];
+      if (in.empty()) in.resize(ex.flat_node(n).inputs.size());
+      in[k] = v;
+      if (k == it->second.last_input) {
+        evaluate(n, it->second, in);
+        pending.erase(n);
+      }
       return v;
-    };
-    const double v = try_j(j_max);
-    if (!meets(v)) return;
-    std::size_t lo = 0, hi = j_max;  // lo misses (as calibrated did), hi holds
-    double at_hi = v;
-    while (hi - lo > 1) {
-      const std::size_t mid = lo + (hi - lo) / 2;
-      const double m = try_j(mid);
-      if (meets(m)) hi = mid, at_hi = m;
-      else lo = mid;
-    }
-    best_state = remedied(hi), best = at_hi;
-    report_.reached = true;
+    });
+    if (progress) progress(static_cast<std::int64_t>(x + 1), static_cast<std::int64_t>(d_.holdout.size()));
   }
+  for (auto& [node, w] : work) {
+    Layer& layer = layers_[w.layer];
+    for (std::size_t v = 0; v < w.remedies.size(); ++v) {
+      double e = 0;
+      for (const auto& sums : w.sums) e += sums.mean_relative(v);
+      layer.error[w.remedies[v]] = e;
+    }
+  }
+  ranked_.resize(layers_.size());
+  std::iota(ranked_.begin(), ranked_.end(), 0);
+  std::stable_sort(ranked_.begin(), ranked_.end(), [&](std::size_t a, std::size_t b) {
+    const double ea = layers_[a].error[kNone], eb = layers_[b].error[kNone];
+    if ((ea == kUnknown) != (eb == kUnknown)) return eb == kUnknown;  // measured layers first
+    return ea > eb;
+  });
+}
 
-  /// Puts every layer under the remedy `want` says.
-  void configure(const std::vector<int>& want) {
-    QuantSlots& qs = qm_.quant_slots();
-    for (std::size_t l = 0; l < layers_.size(); ++l) {
-      if (state_[l] == want[l]) continue;
-      const Layer& layer = layers_[l];
-      // Back to the calibrated state first, then into the wanted one.
-      for (int r : {state_[l], want[l]}) {
-        if (r == kFloat) {
-          const bool back = r == state_[l];
-          for (auto s : layer.slots) qs.all()[s].enabled = back;
-          for (auto s : layer.biases) qs.all()[s].enabled = back && bias_enabled_[s];
-        } else if (r != kNone) {
-          for (auto s : layer.slots)
-            if (auto o = objects_[r].find(s); o != objects_[r].end()) swap_objects(qs.all()[s], o->second);
-        }
+std::vector<int> TargetSearch::remedied(std::size_t j) const {
+  std::vector<int> want(layers_.size(), kNone);
+  const double bound =
+      j < ranked_.size() && layers_[ranked_[j]].error[kNone] != kUnknown ? layers_[ranked_[j]].error[kNone] : 0.0;
+  for (std::size_t i = 0; i < j && i < ranked_.size(); ++i) {
+    const Layer& l = layers_[ranked_[i]];
+    int pick = kNone;
+    for (int r : ladder_)
+      if (l.error[r] <= bound) {
+        pick = r;
+        break;
       }
-      for (auto s : layer.biases)
-        if (qs.all()[s].enabled) qs.finish_bias(qs.all()[s]);
-      state_[l] = want[l];
+    if (pick == kNone) {
+      double least = l.error[kNone];
+      for (int r : ladder_)
+        if (l.error[r] < least) least = l.error[r], pick = r;
     }
+    want[ranked_[i]] = pick;
   }
+  return want;
+}
 
-  QuantModel& qm_;
-  const TargetConfig& t_;
-  const TargetData& d_;
-  std::vector<int> ladder_;
-  TargetReport report_;
-  std::vector<Layer> layers_;
-  std::vector<std::size_t> ranked_;
-  std::vector<int> state_;
-  std::vector<std::vector<at::Tensor>> reference_;
-  double fp32_accuracy_ = 0;
-  std::map<std::size_t, bool> bias_enabled_;
-  std::array<std::map<std::size_t, SlotObjects>, kRemedies> objects_;  // [remedy][slot]: its objects
-};
+std::size_t TargetSearch::cost(const std::vector<int>& want) const {
+  return static_cast<std::size_t>(std::count_if(want.begin(), want.end(), costly));
+}
 
-}  // namespace
+void TargetSearch::search(double& best, std::vector<int>& best_state) {
+  std::size_t j_max = 0;
+  for (std::size_t j = 1; j <= ranked_.size(); ++j)
+    if (cost(remedied(j)) <= report_.budget) j_max = j;
+  if (j_max == 0) return;
+  auto try_j = [&](std::size_t j) {
+    configure(remedied(j));
+    const double v = measure();
+    spdlog::debug("target: {} layers remedied: {} = {:.6g}", j, t_.metric, v);
+    if (better(v, best)) best = v, best_state = state_;
+    return v;
+  };
+  const double v = try_j(j_max);
+  if (!meets(v)) return;
+  std::size_t lo = 0, hi = j_max;  // lo misses (as calibrated did), hi holds
+  double at_hi = v;
+  while (hi - lo > 1) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    const double m = try_j(mid);
+    if (meets(m)) hi = mid, at_hi = m;
+    else lo = mid;
+  }
+  best_state = remedied(hi), best = at_hi;
+  report_.reached = true;
+}
+
+void TargetSearch::configure(const std::vector<int>& want) {
+  QuantSlots& qs = qm_.quant_slots();
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    if (state_[l] == want[l]) continue;
+    const Layer& layer = layers_[l];
+    // Back to the calibrated state first, then into the wanted one.
+    for (int r : {state_[l], want[l]}) {
+      if (r == kFloat) {
+        const bool back = r == state_[l];
+        for (auto s : layer.slots) qs.all()[s].enabled = back;
+        for (auto s : layer.biases) qs.all()[s].enabled = back && bias_enabled_[s];
+      } else if (r != kNone) {
+        for (auto s : layer.slots)
+          if (auto o = objects_[r].find(s); o != objects_[r].end()) swap_objects(qs.all()[s], o->second);
+      }
+    }
+    for (auto s : layer.biases)
+      if (qs.all()[s].enabled) qs.finish_bias(qs.all()[s]);
+    state_[l] = want[l];
+  }
+}
+
+}  // namespace target_detail
+
+using target_detail::TargetSearch;
 
 TargetReport meet_target(QuantModel& qm, const TargetConfig& target, const TargetData& data,
                          const ProgressFn& progress) {
