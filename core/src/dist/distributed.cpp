@@ -35,6 +35,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dist/rendezvous.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/version.h"
@@ -42,6 +43,12 @@
 namespace sparsebit {
 
 namespace {
+
+using dist_detail::bytes_of;
+using dist_detail::endpoint;
+using dist_detail::first_line;
+using dist_detail::rendezvous;
+using dist_detail::string_of;
 
 // LibTorch 2 split the process group into a front and per-device backends; both expose the
 // collectives this file calls.
@@ -62,9 +69,6 @@ int env_int(const char* name, int fallback, int low, int high) {
                 "' is not a whole number from " + std::to_string(low) + " to " + std::to_string(high));
   return static_cast<int>(x);
 }
-
-std::vector<std::uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-std::string string_of(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
 
 // A list of tensors as bytes: count, then per tensor its dtype, rank, sizes and contiguous data.
 std::string pack(const std::vector<at::Tensor>& tensors) {
@@ -104,170 +108,6 @@ std::vector<at::Tensor> unpack(const std::uint8_t* p, std::size_t n) {
     out.push_back(t);
   }
   return out;
-}
-
-std::string first_line(const std::exception& e, std::size_t max = 200) {
-  std::string cause = e.what();
-  if (auto nl = cause.find('\n'); nl != std::string::npos) cause.resize(nl);
-  return cause.substr(0, max);
-}
-
-std::string endpoint(const DistributedSettings& s) { return s.master_addr + ":" + std::to_string(s.master_port); }
-
-// LibTorch's client retries a name that does not resolve once a second, warning each time,
-// until the timeout: one line now instead.
-void check_master_addr_resolves(const DistributedSettings& s) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  const auto deadline = std::chrono::steady_clock::now() + s.timeout;
-  for (;;) {
-    addrinfo* found = nullptr;
-    const int rc = ::getaddrinfo(s.master_addr.c_str(), nullptr, &hints, &found);
-    if (found) ::freeaddrinfo(found);
-    if (rc == 0) return;
-    if (rc != EAI_AGAIN || std::chrono::steady_clock::now() > deadline)
-      throw Error("MASTER_ADDR='" + printable(s.master_addr) + "' does not resolve to an address (" +
-                  ::gai_strerror(rc) + "): set it to rank 0's host name or IP address");
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-}
-
-// What the rendezvous of one rank found, handed from its thread.
-struct Joined {
-  c10::intrusive_ptr<c10d::Store> store;
-  std::vector<std::string> jobs;  // every rank's job description, in rank order
-};
-
-std::string describe_job(const JobDescription& job) {
-  std::string out = std::string("sparsebit\t") + SPARSEBIT_FP_TORCH + "/" + std::to_string(sdk::kSdkVersionMajor) +
-                    "." + std::to_string(sdk::kSdkVersionMinor) + "\n";
-  for (const auto& [name, value] : job) out += name + "\t" + value + "\n";
-  return out;
-}
-
-std::map<std::string, std::string> fields_of(const std::string& description) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(description);
-  for (std::string line; std::getline(in, line);) {
-    const auto tab = line.find('\t');
-    out[line.substr(0, tab)] = tab == std::string::npos ? "" : line.substr(tab + 1);
-  }
-  return out;
-}
-
-// Every rank checks every rank against rank 0, so all of them stop with the same message.
-void check_same_job(const std::vector<std::string>& jobs) {
-  const auto root = fields_of(jobs[0]);
-  std::string differences;
-  for (std::size_t r = 1; r < jobs.size(); ++r) {
-    if (jobs[r] == jobs[0]) continue;
-    const auto theirs = fields_of(jobs[r]);
-    std::set<std::string> names;
-    for (const auto& [k, v] : root) names.insert(k);
-    for (const auto& [k, v] : theirs) names.insert(k);
-    for (const auto& name : names) {
-      const auto a = root.find(name);
-      const auto b = theirs.find(name);
-      const std::string mine = a == root.end() ? "(none)" : a->second, other = b == theirs.end() ? "(none)" : b->second;
-      if (mine != other)
-        differences += (differences.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + "'s " + name +
-                       " is " + printable(other).substr(0, 160) + ", rank 0's " + printable(mine).substr(0, 160);
-    }
-  }
-  if (!differences.empty())
-    throw Error("distributed run: the ranks were not given the same job (" + differences +
-                "): start every rank with the same command, model, config and data");
-}
-
-// std::terminate's message while a rank joins: LibTorch's store client reads on a thread of its
-// own and ends the process when the port answers with bytes it cannot parse.
-std::string g_join_failure;
-void join_terminated() {
-  remove_temporary_files();
-  const std::string line = "error: " + g_join_failure + "\n";
-  [[maybe_unused]] auto n = ::write(2, line.data(), line.size());
-  std::_Exit(1);
-}
-
-/// Opens the store (rank 0 serves it), waits until every rank has joined and returns it, after
-/// checking that every rank runs the same job. Runs on a thread of its own: a port that accepts
-/// connections but never answers blocks LibTorch's client with no timeout of its own.
-c10::intrusive_ptr<c10d::Store> rendezvous(const DistributedSettings& s, const JobDescription& job) {
-  check_master_addr_resolves(s);
-  const std::string who = "rank " + std::to_string(s.rank);
-  const std::string wrong_port = "is MASTER_PORT rank 0's port, and is rank 0 a sparsebit of the same version?";
-  g_join_failure = who + ": the rendezvous store at " + endpoint(s) +
-                   " answered with bytes that are not a rendezvous store's: " + wrong_port + " No output was written.";
-  // Restored however the join ends: a process that goes on after a failed join (Python) keeps
-  // its own handler.
-  struct TerminateWhileJoining {
-    std::terminate_handler previous = std::set_terminate(join_terminated);
-    ~TerminateWhileJoining() { std::set_terminate(previous); }
-  } joining;
-  auto promise = std::make_shared<std::promise<Joined>>();
-  auto future = promise->get_future();
-  const std::string mine = describe_job(job);
-  std::thread([promise, s, mine] {
-    try {
-      const auto deadline = std::chrono::steady_clock::now() + s.timeout;
-      c10d::TCPStoreOptions opts;
-      opts.port = static_cast<std::uint16_t>(s.master_port);
-      opts.isServer = s.rank == 0;
-      opts.numWorkers = static_cast<std::size_t>(s.world_size);
-      opts.waitWorkers = false;
-      opts.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(s.timeout);
-      Joined j;
-      try {
-        j.store = c10::make_intrusive<c10d::TCPStore>(s.master_addr, opts);
-      } catch (const std::exception& e) {
-        throw Error(s.rank == 0 ? "rank 0 cannot open the rendezvous store on port " + std::to_string(s.master_port) +
-                                      " (MASTER_PORT): " + first_line(e) + "; choose a free port"
-                                : "rank " + std::to_string(s.rank) + " cannot reach rank 0's rendezvous store at " +
-                                      endpoint(s) + " within " + std::to_string(s.timeout.count()) +
-                                      " s (MASTER_ADDR, MASTER_PORT): " + first_line(e));
-      }
-      auto key = [](const std::string& what, int rank) { return "sparsebit/" + what + "/" + std::to_string(rank); };
-      j.store->set(key("job", s.rank), bytes_of(mine));
-      j.store->set(key("joined", s.rank), bytes_of("1"));
-      j.store->add("sparsebit/joined", 1);
-      while (j.store->add("sparsebit/joined", 0) < s.world_size) {
-        if (std::chrono::steady_clock::now() > deadline) {
-          std::string missing;
-          for (int r = 0; r < s.world_size; ++r)
-            if (!j.store->check({key("joined", r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-          throw Error("distributed run: rank(s) " + missing + " of " + std::to_string(s.world_size) +
-                      " did not join within " + std::to_string(s.timeout.count()) + " s (store at " + endpoint(s) +
-                      ", SPARSEBIT_DIST_TIMEOUT sets the wait)");
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      for (int r = 0; r < s.world_size; ++r) j.jobs.push_back(string_of(j.store->get(key("job", r))));
-      // Rank 0 holds the store: it stays until every rank has read the others' jobs.
-      j.store->set(key("compared", s.rank), bytes_of("1"));
-      if (s.rank == 0) {
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        for (int r = 1; r < s.world_size; ++r)
-          while (!j.store->check({key("compared", r)}) && std::chrono::steady_clock::now() < until)
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      promise->set_value(std::move(j));
-    } catch (const Error&) {
-      promise->set_exception(std::current_exception());
-    } catch (const std::exception& e) {
-      promise->set_exception(
-          std::make_exception_ptr(Error("rank " + std::to_string(s.rank) + ": the rendezvous with the store at " +
-                                        endpoint(s) + " failed: " + first_line(e) +
-                                        "; is MASTER_PORT rank 0's port, and is rank 0 a sparsebit of the same "
-                                        "version?")));
-    }
-  }).detach();
-  if (future.wait_for(s.timeout + std::chrono::seconds(15)) != std::future_status::ready)
-    throw Error(who + ": the rendezvous store at " + endpoint(s) + " accepted the connection but has not answered in " +
-                std::to_string(s.timeout.count() + 15) +
-                " s: another program may be listening on MASTER_PORT, or rank 0 is frozen");
-  Joined joined = future.get();  // rethrows the rendezvous' error
-  check_same_job(joined.jobs);
-  return joined.store;
 }
 
 Distributed* g_current = nullptr;
