@@ -251,6 +251,45 @@ std::optional<Refusal> check_descriptor(const SparsebitPluginDescriptor& d, Plug
   return std::nullopt;
 }
 
+/// What of `staged` is already registered in `committed` ("op:Conv is already registered by
+/// plugin ..."), or "" when nothing clashes.
+std::string first_clash(const Registry::Tables& committed, const Registry::Tables& staged) {
+  auto clash = [](const auto& have, const auto& add, const char* kind) -> std::string {
+    for (const auto& kv : add) {
+      auto it = have.find(kv.first);
+      if (it != have.end())
+        return std::string(kind) + ":" + kv.first + " is already registered by plugin '" + it->second.plugin + "' (" +
+               it->second.file + ")";
+    }
+    return {};
+  };
+  for (std::string c :
+       {clash(committed.ops, staged.ops, "op"), clash(committed.observers, staged.observers, "observer"),
+        clash(committed.quantizers, staged.quantizers, "quantizer"), clash(committed.passes, staged.passes, "pass"),
+        clash(committed.sparsers, staged.sparsers, "sparser"), clash(committed.backends, staged.backends, "backend"),
+        clash(committed.kernels, staged.kernels, "kernels")})
+    if (!c.empty()) return c;
+  return {};
+}
+
+/// Moves everything `staged` holds into `committed`, marked as plugin `name`'s from `file`.
+void commit(Registry::Tables& committed, Registry::Tables& staged, const std::string& name, const std::string& file) {
+  auto move = [&](auto& to, auto& from) {
+    for (auto& kv : from) {
+      kv.second.plugin = name;
+      kv.second.file = file;
+      to.emplace(kv.first, std::move(kv.second));
+    }
+  };
+  move(committed.ops, staged.ops);
+  move(committed.observers, staged.observers);
+  move(committed.quantizers, staged.quantizers);
+  move(committed.passes, staged.passes);
+  move(committed.sparsers, staged.sparsers);
+  move(committed.backends, staged.backends);
+  move(committed.kernels, staged.kernels);
+}
+
 }  // namespace
 
 const PluginRecord& Registry::load_file(const std::string& path, const PluginSearch& filter) {
@@ -322,25 +361,8 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
     return refuse("register", "plugin '" + rec.name + "': its register function threw a non-standard exception");
   }
 
-  // Clash check against what is committed, before committing anything.
-  auto clash = [&](const auto& committed, const auto& staged, const char* kind) -> std::string {
-    for (const auto& kv : staged) {
-      auto it = committed.find(kv.first);
-      if (it != committed.end())
-        return std::string(kind) + ":" + kv.first + " is already registered by plugin '" + it->second.plugin + "' (" +
-               it->second.file + ")";
-    }
-    return {};
-  };
-  for (const std::string& c :
-       {clash(tables_->ops, staging.staged.ops, "op"), clash(tables_->observers, staging.staged.observers, "observer"),
-        clash(tables_->quantizers, staging.staged.quantizers, "quantizer"),
-        clash(tables_->passes, staging.staged.passes, "pass"),
-        clash(tables_->sparsers, staging.staged.sparsers, "sparser"),
-        clash(tables_->backends, staging.staged.backends, "backend"),
-        clash(tables_->kernels, staging.staged.kernels, "kernels")}) {
-    if (!c.empty()) return refuse("duplicate", "plugin '" + rec.name + "' (" + path + "): " + c);
-  }
+  if (std::string c = first_clash(*tables_, staging.staged); !c.empty())
+    return refuse("duplicate", "plugin '" + rec.name + "' (" + path + "): " + c);
   // Kernels are made now, so a plugin whose kernels cannot start is refused like any other.
   std::vector<std::pair<c10::DeviceType, std::shared_ptr<QuantKernels>>> kernels;
   for (const auto& kv : staging.staged.kernels) {
@@ -351,20 +373,7 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
                     "plugin '" + rec.name + "': its kernels for '" + kv.first + "' failed to start: " + e.what());
     }
   }
-  auto commit = [&](auto& committed, auto& staged) {
-    for (auto& kv : staged) {
-      kv.second.plugin = rec.name;
-      kv.second.file = path;
-      committed.emplace(kv.first, std::move(kv.second));
-    }
-  };
-  commit(tables_->ops, staging.staged.ops);
-  commit(tables_->observers, staging.staged.observers);
-  commit(tables_->quantizers, staging.staged.quantizers);
-  commit(tables_->passes, staging.staged.passes);
-  commit(tables_->sparsers, staging.staged.sparsers);
-  commit(tables_->backends, staging.staged.backends);
-  commit(tables_->kernels, staging.staged.kernels);
+  commit(*tables_, staging.staged, rec.name, path);
   for (auto& [device, k] : kernels) install_quant_kernels(device, std::move(k), rec.name);
   rec.registered = std::move(staging.names);
   rec.status = PluginRecord::Status::kLoaded;
