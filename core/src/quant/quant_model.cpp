@@ -31,6 +31,20 @@ std::string join(const std::vector<std::string>& v) {
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
   return s.empty() ? "none" : s;
 }
+/// Why streaming calibration cannot serve this model ("" when it can): a pass or a weight
+/// quantizer that works on each layer's cached data.
+std::string needs_layerwise(const std::vector<QuantSlot>& slots, const std::vector<LayerPass>& layer_passes) {
+  if (!layer_passes.empty()) return "pass '" + layer_passes.front().name + "' works layer by layer";
+  for (const auto& s : slots) {
+    if (!s.active() || s.role != InputRole::kWeight) continue;
+    if (s.reconstructed())
+      return s.where() + " uses quantizer '" + s.quantizer_name + "', which learns by layer reconstruction";
+    if (s.solved())
+      return s.where() + " uses quantizer '" + s.quantizer_name + "', which solves the weight from the layer's inputs";
+  }
+  return {};
+}
+
 }  // namespace
 
 QuantModel::QuantModel(Model model, Config config, const Registry& registry, const DataSource& calibration)
@@ -256,17 +270,9 @@ std::vector<at::Tensor> QuantModel::parameters() {
 CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress) {
   slots_->reset_observers();
   if (config_.calibration.mode != "streaming") return run_layerwise(*this, data, progress);
-  std::string why;
-  if (!layer_passes_.empty()) why = "pass '" + layer_passes_.front().name + "' works layer by layer";
-  for (const auto& s : slots())
-    if (why.empty() && s.active() && s.role == InputRole::kWeight && s.reconstructed())
-      why = s.where() + " uses quantizer '" + s.quantizer_name + "', which learns by layer reconstruction";
-    else if (why.empty() && s.active() && s.role == InputRole::kWeight && s.solved())
-      why = s.where() + " uses quantizer '" + s.quantizer_name + "', which solves the weight from the layer's inputs";
-  if (!why.empty()) {
+  if (const std::string why = needs_layerwise(slots(), layer_passes_); !why.empty())
     throw Error(config_.source + ": " + why +
                 "; set [calibration] mode = \"layerwise\" or \"asym\" (now \"streaming\")");
-  }
 
   // Inference mode only while data flows: quantizer parameters made afterwards must be
   // ordinary tensors that autograd (QAT) can train.
