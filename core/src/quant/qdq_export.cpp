@@ -138,14 +138,9 @@ void fold_batchnorms(Graph& g) {
     if (n->op_type == "BatchNormalization" && !fold_batchnorm(g, n))
       sdk::log_debug(n->describe() + ": exported unfolded");
 }
-}  // namespace
-
-Graph export_qdq(const QdqExportInput& in) {
-  Graph g = in.graph.clone();
-  for (const auto& name : in.trained)  // Note [QAT]: the trained values
-    g.initializers[name] = in.executor.constants().at(name).detach().to(at::kCPU).clone();
-  for (const auto& [name, t] : in.states)  // running statistics
-    g.initializers[name.substr(6)] = t.detach().to(at::kCPU).clone();
+/// The opset the export needs (the backend's, 13, and 21 for 4-bit, per-group or 16-bit Q/DQ:
+/// Note [4-bit export]), and `g` lifted to it.
+void lift_for_export(Graph& g, const QdqExportInput& in) {
   std::int64_t opset = std::max<std::int64_t>({g.default_opset(), in.backend.min_export_opset(), 13});
   std::string why = "the backend";
   for (const auto& s : in.slots.all()) {
@@ -163,6 +158,38 @@ Graph export_qdq(const QdqExportInput& in) {
                   "; export at 8 bits (or keep the node in float with `skip`)");
     }
   }
+}
+
+/// Float weights now read by nobody, in the bodies (innermost first: flat order lists a body
+/// after the graph around it) and in the main graph.
+void drop_unread_float_weights(Graph& g) {
+  std::vector<Graph*> graphs;
+  for (const FlatNode& f : flat_nodes(g))
+    if (std::find(graphs.begin(), graphs.end(), f.graph) == graphs.end()) graphs.push_back(f.graph);
+  for (auto it = graphs.rbegin(); it != graphs.rend(); ++it) (*it)->prune_dead();
+  g.prune_dead();
+}
+
+/// The integers' element type of slot `s` in the exported model. uint16 has no LibTorch dtype:
+/// held as int32 and typed UINT16 (4) on export.
+at::ScalarType integer_type(const QuantSlot& s) {
+  const bool is_bias = s.role == InputRole::kBias;
+  const bool wide = !is_bias && s.spec.bits == 16;
+  return is_bias || (wide && !s.spec.symmetric) ? at::kInt
+         : wide                                 ? at::kShort
+         : s.spec.symmetric                     ? at::kChar
+                                                : at::kByte;
+}
+
+}  // namespace
+
+Graph export_qdq(const QdqExportInput& in) {
+  Graph g = in.graph.clone();
+  for (const auto& name : in.trained)  // Note [QAT]: the trained values
+    g.initializers[name] = in.executor.constants().at(name).detach().to(at::kCPU).clone();
+  for (const auto& [name, t] : in.states)  // running statistics
+    g.initializers[name.substr(6)] = t.detach().to(at::kCPU).clone();
+  lift_for_export(g, in);
   // Nodes of every nesting level by the slots' node_index (the 13+ rules add no node), with the
   // graph each sits in: Q/DQ of a node inside a control-flow body go into that body.
   const auto consumers = flat_nodes(g);
@@ -196,11 +223,7 @@ Graph export_qdq(const QdqExportInput& in) {
     }
     const QParams p = is_bias ? s.bias_params : s.quantizer->qparams();
     const bool wide = !is_bias && s.spec.bits == 16;
-    // uint16 has no LibTorch dtype: held as int32 and typed UINT16 (4) on export.
-    const at::ScalarType qtype = is_bias || (wide && !s.spec.symmetric) ? at::kInt
-                                 : wide                                 ? at::kShort
-                                 : s.spec.symmetric                     ? at::kChar
-                                                                        : at::kByte;
+    const at::ScalarType qtype = integer_type(s);
     at::Tensor scale = p.scale.detach().to(at::kCPU, at::kFloat).contiguous();
     at::Tensor zp = p.zero_point.detach().to(at::kCPU, at::kInt).to(qtype).contiguous();
     Node* consumer = consumers[s.node_index].node;
@@ -277,13 +300,7 @@ Graph export_qdq(const QdqExportInput& in) {
     throw Error("backend '" + in.backend_name + "' (plugin '" + in.backend_plugin +
                 "') export adjustment: " + e.what());
   }
-  // Float weights now read by nobody, in the bodies (innermost first: flat order lists a body
-  // after the graph around it) and in the main graph.
-  std::vector<Graph*> graphs;
-  for (const FlatNode& f : flat_nodes(g))
-    if (std::find(graphs.begin(), graphs.end(), f.graph) == graphs.end()) graphs.push_back(f.graph);
-  for (auto it = graphs.rbegin(); it != graphs.rend(); ++it) (*it)->prune_dead();
-  g.prune_dead();
+  drop_unread_float_weights(g);
   g.topological_sort();
   g.validate();
   if (in.backend.checks_u8s8_saturation()) {  // Note [u8s8 saturation]
