@@ -8,7 +8,8 @@ both (g++ -fdump-lang-class) and, for every class of the released SDK:
   - its virtual table is unchanged: the host calls plugins' objects through it, and an old
     plugin's table has no slot for a new virtual. New optional roles are new interfaces
     (Note [Capabilities]). Interfaces the host implements and plugins only call (Registrar,
-    QuantState, LayerState) may add virtuals at the end.
+    QuantState, LayerState) may add virtuals at the end, each with a body (a plugin's test double
+    implementing one must keep compiling).
 
   check-sdk-growth.py --cxx g++ --released DIR --current DIR [-I INCLUDE]...
 DIR holds sparsebit/sdk/*.h. Exits 1 naming each difference.
@@ -80,6 +81,9 @@ def main():
             if ntable[: len(table)] != table:
                 problems.append(f"{name}: its virtual functions changed; the host's own interfaces may only "
                                 f"add virtuals at the end")
+            elif any("__cxa_pure_virtual" in slot for slot in ntable[len(table):]):
+                problems.append(f"{name}: a virtual added at its end is pure; give it a body, or implementations "
+                                f"outside the host (a plugin's test double) stop compiling")
         elif ntable != table:
             problems.append(f"{name}: its virtual table changed ({len(table)} -> {len(ntable)} slots); a plugin "
                             f"built before implements the old one: add a new interface instead "

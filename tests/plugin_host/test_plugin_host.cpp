@@ -7,6 +7,10 @@
 
 #include <ATen/ATen.h>
 
+#include "prune_testing.h"
+#include "sparsebit/core/executor.h"
+#include "sparsebit/core/opset_lift.h"
+#include "sparsebit/core/prune.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/error.h"
@@ -143,6 +147,86 @@ TEST_F(PluginHost, ThrowingRegisterLeavesNothingBehind) {
   EXPECT_EQ(p->gate, "register");
   EXPECT_NE(p->reason.find("fixture failure during registration"), std::string::npos) << p->reason;
   EXPECT_FALSE(registry_.observer("fixture_half_registered"));  // staged, never committed
+}
+
+// conv1 -> com.acme:<op>(a, s) -> Pad (spatial) -> conv2: the vendor's op between two layers
+// (fixture_third_party_op), in a model of the given opset.
+testing::Builder acme_block(const std::string& op, std::int64_t opset = 17) {
+  testing::Builder b({1, 3, 4, 4}, opset);
+  b.g.opset_imports["com.acme"] = 1;
+  at::manual_seed(11);
+  b.constant("w1", at::randn({8, 3, 1, 1}));
+  b.constant("s", at::rand({8}) + 0.5);
+  b.constant("w2", at::randn({2, 8, 1, 1}));
+  const std::vector<std::int64_t> pads = {0, 0, 1, 1, 0, 0, 1, 1};
+  b.add("conv1", "Conv", {"x", "w1"}, {"a"});
+  b.add("scale", op, {"a", "s"}, {"b"})->domain = "com.acme";
+  if (opset >= 11) {
+    b.constant("pads", at::tensor(pads));
+    b.add("pad", "Pad", {"b", "pads"}, {"c"});
+  } else {  // before opset 11 the pads are an attribute
+    b.add("pad", "Pad", {"b"}, {"c"}, {{"pads", Attribute::of_ints(pads)}});
+  }
+  b.add("conv2", "Conv", {"c", "w2"}, {"y"});
+  return b;
+}
+
+PruneResult prune_half(const Graph& g, const Registry& registry) {
+  Model m{g.clone(), {}};
+  at::manual_seed(7);
+  return prune(m, testing::sparse_config("[sparse]\nsparser = \"l1_structured\"\nratio = 0.5\n"), registry,
+               {at::randn({1, 3, 4, 4})});
+}
+
+TEST_F(PluginHost, AThirdPartyOpIsPrunedThroughByItsChannelFlow) {
+  const testing::Builder b = acme_block("ChannelScale");
+  ASSERT_TRUE(registry_.op_trait<ChannelFlow>("ChannelScale", "com.acme"));
+  const PruneResult r = prune_half(b.g, registry_);
+  EXPECT_EQ(r.channels_removed, 4);
+  // conv1 is the group's only producer: its 4 filters of largest L1 norm stay, and the vendor's
+  // per-channel constant and conv2's input channels are sliced with them.
+  const auto& o = b.g.initializers;
+  const at::Tensor keep = std::get<0>(std::get<1>(o.at("w1").abs().sum({1, 2, 3}).topk(4)).sort());
+  const auto& p = r.pruned.graph.initializers;
+  EXPECT_TRUE(at::equal(p.at("w1"), o.at("w1").index_select(0, keep)));
+  EXPECT_TRUE(at::equal(p.at("s"), o.at("s").index_select(0, keep)));
+  EXPECT_TRUE(at::equal(p.at("w2"), o.at("w2").index_select(1, keep)));
+  const at::Tensor x = at::randn({2, 3, 4, 4});
+  Executor pruned(r.pruned.graph, registry_), masked(r.masked.graph, registry_);
+  EXPECT_TRUE(at::allclose(pruned.run({{"x", x}})[0], masked.run({{"x", x}})[0], 1e-5, 1e-5));
+}
+
+// Lifting opset 10 -> 13 rewrites Pad's attribute into an input typed like its data, the vendor
+// op's output: its type comes from running the model on a sample, which runs the vendor's op.
+TEST_F(PluginHost, AThirdPartyOpIsLiftedThroughAndThenPrunedThrough) {
+  const testing::Builder b = acme_block("ChannelScale", 10);
+  Model m{b.g.clone(), {}};
+  const LiftReport lift = lift_model(m, 13, registry_, {at::randn({1, 3, 4, 4})});
+  EXPECT_EQ(lift.to, 13);
+  EXPECT_TRUE(lift.checked);
+  EXPECT_EQ(lift.max_abs_diff, 0.0);
+  const Node* pad = m.graph.find_node("pad");
+  ASSERT_TRUE(pad && pad->has_input(1));
+  EXPECT_TRUE(at::equal(m.graph.initializers.at(pad->inputs[1]),
+                        at::tensor(std::vector<std::int64_t>{0, 0, 1, 1, 0, 0, 1, 1})));
+  const PruneResult r = prune_half(m.graph, registry_);
+  EXPECT_EQ(r.channels_removed, 4);
+  EXPECT_EQ(r.pruned.graph.initializers.at("s").size(0), 4);
+}
+
+TEST_F(PluginHost, AThirdPartyOpWithoutChannelFlowKeepsTheChannels) {
+  const PruneResult r = prune_half(acme_block("Opaque").g, registry_);
+  EXPECT_EQ(r.channels_removed, 0);
+  ASSERT_EQ(r.notes.size(), 2u);  // conv2's channels are the graph output's
+  EXPECT_EQ(r.notes[0], "channels of conv1: 8 of 8 kept, held by node 'scale' (com.acme:Opaque)");
+}
+
+TEST_F(PluginHost, TraitsForAnOpThePluginDoesNotRegisterAreRefused) {
+  const PluginRecord* p = find(registry_, "fixture_traits_without_op");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, PluginRecord::Status::kRefused);
+  EXPECT_EQ(p->gate, "register");
+  EXPECT_NE(p->reason.find("traits for op:Relu, which it does not register"), std::string::npos) << p->reason;
 }
 
 TEST_F(PluginHost, DuplicateNameIsRefusedNamingBothLibraries) {

@@ -41,7 +41,8 @@ struct Registry::Tables {
   std::map<std::string, Entry<PassFactory>> passes;
   std::map<std::string, Entry<SparserFactory>> sparsers;
   std::map<std::string, Entry<BackendFactory>> backends;
-  std::map<std::string, Entry<KernelsFactory>> kernels;  // key: device type, "cuda"
+  std::map<std::string, Entry<KernelsFactory>> kernels;                     // key: device type, "cuda"
+  std::map<std::string, Entry<std::shared_ptr<const OpTraits>>> op_traits;  // keyed as ops
 };
 
 namespace {
@@ -77,6 +78,20 @@ class StagingRegistrar final : public Registrar {
   }
   void add_kernels_factory(const std::string& device, KernelsFactory f) override {
     put(staged.kernels, "kernels", device, std::move(f));
+  }
+  void add_op_traits_object(const std::string& op_type, const std::string& domain,
+                            std::shared_ptr<const OpTraits> traits) override {
+    const std::string key = op_key(op_type, domain);
+    if (!traits) throw Error("registered empty traits for op:" + key);
+    if (staged.op_traits.count(key)) throw Error("registered traits for op:" + key + " twice");
+    staged.op_traits.emplace(key, Entry<std::shared_ptr<const OpTraits>>{std::move(traits), {}, {}});
+  }
+  /// Traits belong to an op this plugin registers: another plugin's op may change under them.
+  void check_traits() const {
+    for (const auto& kv : staged.op_traits)
+      if (!staged.ops.count(kv.first))
+        throw Error("registered traits for op:" + kv.first +
+                    ", which it does not register (traits are registered with their op, by the same plugin)");
   }
 
  private:
@@ -288,6 +303,7 @@ void commit(Registry::Tables& committed, Registry::Tables& staged, const std::st
   move(committed.sparsers, staged.sparsers);
   move(committed.backends, staged.backends);
   move(committed.kernels, staged.kernels);
+  move(committed.op_traits, staged.op_traits);
 }
 
 }  // namespace
@@ -355,6 +371,7 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
   StagingRegistrar staging;
   try {
     d->register_fn(staging);
+    staging.check_traits();
   } catch (const std::exception& e) {
     return refuse("register", "plugin '" + rec.name + "': its register function threw: " + e.what());
   } catch (...) {
@@ -398,6 +415,10 @@ const Entry<QuantizerFactory>* Registry::quantizer(const std::string& n) const {
 const Entry<PassFactory>* Registry::pass(const std::string& n) const { return lookup(tables_->passes, n); }
 const Entry<SparserFactory>* Registry::sparser(const std::string& n) const { return lookup(tables_->sparsers, n); }
 const Entry<BackendFactory>* Registry::backend(const std::string& n) const { return lookup(tables_->backends, n); }
+const OpTraits* Registry::op_traits(const std::string& op_type, const std::string& domain) const {
+  const auto* e = lookup(tables_->op_traits, op_key(op_type, domain));
+  return e ? e->factory.get() : nullptr;
+}
 
 std::vector<std::string> Registry::names(const std::string& kind) const {
   std::vector<std::string> out;

@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <optional>
-#include <set>
 
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/op_traits.h"
 
 namespace sparsebit::prune_detail {
 namespace {
@@ -27,20 +27,6 @@ std::vector<std::int64_t> int_values(const at::Tensor& t) {
   at::Tensor c = t.to(at::kLong).contiguous().flatten();
   return {c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel()};
 }
-
-const std::set<std::string> kUnary = {
-    "Relu",     "LeakyRelu", "Sigmoid", "Tanh",  "HardSigmoid", "HardSwish", "Elu",  "Selu", "Celu", "Softplus",
-    "Softsign", "Gelu",      "Mish",    "Erf",   "Exp",         "Log",       "Abs",  "Neg",  "Sqrt", "Reciprocal",
-    "Floor",    "Ceil",      "Round",   "Sign",  "Identity",    "Dropout",   "Cast", "Sin",  "Cos",  "ThresholdedRelu",
-    "Clip",     "Not",       "IsNaN",   "IsInf", "Shrink"};
-const std::set<std::string> kBroadcast = {
-    "Add",  "Sub",   "Mul",   "Div",   "Pow",     "Max",     "Min",         "Sum",
-    "Mean", "PRelu", "Where", "Equal", "Less",    "Greater", "LessOrEqual", "GreaterOrEqual",
-    "And",  "Or",    "Xor",   "Mod",   "BitShift"};
-const std::set<std::string> kPool = {"MaxPool",       "AveragePool", "GlobalAveragePool",
-                                     "GlobalMaxPool", "LpPool",      "GlobalLpPool"};
-const std::set<std::string> kReduce = {"ReduceMean", "ReduceSum", "ReduceMax",    "ReduceMin",       "ReduceProd",
-                                       "ReduceL1",   "ReduceL2",  "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"};
 
 }  // namespace
 
@@ -104,182 +90,112 @@ std::int64_t ChannelAnalysis::attr_axis(const Node& n, const char* key, std::int
   return a < 0 ? a + rank : a;
 }
 
-std::optional<std::vector<std::int64_t>> ChannelAnalysis::axes_of(const Node& n, const char* key, std::size_t input,
-                                                                  std::int64_t rank) const {
-  std::vector<std::int64_t> axes;
-  if (n.has_attr(key)) axes = n.attr_ints(key);
-  else if (n.has_input(input)) {
-    auto c = constant_value(g_, n.inputs[input]);
-    if (!c) return std::nullopt;
-    axes = int_values(*c);
-  }
-  for (auto& a : axes) a = a < 0 ? a + rank : a;
-  return axes;
-}
-
 void ChannelAnalysis::visit(std::size_t i, const Node& n,
                             const std::function<std::pair<bool, double>(const Node&)>& prunable) {
   const std::string& op = n.op_type;
+  const bool onnx = n.domain.empty() || n.domain == "ai.onnx";
+  if (onnx && (op == "Conv" || op == "ConvTranspose")) return conv(i, n, prunable);
+  if (onnx && (op == "Gemm" || op == "MatMul")) return matmul(i, n, prunable);
+  std::vector<std::size_t> carried;  // inputs whose channels are tracked
+  for (std::size_t k = 0; k < n.inputs.size(); ++k)
+    if (n.has_input(k) && tracked(n.inputs[k])) carried.push_back(k);
+  if (carried.empty()) return;
+  if (registry_.op_trait<Elementwise>(op, n.domain)) return broadcast(i, n);
+  if (onnx && op == "Concat") return concat(n);
+  if (carried.size() > 1) return pin_inputs(n);
+  const Track x = *tracked(n.inputs[carried[0]]);
+  if (onnx && carried[0] == 0 && (op == "Flatten" || op == "Reshape")) return flatten(i, n, x);
+  follow(i, n, carried[0], x);
+}
+
+void ChannelAnalysis::conv(std::size_t i, const Node& n,
+                           const std::function<std::pair<bool, double>(const Node&)>& prunable) {
+  const std::string& op = n.op_type;
+  Track* x = n.inputs.empty() ? nullptr : tracked(n.inputs[0]);
+  const at::Tensor* w = n.inputs.size() > 1 ? initializer(n.inputs[1]) : nullptr;
+  const std::int64_t group = n.attr_int("group", 1);
+  const bool transpose = op == "ConvTranspose";
+  if (!w || w->dim() < 3) return pin_inputs(n);
+  const std::int64_t in_axis = transpose ? 0 : 1, out_axis = transpose ? 1 : 0;
+  if (x) {
+    if (x->axis != 1) return pin_inputs(n);
+    const bool depthwise = !transpose && group > 1 && group == static_cast<std::int64_t>(x->atoms.size()) &&
+                           w->size(0) == group && w->size(1) == 1;
+    if (depthwise) {
+      if (!param(i, n, 1, 0, x->atoms) || !param(i, n, 2, 0, x->atoms)) return pin_inputs(n);
+      counts.push_back({i, -1, 0, x->atoms});
+      return set_output(n, 0, *x);
+    }
+    if (group != 1 || !param(i, n, 1, in_axis, x->atoms, Site::kConsumer)) pin(*x);
+  }
+  if (group != 1) return;
+  Track out{1, {}};
+  new_producer(i, n, w->size(out_axis), out, prunable);
+  if (!param(i, n, 1, out_axis, out.atoms, Site::kProducer) || !param(i, n, 2, 0, out.atoms, Site::kProducer)) pin(out);
+  return set_output(n, 0, out);
+}
+
+void ChannelAnalysis::matmul(std::size_t i, const Node& n,
+                             const std::function<std::pair<bool, double>(const Node&)>& prunable) {
+  const std::string& op = n.op_type;
   Track* x = n.inputs.empty() ? nullptr : tracked(n.inputs[0]);
   const Shape* xs = n.inputs.empty() ? nullptr : shape(n.inputs[0]);
-  const bool onnx = n.domain.empty() || n.domain == "ai.onnx";
-  if (!onnx) return pin_inputs(n);
-
-  if (op == "Conv" || op == "ConvTranspose") {
-    const at::Tensor* w = n.inputs.size() > 1 ? initializer(n.inputs[1]) : nullptr;
-    const std::int64_t group = n.attr_int("group", 1);
-    const bool transpose = op == "ConvTranspose";
-    if (!w || w->dim() < 3) return pin_inputs(n);
-    const std::int64_t in_axis = transpose ? 0 : 1, out_axis = transpose ? 1 : 0;
-    if (x) {
-      if (x->axis != 1) return pin_inputs(n);
-      const bool depthwise = !transpose && group > 1 && group == static_cast<std::int64_t>(x->atoms.size()) &&
-                             w->size(0) == group && w->size(1) == 1;
-      if (depthwise) {
-        if (!param(i, n, 1, 0, x->atoms) || !param(i, n, 2, 0, x->atoms)) return pin_inputs(n);
-        counts.push_back({i, -1, 0, x->atoms});
-        return set_output(n, 0, *x);
-      }
-      if (group != 1 || !param(i, n, 1, in_axis, x->atoms, Site::kConsumer)) pin(*x);
-    }
-    if (group != 1) return;
-    Track out{1, {}};
-    new_producer(i, n, w->size(out_axis), out, prunable);
-    if (!param(i, n, 1, out_axis, out.atoms, Site::kProducer) || !param(i, n, 2, 0, out.atoms, Site::kProducer))
-      pin(out);
-    return set_output(n, 0, out);
-  }
-  if (op == "Gemm" || op == "MatMul") {
-    const at::Tensor* w = n.inputs.size() > 1 ? initializer(n.inputs[1]) : nullptr;
-    const bool gemm = op == "Gemm";
-    const bool trans_b = gemm && n.attr_int("transB", 0) != 0;
-    if (!w || w->dim() != 2 || (gemm && n.attr_int("transA", 0) != 0) || !xs || xs->size() < (gemm ? 2u : 1u))
-      return pin_inputs(n);
-    const std::int64_t in_axis = trans_b ? 1 : 0, out_axis = trans_b ? 0 : 1;
-    const std::int64_t last = static_cast<std::int64_t>(xs->size()) - 1;
-    if (x && (x->axis != last || !param(i, n, 1, in_axis, x->atoms, Site::kConsumer))) pin(*x);
-    if (xs->size() < 2) return;
-    Track out{last, {}};
-    new_producer(i, n, w->size(out_axis), out, prunable);
-    bool ok = param(i, n, 1, out_axis, out.atoms, Site::kProducer);
-    if (gemm && n.has_input(2)) {
-      const at::Tensor* c = initializer(n.inputs[2]);
-      if (!c) ok = false;
-      else if (c->dim() > 0 && c->size(c->dim() - 1) != 1)
-        ok = ok && param(i, n, 2, c->dim() - 1, out.atoms, Site::kProducer);
-    }
-    if (!ok) pin(out);
-    return set_output(n, 0, out);
-  }
-  if (!x) {
-    // Nothing tracked in input 0: still, a tracked tensor elsewhere must be handled.
-    bool any = false;
-    for (const auto& in : n.inputs) any = any || tracked(in);
-    if (!any) return;
-    if (!kBroadcast.count(op) && op != "Concat") return pin_inputs(n);
-  }
-  if (op == "BatchNormalization" || op == "InstanceNormalization") {
-    if (x->axis != 1 || n.outputs.size() > 1) return pin_inputs(n);
-    for (std::size_t k = 1; k < n.inputs.size(); ++k)
-      if (!param(i, n, k, 0, x->atoms)) return pin_inputs(n);
-    return set_output(n, 0, *x);
-  }
-  if (kUnary.count(op)) {
-    for (std::size_t k = 1; k < n.inputs.size(); ++k) {
-      if (!n.has_input(k)) continue;
-      const Shape* s = shape(n.inputs[k]);
-      if (!s || product(*s) != 1) return pin_inputs(n);
-    }
-    return set_output(n, 0, *x);
-  }
-  if (kPool.count(op)) {
-    if (x->axis != 1 || n.outputs.size() > 1) return pin_inputs(n);
-    return set_output(n, 0, *x);
-  }
-  if (kBroadcast.count(op)) return broadcast(i, n);
-  if (op == "Concat") return concat(n);
-  if (op == "Flatten" || op == "Reshape") return flatten(i, n, *x);
-  if (op == "Transpose") {
-    const auto perm = n.attr_ints("perm");
-    for (std::size_t k = 0; k < perm.size(); ++k)
-      if (perm[k] == x->axis) return set_output(n, 0, Track{static_cast<std::int64_t>(k), x->atoms});
-    if (perm.empty() && xs)
-      return set_output(n, 0, Track{static_cast<std::int64_t>(xs->size()) - 1 - x->axis, x->atoms});
+  const at::Tensor* w = n.inputs.size() > 1 ? initializer(n.inputs[1]) : nullptr;
+  const bool gemm = op == "Gemm";
+  const bool trans_b = gemm && n.attr_int("transB", 0) != 0;
+  if (!w || w->dim() != 2 || (gemm && n.attr_int("transA", 0) != 0) || !xs || xs->size() < (gemm ? 2u : 1u))
     return pin_inputs(n);
+  const std::int64_t in_axis = trans_b ? 1 : 0, out_axis = trans_b ? 0 : 1;
+  const std::int64_t last = static_cast<std::int64_t>(xs->size()) - 1;
+  if (x && (x->axis != last || !param(i, n, 1, in_axis, x->atoms, Site::kConsumer))) pin(*x);
+  if (xs->size() < 2) return;
+  Track out{last, {}};
+  new_producer(i, n, w->size(out_axis), out, prunable);
+  bool ok = param(i, n, 1, out_axis, out.atoms, Site::kProducer);
+  if (gemm && n.has_input(2)) {
+    const at::Tensor* c = initializer(n.inputs[2]);
+    if (!c) ok = false;
+    else if (c->dim() > 0 && c->size(c->dim() - 1) != 1)
+      ok = ok && param(i, n, 2, c->dim() - 1, out.atoms, Site::kProducer);
   }
-  if (!xs) return pin_inputs(n);
-  const std::int64_t rank = static_cast<std::int64_t>(xs->size());
-  if (op == "Softmax" || op == "LogSoftmax" || op == "Hardmax") {
-    const std::int64_t axis = attr_axis(n, "axis", g_.default_opset() >= 13 ? -1 : 1, rank);
-    const bool mixes = g_.default_opset() >= 13 ? axis == x->axis : x->axis >= axis;
-    if (mixes) return pin_inputs(n);
-    return set_output(n, 0, *x);
+  if (!ok) pin(out);
+  return set_output(n, 0, out);
+}
+
+void ChannelAnalysis::follow(std::size_t i, const Node& n, std::size_t input, const Track& x) {
+  const auto* flow = registry_.op_trait<ChannelFlow>(n.op_type, n.domain);
+  if (!flow) return pin_inputs(n);
+  const auto version = g_.opset_imports.find(n.domain == "ai.onnx" ? "" : n.domain);
+  ChannelQuery q{n,
+                 g_,
+                 version == g_.opset_imports.end() ? g_.default_opset() : version->second,
+                 input,
+                 x.axis,
+                 static_cast<std::int64_t>(x.atoms.size()),
+                 [this](const std::string& v) { return shape(v); },
+                 [this](const std::string& v) { return constant_value(g_, v); }};
+  ChannelFlowAnswer a;
+  const auto* entry = registry_.op(n.op_type, n.domain);
+  const std::string plugin = entry ? "plugin '" + entry->plugin + "'" : "its plugin";
+  try {
+    a = flow->channel_flow(q);
+  } catch (const std::exception& e) {
+    throw Error(n.describe() + ": the channel flow of " + plugin + " failed: " + e.what());
   }
-  if (kReduce.count(op)) {
-    auto axes = axes_of(n, "axes", 1, rank);
-    if (!axes || axes->empty() || std::count(axes->begin(), axes->end(), x->axis)) return pin_inputs(n);
-    std::int64_t axis = x->axis;
-    if (n.attr_int("keepdims", 1) == 0)
-      axis -= std::count_if(axes->begin(), axes->end(), [&](auto a) { return a < x->axis; });
-    return set_output(n, 0, Track{axis, x->atoms});
+  for (const auto& o : a.outputs) {
+    const Shape* s = o.index < n.outputs.size() ? shape(n.outputs[o.index]) : nullptr;
+    if (o.index >= n.outputs.size() || o.axis < 0 || (s && o.axis >= static_cast<std::int64_t>(s->size())))
+      throw Error(n.describe() + ": the channel flow of " + plugin + " names output " + std::to_string(o.index) +
+                  " axis " + std::to_string(o.axis) + ", which the node does not have");
   }
-  if (op == "Squeeze" || op == "Unsqueeze") {
-    auto axes = axes_of(n, "axes", 1, op == "Squeeze" ? rank : rank + 0);
-    const Shape* os = shape(n.outputs[0]);
-    if (!axes || !os) return pin_inputs(n);
-    std::int64_t axis = x->axis;
-    if (op == "Squeeze") {
-      if (axes->empty() || std::count(axes->begin(), axes->end(), x->axis)) return pin_inputs(n);
-      axis -= std::count_if(axes->begin(), axes->end(), [&](auto a) { return a < x->axis; });
-    } else {
-      const std::int64_t out_rank = static_cast<std::int64_t>(os->size());
-      std::vector<bool> inserted(static_cast<std::size_t>(out_rank), false);
-      for (auto a : *axes) {
-        const std::int64_t p = a < 0 ? a + out_rank : a;
-        if (p < 0 || p >= out_rank) return pin_inputs(n);
-        inserted[static_cast<std::size_t>(p)] = true;
-      }
-      std::int64_t seen = -1;
-      for (std::int64_t p = 0; p < out_rank; ++p)
-        if (!inserted[static_cast<std::size_t>(p)] && ++seen == x->axis) axis = p;
-    }
-    return set_output(n, 0, Track{axis, x->atoms});
-  }
-  if (op == "Resize" || op == "Upsample") {
-    const std::size_t scales_input = op == "Resize" ? 2 : 1;
-    if (op == "Resize" && n.has_input(3)) return pin_inputs(n);
-    auto scales = n.has_input(scales_input) ? constant_value(g_, n.inputs[scales_input]) : std::nullopt;
-    if (!scales && n.has_attr("scales")) scales = at::tensor(n.attr_floats("scales"));
-    if (!scales || scales->numel() != rank || scales->to(at::kDouble)[x->axis].item<double>() != 1.0)
-      return pin_inputs(n);
-    return set_output(n, 0, *x);
-  }
-  if (op == "Pad") {
-    std::vector<std::int64_t> pads;
-    if (n.has_attr("pads")) pads = n.attr_ints("pads");
-    else if (auto c = n.has_input(1) ? constant_value(g_, n.inputs[1]) : std::nullopt) pads = int_values(*c);
-    if (n.has_input(3) || static_cast<std::int64_t>(pads.size()) != 2 * rank || pads[x->axis] != 0 ||
-        pads[x->axis + rank] != 0)
-      return pin_inputs(n);
-    return set_output(n, 0, *x);
-  }
-  if (op == "Slice") {
-    auto axes = n.has_input(3) ? axes_of(n, "", 3, rank) : std::nullopt;
-    if (!n.has_input(3)) {
-      const Shape* starts = n.has_input(1) ? shape(n.inputs[1]) : nullptr;
-      if (!starts || starts->size() != 1) return pin_inputs(n);
-      axes = std::vector<std::int64_t>();
-      for (std::int64_t a = 0; a < (*starts)[0]; ++a) axes->push_back(a);
-    }
-    if (!axes || std::count(axes->begin(), axes->end(), x->axis)) return pin_inputs(n);
-    return set_output(n, 0, *x);
-  }
-  if (op == "Split") {
-    if (attr_axis(n, "axis", 0, rank) == x->axis) return pin_inputs(n);
-    for (std::size_t k = 0; k < n.outputs.size(); ++k) set_output(n, k, *x);
-    return;
-  }
-  pin_inputs(n);
+  for (const auto& p : a.params)
+    if (p.index >= n.inputs.size() || p.axis < 0)
+      throw Error(n.describe() + ": the channel flow of " + plugin + " names input " + std::to_string(p.index) +
+                  " axis " + std::to_string(p.axis) + ", which the node does not have");
+  if (a.outputs.empty()) return pin_inputs(n);
+  for (const auto& p : a.params)
+    if (!param(i, n, p.index, p.axis, x.atoms)) return pin_inputs(n);
+  for (const auto& o : a.outputs) set_output(n, o.index, Track{o.axis, x.atoms});
 }
 
 void ChannelAnalysis::broadcast(std::size_t i, const Node& n) {

@@ -58,7 +58,10 @@ struct Producer {
 
 class ChannelAnalysis {
  public:
-  ChannelAnalysis(const Graph& g, const Shapes& shapes) : g_(g), shapes_(shapes) {}
+  /// Ops other than the producers (Conv, Gemm, MatMul), the elementwise ones, Concat and
+  /// Flatten/Reshape say through their ChannelFlow trait in `registry` how channels pass.
+  ChannelAnalysis(const Graph& g, const Shapes& shapes, const Registry& registry)
+      : g_(g), shapes_(shapes), registry_(registry) {}
 
   UnionFind uf;
   std::vector<bool> pinned;           // by atom
@@ -75,6 +78,7 @@ class ChannelAnalysis {
  private:
   const Graph& g_;
   const Shapes& shapes_;
+  const Registry& registry_;
   std::map<std::string, Track> tracks_;
   const Node* current_ = nullptr;
 
@@ -98,10 +102,6 @@ class ChannelAnalysis {
     return true;
   }
   std::int64_t attr_axis(const Node& n, const char* key, std::int64_t fallback, std::int64_t rank) const;
-  /// Axes from attribute `key` or, when absent, from constant input `input`; nullopt if unknown.
-  std::optional<std::vector<std::int64_t>> axes_of(const Node& n, const char* key, std::size_t input,
-                                                   std::int64_t rank) const;
-
   void new_producer(std::size_t i, const Node& n, std::int64_t channels, Track& out,
                     const std::function<std::pair<bool, double>(const Node&)>& prunable) {
     auto [ok, ratio] = prunable(n);
@@ -112,6 +112,12 @@ class ChannelAnalysis {
   }
 
   void visit(std::size_t i, const Node& n, const std::function<std::pair<bool, double>(const Node&)>& prunable);
+
+  void conv(std::size_t i, const Node& n, const std::function<std::pair<bool, double>(const Node&)>& prunable);
+  /// Gemm and MatMul with a constant 2-D weight.
+  void matmul(std::size_t i, const Node& n, const std::function<std::pair<bool, double>(const Node&)>& prunable);
+  /// An op with one tracked input (`input`), through its ChannelFlow trait; pinned without one.
+  void follow(std::size_t i, const Node& n, std::size_t input, const Track& x);
 
   void broadcast(std::size_t i, const Node& n);
 

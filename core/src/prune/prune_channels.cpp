@@ -35,7 +35,7 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
   normalized.prune_dead();
   const Graph& g = normalized;
   const Shapes shapes = run_shapes(g, registry, sample);
-  ChannelAnalysis an(g, shapes);
+  ChannelAnalysis an(g, shapes, registry);
   an.run([&](const Node& n) -> std::pair<bool, double> {
     if (matches_any(n.name, cfg.skip)) return {false, 0.0};
     const double ratio = ratio_for(cfg, n.name);

@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 
+#include "channel_flow.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -215,6 +216,27 @@ class QMul final : public QModule {
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::mul(in.at(0), in.at(1))}; }
 };
 
+/// Softmax, LogSoftmax, Hardmax: channels pass unless the op normalizes across them (along
+/// `axis` from opset 13 on, over `axis` and every axis after it before).
+class SoftmaxChannels final : public ChannelFlow {
+ public:
+  ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
+    const std::int64_t rank = tracked_rank(q);
+    if (q.input != 0 || rank < 0) return {};
+    const std::int64_t axis = normalized_axis(q.node.attr_int("axis", q.opset >= 13 ? -1 : 1), rank);
+    const bool mixes = q.opset >= 13 ? axis == q.axis : q.axis >= axis;
+    return mixes ? ChannelFlowAnswer{} : carried_to_output(q.axis);
+  }
+};
+
+void register_traits(Registrar& r) {
+  for (const char* op : {"Relu", "Sigmoid", "HardSigmoid", "Clip", "Shrink", "LeakyRelu", "Elu", "Celu", "Selu",
+                         "ThresholdedRelu", "HardSwish", "Mish", "Tanh", "Softplus", "Softsign", "Gelu"})
+    r.add_op_traits<SameChannels>(op);
+  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax"}) r.add_op_traits<SoftmaxChannels>(op);
+  for (const char* op : {"Add", "Mul", "PRelu"}) r.add_op_traits<Elementwise>(op);
+}
+
 void register_all(Registrar& r) {
   r.add_op<QRelu>("Relu");
   r.add_op<QSigmoid>("Sigmoid");
@@ -263,6 +285,7 @@ void register_all(Registrar& r) {
     if (approx != "none" && approx != "tanh") throw Error(n.describe() + ": approximate must be 'none' or 'tanh'");
     return [approx](const at::Tensor& x) { return at::gelu(x, approx); };
   });
+  register_traits(r);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <optional>
 
+#include "channel_flow.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -280,6 +281,34 @@ at::Tensor bool_op(const at::Tensor& x, at::Tensor (*fn)(const at::Tensor&, cons
   return fn(x.to(at::kBool), y.to(at::kBool));
 }
 
+/// Reductions: channels pass when the channel axis is not reduced, to the axis it becomes.
+class ReduceChannels final : public ChannelFlow {
+ public:
+  ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
+    const std::int64_t rank = tracked_rank(q);
+    if (q.input != 0 || rank < 0) return {};
+    const auto axes = axes_of(q, "axes", 1, rank);
+    if (!axes || axes->empty() || std::count(axes->begin(), axes->end(), q.axis)) return {};
+    std::int64_t axis = q.axis;
+    if (q.node.attr_int("keepdims", 1) == 0)
+      axis -= std::count_if(axes->begin(), axes->end(), [&](std::int64_t a) { return a < q.axis; });
+    return carried_to_output(axis);
+  }
+};
+
+void register_traits(Registrar& r) {
+  for (const char* op :
+       {"Exp", "Log",  "Abs",  "Neg",  "Sqrt", "Reciprocal", "Floor", "Ceil",  "Round", "Sign",  "Erf",   "Sin", "Cos",
+        "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh",       "Asinh", "Acosh", "Atanh", "IsNaN", "IsInf", "Not"})
+    r.add_op_traits<SameChannels>(op);
+  for (const char* op : {"Sub", "Div", "Pow", "Mod", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And",
+                         "Or", "Xor", "Min", "Max", "Sum", "Mean", "Where"})
+    r.add_op_traits<Elementwise>(op);
+  for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                         "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
+    r.add_op_traits<ReduceChannels>(op);
+}
+
 void register_all(Registrar& r) {
   add_unary(r, "Sqrt", [](const at::Tensor& x) { return at::sqrt(x); });
   add_unary(r, "Exp", [](const at::Tensor& x) { return at::exp(x); });
@@ -347,6 +376,7 @@ void register_all(Registrar& r) {
   r.add_op<QCumSum>("CumSum");
   r.add_op<QEinsum>("Einsum");
   add_unary(r, "Det", [](const at::Tensor& x) { return at::linalg_det(x); });
+  register_traits(r);
 }
 
 }  // namespace

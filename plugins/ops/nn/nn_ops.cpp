@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include "channel_flow.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/data_parallel.h"
 #include "sparsebit/sdk/plugin.h"
@@ -504,6 +505,9 @@ void register_all(Registrar& r) {
   r.add_op<QGroupNorm>("GroupNormalization");
   r.add_op<QLRN>("LRN");
   r.add_op<QMeanVarianceNorm>("MeanVarianceNormalization");
+  for (const char* op : {"BatchNormalization", "InstanceNormalization"}) r.add_op_traits<PerChannelNormalization>(op);
+  for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
+    r.add_op_traits<PooledChannels>(op);
 }
 
 }  // namespace

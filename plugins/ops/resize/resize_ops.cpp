@@ -13,6 +13,7 @@
 #include <cmath>
 #include <optional>
 
+#include "channel_flow.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -278,9 +279,27 @@ class QUpsample final : public NodeQModule {
   ResizeMode m_;
 };
 
+/// Resize and Upsample keep the channels when their scale along the channel axis is 1.
+class ResizeChannels final : public ChannelFlow {
+ public:
+  ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
+    const std::int64_t rank = tracked_rank(q);
+    if (q.input != 0 || rank < 0) return {};
+    const bool resize = q.node.op_type == "Resize";
+    if (resize && q.node.has_input(3)) return {};  // output sizes instead of scales
+    const std::size_t scales_input = resize && q.opset >= 11 ? 2 : 1;
+    auto scales = q.node.has_input(scales_input) ? q.constant(q.node.inputs[scales_input]) : std::nullopt;
+    if (!scales && q.node.has_attr("scales")) scales = at::tensor(q.node.attr_floats("scales"));
+    if (!scales || scales->numel() != rank || scales->to(at::kDouble)[q.axis].item<double>() != 1.0) return {};
+    return carried_to_output(q.axis);
+  }
+};
+
 void register_all(Registrar& r) {
   r.add_op<QResize>("Resize");
   r.add_op<QUpsample>("Upsample");
+  r.add_op_traits<ResizeChannels>("Resize");
+  r.add_op_traits<ResizeChannels>("Upsample");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <optional>
 
+#include "channel_flow.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -798,6 +799,103 @@ class QUnique final : public NodeQModule {
   std::int64_t axis_ = 0;
 };
 
+/// Transpose: the channel axis moves to where `perm` puts it (reversed without `perm`).
+class TransposeChannels final : public ChannelFlow {
+ public:
+  ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
+    const auto perm = q.node.attr_ints("perm");
+    for (std::size_t k = 0; k < perm.size(); ++k)
+      if (perm[k] == q.axis) return carried_to_output(static_cast<std::int64_t>(k));
+    const std::int64_t rank = tracked_rank(q);
+    if (perm.empty() && rank >= 0) return carried_to_output(rank - 1 - q.axis);
+    return {};
+  }
+};
+
+/// Squeeze and Unsqueeze: the channel axis shifts past the axes removed or inserted before it.
+class SqueezeChannels final : public ChannelFlow {
+ public:
+  ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
+    const std::int64_t rank = tracked_rank(q);
+    const auto* out = q.node.outputs.empty() ? nullptr : q.shape(q.node.outputs[0]);
+    if (q.input != 0 || rank < 0 || !out) return {};
+    const bool squeeze = q.node.op_type == "Squeeze";
+    const std::int64_t out_rank = static_cast<std::int64_t>(out->size());
+    const auto axes = axes_of(q, "axes", 1, squeeze ? rank : out_rank);  // Unsqueeze's count in the output
+    if (!axes) return {};
+    if (squeeze) {
+      if (axes->empty() || std::count(axes->begin(), axes->end(), q.axis)) return {};
+      return carried_to_output(q.axis -
+                               std::count_if(axes->begin(), axes->end(), [&](std::int64_t a) { return a < q.axis; }));
+    }
+    std::vector<bool> inserted(static_cast<std::size_t>(out_rank), false);
+    for (std::int64_t p : *axes) {
+      if (p < 0 || p >= out_rank) return {};
+      inserted[static_cast<std::size_t>(p)] = true;
+    }
+    std::int64_t seen = -1;
+    for (std::int64_t p = 0; p < out_rank; ++p)
+      if (!inserted[static_cast<std::size_t>(p)] && ++seen == q.axis) return carried_to_output(p);
+    return {};
+  }
+};
+
+/// Pad: channels pass when nothing is padded along their axis.
+class PadChannels final : public ChannelFlow {
+ public:
+  ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
+    const std::int64_t rank = tracked_rank(q);
+    if (q.input != 0 || rank < 0 || q.node.has_input(3)) return {};  // explicit axes: not read here
+    std::vector<std::int64_t> pads;
+    if (q.node.has_attr("pads")) pads = q.node.attr_ints("pads");
+    else if (auto c = q.node.has_input(1) ? q.constant(q.node.inputs[1]) : std::nullopt) pads = int_values(*c);
+    if (static_cast<std::int64_t>(pads.size()) != 2 * rank || pads[q.axis] != 0 || pads[q.axis + rank] != 0) return {};
+    return carried_to_output(q.axis);
+  }
+};
+
+/// Slice: channels pass when the channel axis is not sliced.
+class SliceChannels final : public ChannelFlow {
+ public:
+  ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
+    const std::int64_t rank = tracked_rank(q);
+    if (q.input != 0 || rank < 0) return {};
+    std::optional<std::vector<std::int64_t>> axes;
+    if (q.node.has_input(3)) {
+      axes = axes_of(q, "", 3, rank);
+    } else {  // default axes: the first len(starts)
+      const auto* starts = q.node.has_input(1) ? q.shape(q.node.inputs[1]) : nullptr;
+      if (!starts || starts->size() != 1) return {};
+      axes = std::vector<std::int64_t>();
+      for (std::int64_t a = 0; a < (*starts)[0]; ++a) axes->push_back(a);
+    }
+    if (!axes || std::count(axes->begin(), axes->end(), q.axis)) return {};
+    return carried_to_output(q.axis);
+  }
+};
+
+/// Split along another axis: every output carries the channels.
+class SplitChannels final : public ChannelFlow {
+ public:
+  ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
+    const std::int64_t rank = tracked_rank(q);
+    if (q.input != 0 || rank < 0 || normalized_axis(q.node.attr_int("axis", 0), rank) == q.axis) return {};
+    ChannelFlowAnswer a;
+    for (std::size_t k = 0; k < q.node.outputs.size(); ++k) a.outputs.push_back({k, q.axis});
+    return a;
+  }
+};
+
+void register_traits(Registrar& r) {
+  for (const char* op : {"Identity", "Dropout", "Cast"}) r.add_op_traits<SameChannels>(op);
+  r.add_op_traits<TransposeChannels>("Transpose");
+  r.add_op_traits<SqueezeChannels>("Squeeze");
+  r.add_op_traits<SqueezeChannels>("Unsqueeze");
+  r.add_op_traits<PadChannels>("Pad");
+  r.add_op_traits<SliceChannels>("Slice");
+  r.add_op_traits<SplitChannels>("Split");
+}
+
 void register_all(Registrar& r) {
   r.add_op<QIdentity>("Identity");
   r.add_op<QDropout>("Dropout");
@@ -834,6 +932,7 @@ void register_all(Registrar& r) {
   r.add_op<QConstant>("Constant");
   r.add_op_factory("DepthToSpace", "", [](const OpContext& c) { return std::make_unique<QDepthSpace>(c, true); });
   r.add_op_factory("SpaceToDepth", "", [](const OpContext& c) { return std::make_unique<QDepthSpace>(c, false); });
+  register_traits(r);
 }
 
 }  // namespace

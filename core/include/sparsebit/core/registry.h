@@ -73,6 +73,13 @@ class SPARSEBIT_API Registry {
   const Entry<PassFactory>* pass(const std::string& name) const;
   const Entry<SparserFactory>* sparser(const std::string& name) const;
   const Entry<BackendFactory>* backend(const std::string& name) const;
+  /// The traits registered with op `op_type` of `domain` (Note [Op traits]), or nullptr.
+  const OpTraits* op_traits(const std::string& op_type, const std::string& domain) const;
+  /// One trait of that op (ChannelFlow, ...), or nullptr when it does not implement it.
+  template <class Trait>
+  const Trait* op_trait(const std::string& op_type, const std::string& domain) const {
+    return dynamic_cast<const Trait*>(op_traits(op_type, domain));
+  }
 
   /// Registered names of a kind ("op", "observer", "quantizer", "pass", "sparser", "backend").
   std::vector<std::string> names(const std::string& kind) const;

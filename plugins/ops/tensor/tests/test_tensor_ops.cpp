@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "op_testing.h"
+#include "sparsebit/sdk/op_traits.h"
 
 namespace sparsebit::testing {
 namespace {
@@ -107,6 +108,80 @@ TEST_F(TensorOps, DataDependentShapes) {
                       {{"x", at::randn({4, 3, 2})}, {"l", i64({4, 2, 1})}},
                       {"y"}},
                      0);
+}
+
+}  // namespace
+}  // namespace sparsebit::testing
+
+namespace sparsebit::testing {
+namespace {
+
+/// Where the shipped ChannelFlow trait of `n`'s op sends channels on axis `axis` of input 0,
+/// whose shape is `in`; output 0 has shape `out`; `constants` are initializers the node reads.
+ChannelFlowAnswer flow(const Node& n, const std::vector<std::int64_t>& in, const std::vector<std::int64_t>& out,
+                       std::int64_t axis, const std::map<std::string, at::Tensor>& constants = {}) {
+  Graph g;
+  g.opset_imports[""] = 17;
+  g.initializers = constants;
+  const std::map<std::string, std::vector<std::int64_t>> shapes = {{n.inputs[0], in}, {n.outputs[0], out}};
+  const auto* trait = shipped_registry().op_trait<ChannelFlow>(n.op_type, "");
+  if (!trait) throw Error("no ChannelFlow for " + n.op_type);
+  return trait->channel_flow(ChannelQuery{n, g, 17, 0, axis, in[static_cast<std::size_t>(axis)],
+                                          [&](const std::string& v) {
+                                            auto it = shapes.find(v);
+                                            return it == shapes.end() ? nullptr : &it->second;
+                                          },
+                                          [&](const std::string& v) -> std::optional<at::Tensor> {
+                                            auto it = constants.find(v);
+                                            return it == constants.end() ? std::nullopt
+                                                                         : std::optional<at::Tensor>(it->second);
+                                          }});
+}
+
+/// The output axes of an answer, one per carried output.
+std::vector<std::int64_t> axes(const ChannelFlowAnswer& a) {
+  std::vector<std::int64_t> out;
+  for (const auto& o : a.outputs) out.push_back(o.axis);
+  return out;
+}
+
+using Axes = std::vector<std::int64_t>;
+
+TEST(TensorOpTraits, ChannelsMoveWithTheAxesThatOpsInsertRemoveAndPermute) {
+  // Unsqueeze's negative axes count in the output's rank: -1 on a rank-3 input inserts axis 3,
+  // so channels on axis 2 stay there; -3 inserts axis 1 and moves them to 3.
+  const Node unsq = make_node("u", "Unsqueeze", {"x", "axes"}, {"y"});
+  EXPECT_EQ(axes(flow(unsq, {1, 4, 8}, {1, 4, 8, 1}, 2, {{"axes", at::tensor(Axes{-1})}})), Axes{2});
+  EXPECT_EQ(axes(flow(unsq, {1, 4, 8}, {1, 1, 4, 8}, 2, {{"axes", at::tensor(Axes{-3})}})), Axes{3});
+  // Squeeze of an axis before the channels shifts them; of the channel axis itself keeps them.
+  const Node sq = make_node("s", "Squeeze", {"x", "axes"}, {"y"});
+  EXPECT_EQ(axes(flow(sq, {1, 1, 8}, {1, 8}, 2, {{"axes", at::tensor(Axes{1})}})), Axes{1});
+  EXPECT_TRUE(flow(sq, {1, 8, 1}, {1, 8}, 1, {{"axes", at::tensor(Axes{})}}).outputs.empty());
+  // Transpose: perm [0, 2, 3, 1] puts axis 1 at position 3; no perm reverses the axes.
+  EXPECT_EQ(axes(flow(make_node("t", "Transpose", {"x"}, {"y"}, {{"perm", Attribute::of_ints({0, 2, 3, 1})}}),
+                      {1, 8, 2, 3}, {1, 2, 3, 8}, 1)),
+            Axes{3});
+  EXPECT_EQ(axes(flow(make_node("t", "Transpose", {"x"}, {"y"}), {1, 8, 2, 3}, {3, 2, 8, 1}, 1)), Axes{2});
+}
+
+TEST(TensorOpTraits, ChannelsPassOnlyWhenTheirAxisIsNotCutPaddedOrSplit) {
+  const Node slice = make_node("s", "Slice", {"x", "starts", "ends", "axes"}, {"y"});
+  const std::map<std::string, at::Tensor> on_w = {
+      {"starts", at::tensor(Axes{0})}, {"ends", at::tensor(Axes{2})}, {"axes", at::tensor(Axes{-1})}};
+  EXPECT_EQ(axes(flow(slice, {1, 8, 4, 4}, {1, 8, 4, 2}, 1, on_w)), Axes{1});
+  std::map<std::string, at::Tensor> on_c = on_w;
+  on_c["axes"] = at::tensor(Axes{1});
+  EXPECT_TRUE(flow(slice, {1, 8, 4, 4}, {1, 2, 4, 4}, 1, on_c).outputs.empty());
+  const Node pad = make_node("p", "Pad", {"x", "pads"}, {"y"});
+  EXPECT_EQ(axes(flow(pad, {1, 8, 4, 4}, {1, 8, 6, 6}, 1, {{"pads", at::tensor(Axes{0, 0, 1, 1, 0, 0, 1, 1})}})),
+            Axes{1});
+  EXPECT_TRUE(
+      flow(pad, {1, 8, 4, 4}, {1, 9, 4, 4}, 1, {{"pads", at::tensor(Axes{0, 1, 0, 0, 0, 0, 0, 0})}}).outputs.empty());
+  // Split along the width: both outputs carry the channels.
+  const Node split = make_node("s", "Split", {"x"}, {"y", "z"}, {{"axis", Attribute::of_int(3)}});
+  EXPECT_EQ(axes(flow(split, {1, 8, 4, 4}, {1, 8, 4, 2}, 1)), (Axes{1, 1}));
+  const Node split_c = make_node("s", "Split", {"x"}, {"y", "z"}, {{"axis", Attribute::of_int(1)}});
+  EXPECT_TRUE(flow(split_c, {1, 8, 4, 4}, {1, 4, 4, 4}, 1).outputs.empty());
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "sparsebit/sdk/kernels.h"
 #include "sparsebit/sdk/observer.h"
 #include "sparsebit/sdk/op.h"
+#include "sparsebit/sdk/op_traits.h"
 #include "sparsebit/sdk/pass.h"
 #include "sparsebit/sdk/quantizer.h"
 #include "sparsebit/sdk/sparser.h"
@@ -61,6 +62,13 @@ class Registrar {
     add_backend_factory(name, []() -> std::unique_ptr<Backend> { return std::make_unique<T>(); });
   }
 
+  /// Traits of op `op_type` of `domain`, which this plugin also registers (Note [Op traits]);
+  /// T is default-constructible. Since SDK 1.1.
+  template <class T>
+  void add_op_traits(const std::string& op_type, const std::string& domain = "") {
+    add_op_traits_object(op_type, domain, std::make_shared<const T>());
+  }
+
   /// Kernels for tensors on `device` (Note [Device kernels]); registry name "kernels:cuda" etc.
   template <class T>
   void add_kernels(c10::DeviceType device) {
@@ -75,6 +83,17 @@ class Registrar {
   virtual void add_sparser_factory(const std::string& name, SparserFactory f) = 0;
   virtual void add_backend_factory(const std::string& name, BackendFactory f) = 0;
   virtual void add_kernels_factory(const std::string& device, KernelsFactory f) = 0;
+  // Methods added after SDK 1.0 go at the end of the table, each with a body, so that
+  // registrars written outside the host (a plugin's test double) keep compiling
+  // (docs/PLUGINS.md, Stability).
+
+  /// SDK 1.1. The host keeps the traits with the op; this body ignores them.
+  virtual void add_op_traits_object(const std::string& op_type, const std::string& domain,
+                                    std::shared_ptr<const OpTraits> traits) {
+    (void)op_type;
+    (void)domain;
+    (void)traits;
+  }
 };
 
 }  // namespace sparsebit

@@ -8,9 +8,10 @@
 /// (Note [Capabilities] in quantizer.h): each release that adds to it bumps the minor version,
 /// and a host loads plugins of its major version built against its own or any older minor.
 /// sdk/abi.lock records the headers of every minor version of the major; the sdk.abi_lock test
-/// fails until a change to them comes with a new minor version (or a new major), and
-/// sdk.older_minor_plugin builds a plugin against the last release's headers, kept in
-/// tests/plugin_host/sdk/, and runs it in this host (docs/PLUGINS.md, Stability).
+/// fails until a change to them comes with a new minor version (or a new major);
+/// sdk.only_grows_from_the_last_release compares the classes' layout with the last release's
+/// headers, kept in tests/plugin_host/released/, and fixture_released_sdk is a plugin built
+/// against them that this host runs (docs/PLUGINS.md, Stability).
 
 #include <cstdint>
 
@@ -27,7 +28,7 @@ namespace sparsebit::sdk {
 
 inline constexpr std::uint32_t kAbiVersion = 18;  // 18 = SDK 1: optional roles as capabilities
 inline constexpr std::uint32_t kSdkVersionMajor = 1;
-inline constexpr std::uint32_t kSdkVersionMinor = 0;
+inline constexpr std::uint32_t kSdkVersionMinor = 1;  // 1.1: op traits (op_traits.h)
 
 }  // namespace sparsebit::sdk
 
