@@ -16,8 +16,21 @@
 #include "sparsebit/core/executor.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/op_traits.h"
 
 namespace sparsebit::prune_detail {
+namespace {
+
+/// The axes of a layer the channel analysis made a producer or a consumer: one whose op has
+/// the WeightedLayer trait and axes for this node.
+LayerAxes layer_axes(const Registry& registry, const Node& n, std::int64_t weight_rank) {
+  const auto* layer = registry.op_trait<WeightedLayer>(n.op_type, n.domain);
+  const auto axes = layer ? layer->axes(n, weight_rank) : std::nullopt;
+  if (!axes) throw Error(n.describe() + ": its op has no layer axes, yet channel removal made it a layer");
+  return *axes;
+}
+
+}  // namespace
 
 void prune_channels(const Model& model, const Config& config, Sparser& sparser, const Registry& registry,
                     const std::vector<at::Tensor>& sample, Dataset* data, PruneResult& r) {
@@ -48,10 +61,7 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
     const Producer& pr = an.producers[p];
     const Node& n = g.node(pr.node);
     const at::Tensor& w = g.initializers.at(n.inputs[1]);
-    const std::int64_t out_axis = n.op_type == "ConvTranspose"                       ? 1
-                                  : (n.op_type == "Gemm" && n.attr_int("transB", 0)) ? 0
-                                  : n.op_type == "Conv"                              ? 0
-                                                                                     : 1;
+    const std::int64_t out_axis = layer_axes(registry, n, w.dim()).weight_out;
     at::Tensor s = checked_scores(sparser, sparser_name, w, out_axis, n, SparsityPattern::kChannel);
     const double mean = s.mean().item<double>();
     scores[p] = mean > 0 ? s / mean : at::ones_like(s);
@@ -143,7 +153,8 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
     std::map<std::size_t, std::int64_t> axis_of;
     for (const Site& s : an.sites)
       if (s.kind == Site::kConsumer)
-        axis_of[s.node] = g.node(s.node).op_type == "Conv" || g.node(s.node).op_type == "Gemm" ? 1 : -1;
+        axis_of[s.node] =
+            layer_axes(registry, g.node(s.node), g.initializers.at(g.node(s.node).inputs[1]).dim()).activation;
     const auto means = input_means(g, registry, *data, config, axis_of);
     for (const Site& s : an.sites) {
       if (s.kind != Site::kConsumer || !means.count(s.node)) continue;
@@ -191,7 +202,7 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
   for (std::size_t i = 0; i < g.num_nodes(); ++i) {
     const Node& n = g.node(i);
     if (n.inputs.size() < 2 || !g.initializers.count(n.inputs[1])) continue;
-    if (n.op_type != "Conv" && n.op_type != "ConvTranspose" && n.op_type != "Gemm" && n.op_type != "MatMul") continue;
+    if (!registry.op_trait<WeightedLayer>(n.op_type, n.domain)) continue;
     add_layer(r, n, n.inputs[1], g.initializers.at(n.inputs[1]), pruned.initializers.at(pruned.node(i).inputs[1]));
   }
 

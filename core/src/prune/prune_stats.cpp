@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "prune/prune_internal.h"
+#include "sparsebit/sdk/op_traits.h"
 #include "prune/prune_report_value.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/error.h"
@@ -37,12 +38,9 @@ ModelStats model_stats(const Model& model, const Registry& registry, const std::
     const Shape* x = shape(n->inputs[0]);
     const Shape* w = shape(n->inputs[1]);
     const Shape* y = shape(n->outputs[0]);
-    if (!x || !w) continue;
-    std::int64_t macs = 0;
-    if (n->op_type == "Conv" && y) macs = product(*y) * product(*w, 1);
-    else if (n->op_type == "ConvTranspose") macs = product(*x) * product(*w, 1);
-    else if (n->op_type == "Gemm" && y && x->size() == 2) macs = product(*y) * (*x)[n->attr_int("transA", 0) ? 0 : 1];
-    else if (n->op_type == "MatMul" && y && !x->empty()) macs = product(*y) * x->back();
+    const auto* layer = registry.op_trait<WeightedLayer>(n->op_type, n->domain);
+    if (!x || !w || !layer) continue;
+    const std::int64_t macs = layer->macs(*n, *x, *w, y);
     if (!macs) continue;
     s.macs += macs;
     double density = 1;

@@ -490,6 +490,53 @@ class QMeanVarianceNorm final : public NodeQModule {
   std::vector<std::int64_t> axes_;
 };
 
+std::int64_t product(const std::vector<std::int64_t>& s, std::size_t from = 0) {
+  std::int64_t p = 1;
+  for (std::size_t i = from; i < s.size(); ++i) p *= s[i];
+  return p;
+}
+
+/// Conv: weight [out, in / group, k...]; each output element sums in / group x k... products.
+/// ConvTranspose: weight [in, out / group, k...]; each input element feeds out / group x k...
+class ConvLayer final : public WeightedLayer {
+ public:
+  explicit ConvLayer(bool transpose) : transpose_(transpose) {}
+  std::optional<LayerAxes> axes(const Node&, std::int64_t) const override {
+    return transpose_ ? LayerAxes{1, 0, 1} : LayerAxes{0, 1, 1};
+  }
+  std::int64_t macs(const Node&, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& w,
+                    const std::vector<std::int64_t>* y) const override {
+    if (transpose_) return product(x) * product(w, 1);
+    return y ? product(*y) * product(w, 1) : 0;
+  }
+
+ private:
+  bool transpose_;
+};
+/// Gemm: A [M, K] (transA: [K, M]) times B [K, N] (transB: [N, K]).
+class GemmLayer final : public WeightedLayer {
+ public:
+  std::optional<LayerAxes> axes(const Node& n, std::int64_t) const override {
+    if (n.attr_int("transA", 0)) return std::nullopt;
+    return n.attr_int("transB", 0) ? LayerAxes{0, 1, 1} : LayerAxes{1, 0, 1};
+  }
+  std::int64_t macs(const Node& n, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>&,
+                    const std::vector<std::int64_t>* y) const override {
+    if (!y || x.size() != 2) return 0;
+    return product(*y) * x[n.attr_int("transA", 0) ? 0 : 1];
+  }
+};
+
+/// MatMul: [..., M, K] times a weight [K, N]: the activation's channels are its last axis.
+class MatMulLayer final : public WeightedLayer {
+ public:
+  std::optional<LayerAxes> axes(const Node&, std::int64_t) const override { return LayerAxes{1, 0, -1}; }
+  std::int64_t macs(const Node&, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>&,
+                    const std::vector<std::int64_t>* y) const override {
+    return y && !x.empty() ? product(*y) * x.back() : 0;
+  }
+};
+
 void register_all(Registrar& r) {
   r.add_op<QConv>("Conv");
   r.add_op<QConvTranspose>("ConvTranspose");
@@ -508,6 +555,10 @@ void register_all(Registrar& r) {
   for (const char* op : {"BatchNormalization", "InstanceNormalization"}) r.add_op_traits<PerChannelNormalization>(op);
   for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
     r.add_op_traits<PooledChannels>(op);
+  r.add_op_traits_object("Conv", "", std::make_shared<const ConvLayer>(false));
+  r.add_op_traits_object("ConvTranspose", "", std::make_shared<const ConvLayer>(true));
+  r.add_op_traits<GemmLayer>("Gemm");
+  r.add_op_traits<MatMulLayer>("MatMul");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "op_testing.h"
+#include "sparsebit/sdk/op_traits.h"
 
 namespace sparsebit::testing {
 namespace {
@@ -95,6 +96,47 @@ TEST_F(NnOps, NormalizationsAndGemm) {
                       {"y"}},
                      1e-4);
   expect_matches_ort({"MatMul", "", {}, {{"a", at::randn({2, 1, 4, 6})}, {"b", at::randn({3, 6, 5})}}, {"y"}}, 1e-4);
+}
+
+}  // namespace
+}  // namespace sparsebit::testing
+
+namespace sparsebit::testing {
+namespace {
+
+const WeightedLayer& layer_of(const std::string& op) {
+  const auto* layer = shipped_registry().op_trait<WeightedLayer>(op, "");
+  if (!layer) throw Error("no WeightedLayer for " + op);
+  return *layer;
+}
+
+// Axes and multiply-accumulates by hand: each output element of a Conv sums (in / group) x
+// kernel products; each input element of a ConvTranspose feeds (out / group) x kernel outputs.
+TEST(NnOpTraits, LayersGiveTheirAxesAndMacs) {
+  using Shape = std::vector<std::int64_t>;
+  const Node conv = make_node("c", "Conv", {"x", "w"}, {"y"});
+  const Shape conv_y = {1, 16, 6, 6};
+  EXPECT_EQ(layer_of("Conv").macs(conv, {1, 3, 8, 8}, {16, 3, 3, 3}, &conv_y), 16 * 36 * 27);
+  EXPECT_EQ(layer_of("Conv").macs(conv, {1, 3, 8, 8}, {16, 3, 3, 3}, nullptr), 0);
+  const auto conv_axes = *layer_of("Conv").axes(conv, 4);
+  EXPECT_EQ((Shape{conv_axes.weight_out, conv_axes.weight_in, conv_axes.activation}), (Shape{0, 1, 1}));
+
+  const Node deconv = make_node("d", "ConvTranspose", {"x", "w"}, {"y"});
+  EXPECT_EQ(layer_of("ConvTranspose").macs(deconv, {1, 4, 5, 5}, {4, 2, 3, 3}, nullptr), 100 * 18);
+  const auto deconv_axes = *layer_of("ConvTranspose").axes(deconv, 4);
+  EXPECT_EQ((Shape{deconv_axes.weight_out, deconv_axes.weight_in}), (Shape{1, 0}));
+
+  const Node gemm = make_node("g", "Gemm", {"x", "w"}, {"y"}, {{"transB", Attribute::of_int(1)}});
+  const Shape gemm_y = {2, 7};
+  EXPECT_EQ(layer_of("Gemm").macs(gemm, {2, 5}, {7, 5}, &gemm_y), 14 * 5);
+  EXPECT_EQ(layer_of("Gemm").axes(gemm, 2)->weight_out, 0);
+  EXPECT_EQ(layer_of("Gemm").axes(make_node("g", "Gemm", {"x", "w"}, {"y"}), 2)->weight_out, 1);
+  EXPECT_FALSE(layer_of("Gemm").axes(make_node("g", "Gemm", {"x", "w"}, {"y"}, {{"transA", Attribute::of_int(1)}}), 2));
+
+  const Node matmul = make_node("m", "MatMul", {"x", "w"}, {"y"});
+  const Shape matmul_y = {2, 3, 7};
+  EXPECT_EQ(layer_of("MatMul").macs(matmul, {2, 3, 5}, {5, 7}, &matmul_y), 42 * 5);
+  EXPECT_EQ(layer_of("MatMul").axes(matmul, 2)->activation, -1);
 }
 
 }  // namespace

@@ -71,4 +71,26 @@ class ChannelFlow : public virtual OpTraits {
 /// a constant input that spans the channel axis is sliced with them.
 class Elementwise : public virtual OpTraits {};
 
+/// The axes of a WeightedLayer: its weight's output channels, the weight axis reduced with the
+/// activation's channels, and the activation's channel axis (-1: its last).
+struct LayerAxes {
+  std::int64_t weight_out = 0;
+  std::int64_t weight_in = 1;
+  std::int64_t activation = 1;
+};
+
+/// A layer that multiplies its activation (input 0) by a weight (input 1), as Conv, Gemm and
+/// MatMul do: what channel removal (scores, bias compensation, the layers it reports) and the
+/// model statistics (MACs) ask of it.
+class WeightedLayer : public virtual OpTraits {
+ public:
+  /// The axes for this node and a weight of rank `weight_rank`; nullopt when the node is not a
+  /// plain layer (a Gemm with a transposed activation).
+  virtual std::optional<LayerAxes> axes(const Node& node, std::int64_t weight_rank) const = 0;
+  /// Multiply-accumulates of one run given the activation's, the weight's and (nullptr when
+  /// unknown) the output's shape; 0 when they do not tell.
+  virtual std::int64_t macs(const Node& node, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& w,
+                            const std::vector<std::int64_t>* y) const = 0;
+};
+
 }  // namespace sparsebit
