@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-HOST_IMPLEMENTED = {"sparsebit::Registrar", "sparsebit::QuantState", "sparsebit::LayerState"}
+HOST_IMPLEMENTED = {"sparsebit::Registrar", "sparsebit::QuantState", "sparsebit::LayerState", "sparsebit::LiftContext"}
 GROWS_AT_THE_END = {"SparsebitPluginDescriptor"}
 
 

@@ -84,7 +84,8 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
   }
   int qdq = 0;
   for (const auto* n : model.graph.nodes()) qdq += n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear";
-  const sb::SaturationCheck saturation = sb::check_u8s8_saturation(model.graph);  // Note [u8s8 saturation]
+  const sb::SaturationCheck saturation =
+      sb::check_u8s8_saturation(model.graph, sb::OpTraitTable(registry));  // Note [u8s8 saturation]
   if (as_json) {
     json j;
     j["model"] = model_path;

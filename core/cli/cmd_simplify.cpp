@@ -26,7 +26,7 @@ int cmd_simplify(const std::string& model_path, const std::string& config_path, 
   sb::AtomicFile out(output);
   sb::Registry registry;
   registry.load(config.plugins);
-  sb::Model model = sb::load_onnx(model_path);
+  sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{13, &registry});
   const auto before = op_histogram(model.graph);
   const auto nodes_before = model.graph.num_nodes();
   sb::run_passes(config.schedule, sb::Pass::Stage::kSimplify, model.graph, registry, nullptr, config.source);

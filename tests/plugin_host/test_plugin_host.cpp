@@ -214,6 +214,45 @@ TEST_F(PluginHost, AThirdPartyOpIsLiftedThroughAndThenPrunedThrough) {
   EXPECT_EQ(r.pruned.graph.initializers.at("s").size(0), 4);
 }
 
+// LpNormalization of the default domain is run by the vendor's plugin alone, which says its
+// meaning never changed: an opset-10 model using it lifts to 13, and runs as torch computes it.
+TEST_F(PluginHost, AVendorsOpOfTheDefaultDomainIsLiftedByTheRulesItGives) {
+  testing::Builder b({1, 3, 4, 4}, 10);
+  at::manual_seed(5);
+  b.constant("w", at::randn({4, 3, 1, 1}));
+  b.add("conv", "Conv", {"x", "w"}, {"a"});
+  b.add("norm", "LpNormalization", {"a"}, {"y"}, {{"axis", Attribute::of_int(1)}});
+  Model m{b.g.clone(), {}};
+  const at::Tensor x = at::randn({1, 3, 4, 4});
+  const LiftReport lift = lift_model(m, 13, registry_, {x});
+  EXPECT_EQ(lift.to, 13);
+  EXPECT_TRUE(lift.checked);
+  EXPECT_EQ(m.graph.default_opset(), 13);
+  const at::Tensor a = at::conv2d(x, b.g.initializers.at("w"));
+  const at::Tensor expected = a / a.norm(2, {1}, true);
+  Executor ex(m.graph, registry_);
+  EXPECT_TRUE(at::allclose(ex.run({{"x", x}}).at(0), expected, 1e-5, 1e-6));
+}
+
+// A default-domain op that a plugin runs without lifting rules, or that no plugin runs, stops the
+// lift naming the node, the op and the plugin.
+TEST_F(PluginHost, AnOpWithoutLiftingRulesStopsTheLiftNamingItsPlugin) {
+  testing::Builder b({1, 3, 4, 4}, 10);
+  b.add("vendor", "Opaque", {"x"}, {"y"});
+  Graph no_rules = b.g.clone();
+  no_rules.find_node("vendor")->op_type = "SimplifiedLayerNormalization";  // run by the contrib plugin
+  std::string why = testing::error_of([&] { lift_opset(no_rules, 13, OpTraitTable(registry_)); });
+  EXPECT_NE(why.find("node 'vendor' (SimplifiedLayerNormalization) cannot be lifted from opset 10 to 13: plugin "
+                     "'sparsebit.ops.contrib', which registers SimplifiedLayerNormalization, gives no lifting rules"),
+            std::string::npos)
+      << why;
+  Graph nobody = b.g.clone();
+  nobody.find_node("vendor")->op_type = "MaxRoiPool";
+  why = testing::error_of([&] { lift_opset(nobody, 13, OpTraitTable(registry_)); });
+  EXPECT_NE(why.find("no loaded plugin registers MaxRoiPool"), std::string::npos) << why;
+  EXPECT_EQ(nobody.default_opset(), 10);
+}
+
 TEST_F(PluginHost, AThirdPartyOpWithoutChannelFlowKeepsTheChannels) {
   const PruneResult r = prune_half(acme_block("Opaque").g, registry_);
   EXPECT_EQ(r.channels_removed, 0);

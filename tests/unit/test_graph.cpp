@@ -293,8 +293,13 @@ TEST(OnnxIO, ExternalWeightsAreMappedCopyOnWrite) {
 
 TEST(OnnxIO, OldOpsetsAreLiftedTo13) {
   // Conv at opset 9 from ONNX's own test data, converted by ONNX's version converter.
-  Model m = load_onnx(std::string(ONNX_TESTDATA_DIR) + "/node/test_basic_conv_with_padding/model.onnx");
-  EXPECT_GE(m.graph.default_opset(), 13);
+  const std::string path = std::string(ONNX_TESTDATA_DIR) + "/node/test_basic_conv_with_padding/model.onnx";
+  const Model kept = load_onnx(path);  // by default the model keeps its opset
+  EXPECT_LT(kept.graph.default_opset(), 13);
+  const Model m = load_onnx(path, ImportOptions{13, &testing::shipped_registry()});
+  EXPECT_EQ(m.graph.default_opset(), 13);
+  const std::string why = testing::error_of([&] { load_onnx(path, ImportOptions{13}); });
+  EXPECT_NE(why.find("ImportOptions::min_opset needs ImportOptions::registry"), std::string::npos) << why;
 }
 
 TEST(OnnxIO, GarbageAndTruncatedFilesAreClearErrors) {

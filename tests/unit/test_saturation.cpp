@@ -7,11 +7,17 @@
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/registry.h"
 #include "sparsebit/core/saturation.h"
 #include "test_support.h"
 
 namespace sparsebit {
 namespace {
+
+const OpTraitTable& ops() {
+  static const OpTraitTable shipped(testing::shipped_registry());
+  return shipped;
+}
 
 /// x -> Q/DQ (uint8 or float) -> OP(x, DQ(w int8)) -> y
 Graph layer(const std::string& op, const at::Tensor& w, std::map<std::string, Attribute> attrs = {},
@@ -42,12 +48,12 @@ at::Tensor ints(std::vector<std::int64_t> v, std::vector<std::int64_t> shape) {
 TEST(Saturation, GemmPairsAlongKOnBothSidesOfTheBound) {
   // Pairs (64, 64): 128 x 255 = 32640 fits; (65, 64): 129 x 255 = 32895 does not.
   const at::Tensor fits = ints({64, 64, -1, 1, -64, -64, 0, 0}, {2, 4});
-  SaturationCheck c = check_u8s8_saturation(layer("Gemm", fits, {{"transB", Attribute::of_int(1)}}));
+  SaturationCheck c = check_u8s8_saturation(layer("Gemm", fits, {{"transB", Attribute::of_int(1)}}), ops());
   EXPECT_EQ(c.layers_checked, 1);
   EXPECT_TRUE(c.at_risk.empty());
 
   const at::Tensor over = ints({64, 64, 1, 1, -65, -64, 0, 0}, {2, 4});
-  c = check_u8s8_saturation(layer("Gemm", over, {{"transB", Attribute::of_int(1)}}));
+  c = check_u8s8_saturation(layer("Gemm", over, {{"transB", Attribute::of_int(1)}}), ops());
   ASSERT_EQ(c.at_risk.size(), 1u);
   EXPECT_EQ(c.at_risk[0].node, "layer");
   EXPECT_EQ(c.at_risk[0].weight, "w_q");
@@ -55,14 +61,14 @@ TEST(Saturation, GemmPairsAlongKOnBothSidesOfTheBound) {
   EXPECT_EQ(c.at_risk[0].pairs_over, 1);
   EXPECT_EQ(c.at_risk[0].worst_pair, 129);
   // Without transB the same matrix is [K, N]: K runs down the columns.
-  c = check_u8s8_saturation(layer("Gemm", over.t().contiguous()));
+  c = check_u8s8_saturation(layer("Gemm", over.t().contiguous()), ops());
   ASSERT_EQ(c.at_risk.size(), 1u);
   EXPECT_EQ(c.at_risk[0].worst_pair, 129);
   const std::string warning = saturation_warning(c);
   EXPECT_NE(warning.find("node 'layer' (Gemm"), std::string::npos) << warning;
   EXPECT_NE(warning.find("reduce_range = true"), std::string::npos) << warning;
-  EXPECT_TRUE(
-      saturation_warning(check_u8s8_saturation(layer("Gemm", fits, {{"transB", Attribute::of_int(1)}}))).empty());
+  EXPECT_TRUE(saturation_warning(check_u8s8_saturation(layer("Gemm", fits, {{"transB", Attribute::of_int(1)}}), ops()))
+                  .empty());
 }
 
 TEST(Saturation, TheWarningNamesTheThreeWorstLayersAndCountsTheRest) {
@@ -97,7 +103,7 @@ TEST(Saturation, LayersInsideControlFlowBodiesAreChecked) {
   cond.attributes["then_branch"] = Attribute::of_graph(std::move(branch));
   cond.attributes["else_branch"] = Attribute::of_graph(std::move(other));
   g.append(std::move(cond));
-  const SaturationCheck c = check_u8s8_saturation(g);
+  const SaturationCheck c = check_u8s8_saturation(g, ops());
   EXPECT_EQ(c.layers_checked, 2);
   ASSERT_EQ(c.at_risk.size(), 2u);
   EXPECT_EQ(c.at_risk[0].worst_pair, 129);
@@ -107,26 +113,26 @@ TEST(Saturation, ConvPairsInputChannelsAtEachKernelPosition) {
   // W[0, c, 0, k]: in ONNX order (c major) the pairs are (100, 0) twice; ONNX Runtime's
   // channels-last filters pair the two channels at kernel position 0: 100 + 100.
   const at::Tensor w = ints({100, 0, 100, 0}, {1, 2, 1, 2});
-  SaturationCheck c = check_u8s8_saturation(layer("Conv", w));
+  SaturationCheck c = check_u8s8_saturation(layer("Conv", w), ops());
   ASSERT_EQ(c.at_risk.size(), 1u);
   EXPECT_EQ(c.at_risk[0].worst_pair, 200);
   EXPECT_EQ(c.at_risk[0].pairs, 2);
   EXPECT_EQ(c.at_risk[0].pairs_over, 1);
-  EXPECT_TRUE(check_u8s8_saturation(layer("Conv", ints({100, 100, 0, 0}, {1, 2, 1, 2}))).at_risk.empty());
+  EXPECT_TRUE(check_u8s8_saturation(layer("Conv", ints({100, 100, 0, 0}, {1, 2, 1, 2})), ops()).at_risk.empty());
 }
 
 TEST(Saturation, OddReductionLengthPairsTheLastWeightWithZero) {
-  SaturationCheck c = check_u8s8_saturation(layer("MatMul", ints({1, 127, 127}, {3, 1})));
+  SaturationCheck c = check_u8s8_saturation(layer("MatMul", ints({1, 127, 127}, {3, 1})), ops());
   EXPECT_EQ(c.layers_checked, 1);
   EXPECT_TRUE(c.at_risk.empty());  // (1, 127) = 128 and (127, 0)
-  c = check_u8s8_saturation(layer("MatMul", ints({2, 127, 127}, {3, 1})));
+  c = check_u8s8_saturation(layer("MatMul", ints({2, 127, 127}, {3, 1})), ops());
   ASSERT_EQ(c.at_risk.size(), 1u);
   EXPECT_EQ(c.at_risk[0].worst_pair, 129);
 }
 
 TEST(Saturation, FloatActivationsAreNotIntegerLayers) {
   const SaturationCheck c =
-      check_u8s8_saturation(layer("Gemm", ints({127, 127}, {1, 2}), {{"transB", Attribute::of_int(1)}}, false));
+      check_u8s8_saturation(layer("Gemm", ints({127, 127}, {1, 2}), {{"transB", Attribute::of_int(1)}}, false), ops());
   EXPECT_EQ(c.layers_checked, 0);
   EXPECT_TRUE(c.at_risk.empty());
 }
@@ -140,7 +146,7 @@ TEST(Saturation, ReduceRangeExportsCannotSaturate) {
     QuantModel qm(load_onnx(testing::fixture_model()), c, testing::shipped_registry());
     auto data = open_dataset(std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
     qm.calibrate(*data);
-    const SaturationCheck check = check_u8s8_saturation(qm.export_graph());
+    const SaturationCheck check = check_u8s8_saturation(qm.export_graph(), ops());
     EXPECT_EQ(check.layers_checked, 7) << cfg;
     if (c.w.reduce_range) {
       EXPECT_TRUE(check.at_risk.empty()) << cfg;

@@ -415,9 +415,21 @@ const Entry<QuantizerFactory>* Registry::quantizer(const std::string& n) const {
 const Entry<PassFactory>* Registry::pass(const std::string& n) const { return lookup(tables_->passes, n); }
 const Entry<SparserFactory>* Registry::sparser(const std::string& n) const { return lookup(tables_->sparsers, n); }
 const Entry<BackendFactory>* Registry::backend(const std::string& n) const { return lookup(tables_->backends, n); }
-const OpTraits* Registry::op_traits(const std::string& op_type, const std::string& domain) const {
+std::shared_ptr<const OpTraits> Registry::op_traits(const std::string& op_type, const std::string& domain) const {
   const auto* e = lookup(tables_->op_traits, op_key(op_type, domain));
-  return e ? e->factory.get() : nullptr;
+  return e ? e->factory : nullptr;
+}
+
+OpTraitTable::OpTraitTable(const Registry& registry) {
+  for (const auto& [key, entry] : registry.tables_->ops) {
+    const auto* traits = lookup(registry.tables_->op_traits, key);
+    ops_.emplace(key, Op{entry.plugin, traits ? traits->factory : nullptr});
+  }
+}
+
+const OpTraitTable::Op* OpTraitTable::find(const std::string& op_type, const std::string& domain) const {
+  auto it = ops_.find(op_key(op_type, domain));
+  return it == ops_.end() ? nullptr : &it->second;
 }
 
 std::vector<std::string> Registry::names(const std::string& kind) const {

@@ -92,6 +92,38 @@ void write_nodes(const Graph& graph, onnx::GraphProto* gp, std::set<std::string>
 }
 }  // namespace
 
+onnx::ModelProto proto::structure_of(const Graph& graph, std::int64_t inline_elements) {
+  onnx::ModelProto m;
+  m.set_ir_version(std::max<std::int64_t>(7, min_ir_version_for(graph.default_opset())));
+  for (const auto& kv : graph.opset_imports) {
+    auto* o = m.add_opset_import();
+    o->set_domain(kv.first);
+    o->set_version(kv.second);
+  }
+  auto* gp = m.mutable_graph();
+  gp->set_name("structure");
+  const std::map<std::string, std::string> no_types;
+  for (const auto& v : graph.inputs) write_value_info(v, gp->add_input(), no_types);
+  for (const auto& v : graph.outputs) write_value_info(v, gp->add_output(), no_types);
+  for (const auto& [name, t] : graph.initializers) {
+    auto narrow = graph.narrow_types.find(name);
+    const std::int32_t narrow_type = narrow == graph.narrow_types.end() ? 0 : narrow->second;
+    if (t.numel() <= inline_elements) {
+      tensor_to_proto(t, name, gp->add_initializer(), narrow_type);
+      continue;
+    }
+    ValueInfo v;
+    v.name = name;
+    v.elem_type = narrow_type ? narrow_type : onnx_type_of(t.scalar_type());
+    v.has_shape = true;
+    for (auto d : t.sizes()) v.shape.push_back(Dim{d, ""});
+    value_info_to_proto(v, gp->add_input());
+  }
+  std::set<std::string> names;
+  write_nodes(graph, gp, names, no_types);
+  return m;
+}
+
 namespace {
 bool untyped(const onnx::ValueInfoProto& v) {
   const auto& t = v.type();

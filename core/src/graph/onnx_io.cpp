@@ -2,6 +2,7 @@
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/opset_lift.h"
+#include "sparsebit/core/registry.h"
 
 #include <ATen/ATen.h>
 #include <google/protobuf/io/coded_stream.h>
@@ -294,8 +295,11 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
     if (n->domain.empty() && (n->op_type == "Conv" || n->op_type == "ConvTranspose")) check_conv(*n, g, name);
 
   if (options.min_opset > g.default_opset()) {
+    if (!options.registry)
+      throw Error(name + ": ImportOptions::min_opset needs ImportOptions::registry, whose ops lift");
     try {
-      const LiftReport r = lift_opset(g, options.min_opset, static_value_facts(g, model.meta.value_info));
+      const LiftReport r = lift_opset(g, options.min_opset, OpTraitTable(*options.registry),
+                                      static_value_facts(g, model.meta.value_info));
       sdk::log_info(name + ": lifted from opset " + std::to_string(r.from) + " to " + std::to_string(r.to) + " (" +
                     std::to_string(r.rewrites.size()) + " node rewrites)");
       for (const auto& line : r.rewrites) sdk::log_debug("  " + line);

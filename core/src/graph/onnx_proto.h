@@ -31,5 +31,9 @@ void attribute_to_proto(const std::string& key, const Attribute& a, onnx::Attrib
 at::ScalarType scalar_type_of(std::int32_t t, const std::string& what);
 ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v);
 void value_info_to_proto(const ValueInfo& v, onnx::ValueInfoProto* p);
+/// The structure of `graph` for ONNX's shape inference (onnx_export.cpp): its nodes and bodies,
+/// inputs and outputs, and the initializers of up to `inline_elements` elements (shapes, axes);
+/// larger ones become typed and shaped graph inputs without their data.
+onnx::ModelProto structure_of(const Graph& graph, std::int64_t inline_elements);
 
 }  // namespace sparsebit::proto

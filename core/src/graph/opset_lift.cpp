@@ -5,374 +5,100 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
-#include <set>
 
 #include "graph/value_facts.h"
 
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/data.h"
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/op_traits.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
 namespace sparsebit {
 namespace {
 
-using detail::kBool;
-using detail::kFloat;
-using detail::kInt64;
 using detail::run_sample;
 
-// -- the rules ----------------------------------------------------------------------------------
-
-/// Ops whose meaning did not change from opset 7 to 21 (their new versions widened types or
-/// added attributes and inputs whose defaults keep the old behaviour).
-// A table of op names, packed (not one per line):
-// clang-format off
-const std::set<std::string> kUnchanged = {
-    "Abs", "Acos", "Acosh", "Add", "And", "ArgMax", "ArgMin", "Asin", "Asinh", "Atan", "Atanh", "AveragePool",
-    "Bernoulli", "BitShift", "Cast", "CastLike", "Ceil", "Celu", "Compress", "Concat", "Constant", "ConstantOfShape",
-    "Conv", "ConvInteger", "ConvTranspose", "Cos", "Cosh", "CumSum", "DepthToSpace", "DequantizeLinear", "Det", "Div",
-    "DynamicQuantizeLinear", "Einsum", "Elu", "Equal", "Erf", "Exp", "Expand", "EyeLike", "Flatten", "Floor", "GRU",
-    "Gather", "GatherElements", "GatherND", "Gelu", "Gemm", "GlobalAveragePool", "GlobalLpPool", "GlobalMaxPool", "Greater",
-    "GreaterOrEqual", "HardSigmoid", "HardSwish", "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LRN", "LSTM",
-    "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LpNormalization", "LpPool", "MatMul",
-    "MatMulInteger", "Max", "MaxPool", "MaxRoiPool", "MaxUnpool", "Mean", "MeanVarianceNormalization", "Min", "Mish",
-    "Mod", "Mul", "Multinomial", "Neg", "NonMaxSuppression", "NonZero", "Not", "OneHot", "Or", "PRelu", "Pow",
-    "QLinearConv", "QLinearMatMul", "QuantizeLinear", "RNN", "RandomNormal", "RandomNormalLike", "RandomUniform",
-    "RandomUniformLike", "Range", "Reciprocal", "Relu", "Reshape", "ReverseSequence", "Round", "ScatterElements",
-    "ScatterND", "Selu", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
-    "SequenceLength", "ConcatFromSequence", "SplitToSequence", "Shape", "Shrink", "Sigmoid", "Sign", "Sin", "Sinh",
-    "Size", "Softplus", "Softsign", "SpaceToDepth", "Sqrt", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Tile",
-    "Transpose", "Trilu", "Unique", "Where", "Xor"};
-// clang-format on
-
-class Lifter;
-using Rule = std::function<void(Lifter&, Node&)>;
-struct Step {
-  std::int64_t version;  ///< the first opset with the new meaning
-  Rule apply;
-};
-
-class Lifter {
+// The rules live with the ops (LiftsOpset, Note [Op traits]); the core walks the graph, holds the
+// facts the rules read, and rewrites only its own control flow.
+class Lifter final : public LiftContext {
  public:
   Lifter(Graph& g, const ValueFacts& facts, std::int64_t target, LiftReport& report)
       : g_(g), facts_(facts), target_(target), report_(report) {}
 
-  Graph& graph() { return g_; }
-  std::int64_t target() const { return target_; }
-
-  const ValueFact* fact(const std::string& value) const {
-    auto it = facts_.find(value);
-    return it == facts_.end() ? nullptr : &it->second;
-  }
-  std::int64_t rank(const std::string& value) const {
+  Graph& graph() override { return g_; }
+  std::int64_t target() const override { return target_; }
+  std::int64_t rank(const std::string& value) const override {
     if (auto it = g_.initializers.find(value); it != g_.initializers.end()) return it->second.dim();
     const ValueFact* f = fact(value);
     return f ? f->rank : -1;
   }
-  std::int32_t elem_type(const std::string& value) const {
+  std::int32_t elem_type(const std::string& value) const override {
     if (auto it = g_.initializers.find(value); it != g_.initializers.end())
       return onnx_type_of(it->second.scalar_type());
     const ValueFact* f = fact(value);
     return f ? f->elem_type : 0;
   }
-  std::string constant(const Node& n, const std::string& what, at::Tensor value) {
-    const std::string name = g_.unique_name(n.name + "_" + what);
-    g_.initializers[name] = std::move(value);
-    return name;
+  std::vector<std::int64_t> dims(const std::string& value) const override {
+    if (auto it = g_.initializers.find(value); it != g_.initializers.end()) return it->second.sizes().vec();
+    const ValueFact* f = fact(value);
+    return f ? f->dims : std::vector<std::int64_t>{};
   }
-  /// Moves an ints attribute to input `index` as an int64 initializer (inputs padded with "").
-  void attribute_to_input(Node& n, const char* attr, std::size_t index) {
-    if (!n.has_attr(attr)) return;
-    const auto values = n.attr_ints(attr);
-    n.attributes.erase(attr);
-    set_input(n, index, constant(n, attr, at::tensor(values, at::kLong)));
-    note(n, std::string("'") + attr + "' attribute -> input " + std::to_string(index));
-  }
-  void set_input(Node& n, std::size_t index, const std::string& name) {
-    if (n.inputs.size() <= index) n.inputs.resize(index + 1);
-    n.inputs[index] = name;
-  }
-  bool read_elsewhere(const std::string& value) {
-    return !value.empty() && (!g_.consumers(value).empty() || g_.is_graph_output(value));
-  }
-  void note(const Node& n, const std::string& what) { report_.rewrites.push_back(n.describe() + ": " + what); }
-  [[noreturn]] void refuse(const Node& n, const std::string& why) const {
+  void note(const Node& n, const std::string& what) override { report_.rewrites.push_back(n.describe() + ": " + what); }
+  [[noreturn]] void refuse(const Node& n, const std::string& why) const override {
     throw Error(n.describe() + " cannot be lifted from opset " + std::to_string(report_.from) + " to " +
                 std::to_string(target_) + ": " + why);
   }
 
  private:
+  const ValueFact* fact(const std::string& value) const {
+    auto it = facts_.find(value);
+    return it == facts_.end() ? nullptr : &it->second;
+  }
+
   Graph& g_;
   const ValueFacts& facts_;
   std::int64_t target_;
   LiftReport& report_;
 };
 
-at::ScalarType scalar_type_of(std::int32_t onnx_type) {
-  switch (onnx_type) {
-    case 10: return at::kHalf;
-    case 11: return at::kDouble;
-    case 16: return at::kBFloat16;
-    default: return at::kFloat;
-  }
+const LiftsOpset& rules_of(const Lifter& l, const Node& n, const OpTraitTable& ops) {
+  const OpTraitTable::Op* op = ops.find(n.op_type, n.domain);
+  if (const auto* rules = op ? dynamic_cast<const LiftsOpset*>(op->traits.get()) : nullptr) return *rules;
+  const std::string then = "; re-export the model at opset " + std::to_string(l.target()) + " or newer";
+  l.refuse(n, op ? "plugin '" + op->plugin + "', which registers " + n.op_type +
+                       ", gives no lifting rules for it (LiftsOpset, docs/PLUGINS.md)" + then
+                 : "no loaded plugin registers " + n.op_type + " (see `sparsebit plugins`)" + then);
 }
 
-// Before 13 the op flattened x to 2-D at `axis` and normalized over the whole tail; from 13 on
-// it normalizes along `axis` alone. The two agree when the axis is the last one.
-void lift_softmax(Lifter& l, Node& n) {
-  const std::int64_t axis = n.attr_int("axis", 1);
-  const std::int64_t rank = l.rank(n.inputs.at(0));
-  if (axis == -1 || (rank >= 0 && axis == rank - 1)) {
-    n.attributes["axis"] = Attribute::of_int(-1);
-    l.note(n, "axis " + std::to_string(axis) + " is the last axis; unchanged");
-    return;
-  }
-  Graph& g = l.graph();
-  const std::string x = n.inputs[0], out = n.outputs.at(0);
-  Node shape;
-  shape.op_type = "Shape";
-  shape.name = g.unique_name(n.name + "_input_shape");
-  shape.inputs = {x};
-  shape.outputs = {g.unique_name(x + "_shape")};
-  Node flat;
-  flat.op_type = "Flatten";
-  flat.name = g.unique_name(n.name + "_flatten");
-  flat.inputs = {x};
-  flat.outputs = {g.unique_name(x + "_2d")};
-  flat.attributes["axis"] = Attribute::of_int(axis);
-  Node back;
-  back.op_type = "Reshape";
-  back.name = g.unique_name(n.name + "_restore_shape");
-  const std::string flat_out = g.unique_name(out + "_2d");
-  back.inputs = {flat_out, shape.outputs[0]};
-  back.outputs = {out};
-  n.inputs[0] = flat.outputs[0];
-  n.outputs[0] = flat_out;
-  n.attributes["axis"] = Attribute::of_int(-1);
-  g.insert_before(&n, std::move(shape));
-  g.insert_before(&n, std::move(flat));
-  g.insert_after(&n, std::move(back));
-  l.note(n, "axis " + std::to_string(axis) +
-                (rank >= 0 ? " of a rank-" + std::to_string(rank) + " input" : " of an input of unknown rank") +
-                " is not the last axis; rewritten as Flatten -> " + n.op_type + " -> Reshape");
-}
-
-void lift_clip(Lifter& l, Node& n) {
-  if (!n.has_attr("min") && !n.has_attr("max")) return;
-  std::int32_t type = l.elem_type(n.inputs.at(0));
-  if (type == 0) type = kFloat;  // Clip before 11 accepts float16/float/double only; float unless told
-  const at::ScalarType st = scalar_type_of(type);
-  if (n.has_attr("min")) l.set_input(n, 1, l.constant(n, "min", at::scalar_tensor(n.attr_float("min", 0), st)));
-  if (n.has_attr("max")) l.set_input(n, 2, l.constant(n, "max", at::scalar_tensor(n.attr_float("max", 0), st)));
-  n.attributes.erase("min");
-  n.attributes.erase("max");
-  l.note(n, "min/max attributes -> inputs");
-}
-
-void lift_pad(Lifter& l, Node& n) {
-  if (!n.has_attr("pads")) l.refuse(n, "it has no 'pads' attribute");
-  const double value = n.attr_float("value", 0);
-  l.attribute_to_input(n, "pads", 1);
-  if (n.has_attr("value")) {
-    n.attributes.erase("value");
-    if (value != 0) {
-      std::int32_t type = l.elem_type(n.inputs.at(0));
-      if (type == 0) type = kFloat;  // Pad before 11 accepts float16/float/double only
-      l.set_input(n, 2, l.constant(n, "value", at::scalar_tensor(value, scalar_type_of(type))));
-      l.note(n, "'value' attribute -> input 2");
-    }
-  }
-}
-
-void lift_slice(Lifter& l, Node& n) {
-  if (!n.has_attr("starts") || !n.has_attr("ends")) l.refuse(n, "it lacks the 'starts' or 'ends' attribute");
-  l.attribute_to_input(n, "starts", 1);
-  l.attribute_to_input(n, "ends", 2);
-  l.attribute_to_input(n, "axes", 3);
-}
-
-void lift_topk(Lifter& l, Node& n) {
-  if (!n.has_attr("k")) l.refuse(n, "it has no 'k' attribute");
-  const std::int64_t k = n.attr_int("k", 0);
-  n.attributes.erase("k");
-  l.set_input(n, 1, l.constant(n, "k", at::tensor(std::vector<std::int64_t>{k}, at::kLong)));
-  l.note(n, "'k' attribute -> input 1");
-}
-
-void lift_split_13(Lifter& l, Node& n) { l.attribute_to_input(n, "split", 1); }
-
-void lift_split_18(Lifter& l, Node& n) {
-  if (n.has_input(1) || n.has_attr("num_outputs")) return;
-  // Split-18 needs either sizes or num_outputs; the equal split of earlier versions is the latter.
-  n.attributes["num_outputs"] = Attribute::of_int(static_cast<std::int64_t>(n.outputs.size()));
-  l.note(n, "equal split -> num_outputs = " + std::to_string(n.outputs.size()));
-}
-
-void lift_axes(Lifter& l, Node& n) { l.attribute_to_input(n, "axes", 1); }
-
-void lift_upsample(Lifter& l, Node& n) {
-  std::string scales;
-  if (n.has_attr("scales")) {  // Upsample-7
-    const auto v = n.attr_floats("scales");
-    scales = l.constant(n, "scales", at::tensor(std::vector<float>(v.begin(), v.end()), at::kFloat));
-    n.attributes.erase("scales");
-  } else if (n.has_input(1)) {  // Upsample-9
-    scales = n.inputs[1];
-  } else {
-    l.refuse(n, "it has neither a 'scales' attribute nor a scales input");
-  }
-  std::string mode = n.attr_string("mode", "nearest");
-  if (mode == "bilinear") mode = "linear";
-  if (mode != "nearest" && mode != "linear") l.refuse(n, "mode '" + mode + "' has no Resize equivalent");
-  n.op_type = "Resize";
-  n.attributes = {{"mode", Attribute::of_string(mode)}};
-  n.inputs = {n.inputs.at(0), scales};
-  l.note(n, "Upsample -> Resize");
-}
-
-// Resize-10 sampled with asymmetric coordinates (and, for nearest, rounded down); Resize-11 made
-// both attributes with other defaults and put roi before scales.
-void lift_resize_11(Lifter& l, Node& n) {
-  if (n.inputs.size() < 2 || n.inputs.size() > 2) l.refuse(n, "Resize-10 takes exactly 2 inputs (X, scales)");
-  const std::string roi =
-      l.target() >= 13 ? std::string() : l.constant(n, "roi", at::empty({0}, at::kFloat));  // roi is optional from 13
-  n.inputs = {n.inputs[0], roi, n.inputs[1]};
-  n.attributes["coordinate_transformation_mode"] = Attribute::of_string("asymmetric");
-  if (n.attr_string("mode", "nearest") == "nearest") n.attributes["nearest_mode"] = Attribute::of_string("floor");
-  l.note(n, "inputs (X, scales) -> (X, roi, scales), asymmetric coordinates made explicit");
-}
-
-void lift_scatter(Lifter& l, Node& n) {
-  n.op_type = "ScatterElements";
-  l.note(n, "Scatter -> ScatterElements");
-}
-
-void lift_batchnorm_9(Lifter& l, Node& n) {
-  if (!n.has_attr("spatial")) return;
-  if (n.attr_int("spatial", 1) == 0 && l.rank(n.inputs.at(0)) != 2)
-    l.refuse(n, "spatial = 0 (statistics per element, not per channel) has no equivalent in later opsets");
-  n.attributes.erase("spatial");
-  l.note(n, "'spatial' attribute removed");
-}
-
-void drop_training_outputs(Lifter& l, Node& n, std::size_t keep, const std::string& why) {
-  for (std::size_t k = keep; k < n.outputs.size(); ++k)
-    if (l.read_elsewhere(n.outputs[k])) l.refuse(n, "its output '" + n.outputs[k] + "' " + why + " and is read");
-  if (n.outputs.size() > keep) {
-    n.outputs.resize(keep);
-    l.note(n, "unused training outputs removed");
-  }
-}
-
-void lift_batchnorm_14(Lifter& l, Node& n) {
-  drop_training_outputs(l, n, 1, "exists in training mode only from opset 14");
-}
-
-void lift_dropout_10(Lifter& l, Node& n) {
-  drop_training_outputs(l, n, 1, "(the mask) changes type from the data's to bool at opset 10");
-}
-
-void lift_dropout_12(Lifter& l, Node& n) {
-  if (!n.has_attr("ratio")) return;
-  n.attributes.erase("ratio");  // an inference-mode Dropout is the identity, whatever the ratio
-  l.note(n, "'ratio' attribute removed (inference mode)");
-}
-
-// Opset 18 normalized with scale and bias per group, 21 per channel: each group's value is
-// repeated over its channels.
-void lift_groupnorm_21(Lifter& l, Node& n) {
-  const std::int64_t groups = n.attr_int("num_groups", 0);
-  const ValueFact* x = l.fact(n.inputs.at(0));
-  const std::int64_t channels = x && x->dims.size() >= 2 ? x->dims[1] : -1;
-  if (channels <= 0 || groups <= 0 || channels % groups) l.refuse(n, "the number of channels of its input is unknown");
-  Graph& g = l.graph();
-  for (std::size_t i : {std::size_t{1}, std::size_t{2}}) {
-    auto it = g.initializers.find(n.inputs.at(i));
-    if (it == g.initializers.end())
-      l.refuse(n, "its scale and bias are computed, not initializers; they must be expanded from groups to channels");
-    if (it->second.numel() != groups)
-      l.refuse(n, "its scale/bias has " + std::to_string(it->second.numel()) + " values for " + std::to_string(groups) +
-                      " groups");
-    n.inputs[i] = l.constant(n, i == 1 ? "scale_per_channel" : "bias_per_channel",
-                             it->second.reshape({-1}).repeat_interleave(channels / groups));
-  }
-  l.note(n, "scale and bias per group -> per channel");
-}
-
-void lift_roialign_16(Lifter& l, Node& n) {
-  if (n.has_attr("coordinate_transformation_mode")) return;
-  n.attributes["coordinate_transformation_mode"] = Attribute::of_string("output_half_pixel");  // the old behaviour
-  l.note(n, "coordinate_transformation_mode = output_half_pixel made explicit");
-}
-
-void lift_gridsample_20(Lifter& l, Node& n) {
-  const std::string mode = n.attr_string("mode", "bilinear");
-  n.attributes["mode"] = Attribute::of_string(mode == "bilinear" ? "linear" : mode == "bicubic" ? "cubic" : mode);
-  l.note(n, "mode '" + mode + "' renamed");
-}
-
-const std::map<std::string, std::vector<Step>>& rules() {
-  static const std::map<std::string, std::vector<Step>> table = [] {
-    std::map<std::string, std::vector<Step>> t;
-    for (const char* op : {"Softmax", "LogSoftmax", "Hardmax"}) t[op] = {{13, lift_softmax}};
-    t["Split"] = {{13, lift_split_13}, {18, lift_split_18}};
-    t["Squeeze"] = {{13, lift_axes}};
-    t["Unsqueeze"] = {{13, lift_axes}};
-    t["ReduceSum"] = {{13, lift_axes}};
-    for (const char* op : {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
-                           "ReduceLogSumExp", "ReduceSumSquare"})
-      t[op] = {{18, lift_axes}};
-    t["Clip"] = {{11, lift_clip}};
-    t["Pad"] = {{11, lift_pad}};
-    t["Slice"] = {{10, lift_slice}};
-    t["TopK"] = {{10, lift_topk}};
-    t["Upsample"] = {{10, lift_upsample}};
-    t["Resize"] = {{11, lift_resize_11}};
-    t["Scatter"] = {{11, lift_scatter}};
-    t["BatchNormalization"] = {{9, lift_batchnorm_9}, {14, lift_batchnorm_14}};
-    t["Dropout"] = {{10, lift_dropout_10}, {12, lift_dropout_12}};
-    t["GroupNormalization"] = {{21, lift_groupnorm_21}};
-    t["RoiAlign"] = {{16, lift_roialign_16}};
-    t["GridSample"] = {{20, lift_gridsample_20}};
-    return t;
-  }();
-  return table;
-}
-
-void lift_node(Lifter& l, Node& n, std::int64_t from) {
+void lift_node(Lifter& l, Node& n, std::int64_t from, const OpTraitTable& rules) {
   for (const auto& a : n.attributes)
     if (a.second.kind == Attribute::Kind::kOpaque)
       l.refuse(n, "attribute '" + a.first + "' holds a list of subgraphs or another kind the lifter cannot rewrite");
-  // If and Loop kept their meaning from opset 1 and 11; their bodies are lifted by lift_graph().
+  // Control flow is the core's own: If and Loop kept their meaning from opset 1 and 11, and
+  // their bodies are lifted by lift_graph(), which also rewrites Scan-8.
   if (n.op_type == "If" || n.op_type == "Loop") return;
-  if (n.op_type == "Scan") {  // Scan-8 is rewritten by lift_graph() once its body is lifted
+  if (n.op_type == "Scan") {
     if (from < 9 && n.has_input(0))
       l.refuse(n,
                "Scan-8 with sequence_lens (sequences of several lengths in one batch) has no Scan-9 form; "
                "re-export at opset 9 or newer");
     return;
   }
-  // Upsample was deprecated at 10: one found in a newer model is still read as Upsample-9.
-  std::int64_t version = n.op_type == "Upsample" ? std::min<std::int64_t>(from, 9) : from;
+  std::int64_t version = rules_of(l, n, rules).read_as(from);
   for (;;) {
-    auto it = rules().find(n.op_type);
-    if (it == rules().end()) {
-      if (kUnchanged.count(n.op_type)) return;
-      l.refuse(n, "Sparsebit has no lifting rule for " + n.op_type + "; re-export the model at opset " +
-                      std::to_string(l.target()) + " or newer");
-    }
-    const Step* next = nullptr;
-    for (const auto& s : it->second)
-      if (s.version > version && s.version <= l.target()) {
-        next = &s;
+    const LiftsOpset& op = rules_of(l, n, rules);
+    std::int64_t next = 0;
+    for (std::int64_t v : op.lift_versions())
+      if (v > version && v <= l.target()) {
+        next = v;
         break;
       }
     if (!next) return;
-    next->apply(l, n);  // may rename the op (Upsample -> Resize): the new op's rules continue from here
-    version = next->version;
+    op.lift(l, n, next);  // may rename the op (Upsample -> Resize): the new op's rules continue from here
+    version = next;
   }
 }
 
@@ -446,14 +172,15 @@ void scan8_to_loop(Lifter& l, Node& n) {
                 " scan inputs)");
 }
 
-void lift_graph(Graph& g, const ValueFacts& facts, std::int64_t target, LiftReport& report, std::int64_t from) {
+void lift_graph(Graph& g, const ValueFacts& facts, std::int64_t target, LiftReport& report, std::int64_t from,
+                const OpTraitTable& rules) {
   Lifter l(g, facts, target, report);
   for (Node* n : g.nodes()) {
     if (!n->domain.empty()) continue;
-    lift_node(l, *n, from);
+    lift_node(l, *n, from, rules);
     for (auto& kv : n->attributes) {
       if (kv.second.kind != Attribute::Kind::kGraph || !kv.second.graph) continue;
-      lift_graph(*kv.second.graph, facts, target, report, from);
+      lift_graph(*kv.second.graph, facts, target, report, from, rules);
       kv.second.graph->topological_sort();
     }
     if (n->op_type == "Scan" && from < 9) scan8_to_loop(l, *n);
@@ -461,7 +188,7 @@ void lift_graph(Graph& g, const ValueFacts& facts, std::int64_t target, LiftRepo
   g.opset_imports[""] = target;
 }
 
-LiftReport lift_opset(Graph& graph, std::int64_t target, const ValueFacts& facts) {
+LiftReport lift_opset(Graph& graph, std::int64_t target, const OpTraitTable& rules, const ValueFacts& facts) {
   LiftReport report;
   report.from = graph.default_opset();
   report.to = std::max(report.from, target);
@@ -470,7 +197,7 @@ LiftReport lift_opset(Graph& graph, std::int64_t target, const ValueFacts& facts
     throw Error("opset " + std::to_string(report.from) + " is older than the lifting rules start (" +
                 std::to_string(kMinLiftableOpset) + ")");
   Graph lifted = graph.clone();  // all or nothing: the caller's graph changes only on success
-  lift_graph(lifted, facts, target, report, report.from);
+  lift_graph(lifted, facts, target, report, report.from, rules);
   lifted.topological_sort();
   lifted.validate();
   graph = std::move(lifted);
@@ -491,7 +218,7 @@ LiftReport lift_model(Model& model, std::int64_t target, const Registry& registr
   Graph lifted = model.graph.clone();
   LiftReport report;
   try {
-    report = lift_opset(lifted, target, facts);
+    report = lift_opset(lifted, target, OpTraitTable(registry), facts);
   } catch (const Error& e) {
     throw Error(model.meta.source_path + ": " + e.what());
   }

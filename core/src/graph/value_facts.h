@@ -1,6 +1,6 @@
 #pragma once
-// Value facts (rank, element type) for opset lifting: static propagation and observation on a
-// sample (value_facts.cpp).
+// Value facts (rank, element type, dims) for opset lifting: from declarations and ONNX's shape
+// inference, or observed on a sample (value_facts.cpp).
 
 #include <ATen/core/Tensor.h>
 
@@ -10,8 +10,6 @@
 #include "sparsebit/core/opset_lift.h"
 
 namespace sparsebit::detail {
-
-constexpr std::int32_t kFloat = 1, kBool = 9, kInt64 = 7;  // TensorProto.DataType numbers
 
 /// Runs `graph` on `sample`; records what every value read looked like into *facts if given.
 std::vector<at::Tensor> run_sample(const Graph& graph, const Registry& registry, const std::vector<at::Tensor>& sample,

@@ -152,7 +152,7 @@ void lift_for_export(Graph& g, const QdqExportInput& in) {
   }
   if (opset > g.default_opset()) {
     try {
-      lift_opset(g, opset, static_value_facts(g, in.meta.value_info));
+      lift_opset(g, opset, in.ops, static_value_facts(g, in.meta.value_info));
     } catch (const Error& e) {
       throw Error(why + " export needs opset " + std::to_string(opset) + ": " + e.what() +
                   "; export at 8 bits (or keep the node in float with `skip`)");
@@ -304,7 +304,7 @@ Graph export_qdq(const QdqExportInput& in) {
   g.topological_sort();
   g.validate();
   if (in.backend.checks_u8s8_saturation()) {  // Note [u8s8 saturation]
-    if (auto warning = saturation_warning(check_u8s8_saturation(g)); !warning.empty()) sdk::log_warn(warning);
+    if (auto warning = saturation_warning(check_u8s8_saturation(g, in.ops)); !warning.empty()) sdk::log_warn(warning);
   }
   return g;
 }

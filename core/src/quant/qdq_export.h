@@ -11,6 +11,7 @@
 
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/quant_slots.h"
 
 namespace sparsebit {
@@ -24,6 +25,7 @@ struct QdqExportInput {
   std::string backend_name, backend_plugin;                ///< for messages
   std::vector<std::string> trained;                        ///< constants QAT trained: the executor's values are written
   std::vector<std::pair<std::string, at::Tensor>> states;  ///< "state NAME" running statistics
+  const OpTraitTable& ops;                                 ///< the ops' traits: lifting to the opset the export needs
 };
 
 /// The QDQ graph, lifted to the opset the backend and the slots' widths need.

@@ -48,11 +48,11 @@ std::string needs_layerwise(const std::vector<QuantSlot>& slots, const std::vect
 }  // namespace
 
 QuantModel::QuantModel(Model model, Config config, const Registry& registry, const DataSource& calibration)
-    : model_(std::make_unique<Model>(std::move(model))), config_(std::move(config)) {
+    : model_(std::make_unique<Model>(std::move(model))), config_(std::move(config)), ops_(registry) {
   // Per-channel Q/DQ needs opset 13, and lifting later would move the inputs quantizers refer to.
   if (model_->graph.default_opset() < 13) {
     try {
-      lift_opset(model_->graph, 13, static_value_facts(model_->graph, model_->meta.value_info));
+      lift_opset(model_->graph, 13, ops_, static_value_facts(model_->graph, model_->meta.value_info));
     } catch (const Error& e) {
       throw Error(model_->meta.source_path + ": " + e.what());
     }
@@ -399,7 +399,7 @@ void QuantModel::set_constant_input(std::size_t node, std::size_t input, const a
 Graph QuantModel::export_graph() const {
   release_free_memory();  // calibration's cached activations: export allocates other sizes
   Graph g = export_qdq(QdqExportInput{model_->graph, model_->meta, *executor_, *slots_, *backend_, config_.backend,
-                                      backend_plugin_, trainable_, named_states()});
+                                      backend_plugin_, trainable_, named_states(), ops_});
   if (config_.export_options.weight_format == "matmul_nbits") {
     const std::size_t n = to_matmul_nbits(g, config_.export_options.accuracy_level);
     if (n == 0)

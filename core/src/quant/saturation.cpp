@@ -6,27 +6,13 @@
 #include <algorithm>
 #include <map>
 
+#include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/op_traits.h"
+
 namespace sparsebit {
 namespace {
 
 constexpr std::int64_t kMaxActivation = 255, kPairLimit = 32767;
-
-/// Weights as rows of the reduction axis in the order the kernels pair them.
-at::Tensor reduction_rows(const Node& n, const at::Tensor& w) {
-  if (n.op_type == "Conv") {
-    if (w.dim() < 3) return {};
-    std::vector<std::int64_t> perm{0};
-    for (std::int64_t d = 2; d < w.dim(); ++d) perm.push_back(d);
-    perm.push_back(1);  // channels last: kernel position major, input channel minor
-    return w.permute(perm).reshape({w.size(0), -1});
-  }
-  if (n.op_type == "Gemm") {
-    if (w.dim() != 2) return {};
-    return n.attr_int("transB", 0) ? w : w.t();
-  }
-  if (w.dim() < 2) return {};  // MatMul: along K of [..., K, N]
-  return w.transpose(-1, -2).reshape({-1, w.size(-2)});
-}
 
 bool eight_bit_activation(const Graph& g, const std::map<std::string, const Node*>& producer,
                           const std::string& value) {
@@ -43,22 +29,22 @@ bool eight_bit_activation(const Graph& g, const std::map<std::string, const Node
 
 // The layers of `qdq` and, recursively, of its If/Loop/Scan bodies (the exporter puts a body
 // layer's Q/DQ and quantized weight inside the body, next to it).
-void check_graph(const Graph& qdq, SaturationCheck& check) {
+void check_graph(const Graph& qdq, const OpTraitTable& ops, SaturationCheck& check) {
   std::map<std::string, const Node*> producer;
   for (const Node* n : qdq.nodes())
     for (const auto& o : n->outputs) producer[o] = n;
   for (const Node* n : qdq.nodes()) {
-    for (const Graph* body : n->subgraphs()) check_graph(*body, check);
-    if (!n->domain.empty() || (n->op_type != "Conv" && n->op_type != "MatMul" && n->op_type != "Gemm") ||
-        !n->has_input(1))
-      continue;
+    for (const Graph* body : n->subgraphs()) check_graph(*body, ops, check);
+    // ONNX Runtime's integer kernels run layers of the default domain (WeightedLayer, Note [Op traits]).
+    const auto* layer = n->domain.empty() ? ops.trait<WeightedLayer>(n->op_type, n->domain) : nullptr;
+    if (!layer || !n->has_input(1)) continue;
     auto p = producer.find(n->inputs[1]);
     if (p == producer.end() || p->second->op_type != "DequantizeLinear") continue;
     const std::string& weight = p->second->inputs.at(0);
     auto w = qdq.initializers.find(weight);
     if (w == qdq.initializers.end() || w->second.scalar_type() != at::kChar || qdq.narrow_types.count(weight)) continue;
     if (!eight_bit_activation(qdq, producer, n->inputs[0])) continue;
-    at::Tensor rows = reduction_rows(*n, w->second);
+    at::Tensor rows = layer->reduction_rows(*n, w->second);
     if (!rows.defined() || rows.numel() == 0) continue;
     ++check.layers_checked;
     rows = rows.to(at::kInt).abs();
@@ -77,9 +63,9 @@ void check_graph(const Graph& qdq, SaturationCheck& check) {
 
 }  // namespace
 
-SaturationCheck check_u8s8_saturation(const Graph& qdq) {
+SaturationCheck check_u8s8_saturation(const Graph& qdq, const OpTraitTable& ops) {
   SaturationCheck check;
-  check_graph(qdq, check);
+  check_graph(qdq, ops, check);
   return check;
 }
 

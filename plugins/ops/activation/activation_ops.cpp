@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "channel_flow.h"
+#include "opset_lift.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -218,7 +219,7 @@ class QMul final : public QModule {
 
 /// Softmax, LogSoftmax, Hardmax: channels pass unless the op normalizes across them (along
 /// `axis` from opset 13 on, over `axis` and every axis after it before).
-class SoftmaxChannels final : public ChannelFlow {
+class SoftmaxChannels : public ChannelFlow {
  public:
   ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
     const std::int64_t rank = tracked_rank(q);
@@ -229,12 +230,74 @@ class SoftmaxChannels final : public ChannelFlow {
   }
 };
 
+// Before 13 the op flattened x to 2-D at `axis` and normalized over the whole tail; from 13 on
+// it normalizes along `axis` alone. The two agree when the axis is the last one; otherwise the
+// old meaning is spelled out as Flatten -> op -> Reshape(Shape(x)).
+class SoftmaxLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {13}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    const std::int64_t axis = n.attr_int("axis", 1);
+    const std::int64_t rank = c.rank(n.inputs.at(0));
+    if (axis == -1 || (rank >= 0 && axis == rank - 1)) {
+      n.attributes["axis"] = Attribute::of_int(-1);
+      c.note(n, "axis " + std::to_string(axis) + " is the last axis; unchanged");
+      return;
+    }
+    Graph& g = c.graph();
+    const std::string x = n.inputs[0], out = n.outputs.at(0);
+    Node shape;
+    shape.op_type = "Shape";
+    shape.name = g.unique_name(n.name + "_input_shape");
+    shape.inputs = {x};
+    shape.outputs = {g.unique_name(x + "_shape")};
+    Node flat;
+    flat.op_type = "Flatten";
+    flat.name = g.unique_name(n.name + "_flatten");
+    flat.inputs = {x};
+    flat.outputs = {g.unique_name(x + "_2d")};
+    flat.attributes["axis"] = Attribute::of_int(axis);
+    Node back;
+    back.op_type = "Reshape";
+    back.name = g.unique_name(n.name + "_restore_shape");
+    const std::string flat_out = g.unique_name(out + "_2d");
+    back.inputs = {flat_out, shape.outputs[0]};
+    back.outputs = {out};
+    n.inputs[0] = flat.outputs[0];
+    n.outputs[0] = flat_out;
+    n.attributes["axis"] = Attribute::of_int(-1);
+    g.insert_before(&n, std::move(shape));
+    g.insert_before(&n, std::move(flat));
+    g.insert_after(&n, std::move(back));
+    c.note(n, "axis " + std::to_string(axis) +
+                  (rank >= 0 ? " of a rank-" + std::to_string(rank) + " input" : " of an input of unknown rank") +
+                  " is not the last axis; rewritten as Flatten -> " + n.op_type + " -> Reshape");
+  }
+};
+
+// From 11 on min and max are inputs typed like the data.
+class ClipLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {11}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    if (!n.has_attr("min") && !n.has_attr("max")) return;
+    const at::ScalarType type = float_type_of(c.elem_type(n.inputs.at(0)));
+    if (n.has_attr("min")) c.set_input(n, 1, c.constant(n, "min", at::scalar_tensor(n.attr_float("min", 0), type)));
+    if (n.has_attr("max")) c.set_input(n, 2, c.constant(n, "max", at::scalar_tensor(n.attr_float("max", 0), type)));
+    n.attributes.erase("min");
+    n.attributes.erase("max");
+    c.note(n, "min/max attributes -> inputs");
+  }
+};
+
 void register_traits(Registrar& r) {
-  for (const char* op : {"Relu", "Sigmoid", "HardSigmoid", "Clip", "Shrink", "LeakyRelu", "Elu", "Celu", "Selu",
+  for (const char* op : {"Relu", "Sigmoid", "HardSigmoid", "Shrink", "LeakyRelu", "Elu", "Celu", "Selu",
                          "ThresholdedRelu", "HardSwish", "Mish", "Tanh", "Softplus", "Softsign", "Gelu"})
-    r.add_op_traits<SameChannels>(op);
-  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax"}) r.add_op_traits<SoftmaxChannels>(op);
-  for (const char* op : {"Add", "Mul", "PRelu"}) r.add_op_traits<Elementwise>(op);
+    r.add_op_traits<SameMeaning<SameChannels>>(op);
+  r.add_op_traits<TraitsOf<SameChannels, ClipLift>>("Clip");
+  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax"})
+    r.add_op_traits<TraitsOf<SoftmaxChannels, SoftmaxLift>>(op);
+  for (const char* op : {"Add", "Mul", "PRelu"}) r.add_op_traits<SameMeaning<Elementwise>>(op);
 }
 
 void register_all(Registrar& r) {

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "channel_flow.h"
+#include "opset_lift.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -282,7 +283,7 @@ at::Tensor bool_op(const at::Tensor& x, at::Tensor (*fn)(const at::Tensor&, cons
 }
 
 /// Reductions: channels pass when the channel axis is not reduced, to the axis it becomes.
-class ReduceChannels final : public ChannelFlow {
+class ReduceChannels : public ChannelFlow {
  public:
   ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
     const std::int64_t rank = tracked_rank(q);
@@ -296,17 +297,34 @@ class ReduceChannels final : public ChannelFlow {
   }
 };
 
+// From 10 on k is input 1.
+class TopKLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {10}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    if (!n.has_attr("k")) c.refuse(n, "it has no 'k' attribute");
+    const std::int64_t k = n.attr_int("k", 0);
+    n.attributes.erase("k");
+    c.set_input(n, 1, c.constant(n, "k", at::tensor(std::vector<std::int64_t>{k}, at::kLong)));
+    c.note(n, "'k' attribute -> input 1");
+  }
+};
+
 void register_traits(Registrar& r) {
   for (const char* op :
        {"Exp", "Log",  "Abs",  "Neg",  "Sqrt", "Reciprocal", "Floor", "Ceil",  "Round", "Sign",  "Erf",   "Sin", "Cos",
         "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh",       "Asinh", "Acosh", "Atanh", "IsNaN", "IsInf", "Not"})
-    r.add_op_traits<SameChannels>(op);
+    r.add_op_traits<SameMeaning<SameChannels>>(op);
   for (const char* op : {"Sub", "Div", "Pow", "Mod", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And",
                          "Or", "Xor", "Min", "Max", "Sum", "Mean", "Where"})
-    r.add_op_traits<Elementwise>(op);
-  for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-                         "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
-    r.add_op_traits<ReduceChannels>(op);
+    r.add_op_traits<SameMeaning<Elementwise>>(op);
+  // ReduceSum took its axes as an input from 13, the others from 18.
+  r.add_op_traits<TraitsOf<ReduceChannels, AxesBecomeInput<13>>>("ReduceSum");
+  for (const char* op : {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+                         "ReduceLogSumExp", "ReduceSumSquare"})
+    r.add_op_traits<TraitsOf<ReduceChannels, AxesBecomeInput<18>>>(op);
+  for (const char* op : {"ArgMax", "ArgMin", "CumSum", "Einsum", "Det"}) r.add_op_traits<SameMeaning<>>(op);
+  r.add_op_traits<TopKLift>("TopK");
 }
 
 void register_all(Registrar& r) {

@@ -12,6 +12,7 @@
 #include <c10/core/GradMode.h>
 
 #include "channel_flow.h"
+#include "opset_lift.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/data_parallel.h"
 #include "sparsebit/sdk/plugin.h"
@@ -498,23 +499,24 @@ std::int64_t product(const std::vector<std::int64_t>& s, std::size_t from = 0) {
 
 /// Conv: weight [out, in / group, k...]; each output element sums in / group x k... products.
 /// ConvTranspose: weight [in, out / group, k...]; each input element feeds out / group x k...
-class ConvLayer final : public WeightedLayer {
+template <bool Transpose>
+class ConvLayer : public WeightedLayer {
  public:
-  explicit ConvLayer(bool transpose) : transpose_(transpose) {}
   std::optional<LayerAxes> axes(const Node&, std::int64_t) const override {
-    return transpose_ ? LayerAxes{1, 0, 1} : LayerAxes{0, 1, 1};
+    return Transpose ? LayerAxes{1, 0, 1} : LayerAxes{0, 1, 1};
   }
   std::int64_t macs(const Node&, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& w,
                     const std::vector<std::int64_t>* y) const override {
-    if (transpose_) return product(x) * product(w, 1);
+    if (Transpose) return product(x) * product(w, 1);
     return y ? product(*y) * product(w, 1) : 0;
   }
-
- private:
-  bool transpose_;
+  // ONNX Runtime runs a quantized ConvTranspose in float; a Conv reads its weight channels last.
+  at::Tensor reduction_rows(const Node& n, const at::Tensor& w) const override {
+    return Transpose || w.dim() < 3 ? at::Tensor() : WeightedLayer::reduction_rows(n, w);
+  }
 };
 /// Gemm: A [M, K] (transA: [K, M]) times B [K, N] (transB: [N, K]).
-class GemmLayer final : public WeightedLayer {
+class GemmLayer : public WeightedLayer {
  public:
   std::optional<LayerAxes> axes(const Node& n, std::int64_t) const override {
     if (n.attr_int("transA", 0)) return std::nullopt;
@@ -525,15 +527,63 @@ class GemmLayer final : public WeightedLayer {
     if (!y || x.size() != 2) return 0;
     return product(*y) * x[n.attr_int("transA", 0) ? 0 : 1];
   }
+  at::Tensor reduction_rows(const Node& n, const at::Tensor& w) const override {  // whatever transA is
+    if (w.dim() != 2) return {};
+    return n.attr_int("transB", 0) ? w : w.t();
+  }
 };
 
 /// MatMul: [..., M, K] times a weight [K, N]: the activation's channels are its last axis.
-class MatMulLayer final : public WeightedLayer {
+class MatMulLayer : public WeightedLayer {
  public:
   std::optional<LayerAxes> axes(const Node&, std::int64_t) const override { return LayerAxes{1, 0, -1}; }
   std::int64_t macs(const Node&, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>&,
                     const std::vector<std::int64_t>* y) const override {
     return y && !x.empty() ? product(*y) * x.back() : 0;
+  }
+  at::Tensor reduction_rows(const Node&, const at::Tensor& w) const override {  // along K of [..., K, N]
+    if (w.dim() < 2) return {};
+    return w.transpose(-1, -2).reshape({-1, w.size(-2)});
+  }
+};
+
+// 9 dropped the 'spatial' attribute (statistics per channel); 14 the training outputs.
+class BatchNormLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {9, 14}; }
+  void lift(LiftContext& c, Node& n, std::int64_t version) const override {
+    if (version == 14) return drop_outputs(c, n, 1, "exists in training mode only from opset 14");
+    if (!n.has_attr("spatial")) return;
+    if (n.attr_int("spatial", 1) == 0 && c.rank(n.inputs.at(0)) != 2)
+      c.refuse(n, "spatial = 0 (statistics per element, not per channel) has no equivalent in later opsets");
+    n.attributes.erase("spatial");
+    c.note(n, "'spatial' attribute removed");
+  }
+};
+
+// Opset 18 normalized with scale and bias per group, 21 per channel: each group's value is
+// repeated over its channels.
+class GroupNormLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {21}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    const std::int64_t groups = n.attr_int("num_groups", 0);
+    const auto dims = c.dims(n.inputs.at(0));
+    const std::int64_t channels = dims.size() >= 2 ? dims[1] : -1;
+    if (channels <= 0 || groups <= 0 || channels % groups)
+      c.refuse(n, "the number of channels of its input is unknown");
+    Graph& g = c.graph();
+    for (std::size_t i : {std::size_t{1}, std::size_t{2}}) {
+      auto it = g.initializers.find(n.inputs.at(i));
+      if (it == g.initializers.end())
+        c.refuse(n, "its scale and bias are computed, not initializers; they must be expanded from groups to channels");
+      if (it->second.numel() != groups)
+        c.refuse(n, "its scale/bias has " + std::to_string(it->second.numel()) + " values for " +
+                        std::to_string(groups) + " groups");
+      n.inputs[i] = c.constant(n, i == 1 ? "scale_per_channel" : "bias_per_channel",
+                               it->second.reshape({-1}).repeat_interleave(channels / groups));
+    }
+    c.note(n, "scale and bias per group -> per channel");
   }
 };
 
@@ -552,13 +602,16 @@ void register_all(Registrar& r) {
   r.add_op<QGroupNorm>("GroupNormalization");
   r.add_op<QLRN>("LRN");
   r.add_op<QMeanVarianceNorm>("MeanVarianceNormalization");
-  for (const char* op : {"BatchNormalization", "InstanceNormalization"}) r.add_op_traits<PerChannelNormalization>(op);
+  r.add_op_traits<TraitsOf<PerChannelNormalization, BatchNormLift>>("BatchNormalization");
+  r.add_op_traits<SameMeaning<PerChannelNormalization>>("InstanceNormalization");
   for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
-    r.add_op_traits<PooledChannels>(op);
-  r.add_op_traits_object("Conv", "", std::make_shared<const ConvLayer>(false));
-  r.add_op_traits_object("ConvTranspose", "", std::make_shared<const ConvLayer>(true));
-  r.add_op_traits<GemmLayer>("Gemm");
-  r.add_op_traits<MatMulLayer>("MatMul");
+    r.add_op_traits<SameMeaning<PooledChannels>>(op);
+  r.add_op_traits<SameMeaning<ConvLayer<false>>>("Conv");
+  r.add_op_traits<SameMeaning<ConvLayer<true>>>("ConvTranspose");
+  r.add_op_traits<SameMeaning<GemmLayer>>("Gemm");
+  r.add_op_traits<SameMeaning<MatMulLayer>>("MatMul");
+  for (const char* op : {"LayerNormalization", "LRN", "MeanVarianceNormalization"}) r.add_op_traits<SameMeaning<>>(op);
+  r.add_op_traits<GroupNormLift>("GroupNormalization");
 }
 
 }  // namespace

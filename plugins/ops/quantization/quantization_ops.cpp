@@ -13,6 +13,7 @@
 #include <cmath>
 #include <vector>
 
+#include "opset_lift.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -299,6 +300,9 @@ void register_all(Registrar& r) {
   r.add_op<QLinearMatMul>("QLinearMatMul");
   r.add_op<QLinearConv>("QLinearConv");
   r.add_op<QMatMulNBits>("MatMulNBits", "com.microsoft");
+  for (const char* op : {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+                         "QLinearMatMul", "QLinearConv"})
+    r.add_op_traits<SameMeaning<>>(op);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <cctype>
 #include <functional>
 
+#include "opset_lift.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -282,6 +283,7 @@ void register_all(Registrar& r) {
   cell("RNN", Cell{1, {"tanh"}});
   cell("GRU", Cell{3, {"sigmoid", "tanh"}});
   cell("LSTM", Cell{4, {"sigmoid", "tanh", "tanh"}});
+  for (const char* op : {"RNN", "GRU", "LSTM"}) r.add_op_traits<SameMeaning<>>(op);
 }
 
 }  // namespace

@@ -10,10 +10,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include "channel_flow.h"
+#include "opset_lift.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -280,7 +282,7 @@ class QUpsample final : public NodeQModule {
 };
 
 /// Resize and Upsample keep the channels when their scale along the channel axis is 1.
-class ResizeChannels final : public ChannelFlow {
+class ResizeChannels : public ChannelFlow {
  public:
   ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
     const std::int64_t rank = tracked_rank(q);
@@ -295,11 +297,54 @@ class ResizeChannels final : public ChannelFlow {
   }
 };
 
+// Upsample became Resize at 10 (and left the standard: one found in a newer model still means
+// Upsample-9).
+class UpsampleLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {10}; }
+  std::int64_t read_as(std::int64_t opset) const override { return std::min<std::int64_t>(opset, 9); }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    std::string scales;
+    if (n.has_attr("scales")) {  // Upsample-7
+      const auto v = n.attr_floats("scales");
+      scales = c.constant(n, "scales", at::tensor(std::vector<float>(v.begin(), v.end()), at::kFloat));
+      n.attributes.erase("scales");
+    } else if (n.has_input(1)) {  // Upsample-9
+      scales = n.inputs[1];
+    } else {
+      c.refuse(n, "it has neither a 'scales' attribute nor a scales input");
+    }
+    std::string mode = n.attr_string("mode", "nearest");
+    if (mode == "bilinear") mode = "linear";
+    if (mode != "nearest" && mode != "linear") c.refuse(n, "mode '" + mode + "' has no Resize equivalent");
+    n.op_type = "Resize";
+    n.attributes = {{"mode", Attribute::of_string(mode)}};
+    n.inputs = {n.inputs.at(0), scales};
+    c.note(n, "Upsample -> Resize");
+  }
+};
+
+// Resize-10 sampled with asymmetric coordinates (and, for nearest, rounded down); Resize-11 made
+// both attributes with other defaults and put roi before scales.
+class ResizeLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {11}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    if (n.inputs.size() != 2) c.refuse(n, "Resize-10 takes exactly 2 inputs (X, scales)");
+    const std::string roi =  // optional from 13
+        c.target() >= 13 ? std::string() : c.constant(n, "roi", at::empty({0}, at::kFloat));
+    n.inputs = {n.inputs[0], roi, n.inputs[1]};
+    n.attributes["coordinate_transformation_mode"] = Attribute::of_string("asymmetric");
+    if (n.attr_string("mode", "nearest") == "nearest") n.attributes["nearest_mode"] = Attribute::of_string("floor");
+    c.note(n, "inputs (X, scales) -> (X, roi, scales), asymmetric coordinates made explicit");
+  }
+};
+
 void register_all(Registrar& r) {
   r.add_op<QResize>("Resize");
   r.add_op<QUpsample>("Upsample");
-  r.add_op_traits<ResizeChannels>("Resize");
-  r.add_op_traits<ResizeChannels>("Upsample");
+  r.add_op_traits<TraitsOf<ResizeChannels, ResizeLift>>("Resize");
+  r.add_op_traits<TraitsOf<ResizeChannels, UpsampleLift>>("Upsample");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "opset_lift.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 #include "sparsebit/sdk/version.h"
@@ -228,6 +229,9 @@ void register_all(Registrar& r) {
   r.add_op<QOptional>("Optional");
   r.add_op<QOptionalHasElement>("OptionalHasElement");
   r.add_op<QOptionalGetElement>("OptionalGetElement");
+  for (const char* op : {"SequenceConstruct", "SequenceEmpty", "SequenceAt", "SequenceInsert", "SequenceErase",
+                         "SequenceLength", "ConcatFromSequence", "SplitToSequence"})
+    r.add_op_traits<SameMeaning<>>(op);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "channel_flow.h"
+#include "opset_lift.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -800,7 +801,7 @@ class QUnique final : public NodeQModule {
 };
 
 /// Transpose: the channel axis moves to where `perm` puts it (reversed without `perm`).
-class TransposeChannels final : public ChannelFlow {
+class TransposeChannels : public ChannelFlow {
  public:
   ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
     const auto perm = q.node.attr_ints("perm");
@@ -813,7 +814,7 @@ class TransposeChannels final : public ChannelFlow {
 };
 
 /// Squeeze and Unsqueeze: the channel axis shifts past the axes removed or inserted before it.
-class SqueezeChannels final : public ChannelFlow {
+class SqueezeChannels : public ChannelFlow {
  public:
   ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
     const std::int64_t rank = tracked_rank(q);
@@ -841,7 +842,7 @@ class SqueezeChannels final : public ChannelFlow {
 };
 
 /// Pad: channels pass when nothing is padded along their axis.
-class PadChannels final : public ChannelFlow {
+class PadChannels : public ChannelFlow {
  public:
   ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
     const std::int64_t rank = tracked_rank(q);
@@ -855,7 +856,7 @@ class PadChannels final : public ChannelFlow {
 };
 
 /// Slice: channels pass when the channel axis is not sliced.
-class SliceChannels final : public ChannelFlow {
+class SliceChannels : public ChannelFlow {
  public:
   ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
     const std::int64_t rank = tracked_rank(q);
@@ -875,7 +876,7 @@ class SliceChannels final : public ChannelFlow {
 };
 
 /// Split along another axis: every output carries the channels.
-class SplitChannels final : public ChannelFlow {
+class SplitChannels : public ChannelFlow {
  public:
   ChannelFlowAnswer channel_flow(const ChannelQuery& q) const override {
     const std::int64_t rank = tracked_rank(q);
@@ -886,14 +887,85 @@ class SplitChannels final : public ChannelFlow {
   }
 };
 
+// 10: the mask output became bool (a model reading the old one cannot be lifted); 12: the ratio
+// became an input, and an inference-mode Dropout is the identity whatever the ratio.
+class DropoutLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {10, 12}; }
+  void lift(LiftContext& c, Node& n, std::int64_t version) const override {
+    if (version == 10) return drop_outputs(c, n, 1, "(the mask) changes type from the data's to bool at opset 10");
+    if (!n.has_attr("ratio")) return;
+    n.attributes.erase("ratio");
+    c.note(n, "'ratio' attribute removed (inference mode)");
+  }
+};
+
+// From 11 on pads and the constant value are inputs.
+class PadLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {11}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    if (!n.has_attr("pads")) c.refuse(n, "it has no 'pads' attribute");
+    const double value = n.attr_float("value", 0);
+    c.attribute_to_input(n, "pads", 1);
+    if (!n.has_attr("value")) return;
+    n.attributes.erase("value");
+    if (value == 0) return;
+    c.set_input(n, 2, c.constant(n, "value", at::scalar_tensor(value, float_type_of(c.elem_type(n.inputs.at(0))))));
+    c.note(n, "'value' attribute -> input 2");
+  }
+};
+
+// 13: the sizes became input 1; 18: an equal split needs num_outputs.
+class SplitLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {13, 18}; }
+  void lift(LiftContext& c, Node& n, std::int64_t version) const override {
+    if (version == 13) return c.attribute_to_input(n, "split", 1);
+    if (n.has_input(1) || n.has_attr("num_outputs")) return;
+    n.attributes["num_outputs"] = Attribute::of_int(static_cast<std::int64_t>(n.outputs.size()));
+    c.note(n, "equal split -> num_outputs = " + std::to_string(n.outputs.size()));
+  }
+};
+
+// From 10 on starts, ends and axes are inputs.
+class SliceLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {10}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    if (!n.has_attr("starts") || !n.has_attr("ends")) c.refuse(n, "it lacks the 'starts' or 'ends' attribute");
+    c.attribute_to_input(n, "starts", 1);
+    c.attribute_to_input(n, "ends", 2);
+    c.attribute_to_input(n, "axes", 3);
+  }
+};
+
+// Scatter was renamed ScatterElements at 11.
+class ScatterLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {11}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    n.op_type = "ScatterElements";
+    c.note(n, "Scatter -> ScatterElements");
+  }
+};
+
 void register_traits(Registrar& r) {
-  for (const char* op : {"Identity", "Dropout", "Cast"}) r.add_op_traits<SameChannels>(op);
-  r.add_op_traits<TransposeChannels>("Transpose");
-  r.add_op_traits<SqueezeChannels>("Squeeze");
-  r.add_op_traits<SqueezeChannels>("Unsqueeze");
-  r.add_op_traits<PadChannels>("Pad");
-  r.add_op_traits<SliceChannels>("Slice");
-  r.add_op_traits<SplitChannels>("Split");
+  for (const char* op : {"Identity", "Cast"}) r.add_op_traits<SameMeaning<SameChannels>>(op);
+  r.add_op_traits<TraitsOf<SameChannels, DropoutLift>>("Dropout");
+  r.add_op_traits<SameMeaning<TransposeChannels>>("Transpose");
+  r.add_op_traits<TraitsOf<SqueezeChannels, AxesBecomeInput<13>>>("Squeeze");
+  r.add_op_traits<TraitsOf<SqueezeChannels, AxesBecomeInput<13>>>("Unsqueeze");
+  r.add_op_traits<TraitsOf<PadChannels, PadLift>>("Pad");
+  r.add_op_traits<TraitsOf<SliceChannels, SliceLift>>("Slice");
+  r.add_op_traits<TraitsOf<SplitChannels, SplitLift>>("Split");
+  r.add_op_traits<ScatterLift>("Scatter");
+  for (const char* op : {"Flatten",  "Reshape",   "Concat",          "Gather",          "GatherElements",
+                         "GatherND", "ScatterND", "ScatterElements", "Expand",          "Tile",
+                         "Shape",    "Size",      "CastLike",        "ConstantOfShape", "Range",
+                         "NonZero",  "OneHot",    "Trilu",           "Compress",        "ReverseSequence",
+                         "EyeLike",  "Unique",    "Constant",        "DepthToSpace",    "SpaceToDepth"})
+    r.add_op_traits<SameMeaning<>>(op);
 }
 
 void register_all(Registrar& r) {

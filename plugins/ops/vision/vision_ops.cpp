@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "opset_lift.h"
 #include "ops_common.h"
 #include "sparsebit/sdk/plugin.h"
 
@@ -294,11 +295,36 @@ class QMaxUnpool final : public NodeQModule {
   std::vector<std::int64_t> kernel_, strides_, pads_;
 };
 
+// 16 added coordinate_transformation_mode, whose default is not the earlier behaviour.
+class RoiAlignLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {16}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    if (n.has_attr("coordinate_transformation_mode")) return;
+    n.attributes["coordinate_transformation_mode"] = Attribute::of_string("output_half_pixel");
+    c.note(n, "coordinate_transformation_mode = output_half_pixel made explicit");
+  }
+};
+
+// 20 renamed the modes bilinear and bicubic.
+class GridSampleLift : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {20}; }
+  void lift(LiftContext& c, Node& n, std::int64_t) const override {
+    const std::string mode = n.attr_string("mode", "bilinear");
+    n.attributes["mode"] = Attribute::of_string(mode == "bilinear" ? "linear" : mode == "bicubic" ? "cubic" : mode);
+    c.note(n, "mode '" + mode + "' renamed");
+  }
+};
+
 void register_all(Registrar& r) {
   r.add_op<QNonMaxSuppression>("NonMaxSuppression");
   r.add_op<QRoiAlign>("RoiAlign");
   r.add_op<QGridSample>("GridSample");
   r.add_op<QMaxUnpool>("MaxUnpool");
+  for (const char* op : {"NonMaxSuppression", "MaxUnpool"}) r.add_op_traits<SameMeaning<>>(op);
+  r.add_op_traits<RoiAlignLift>("RoiAlign");
+  r.add_op_traits<GridSampleLift>("GridSample");
 }
 
 }  // namespace

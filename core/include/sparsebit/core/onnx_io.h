@@ -17,6 +17,8 @@
 
 namespace sparsebit {
 
+class Registry;
+
 /// Model-level data kept from the source file so export is a faithful re-emit.
 struct ModelMeta {
   std::string source_path;
@@ -35,9 +37,12 @@ struct Model {
 };
 
 struct ImportOptions {
-  /// Models of a lower default-domain opset are lifted to this one with static facts only (0:
-  /// keep the model's opset; the CLI lifts later with lift_model(), which also runs a sample).
-  std::int64_t min_opset = 13;
+  /// Models of a lower default-domain opset are lifted to this one with static facts only, by
+  /// the lifting rules of `registry`'s ops, which it then needs (0: keep the model's opset;
+  /// load_and_lift() lifts with lift_model(), which also runs a sample, and QuantModel lifts to
+  /// 13 itself).
+  std::int64_t min_opset = 0;
+  const Registry* registry = nullptr;
 };
 
 SPARSEBIT_API Model load_onnx(const std::string& path, const ImportOptions& options = {});

@@ -5,25 +5,27 @@
 /// per opset where the op's meaning changed. ONNX's own version converter needs static shapes
 /// that its shape inference does not find in real exporters' graphs (Shape -> Slice -> Concat ->
 /// Reshape chains with symbolic dims); these rules need a rank or an element type at most, and
-/// take it from what the file declares, from a light propagation, or from one run of the float
-/// model on a sample (the executor runs every opset the rules start from).
+/// take it from what the file declares, from ONNX's shape inference (which finds ranks and types
+/// where it cannot find dims), or from one run of the float model on a sample (the executor runs
+/// every opset the rules start from).
 ///
 /// Note [Opset lifting]
-/// Every op the executor runs is either listed as unchanged in meaning from opset 7 to 21 (its
-/// versions only widened types or added attributes whose defaults keep the old behaviour) or has
-/// rules: Softmax/LogSoftmax/Hardmax (13: the axis no longer flattens the tail; kept when the
-/// axis is the last one, else Flatten -> op -> Reshape(Shape(x))), Split (13: sizes become an
-/// input; 18: num_outputs when there are none), Squeeze/Unsqueeze/ReduceSum (13) and the other
-/// Reduce* (18): axes become an input, Clip and Pad (11): attributes become inputs typed like the
-/// data, Slice and TopK (10), Upsample (10: Resize) and Resize-10 (11: explicit asymmetric
-/// coordinates and floor rounding), Scatter (11: ScatterElements), BatchNormalization (9:
-/// spatial; 14: training outputs) and Dropout (10: mask type; 12: ratio), GroupNormalization
-/// (21: scale and bias per channel), RoiAlign (16) and GridSample (20). Rules never erase a
-/// node and keep the position of every existing input; from 13 on they add no node either, so
-/// quantizer slots that refer to (node index, input) stay valid when the exporter lifts 13 -> 21.
-/// Anything else (an unknown op of the default domain, control flow with subgraphs, a rule's
-/// precondition that does not hold) is refused with an Error naming the node, its op and what
-/// is unknown or unsupported.
+/// The rules belong to the ops: the plugin that registers an op of the default domain tells how
+/// its meaning changed across opsets with the LiftsOpset trait (sdk/op_traits.h): the versions
+/// where it changed, and a rewrite from the meaning before each to the meaning at it (an empty
+/// list: the op kept its meaning from opset 7 on, its versions only widened types or added
+/// attributes and inputs whose defaults keep the old behaviour). The shipped op plugins give
+/// them for every op they register that exists before opset 21; for example Softmax (13: the
+/// axis no longer flattens the tail), Split (13, 18), Squeeze/Unsqueeze/ReduceSum (13) and the
+/// other Reduce* (18), Clip and Pad (11), Slice and TopK (10), Upsample (10: Resize), Resize-10
+/// (11), Scatter (11), BatchNormalization (9, 14), Dropout (10, 12), GroupNormalization (21),
+/// RoiAlign (16) and GridSample (20). Control flow is the core's: If and Loop keep their meaning
+/// and their bodies are lifted the same way; Scan-8 becomes a Loop over a Scan-9. Rules never
+/// erase a node and keep the position of every existing input; from 13 on they add no node
+/// either, so quantizer slots that refer to (node index, input) stay valid when the exporter
+/// lifts 13 -> 21. Anything else (an op without rules, an op no plugin registers, a rule's
+/// precondition that does not hold) is refused with an Error naming the node, its op, the
+/// plugin and what to do.
 
 #include <cstdint>
 #include <map>
@@ -35,6 +37,7 @@
 
 namespace sparsebit {
 
+class OpTraitTable;
 class Registry;
 struct Model;
 
@@ -48,7 +51,8 @@ struct ValueFact {
 using ValueFacts = std::map<std::string, ValueFact>;
 
 /// Facts from the graph alone: declared inputs, outputs and `declared` value_info, initializers,
-/// then ranks and element types propagated through the ops whose rules are simple.
+/// then what ONNX's shape inference finds for the other values (run in a child process on the
+/// graph's structure, weights without their data).
 SPARSEBIT_API ValueFacts static_value_facts(const Graph& graph, const std::vector<ValueInfo>& declared = {});
 
 /// Facts from one run of the float graph on `sample` (one tensor per graph input): the rank,
@@ -63,9 +67,11 @@ struct LiftReport {
   double max_abs_diff = 0;            ///< largest output difference found by the check
 };
 
-/// Lifts `graph` to `target` in place (nothing when it is there already). Throws Error naming
-/// the node and op on anything that cannot be lifted; the graph is then unchanged.
-SPARSEBIT_API LiftReport lift_opset(Graph& graph, std::int64_t target, const ValueFacts& facts = {});
+/// Lifts `graph` to `target` in place (nothing when it is there already) by the rules its ops
+/// give (LiftsOpset in `ops`). Throws Error naming the node and op on anything that cannot be lifted; the graph is
+/// then unchanged.
+SPARSEBIT_API LiftReport lift_opset(Graph& graph, std::int64_t target, const OpTraitTable& ops,
+                                    const ValueFacts& facts = {});
 
 /// The pipeline's lifting step: facts from the model's declarations and one run on `sample`,
 /// the lift, then the lifted graph run on the same sample and its outputs compared with the

@@ -66,6 +66,7 @@
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/quant_slots.h"
 #include "sparsebit/core/registry.h"
 
@@ -214,6 +215,7 @@ class SPARSEBIT_API QuantModel {
  private:
   std::unique_ptr<Model> model_;  // heap-held: the executor refers to its graph
   Config config_;
+  OpTraitTable ops_;  // asked again at export (lifting to 21 for 4-bit Q/DQ), when the registry may be gone
   std::unique_ptr<Backend> backend_;
   std::string backend_plugin_;
   std::unique_ptr<Executor> executor_;

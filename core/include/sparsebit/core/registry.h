@@ -73,12 +73,13 @@ class SPARSEBIT_API Registry {
   const Entry<PassFactory>* pass(const std::string& name) const;
   const Entry<SparserFactory>* sparser(const std::string& name) const;
   const Entry<BackendFactory>* backend(const std::string& name) const;
-  /// The traits registered with op `op_type` of `domain` (Note [Op traits]), or nullptr.
-  const OpTraits* op_traits(const std::string& op_type, const std::string& domain) const;
+  /// The traits registered with op `op_type` of `domain` (Note [Op traits]), or nullptr. They
+  /// may be kept after the registry is gone: plugin libraries stay loaded for the process.
+  std::shared_ptr<const OpTraits> op_traits(const std::string& op_type, const std::string& domain) const;
   /// One trait of that op (ChannelFlow, ...), or nullptr when it does not implement it.
   template <class Trait>
   const Trait* op_trait(const std::string& op_type, const std::string& domain) const {
-    return dynamic_cast<const Trait*>(op_traits(op_type, domain));
+    return dynamic_cast<const Trait*>(op_traits(op_type, domain).get());
   }
 
   /// Registered names of a kind ("op", "observer", "quantizer", "pass", "sparser", "backend").
@@ -90,6 +91,7 @@ class SPARSEBIT_API Registry {
   static std::optional<std::string> sidecar_name(const std::string& library);
 
   struct Tables;  // implementation detail, public for the staging registrar
+  friend class OpTraitTable;
 
  private:
   /// Whether enable/disable let `library` be opened; records it as disabled otherwise.
@@ -97,6 +99,30 @@ class SPARSEBIT_API Registry {
   std::unique_ptr<Tables> tables_;
   std::vector<PluginRecord> plugins_;
   std::vector<std::string> searched_;
+};
+
+/// The op traits of a registry (Note [Op traits]) with the plugin that registers each op, kept
+/// apart from it: a QuantModel asks its ops again when it exports, when the registry it was
+/// built with may be gone (plugin libraries stay loaded for the process).
+class SPARSEBIT_API OpTraitTable {
+ public:
+  OpTraitTable() = default;
+  explicit OpTraitTable(const Registry& registry);
+  struct Op {
+    std::string plugin;                      ///< the plugin that registers it
+    std::shared_ptr<const OpTraits> traits;  ///< nullptr when it registers none
+  };
+  /// Op `op_type` of `domain`, or nullptr when no plugin registers it.
+  const Op* find(const std::string& op_type, const std::string& domain) const;
+  /// One trait of that op, or nullptr.
+  template <class Trait>
+  const Trait* trait(const std::string& op_type, const std::string& domain) const {
+    const Op* op = find(op_type, domain);
+    return op ? dynamic_cast<const Trait*>(op->traits.get()) : nullptr;
+  }
+
+ private:
+  std::map<std::string, Op> ops_;  // keyed as the registry keys ops
 };
 
 /// This host's build values, compared against each plugin's descriptor.

@@ -38,8 +38,11 @@ struct SaturationCheck {
   std::vector<SaturationRisk> at_risk;  ///< those that can saturate
 };
 
-/// Runs the check on an exported QDQ graph.
-SPARSEBIT_API SaturationCheck check_u8s8_saturation(const Graph& qdq);
+class OpTraitTable;
+
+/// Runs the check on an exported QDQ graph: its layers of the default domain (WeightedLayer in
+/// `ops`) whose weights pair in integer kernels (WeightedLayer::reduction_rows).
+SPARSEBIT_API SaturationCheck check_u8s8_saturation(const Graph& qdq, const OpTraitTable& ops);
 
 /// The warning for `check` (empty when nothing is at risk): every layer named, and what to do.
 SPARSEBIT_API std::string saturation_warning(const SaturationCheck& check);

@@ -139,5 +139,44 @@ TEST(NnOpTraits, LayersGiveTheirAxesAndMacs) {
   EXPECT_EQ(layer_of("MatMul").axes(matmul, 2)->activation, -1);
 }
 
+// The order integer kernels add products in, written out by hand: a Conv's weight [O, I, kh, kw]
+// is read channels last (tap major, input channel minor), Gemm's and MatMul's along K.
+TEST(NnOpTraits, WeightsComeAsRowsInTheOrderIntegerKernelsPairThem) {
+  const at::Tensor conv_w = at::arange(2 * 3 * 2 * 2).reshape({2, 3, 2, 2});
+  const at::Tensor rows = layer_of("Conv").reduction_rows(make_node("c", "Conv", {"x", "w"}, {"y"}), conv_w);
+  ASSERT_EQ(rows.sizes(), (at::IntArrayRef{2, 12}));
+  // Output channel 1, tap (0, 1), input channels 0..2: w[1, c, 0, 1] = 12 + 4c + 1.
+  EXPECT_TRUE(at::equal(rows[1].slice(0, 3, 6), at::tensor({13, 17, 21}, at::kLong)));
+  EXPECT_FALSE(layer_of("ConvTranspose")
+                   .reduction_rows(make_node("d", "ConvTranspose", {"x", "w"}, {"y"}), conv_w)
+                   .defined());  // ONNX Runtime runs it in float
+
+  const at::Tensor kn = at::arange(6).reshape({3, 2});  // [K, N]
+  const Node gemm = make_node("g", "Gemm", {"x", "w"}, {"y"}, {{"transA", Attribute::of_int(1)}});
+  EXPECT_TRUE(
+      at::equal(layer_of("Gemm").reduction_rows(gemm, kn), at::tensor({0, 2, 4, 1, 3, 5}, at::kLong).view({2, 3})));
+  const Node gemm_t = make_node("g", "Gemm", {"x", "w"}, {"y"}, {{"transB", Attribute::of_int(1)}});
+  EXPECT_TRUE(at::equal(layer_of("Gemm").reduction_rows(gemm_t, kn), kn));  // [N, K] rows already
+  const at::Tensor batched = at::arange(12).reshape({2, 3, 2});             // [B, K, N]
+  const at::Tensor mm = layer_of("MatMul").reduction_rows(make_node("m", "MatMul", {"x", "w"}, {"y"}), batched);
+  EXPECT_TRUE(at::equal(mm, at::tensor({0, 2, 4, 1, 3, 5, 6, 8, 10, 7, 9, 11}, at::kLong).view({4, 3})));
+}
+
+// A vendor's layer that gives only its axes gets the channels-last order by default.
+TEST(NnOpTraits, ALayerWithAxesAloneIsReadOutputAxisFirstInputAxisLast) {
+  struct VendorLayer final : WeightedLayer {
+    std::optional<LayerAxes> axes(const Node&, std::int64_t) const override { return LayerAxes{1, 0, 1}; }
+    std::int64_t macs(const Node&, const std::vector<std::int64_t>&, const std::vector<std::int64_t>&,
+                      const std::vector<std::int64_t>*) const override {
+      return 0;
+    }
+  };
+  const at::Tensor w = at::arange(2 * 3 * 4).reshape({2, 3, 4});  // [in 2, out 3, tap 4]
+  const at::Tensor rows = VendorLayer().reduction_rows(make_node("v", "Vendor", {"x", "w"}, {"y"}), w);
+  ASSERT_EQ(rows.sizes(), (at::IntArrayRef{3, 8}));
+  // Output 2: taps 0..3, each with inputs 0, 1: w[i, 2, t] = 12 i + 8 + t.
+  EXPECT_TRUE(at::equal(rows[2], at::tensor({8, 20, 9, 21, 10, 22, 11, 23}, at::kLong)));
+}
+
 }  // namespace
 }  // namespace sparsebit::testing

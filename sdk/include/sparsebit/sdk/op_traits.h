@@ -13,6 +13,7 @@
 /// the plugin does not register). New traits arrive as new interfaces in later minor versions.
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/tensor.h>
 
 #include <cstdint>
 #include <functional>
@@ -91,6 +92,96 @@ class WeightedLayer : public virtual OpTraits {
   /// unknown) the output's shape; 0 when they do not tell.
   virtual std::int64_t macs(const Node& node, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& w,
                             const std::vector<std::int64_t>* y) const = 0;
+  /// The weight as one row per output channel along everything it is reduced over, in the order
+  /// integer kernels add consecutive products (ONNX Runtime's u8 x s8 kernels on processors
+  /// without VNNI add them two by two into 16 bits; the core checks those pairs for saturation).
+  /// Undefined when no integer kernel runs the layer. By default: the output axis first, the
+  /// input axis last, the others between, as a channels-last convolution reads them.
+  virtual at::Tensor reduction_rows(const Node& node, const at::Tensor& w) const {
+    const auto a = axes(node, w.dim());
+    if (!a || w.dim() < 2) return {};
+    std::vector<std::int64_t> order{a->weight_out};
+    for (std::int64_t d = 0; d < w.dim(); ++d)
+      if (d != a->weight_out && d != a->weight_in) order.push_back(d);
+    order.push_back(a->weight_in);
+    return w.permute(order).reshape({w.size(a->weight_out), -1});
+  }
 };
+
+/// What a lifting rule reads and changes (Note [Opset lifting] in the core's opset_lift.h): the
+/// host implements it for each graph it lifts. Facts come from the model's declarations, a
+/// light propagation and one run of the float model on a sample; a value the host knows nothing
+/// about has rank -1 and element type 0.
+class LiftContext {
+ public:
+  virtual ~LiftContext() = default;
+  virtual Graph& graph() = 0;
+  /// The opset the model is lifted to.
+  virtual std::int64_t target() const = 0;
+  virtual std::int64_t rank(const std::string& value) const = 0;
+  /// ONNX's element type number (1 float, 7 int64, ...).
+  virtual std::int32_t elem_type(const std::string& value) const = 0;
+  /// Its dims (-1 for one that is not known), or empty when not even the rank is known.
+  virtual std::vector<std::int64_t> dims(const std::string& value) const = 0;
+  /// One line for the lift report, about `node`.
+  virtual void note(const Node& node, const std::string& what) = 0;
+  /// Stops the lift with an error naming the node, the opsets and `why` (say what to do).
+  [[noreturn]] virtual void refuse(const Node& node, const std::string& why) const = 0;
+
+  /// Adds `value` as an initializer named after the node and `what`; returns its name.
+  std::string constant(const Node& node, const std::string& what, at::Tensor value) {
+    const std::string name = graph().unique_name(node.name + "_" + what);
+    graph().initializers[name] = std::move(value);
+    return name;
+  }
+  /// Makes `name` input `index` of the node, padding skipped optional inputs with "".
+  static void set_input(Node& node, std::size_t index, const std::string& name) {
+    if (node.inputs.size() <= index) node.inputs.resize(index + 1);
+    node.inputs[index] = name;
+  }
+  /// Moves an ints attribute to input `index` as an int64 initializer (nothing without it).
+  void attribute_to_input(Node& node, const std::string& attribute, std::size_t index) {
+    if (!node.has_attr(attribute)) return;
+    const auto values = node.attr_ints(attribute);
+    node.attributes.erase(attribute);
+    set_input(node, index, constant(node, attribute, at::tensor(values, at::kLong)));
+    note(node, "'" + attribute + "' attribute -> input " + std::to_string(index));
+  }
+  /// Whether a value is read by a node or is a graph output.
+  bool read_elsewhere(const std::string& value) {
+    return !value.empty() && (!graph().consumers(value).empty() || graph().is_graph_output(value));
+  }
+};
+
+/// How a default-domain op is lifted to a newer opset (the core lifts models older than the
+/// opset its export needs). An op of the default domain without this trait stops the lift.
+class LiftsOpset : public virtual OpTraits {
+ public:
+  /// The opsets, ascending, from which the op means something else than in the version before
+  /// (from opset 7 on); empty when its meaning never changed (new versions only widened types
+  /// or added attributes and inputs whose defaults keep the old behaviour).
+  virtual std::vector<std::int64_t> lift_versions() const = 0;
+  /// Rewrites `node` from the meaning before `version` (one of lift_versions()) to the meaning
+  /// at `version`. It may change the op type (Upsample -> Resize): the new op's steps follow.
+  /// It never erases a node and keeps the position of every input it does not add.
+  virtual void lift(LiftContext& context, Node& node, std::int64_t version) const {
+    (void)node;
+    (void)version;
+    (void)context;
+  }
+  /// The version a node of this op has in a model importing opset `opset`: `opset`, except for
+  /// an op removed from the standard, which keeps its last version's meaning.
+  virtual std::int64_t read_as(std::int64_t opset) const { return opset; }
+};
+
+/// An op whose meaning did not change from opset 7 on.
+class SameMeaningAcrossOpsets : public LiftsOpset {
+ public:
+  std::vector<std::int64_t> lift_versions() const override { return {}; }
+};
+
+/// One traits object made of several traits, for `r.add_op_traits<TraitsOf<A, B>>(op)`.
+template <class... Traits>
+class TraitsOf final : public Traits... {};
 
 }  // namespace sparsebit
