@@ -3,9 +3,11 @@
 #
 #   scripts/fuzz.sh TARGET SECONDS      TARGET: onnx_import | config | npy | idx | tensor_pb | all
 #
-# The corpus lives in build-fuzz/corpus/TARGET (seeded from the repository's fixtures and the
+# SPARSEBIT_FUZZ_BUILD names the build to use (default build-fuzz/, configured here on first use);
+# a clang build with -DSPARSEBIT_SANITIZE=ON serves as well (CI fuzzes in its sanitizer build).
+# The corpus lives in BUILD/corpus/TARGET (seeded from the repository's fixtures and the
 # installed ONNX test data on first use, and kept between runs); findings go to
-# build-fuzz/findings/TARGET/. Turn a finding into a regression test by copying it to
+# BUILD/findings/TARGET/. Turn a finding into a regression test by copying it to
 # tests/fuzz/regressions/TARGET/ (FuzzRegressions.* replays those in the normal test suite).
 # Exits non-zero when the fuzzer finds a crash, a leak, a sanitizer report or an input slower
 # than 10 s.

@@ -109,7 +109,10 @@ TEST(FloatNormsAndHeads, SquaresAndOutputsPassedThroughStayFloat) {
   Builder b = magnitude_spectrum();
   // Rows whose loudness spans 60 dB: the small squares are what an 8-bit grid would lose. Per
   // row, relative: the quiet rows count as much as the loud ones.
-  at::Tensor x = at::randn({4, 6, 16}) * at::pow(10.0, at::rand({4, 6, 1}) * 3 - 3);
+  // (Drawn one statement at a time: the operands of one expression are drawn in an order each
+  // compiler picks.)
+  const at::Tensor loudness = at::pow(10.0, at::rand({4, 6, 1}) * 3 - 3);
+  const at::Tensor x = at::randn({4, 6, 16}) * loudness;
   const Result on = quantize(b, x, true, true), off = quantize(b, x, false, true);
   for (const char* n : {"power", "sqrt", "out"}) EXPECT_FALSE(on.quantized.count(n)) << n;
   for (const char* n : {"re", "im", "proj"}) EXPECT_TRUE(on.quantized.count(n)) << n;
