@@ -82,8 +82,7 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
       spdlog::warn("{}: metadata sparsebit.bits is not valid JSON; ignored", model_path);
     }
   }
-  int qdq = 0;
-  for (const auto* n : model.graph.nodes()) qdq += n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear";
+  const std::size_t qdq = sb::count_qdq_nodes(model.graph);
   const sb::SaturationCheck saturation =
       sb::check_u8s8_saturation(model.graph, sb::OpTraitTable(registry));  // Note [u8s8 saturation]
   if (as_json) {

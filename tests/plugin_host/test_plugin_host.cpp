@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "prune_testing.h"
+#include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/prune.h"
@@ -194,6 +195,71 @@ TEST_F(PluginHost, AThirdPartyOpIsPrunedThroughByItsChannelFlow) {
   const at::Tensor x = at::randn({2, 3, 4, 4});
   Executor pruned(r.pruned.graph, registry_), masked(r.masked.graph, registry_);
   EXPECT_TRUE(at::allclose(pruned.run({{"x", x}})[0], masked.run({{"x", x}})[0], 1e-5, 1e-5));
+}
+
+// conv1 (3 -> 8) -> com.acme:Pointwise (8 -> 6, with a bias) -> conv2 (6 -> 2): the vendor's
+// layer is told apart by its WeightedLayer trait alone, and channel removal slices it as the
+// consumer of conv1's channels and the producer of its own.
+TEST_F(PluginHost, AThirdPartyLayerIsPrunedAsAProducerAndAConsumer) {
+  testing::Builder b({1, 3, 4, 4}, 17);
+  b.g.opset_imports["com.acme"] = 1;
+  at::manual_seed(13);
+  b.constant("w1", at::randn({8, 3, 1, 1}));
+  b.constant("wp", at::randn({6, 8}));
+  b.constant("bp", at::randn({6}));
+  b.constant("w2", at::randn({2, 6, 1, 1}));
+  b.add("conv1", "Conv", {"x", "w1"}, {"a"});
+  b.add("dense", "Pointwise", {"a", "wp", "bp"}, {"b"})->domain = "com.acme";
+  b.add("conv2", "Conv", {"b", "w2"}, {"y"});
+  ASSERT_TRUE(registry_.op_trait<WeightedLayer>("Pointwise", "com.acme"));
+  const PruneResult r = prune_half(b.g, registry_);
+  EXPECT_EQ(r.channels_removed, 4 + 3);
+  // Each layer alone produces its channels: those of largest L1 norm stay (l1_structured).
+  const auto& o = b.g.initializers;
+  auto kept = [](const at::Tensor& w, std::int64_t k) {
+    return std::get<0>(std::get<1>(w.abs().flatten(1).sum(1).topk(k)).sort());
+  };
+  const at::Tensor keep1 = kept(o.at("w1"), 4), keep_p = kept(o.at("wp"), 3);
+  const auto& p = r.pruned.graph.initializers;
+  EXPECT_TRUE(at::equal(p.at("w1"), o.at("w1").index_select(0, keep1)));
+  EXPECT_TRUE(at::equal(p.at("wp"), o.at("wp").index_select(0, keep_p).index_select(1, keep1)));
+  EXPECT_TRUE(at::equal(p.at("bp"), o.at("bp").index_select(0, keep_p)));
+  EXPECT_TRUE(at::equal(p.at("w2"), o.at("w2").index_select(1, keep_p)));
+  // The pruned model computes what the masked one does, and what torch does on the kept weights.
+  const at::Tensor x = at::randn({2, 3, 4, 4});
+  Executor pruned(r.pruned.graph, registry_), masked(r.masked.graph, registry_);
+  const at::Tensor y = pruned.run({{"x", x}})[0];
+  EXPECT_TRUE(at::allclose(y, masked.run({{"x", x}})[0], 1e-5, 1e-5));
+  const at::Tensor a = at::conv2d(x, p.at("w1"));
+  const at::Tensor d = at::conv2d(a, p.at("wp").view({3, 4, 1, 1}), p.at("bp"));
+  EXPECT_TRUE(at::allclose(y, at::conv2d(d, p.at("w2")), 1e-5, 1e-5));
+}
+
+// GPTQ solves a layer's 2-D weight from the layer's inputs wherever the layer reads its
+// features: the vendor's layer, along axis 1 of an image (its WeightedLayer axes).
+TEST_F(PluginHost, AThirdPartyLayersWeightIsSolvedByGptqFromItsInputs) {
+  testing::Builder b({16, 8, 6, 6}, 17);
+  b.g.opset_imports["com.acme"] = 1;
+  at::manual_seed(17);
+  b.constant("wp", at::randn({12, 8}) * 0.3);
+  b.add("dense", "Pointwise", {"x", "wp"}, {"y"})->domain = "com.acme";
+  const Config c = Config::from_string(
+      "[w]\nqscheme = \"per-channel-symmetric\"\nbits = 3\nquantizer = \"gptq\"\n"
+      "[calibration]\nmode = \"asym\"\nbatch_size = 16\n",
+      "gptq.toml");
+  QuantModel qm(Model{b.g.clone(), {}}, c, registry_);
+  // Features mixed from 3 latent ones: correlated, as real activations are (with independent
+  // features rounding to nearest is already optimal).
+  const at::Tensor mix = at::randn({8, 3});
+  const at::Tensor latent = at::randn({16, 3, 6, 6});
+  const at::Tensor x = at::einsum("ck,nkhw->nchw", {mix, latent}) + 0.05 * at::randn({16, 8, 6, 6});
+  testing::TempDir dir;
+  write_npy(x, dir / "x.npy");
+  auto data = open_dataset(dir.path().string(), qm.graph().inputs);
+  const CalibrationStats stats = qm.calibrate(*data);
+  ASSERT_EQ(stats.reconstructions.size(), 1u);
+  EXPECT_EQ(stats.reconstructions[0].node, "dense");
+  EXPECT_LT(stats.reconstructions[0].mse_learnt, stats.reconstructions[0].mse_nearest);
 }
 
 // Lifting opset 10 -> 13 rewrites Pad's attribute into an input typed like its data, the vendor

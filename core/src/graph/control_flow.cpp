@@ -9,6 +9,7 @@
 
 #include "graph/control_flow.h"
 #include "sparsebit/sdk/error.h"
+#include "base/core_ops.h"
 
 namespace sparsebit {
 namespace {
@@ -62,7 +63,7 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
       throw Error(n.describe() + ": its " + what + " gives " + std::to_string(out.size()) + " outputs, " +
                   std::to_string(want) + " expected");
   };
-  if (n.op_type == "If") {
+  if (n.op_type == core_ops::kIf) {
     const bool taken = scalar_of(input(0), n, "the condition") != 0;
     auto out = cf.bodies.at(taken ? "then_branch" : "else_branch")->run({}, hook, &scope);
     check_outputs(out, n.outputs.size(), taken ? "then_branch" : "else_branch");
@@ -99,7 +100,7 @@ std::vector<at::Tensor> Executor::run_control_flow(std::size_t index, const std:
                                                                   : at::kFloat;
       result.push_back(sequence_of(outs[k], dtype));
     }
-  } else if (n.op_type == "Loop") {
+  } else if (n.op_type == core_ops::kLoop) {
     const bool has_trips = input(0).defined(), has_cond = input(1).defined();
     if (!has_trips && !has_cond)
       throw Error(n.describe() + ": a Loop with neither a trip count nor a condition never ends");

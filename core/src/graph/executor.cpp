@@ -17,6 +17,7 @@
 #include "sparsebit/sdk/version.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/error.h"
+#include "base/core_ops.h"
 
 namespace sparsebit {
 
@@ -29,8 +30,8 @@ std::string dtype_name(const at::Tensor& t) {
 }
 
 bool is_control_flow(const Node& n) {
-  return n.domain.empty() &&
-         (n.op_type == "If" || n.op_type == "Loop" || n.op_type == "Scan" || n.op_type == "SequenceMap");
+  using namespace core_ops;
+  return is(n, kIf) || is(n, kLoop) || is(n, kScan) || is(n, kSequenceMap);
 }
 
 namespace {
@@ -162,12 +163,12 @@ Executor::Executor(const Graph& graph, const Registry& registry, const Executor*
       for (const auto& kv : n->attributes)
         if (kv.second.kind == Attribute::Kind::kGraph && kv.second.graph)
           cf->bodies[kv.first] = std::unique_ptr<Executor>(new Executor(*kv.second.graph, registry, this));
-      const std::vector<std::string> needed = n->op_type == "If"
+      const std::vector<std::string> needed = n->op_type == core_ops::kIf
                                                   ? std::vector<std::string>{"then_branch", "else_branch"}
                                                   : std::vector<std::string>{"body"};
       for (const auto& b : needed)
         if (!cf->bodies.count(b)) throw Error(n->describe() + ": the subgraph attribute '" + b + "' is missing");
-      if (n->op_type == "If") check_branches_agree(*n);
+      if (n->op_type == core_ops::kIf) check_branches_agree(*n);
       cf->implicit = n->implicit_inputs();
       control_[index] = std::move(cf);
       modules_.push_back({std::make_unique<ControlFlowModule>(), "core (control flow)"});

@@ -35,6 +35,7 @@
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "base/core_ops.h"
 
 namespace sparsebit {
 
@@ -245,7 +246,7 @@ void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, cons
       }
       n.attributes[a.name()] = attribute_from_proto(a, base, name + ": " + n.describe());
     }
-    if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1) {
+    if (core_ops::is(n, core_ops::kConstant) && n.outputs.size() == 1) {
       g.initializers[n.outputs[0]] = constant_value(n);
       continue;
     }

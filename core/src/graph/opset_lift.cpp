@@ -15,6 +15,7 @@
 #include "sparsebit/sdk/op_traits.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "base/core_ops.h"
 
 namespace sparsebit {
 namespace {
@@ -79,8 +80,8 @@ void lift_node(Lifter& l, Node& n, std::int64_t from, const OpTraitTable& rules)
       l.refuse(n, "attribute '" + a.first + "' holds a list of subgraphs or another kind the lifter cannot rewrite");
   // Control flow is the core's own: If and Loop kept their meaning from opset 1 and 11, and
   // their bodies are lifted by lift_graph(), which also rewrites Scan-8.
-  if (n.op_type == "If" || n.op_type == "Loop") return;
-  if (n.op_type == "Scan") {
+  if (n.op_type == core_ops::kIf || n.op_type == core_ops::kLoop) return;
+  if (n.op_type == core_ops::kScan) {
     if (from < 9 && n.has_input(0))
       l.refuse(n,
                "Scan-8 with sequence_lens (sequences of several lengths in one batch) has no Scan-9 form; "
@@ -124,18 +125,19 @@ void scan8_to_loop(Lifter& l, Node& n) {
   const std::size_t states = n.inputs.size() - 1 - static_cast<std::size_t>(m);
   if (m < 1 || n.inputs.size() < 1 + static_cast<std::size_t>(m)) l.refuse(n, "num_scan_inputs is out of range");
   std::shared_ptr<Graph> original = n.attributes.at("body").graph;
-  auto node = [](const std::string& name, const char* op, std::vector<std::string> in, std::vector<std::string> out) {
+  auto node = [](const std::string& name, std::string_view op, std::vector<std::string> in,
+                 std::vector<std::string> out) {
     Node x;
     x.name = name;
-    x.op_type = op;
+    x.op_type = std::string(op);
     x.inputs = std::move(in);
     x.outputs = std::move(out);
     return x;
   };
   // The batch size: dim 0 of the first scan input.
   const std::string shape = g.unique_name(n.name + "_input_shape"), batch = g.unique_name(n.name + "_batch");
-  g.insert_before(&n, node(g.unique_name(n.name + "_Shape"), "Shape", {n.inputs[1 + states]}, {shape}));
-  Node first = node(g.unique_name(n.name + "_Gather"), "Gather",
+  g.insert_before(&n, node(g.unique_name(n.name + "_Shape"), core_ops::kShape, {n.inputs[1 + states]}, {shape}));
+  Node first = node(g.unique_name(n.name + "_Gather"), core_ops::kGather,
                     {shape, l.constant(n, "zero", at::scalar_tensor(0, at::kLong))}, {batch});
   g.insert_before(&n, std::move(first));
 
@@ -146,11 +148,12 @@ void scan8_to_loop(Lifter& l, Node& n) {
                     cond_out = g.unique_name(n.name + "_cond_out");
   body.inputs = {{iter, 7, true, {}, ""}, {cond_in, 9, true, {}, ""}};
   body.outputs = {{cond_out, 9, true, {}, ""}};
-  body.append(node(g.unique_name(n.name + "_keep_going"), "Identity", {cond_in}, {cond_out}));
-  Node scan = node(g.unique_name(n.name + "_per_entry"), "Scan", {}, {});
+  body.append(node(g.unique_name(n.name + "_keep_going"), core_ops::kIdentity, {cond_in}, {cond_out}));
+  Node scan = node(g.unique_name(n.name + "_per_entry"), core_ops::kScan, {}, {});
   for (std::size_t j = 1; j < n.inputs.size(); ++j) {  // entry i of every state and scan input
     const std::string entry = g.unique_name(n.inputs[j] + "_entry");
-    body.append(node(g.unique_name(n.name + "_take_" + std::to_string(j)), "Gather", {n.inputs[j], iter}, {entry}));
+    body.append(
+        node(g.unique_name(n.name + "_take_" + std::to_string(j)), core_ops::kGather, {n.inputs[j], iter}, {entry}));
     scan.inputs.push_back(entry);
   }
   for (std::size_t k = 0; k < original->outputs.size(); ++k) {
@@ -164,7 +167,7 @@ void scan8_to_loop(Lifter& l, Node& n) {
   scan.attributes["body"].graph = original;
   body.append(std::move(scan));
 
-  n.op_type = "Loop";
+  n.op_type = core_ops::kLoop;
   n.inputs = {batch, ""};
   n.attributes.clear();
   n.attributes["body"] = Attribute::of_graph(std::move(body));
@@ -183,7 +186,7 @@ void lift_graph(Graph& g, const ValueFacts& facts, std::int64_t target, LiftRepo
       lift_graph(*kv.second.graph, facts, target, report, from, rules);
       kv.second.graph->topological_sort();
     }
-    if (n->op_type == "Scan" && from < 9) scan8_to_loop(l, *n);
+    if (n->op_type == core_ops::kScan && from < 9) scan8_to_loop(l, *n);
   }
   g.opset_imports[""] = target;
 }

@@ -328,9 +328,7 @@ Model load_float_model(const std::string& path, const Registry& registry, const 
   Model model = load_and_lift(path, registry, calib);
   // Quantizing a QDQ model again would put a second set of quantizers around the first, which
   // no backend deploys as meant.
-  int qdq = 0;
-  for (const auto* n : model.graph.nodes())
-    qdq += n->domain.empty() && (n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear");
+  const std::size_t qdq = count_qdq_nodes(model.graph);
   if (qdq > 0)
     throw Error(path + " is already quantized (" + std::to_string(qdq) +
                 " QuantizeLinear/DequantizeLinear nodes); quantize its float original instead");

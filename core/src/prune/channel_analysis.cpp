@@ -10,6 +10,7 @@
 
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/op_traits.h"
+#include "base/core_ops.h"
 
 namespace sparsebit::prune_detail {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 std::optional<at::Tensor> constant_value(const Graph& g, const std::string& name) {
   if (auto it = g.initializers.find(name); it != g.initializers.end()) return it->second;
   for (const Node* n : g.nodes())
-    if (n->op_type == "Constant" && !n->outputs.empty() && n->outputs[0] == name && n->has_attr("value"))
+    if (core_ops::is(*n, core_ops::kConstant) && !n->outputs.empty() && n->outputs[0] == name && n->has_attr("value"))
       return n->attr_tensor("value");
   return std::nullopt;
 }
@@ -94,8 +95,7 @@ void ChannelAnalysis::visit(std::size_t i, const Node& n,
                             const std::function<std::pair<bool, double>(const Node&)>& prunable) {
   const std::string& op = n.op_type;
   const bool onnx = n.domain.empty() || n.domain == "ai.onnx";
-  if (onnx && (op == "Conv" || op == "ConvTranspose")) return conv(i, n, prunable);
-  if (onnx && (op == "Gemm" || op == "MatMul")) return matmul(i, n, prunable);
+  if (const auto* l = registry_.op_trait<WeightedLayer>(op, n.domain)) return layer(i, n, *l, prunable);
   std::vector<std::size_t> carried;  // inputs whose channels are tracked
   for (std::size_t k = 0; k < n.inputs.size(); ++k)
     if (n.has_input(k) && tracked(n.inputs[k])) carried.push_back(k);
@@ -108,57 +108,46 @@ void ChannelAnalysis::visit(std::size_t i, const Node& n,
   follow(i, n, carried[0], x);
 }
 
-void ChannelAnalysis::conv(std::size_t i, const Node& n,
-                           const std::function<std::pair<bool, double>(const Node&)>& prunable) {
-  const std::string& op = n.op_type;
+void ChannelAnalysis::layer(std::size_t i, const Node& n, const WeightedLayer& layer,
+                            const std::function<std::pair<bool, double>(const Node&)>& prunable) {
   Track* x = n.inputs.empty() ? nullptr : tracked(n.inputs[0]);
   const at::Tensor* w = n.inputs.size() > 1 ? initializer(n.inputs[1]) : nullptr;
-  const std::int64_t group = n.attr_int("group", 1);
-  const bool transpose = op == "ConvTranspose";
-  if (!w || w->dim() < 3) return pin_inputs(n);
-  const std::int64_t in_axis = transpose ? 0 : 1, out_axis = transpose ? 1 : 0;
+  const auto axes = w ? layer.axes(n, w->dim()) : std::nullopt;
+  if (!axes) return pin_inputs(n);
+  // Negative axes count from the end: they need the value's rank, which the sample run gives.
+  const Shape* xs = shape(n.inputs[0]);
+  const Shape* ys = n.outputs.empty() ? nullptr : shape(n.outputs[0]);
+  auto resolve = [](std::int64_t axis, const Shape* s) -> std::int64_t {
+    return axis >= 0 ? axis : s ? axis + static_cast<std::int64_t>(s->size()) : -1;
+  };
+  const std::int64_t in_axis = resolve(axes->activation, xs), out_axis = resolve(axes->output_axis(), ys);
+  if (in_axis < 0 || out_axis < 0) return pin_inputs(n);
+  const std::int64_t group = layer.groups(n);
+  const auto bias = layer.bias_input(n);
+  // The bias runs along the output channels on its last axis (extent 1: broadcast, nothing to slice).
+  auto slice_bias = [&](const std::vector<int>& atoms, Site::Kind kind) {
+    if (!bias || !n.has_input(*bias)) return true;
+    const at::Tensor* b = initializer(n.inputs[*bias]);
+    if (!b) return false;
+    return b->dim() == 0 || b->size(-1) == 1 || param(i, n, *bias, b->dim() - 1, atoms, kind);
+  };
   if (x) {
-    if (x->axis != 1) return pin_inputs(n);
-    const bool depthwise = !transpose && group > 1 && group == static_cast<std::int64_t>(x->atoms.size()) &&
-                           w->size(0) == group && w->size(1) == 1;
+    if (x->axis != in_axis) return pin_inputs(n);
+    // One channel in and out per group: the channels pass through, each with its weights.
+    const bool depthwise = group > 1 && group == static_cast<std::int64_t>(x->atoms.size()) &&
+                           w->size(axes->weight_out) == group && w->size(axes->weight_in) == 1;
     if (depthwise) {
-      if (!param(i, n, 1, 0, x->atoms) || !param(i, n, 2, 0, x->atoms)) return pin_inputs(n);
+      if (!param(i, n, 1, axes->weight_out, x->atoms) || !slice_bias(x->atoms, Site::kParam)) return pin_inputs(n);
       counts.push_back({i, -1, 0, x->atoms});
-      return set_output(n, 0, *x);
+      return set_output(n, 0, Track{out_axis, x->atoms});
     }
-    if (group != 1 || !param(i, n, 1, in_axis, x->atoms, Site::kConsumer)) pin(*x);
+    if (group != 1 || !param(i, n, 1, axes->weight_in, x->atoms, Site::kConsumer)) pin(*x);
   }
-  if (group != 1) return;
-  Track out{1, {}};
-  new_producer(i, n, w->size(out_axis), out, prunable);
-  if (!param(i, n, 1, out_axis, out.atoms, Site::kProducer) || !param(i, n, 2, 0, out.atoms, Site::kProducer)) pin(out);
-  return set_output(n, 0, out);
-}
-
-void ChannelAnalysis::matmul(std::size_t i, const Node& n,
-                             const std::function<std::pair<bool, double>(const Node&)>& prunable) {
-  const std::string& op = n.op_type;
-  Track* x = n.inputs.empty() ? nullptr : tracked(n.inputs[0]);
-  const Shape* xs = n.inputs.empty() ? nullptr : shape(n.inputs[0]);
-  const at::Tensor* w = n.inputs.size() > 1 ? initializer(n.inputs[1]) : nullptr;
-  const bool gemm = op == "Gemm";
-  const bool trans_b = gemm && n.attr_int("transB", 0) != 0;
-  if (!w || w->dim() != 2 || (gemm && n.attr_int("transA", 0) != 0) || !xs || xs->size() < (gemm ? 2u : 1u))
-    return pin_inputs(n);
-  const std::int64_t in_axis = trans_b ? 1 : 0, out_axis = trans_b ? 0 : 1;
-  const std::int64_t last = static_cast<std::int64_t>(xs->size()) - 1;
-  if (x && (x->axis != last || !param(i, n, 1, in_axis, x->atoms, Site::kConsumer))) pin(*x);
-  if (xs->size() < 2) return;
-  Track out{last, {}};
-  new_producer(i, n, w->size(out_axis), out, prunable);
-  bool ok = param(i, n, 1, out_axis, out.atoms, Site::kProducer);
-  if (gemm && n.has_input(2)) {
-    const at::Tensor* c = initializer(n.inputs[2]);
-    if (!c) ok = false;
-    else if (c->dim() > 0 && c->size(c->dim() - 1) != 1)
-      ok = ok && param(i, n, 2, c->dim() - 1, out.atoms, Site::kProducer);
-  }
-  if (!ok) pin(out);
+  if (group != 1 || (ys && ys->size() < 2)) return;  // a 1-D output has no channel axis to slice
+  Track out{out_axis, {}};
+  new_producer(i, n, w->size(axes->weight_out), out, prunable);
+  if (!param(i, n, 1, axes->weight_out, out.atoms, Site::kProducer) || !slice_bias(out.atoms, Site::kProducer))
+    pin(out);
   return set_output(n, 0, out);
 }
 

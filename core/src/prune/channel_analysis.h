@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "prune/prune_internal.h"
+#include "sparsebit/sdk/op_traits.h"
 
 namespace sparsebit::prune_detail {
 
@@ -113,9 +114,10 @@ class ChannelAnalysis {
 
   void visit(std::size_t i, const Node& n, const std::function<std::pair<bool, double>(const Node&)>& prunable);
 
-  void conv(std::size_t i, const Node& n, const std::function<std::pair<bool, double>(const Node&)>& prunable);
-  /// Gemm and MatMul with a constant 2-D weight.
-  void matmul(std::size_t i, const Node& n, const std::function<std::pair<bool, double>(const Node&)>& prunable);
+  /// A WeightedLayer with a constant weight: a consumer of the channels reaching it, a producer
+  /// of its own output channels, or (depthwise) a node they pass through.
+  void layer(std::size_t i, const Node& n, const WeightedLayer& layer,
+             const std::function<std::pair<bool, double>(const Node&)>& prunable);
   /// An op with one tracked input (`input`), through its ChannelFlow trait; pinned without one.
   void follow(std::size_t i, const Node& n, std::size_t input, const Track& x);
 

@@ -17,6 +17,7 @@
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/op_traits.h"
+#include "base/core_ops.h"
 
 namespace sparsebit::prune_detail {
 namespace {
@@ -40,7 +41,7 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
   // weights between layers that way), so those weights can be sliced too.
   Graph normalized = model.graph.clone();
   for (Node* n : normalized.nodes()) {
-    if (n->op_type != "Identity" || !n->has_input(0) || !normalized.initializers.count(n->inputs[0]) ||
+    if (!core_ops::is(*n, core_ops::kIdentity) || !n->has_input(0) || !normalized.initializers.count(n->inputs[0]) ||
         normalized.is_graph_output(n->outputs[0]))
       continue;
     for (auto& [reader, k] : normalized.consumers(n->outputs[0])) reader->inputs[k] = n->inputs[0];

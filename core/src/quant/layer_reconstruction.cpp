@@ -23,6 +23,7 @@
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/op_traits.h"
 
 namespace sparsebit {
 
@@ -318,20 +319,20 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
   const Node& n = *nodes_[i];
   const auto t0 = std::chrono::steady_clock::now();
   const at::Tensor weight = ex_.constants().at(w.tensor);
-  std::int64_t axis = -1;  // of the weight (input 1) along which the data input (0) runs
-  bool trans_a = false;
-  if (weight.dim() == 2 && w.input_index == 1 && (n.op_type == "MatMul" || n.op_type == "Gemm")) {
-    axis = n.op_type == "Gemm" && n.attr_int("transB", 0) ? 1 : 0;
-    trans_a = n.op_type == "Gemm" && n.attr_int("transA", 0);
-  }
+  // A layer's 2-D weight (input 1), reduced along `axis` with the features of the data input
+  // (input 0), which run along its `features` axis (Note [Op traits]: WeightedLayer).
+  const auto* layer = qm_.op_traits().trait<WeightedLayer>(n.op_type, n.domain);
+  const auto axes = layer && w.input_index == 1 && weight.dim() == 2 ? layer->axes(n, 2) : std::nullopt;
+  const std::int64_t axis = axes ? axes->weight_in : -1;
+  const std::int64_t features = axes ? axes->activation : -1;
   if (axis < 0 && w.lookup_table) {  // an embedding has no layer input to solve from
     sdk::log_info(w.where() + ": embedding table rounded to nearest (quantizer '" + w.quantizer_name +
-                  "' solves the weights of MatMul and Gemm)");
+                  "' solves the weights of layers from their inputs)");
     return;
   }
   if (axis < 0) {
     sdk::log_warn(w.where() + ": quantizer '" + w.quantizer_name +
-                  "' solves the 2-D weights of MatMul and Gemm from their inputs; this weight (shape " +
+                  "' solves the 2-D weights of layers (MatMul, Gemm) from their inputs; this weight (shape " +
                   c10::str(weight.sizes()) + ") is rounded to nearest");
     return;
   }
@@ -343,7 +344,7 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
   report.mse_nearest = output_mse(i, w);
   for (std::size_t b = 0; b < fp_.size(); ++b) {
     at::Tensor x = slots_.apply(i, 0, raw_inputs(i, source(b)).at(0), /*force=*/true);
-    if (trans_a) x = x.t();
+    if (x.dim() > 0) x = x.movedim(features < 0 ? features + x.dim() : features, -1);
     if (x.size(-1) != k)
       throw Error(n.describe() + ": its input " + c10::str(x.sizes()) + " does not end in the weight's " +
                   std::to_string(k) + " features");

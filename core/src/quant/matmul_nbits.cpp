@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "sparsebit/sdk/log.h"
+#include "base/core_ops.h"
 
 namespace sparsebit {
 namespace {
@@ -42,7 +43,7 @@ std::string why_not(Graph& g, Node* layer, Candidate& c) {
   const bool gemm = layer->op_type == "Gemm";
   if (layer->domain != "" || (layer->op_type != "MatMul" && !gemm) || !layer->has_input(1)) return "skip";
   Node* dq = g.producer(layer->inputs[1]);
-  if (!dq || dq->op_type != "DequantizeLinear" || !dq->has_attr("block_size")) return "skip";
+  if (!dq || !core_ops::is(*dq, core_ops::kDequantizeLinear) || !dq->has_attr("block_size")) return "skip";
   if (gemm && (layer->attr_int("transA", 0) != 0 || layer->attr_float("alpha", 1.0) != 1.0 ||
                layer->attr_float("beta", 1.0) != 1.0))
     return "a Gemm with transA, alpha or beta";
@@ -95,7 +96,7 @@ void rewrite(Graph& g, const Candidate& c, std::int64_t accuracy_level) {
 
   const std::string base = c.layer->name.empty() ? g.unique_name("matmul_nbits") : c.layer->name;
   Node m;
-  m.op_type = "MatMulNBits";
+  m.op_type = core_ops::kMatMulNBits;
   m.domain = "com.microsoft";
   m.name = g.unique_name(base + "_MatMulNBits");
   const std::string b_name = g.unique_name(base + "_B"), s_name = g.unique_name(base + "_scales");

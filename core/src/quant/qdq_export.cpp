@@ -18,6 +18,7 @@
 #include "sparsebit/sdk/batchnorm.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "base/core_ops.h"
 
 namespace sparsebit {
 
@@ -37,7 +38,7 @@ std::string clip_to_grid(Graph& g, Graph& h, const Node* consumer, const QuantSl
   h.initializers[lo] = at::scalar_tensor(s.spec.qmin(), at::kInt).to(qtype);
   h.initializers[hi] = at::scalar_tensor(s.spec.qmax(), at::kInt).to(qtype);
   Node clip;
-  clip.op_type = "Clip";
+  clip.op_type = core_ops::kClip;
   clip.name = g.unique_name(s.tensor + "_clip_to_" + std::to_string(s.spec.bits) + "bit");
   const std::string out = g.unique_name(quantized + "_" + std::to_string(s.spec.bits) + "bit");
   clip.inputs = {quantized, lo, hi};
@@ -75,9 +76,13 @@ namespace {
 // an int32 bias (scale s_a s) is requantized at s_a s k. What deployment runs is then exactly
 // what was simulated. BNs that cannot be folded this way (per-tensor or float weights shared
 // elsewhere, k <= 0, other producers) stay as BatchNormalization nodes.
-const Node* single_producer(Graph& g, const std::string& value, const char* op) {
+// The DequantizeLinear that alone feeds `value`, and feeds nothing else.
+const Node* single_dequantize(Graph& g, const std::string& value) {
   Node* p = g.producer(value);
-  return p && p->op_type == op && g.consumers(value).size() == 1 && !g.is_graph_output(value) ? p : nullptr;
+  return p && core_ops::is(*p, core_ops::kDequantizeLinear) && g.consumers(value).size() == 1 &&
+                 !g.is_graph_output(value)
+             ? p
+             : nullptr;
 }
 
 bool fold_batchnorm(Graph& g, Node* bn) {
@@ -91,7 +96,7 @@ bool fold_batchnorm(Graph& g, Node* bn) {
   if (!conv || conv->op_type != "Conv" || !conv->has_input(1) || g.consumers(bn->inputs[0]).size() != 1 ||
       g.is_graph_output(bn->inputs[0]))
     return false;
-  const Node* wdq = single_producer(g, conv->inputs[1], "DequantizeLinear");
+  const Node* wdq = single_dequantize(g, conv->inputs[1]);
   if (!wdq || wdq->attr_int("axis", 1) != 0 || wdq->has_attr("block_size") || !init(wdq->inputs[0]) ||
       !init(wdq->inputs[1]))
     return false;
@@ -104,7 +109,7 @@ bool fold_batchnorm(Graph& g, Node* bn) {
 
   // The bias: float, int32 behind DequantizeLinear, or none.
   at::Tensor bias = at::zeros({channels}, at::kDouble);
-  const Node* bdq = conv->has_input(2) ? single_producer(g, conv->inputs[2], "DequantizeLinear") : nullptr;
+  const Node* bdq = conv->has_input(2) ? single_dequantize(g, conv->inputs[2]) : nullptr;
   if (conv->has_input(2)) {
     if (bdq) {
       if (!init(bdq->inputs[0]) || !init(bdq->inputs[1]) || g.consumers(bdq->inputs[1]).size() != 1 ||
@@ -182,6 +187,12 @@ at::ScalarType integer_type(const QuantSlot& s) {
 }
 
 }  // namespace
+
+std::size_t count_qdq_nodes(const Graph& g) {
+  std::size_t n = 0;
+  for (const Node* node : g.nodes()) n += core_ops::is_qdq(*node);
+  return n;
+}
 
 Graph export_qdq(const QdqExportInput& in) {
   Graph g = in.graph.clone();
@@ -272,7 +283,7 @@ Graph export_qdq(const QdqExportInput& in) {
       if (narrow) h.narrow_types[quantized] = narrow;
     } else {
       Node q;
-      q.op_type = "QuantizeLinear";
+      q.op_type = core_ops::kQuantizeLinear;
       q.name = g.unique_name(base + "_QuantizeLinear");
       quantized = g.unique_name(base + "_quantized");
       q.inputs = {s.tensor, scale_name, zp_name};
@@ -283,7 +294,7 @@ Graph export_qdq(const QdqExportInput& in) {
         quantized = clip_to_grid(g, h, consumer, s, quantized, qtype);  // Note [Narrow export]
     }
     Node dq;
-    dq.op_type = "DequantizeLinear";
+    dq.op_type = core_ops::kDequantizeLinear;
     dq.name = g.unique_name(base + "_DequantizeLinear");
     const std::string dequantized = g.unique_name(base + "_dequantized");
     dq.inputs = {quantized, scale_name, zp_name};

@@ -8,6 +8,7 @@
 
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/op_traits.h"
+#include "base/core_ops.h"
 
 namespace sparsebit {
 namespace {
@@ -17,7 +18,7 @@ constexpr std::int64_t kMaxActivation = 255, kPairLimit = 32767;
 bool eight_bit_activation(const Graph& g, const std::map<std::string, const Node*>& producer,
                           const std::string& value) {
   auto p = producer.find(value);
-  if (p == producer.end() || p->second->op_type != "DequantizeLinear" || !p->second->domain.empty()) return false;
+  if (p == producer.end() || !core_ops::is(*p->second, core_ops::kDequantizeLinear)) return false;
   const Node& dq = *p->second;
   if (g.initializers.count(dq.inputs.at(0))) return false;  // a constant, not an activation
   if (!dq.has_input(2)) return true;                        // uint8 by default
@@ -39,7 +40,7 @@ void check_graph(const Graph& qdq, const OpTraitTable& ops, SaturationCheck& che
     const auto* layer = n->domain.empty() ? ops.trait<WeightedLayer>(n->op_type, n->domain) : nullptr;
     if (!layer || !n->has_input(1)) continue;
     auto p = producer.find(n->inputs[1]);
-    if (p == producer.end() || p->second->op_type != "DequantizeLinear") continue;
+    if (p == producer.end() || !core_ops::is(*p->second, core_ops::kDequantizeLinear)) continue;
     const std::string& weight = p->second->inputs.at(0);
     auto w = qdq.initializers.find(weight);
     if (w == qdq.initializers.end() || w->second.scalar_type() != at::kChar || qdq.narrow_types.count(weight)) continue;

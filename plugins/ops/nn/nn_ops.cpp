@@ -502,9 +502,12 @@ std::int64_t product(const std::vector<std::int64_t>& s, std::size_t from = 0) {
 template <bool Transpose>
 class ConvLayer : public WeightedLayer {
  public:
-  std::optional<LayerAxes> axes(const Node&, std::int64_t) const override {
+  std::optional<LayerAxes> axes(const Node&, std::int64_t weight_rank) const override {
+    if (weight_rank < 3) return std::nullopt;
     return Transpose ? LayerAxes{1, 0, 1} : LayerAxes{0, 1, 1};
   }
+  std::int64_t groups(const Node& n) const override { return n.attr_int("group", 1); }
+  std::optional<std::size_t> bias_input(const Node&) const override { return 2; }
   std::int64_t macs(const Node&, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& w,
                     const std::vector<std::int64_t>* y) const override {
     if (Transpose) return product(x) * product(w, 1);
@@ -518,10 +521,16 @@ class ConvLayer : public WeightedLayer {
 /// Gemm: A [M, K] (transA: [K, M]) times B [K, N] (transB: [N, K]).
 class GemmLayer : public WeightedLayer {
  public:
-  std::optional<LayerAxes> axes(const Node& n, std::int64_t) const override {
-    if (n.attr_int("transA", 0)) return std::nullopt;
-    return n.attr_int("transB", 0) ? LayerAxes{0, 1, 1} : LayerAxes{1, 0, 1};
+  std::optional<LayerAxes> axes(const Node& n, std::int64_t weight_rank) const override {
+    if (weight_rank != 2) return std::nullopt;
+    LayerAxes a = n.attr_int("transB", 0) ? LayerAxes{0, 1, 1} : LayerAxes{1, 0, 1};
+    if (n.attr_int("transA", 0)) {  // A [K, M]: features along axis 0, the output still [M, N]
+      a.activation = 0;
+      a.output = 1;
+    }
+    return a;
   }
+  std::optional<std::size_t> bias_input(const Node&) const override { return 2; }
   std::int64_t macs(const Node& n, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>&,
                     const std::vector<std::int64_t>* y) const override {
     if (!y || x.size() != 2) return 0;
@@ -536,7 +545,10 @@ class GemmLayer : public WeightedLayer {
 /// MatMul: [..., M, K] times a weight [K, N]: the activation's channels are its last axis.
 class MatMulLayer : public WeightedLayer {
  public:
-  std::optional<LayerAxes> axes(const Node&, std::int64_t) const override { return LayerAxes{1, 0, -1}; }
+  std::optional<LayerAxes> axes(const Node&, std::int64_t weight_rank) const override {
+    if (weight_rank != 2) return std::nullopt;  // a batch of weights is not one layer's
+    return LayerAxes{1, 0, -1};
+  }
   std::int64_t macs(const Node&, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>&,
                     const std::vector<std::int64_t>* y) const override {
     return y && !x.empty() ? product(*y) * x.back() : 0;

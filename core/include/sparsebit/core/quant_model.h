@@ -129,6 +129,10 @@ struct QuantizationReport {
 /// The report as JSON text (the "quantized_inputs" and "calibration" of `sparsebit quantize --report`).
 SPARSEBIT_API std::string quantization_report_json(const QuantizationReport& report);
 
+/// The QuantizeLinear and DequantizeLinear nodes of `g` (not of its subgraphs): a model with any
+/// is already quantized.
+SPARSEBIT_API std::size_t count_qdq_nodes(const Graph& g);
+
 /// Called after each calibration batch (samples done so far, total if known or -1).
 using ProgressFn = std::function<void(std::int64_t done, std::int64_t total)>;
 
@@ -197,6 +201,8 @@ class SPARSEBIT_API QuantModel {
   std::string report_json(const CalibrationStats* stats = nullptr) const;
 
   const Graph& graph() const { return model_->graph; }
+  /// The traits of the ops of the registry the model was built with (Note [Op traits]).
+  const OpTraitTable& op_traits() const { return ops_; }
   const ModelMeta& meta() const { return model_->meta; }
   const Config& config() const { return config_; }
   const std::vector<QuantSlot>& slots() const { return slots_->all(); }

@@ -131,12 +131,27 @@ TEST(NnOpTraits, LayersGiveTheirAxesAndMacs) {
   EXPECT_EQ(layer_of("Gemm").macs(gemm, {2, 5}, {7, 5}, &gemm_y), 14 * 5);
   EXPECT_EQ(layer_of("Gemm").axes(gemm, 2)->weight_out, 0);
   EXPECT_EQ(layer_of("Gemm").axes(make_node("g", "Gemm", {"x", "w"}, {"y"}), 2)->weight_out, 1);
-  EXPECT_FALSE(layer_of("Gemm").axes(make_node("g", "Gemm", {"x", "w"}, {"y"}, {{"transA", Attribute::of_int(1)}}), 2));
+  // transA: A is [K, M], its features along axis 0; the output is still [M, N].
+  const auto trans_a =
+      *layer_of("Gemm").axes(make_node("g", "Gemm", {"x", "w"}, {"y"}, {{"transA", Attribute::of_int(1)}}), 2);
+  EXPECT_EQ((Shape{trans_a.weight_out, trans_a.weight_in, trans_a.activation, trans_a.output_axis()}),
+            (Shape{1, 0, 0, 1}));
+  EXPECT_EQ(layer_of("Gemm").bias_input(gemm), std::optional<std::size_t>(2));
+  EXPECT_FALSE(layer_of("Gemm").axes(gemm, 3));
 
   const Node matmul = make_node("m", "MatMul", {"x", "w"}, {"y"});
   const Shape matmul_y = {2, 3, 7};
   EXPECT_EQ(layer_of("MatMul").macs(matmul, {2, 3, 5}, {5, 7}, &matmul_y), 42 * 5);
   EXPECT_EQ(layer_of("MatMul").axes(matmul, 2)->activation, -1);
+  EXPECT_EQ(layer_of("MatMul").axes(matmul, 2)->output_axis(), -1);
+  EXPECT_FALSE(layer_of("MatMul").axes(matmul, 3)) << "a batch of weights is not one layer's";
+  EXPECT_FALSE(layer_of("MatMul").bias_input(matmul));
+
+  const Node grouped = make_node("c", "Conv", {"x", "w", "b"}, {"y"}, {{"group", Attribute::of_int(4)}});
+  EXPECT_EQ(layer_of("Conv").groups(grouped), 4);
+  EXPECT_EQ(layer_of("Conv").groups(conv), 1);
+  EXPECT_EQ(layer_of("Conv").bias_input(grouped), std::optional<std::size_t>(2));
+  EXPECT_FALSE(layer_of("Conv").axes(conv, 2));
 }
 
 // The order integer kernels add products in, written out by hand: a Conv's weight [O, I, kh, kw]

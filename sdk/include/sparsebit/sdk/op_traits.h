@@ -73,11 +73,14 @@ class ChannelFlow : public virtual OpTraits {
 class Elementwise : public virtual OpTraits {};
 
 /// The axes of a WeightedLayer: its weight's output channels, the weight axis reduced with the
-/// activation's channels, and the activation's channel axis (-1: its last).
+/// activation's channels, the activation's channel axis (-1: its last), and the output's channel
+/// axis (-1: its last; unset: the same as the activation's, as in Conv, Gemm and MatMul).
 struct LayerAxes {
   std::int64_t weight_out = 0;
   std::int64_t weight_in = 1;
   std::int64_t activation = 1;
+  std::optional<std::int64_t> output;
+  std::int64_t output_axis() const { return output.value_or(activation); }
 };
 
 /// A layer that multiplies its activation (input 0) by a weight (input 1), as Conv, Gemm and
@@ -85,8 +88,8 @@ struct LayerAxes {
 /// model statistics (MACs) ask of it.
 class WeightedLayer : public virtual OpTraits {
  public:
-  /// The axes for this node and a weight of rank `weight_rank`; nullopt when the node is not a
-  /// plain layer (a Gemm with a transposed activation).
+  /// The axes for this node and a weight of rank `weight_rank`; nullopt when the layer does not
+  /// take a weight of that rank.
   virtual std::optional<LayerAxes> axes(const Node& node, std::int64_t weight_rank) const = 0;
   /// Multiply-accumulates of one run given the activation's, the weight's and (nullptr when
   /// unknown) the output's shape; 0 when they do not tell.
@@ -106,6 +109,14 @@ class WeightedLayer : public virtual OpTraits {
     order.push_back(a->weight_in);
     return w.permute(order).reshape({w.size(a->weight_out), -1});
   }
+  /// The groups its channels are split into, each multiplied by its own part of the weight
+  /// (Conv's `group`); 1 for a dense layer. Channel removal slices grouped layers only when
+  /// they are depthwise.
+  virtual std::int64_t groups(const Node& /*node*/) const { return 1; }
+  /// The input added to the product (Conv's B, Gemm's C), whose last axis runs along the output
+  /// channels (or has extent 1); nullopt when the layer has none. Channel removal slices it
+  /// with the output channels.
+  virtual std::optional<std::size_t> bias_input(const Node& /*node*/) const { return std::nullopt; }
 };
 
 /// What a lifting rule reads and changes (Note [Opset lifting] in the core's opset_lift.h): the
