@@ -22,20 +22,16 @@ namespace sparsebit::cli {
 namespace {
 
 /// Draws the float model, or with a config the converted one with its quantizers.
-void write_drawings(const std::string& model_path, const std::string& config_path, const std::string& dot,
-                    const std::string& mermaid) {
+void write_drawings(const sb::Model& model, const sb::Registry& registry, const std::string& config_path,
+                    const std::string& dot, const std::string& mermaid) {
   if (dot.empty() && mermaid.empty()) return;
   std::optional<sb::AtomicFile> dot_out, mermaid_out;  // claimed first: a bad path fails before work
   if (!dot.empty()) dot_out.emplace(dot);
   if (!mermaid.empty()) mermaid_out.emplace(mermaid);
-  sb::Model model = sb::load_onnx(model_path);
   std::optional<sb::QuantModel> qm;
   std::map<std::string, sb::NodeNote> notes;
-  sb::Registry registry;
   if (!config_path.empty()) {
-    sb::Config config = sb::Config::from_file(config_path);
-    registry.load(config.plugins);
-    qm.emplace(std::move(model), config, registry);
+    qm.emplace(sb::Model{model.graph.clone(), model.meta}, sb::Config::from_file(config_path), registry);
     notes = sb::quant_notes(*qm);
   }
   const sb::Graph& g = qm ? qm->graph() : model.graph;
@@ -57,10 +53,10 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
   if (!dot.empty()) drawings.push_back({"--dot", dot});
   if (!mermaid.empty()) drawings.push_back({"--mermaid", mermaid});
   check_distinct_paths({{"the model", model_path}, {"-c", config_path}}, drawings);  // drawings never touch the model
-  write_drawings(model_path, config_path, dot, mermaid);
-  sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{0});
   sb::Registry registry;
   registry.load(plugin_search(config_path));
+  sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{0, &registry});
+  write_drawings(model, registry, config_path, dot, mermaid);
   std::map<std::string, std::pair<int, std::string>> histogram;            // op -> (count, plugin)
   std::function<void(const sb::Graph&)> count = [&](const sb::Graph& g) {  // subgraphs' nodes count too
     for (const auto* n : g.nodes()) {

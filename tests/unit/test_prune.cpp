@@ -283,6 +283,42 @@ TEST(Prune, BiasCompensationOfAConvUsesTheMeanUnderEachKernelTap) {
   EXPECT_TRUE(at::allclose(y1.mean({0, 2, 3}), y0.mean({0, 2, 3}), 1e-5, 1e-5));
 }
 
+// Exporters share identical constants through Identity nodes (torch writes every zero bias of
+// EfficientNet's squeeze-excitation convs as Identity(one initializer)): both convs here read
+// their weight and their bias that way. Element pruning prunes such a weight and gives each
+// conv a bias of its own, so the two keep their output means separately.
+TEST(Prune, BiasCompensationReachesBiasesSharedThroughIdentity) {
+  Builder b({-1, 2, 5, 5});
+  b.g.inputs[0].shape[0] = Dim{-1, "batch"};
+  at::manual_seed(10);
+  b.constant("w", at::randn({4, 2, 3, 3}));
+  b.constant("w2", at::randn({4, 4, 1, 1}));
+  b.constant("zero", at::zeros({4}));
+  b.add("wid", "Identity", {"w"}, {"w_shared"});
+  b.add("bid", "Identity", {"zero"}, {"bias"});
+  b.add("conv", "Conv", {"x", "w_shared", "bias"}, {"c"},
+        {{"kernel_shape", ints({3, 3})}, {"pads", ints({1, 1, 1, 1})}});
+  b.add("conv2", "Conv", {"c", "w2", "bias"}, {"y"}, {{"kernel_shape", ints({1, 1})}});
+  testing::TempDir dir;
+  const at::Tensor x = at::rand({16, 2, 5, 5}) + 0.5;
+  write_npy(x, dir / "batch.npy");
+  Config c = sparse_config("[sparse]\nratio = 0.5\nbias_compensation = true\n");
+  Model m{b.g.clone(), {}};
+  auto data = open_dataset(dir.path().string(), m.graph.inputs);
+  PruneResult r = prune(m, c, testing::shipped_registry(), {x.narrow(0, 0, 1)}, data.get());
+  EXPECT_EQ(r.bias_compensated, 2);
+  const Node* conv = r.pruned.graph.find_node("conv");
+  const Node* conv2 = r.pruned.graph.find_node("conv2");
+  ASSERT_TRUE(conv && conv2);
+  EXPECT_NE(conv->inputs[2], conv2->inputs[2]) << "each conv compensates in a bias of its own";
+  EXPECT_EQ(at::count_nonzero(r.pruned.graph.initializers.at(conv->inputs[1])).item<std::int64_t>(), 36);
+  // The first conv's output mean stays exactly (the second reads the pruned first's output).
+  Graph first = r.pruned.graph.clone(), original = b.g.clone();
+  for (Graph* g : {&first, &original}) g->outputs[0].name = "c";
+  const at::Tensor c0 = run(original, x), c1 = run(first, x);
+  EXPECT_TRUE(at::allclose(c1.mean({0, 2, 3}), c0.mean({0, 2, 3}), 1e-5, 1e-5));
+}
+
 TEST(Prune, FineTuningKeepsTheZerosAndLowersTheDistillationLoss) {
   Model teacher = load_onnx(testing::fixture_model());
   const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";

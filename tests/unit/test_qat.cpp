@@ -361,5 +361,43 @@ TEST(Qat, BatchNormTrainsUpdatesItsStatisticsAndFoldsAtExport) {
   EXPECT_TRUE(at::allclose(deployed, simulated, 1e-5, 1e-6)) << (deployed - simulated).abs().max().item<double>();
 }
 
+// The same fold after a Gemm (alpha and beta set): k goes into B's per-channel scales, the
+// shift into C divided by beta; the export computes the simulation, and with a per-tensor weight
+// (no scale per channel to take k) the BatchNormalization stays.
+TEST(Qat, BatchNormAfterAGemmFoldsAtExportToo) {
+  at::manual_seed(37);
+  for (const char* qscheme : {"per-channel-symmetric", "per-tensor-symmetric"}) {
+    testing::Builder b({8, 5});
+    b.constant("w", at::randn({6, 5}) * 0.5);
+    b.constant("c", at::randn({6}) * 0.1);
+    b.constant("gamma", at::rand({6}) + 0.5);
+    b.constant("beta", at::randn({6}) * 0.1);
+    b.constant("mean", at::randn({6}) * 0.1);
+    b.constant("var", at::rand({6}) + 0.5);
+    b.add("fc", "Gemm", {"x", "w", "c"}, {"h"},
+          {{"transB", Attribute::of_int(1)}, {"alpha", Attribute::of_float(2.0)}, {"beta", Attribute::of_float(0.5)}});
+    b.add("bn", "BatchNormalization", {"h", "gamma", "beta", "mean", "var"}, {"y"});
+    const Config c = Config::from_string(std::string("backend = \"virtual\"\n[w]\nqscheme = \"") + qscheme +
+                                             "\"\n[a]\nqscheme = \"per-tensor-affine\"\n[schedule]\nfuse_bn = "
+                                             "false\n[calibration]\nbatch_size = 8\n",
+                                         "bn.toml");
+    QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, testing::shipped_registry());
+    testing::TempDir dir;
+    write_npy(at::randn({16, 5}), dir / "calib.npy");
+    auto calib = open_dataset(dir / "calib.npy", qm.graph().inputs);
+    qm.calibrate(*calib);
+    qm.set_quant(true, true);
+    const at::Tensor x = at::randn({8, 5});
+    const at::Tensor simulated = qm.forward({x})[0].detach();
+    Graph g = qm.export_graph();
+    std::size_t batchnorms = 0;
+    for (const Node* n : g.nodes()) batchnorms += n->op_type == "BatchNormalization";
+    EXPECT_EQ(batchnorms, std::string(qscheme) == "per-channel-symmetric" ? 0u : 1u) << qscheme;
+    const at::Tensor deployed = Executor(g, testing::shipped_registry()).run({{"x", x}})[0];
+    EXPECT_TRUE(at::allclose(deployed, simulated, 1e-5, 1e-5))
+        << qscheme << ": " << (deployed - simulated).abs().max().item<double>();
+  }
+}
+
 }  // namespace
 }  // namespace sparsebit

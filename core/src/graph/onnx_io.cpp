@@ -3,6 +3,7 @@
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/registry.h"
+#include "sparsebit/sdk/op_traits.h"
 
 #include <ATen/ATen.h>
 #include <google/protobuf/io/coded_stream.h>
@@ -55,41 +56,6 @@ namespace {
 
 constexpr std::int64_t kMaxOpset = 21;      // the newest default-domain opset the executor implements
 constexpr std::int64_t kMaxIrVersion = 11;  // ONNX 1.18's IR
-
-/// A Conv/ConvTranspose's attributes against its weight, when the weight is an initializer:
-/// what ONNX Runtime would refuse at session creation is refused here, before any work.
-void check_conv(const Node& n, const Graph& g, const std::string& name) {
-  if (!n.has_input(1)) return;
-  auto w = g.initializers.find(n.inputs[1]);
-  if (w == g.initializers.end()) return;
-  const at::Tensor& weight = w->second;
-  auto bad = [&](const std::string& why) {
-    throw Error(name + ": " + n.describe() + ": " + why + " (weight '" + printable(n.inputs[1]) + "' has shape " +
-                c10::str(weight.sizes()) + "); fix or re-export the model");
-  };
-  if (weight.dim() < 3) bad("the weight needs at least 3 dimensions");
-  const auto spatial = static_cast<std::size_t>(weight.dim() - 2);
-  const std::vector<std::int64_t> kernel(weight.sizes().begin() + 2, weight.sizes().end());
-  if (n.has_attr("kernel_shape") && n.attr_ints("kernel_shape") != kernel)
-    bad("kernel_shape " + c10::str(c10::IntArrayRef(n.attr_ints("kernel_shape"))) +
-        " disagrees with the weight's spatial dims");
-  for (const char* key : {"strides", "dilations"}) {
-    const auto v = n.attr_ints(key);
-    if (n.has_attr(key) && v.size() != spatial)
-      bad(std::string(key) + " has " + std::to_string(v.size()) + " values for " + std::to_string(spatial) +
-          " spatial dims");
-    for (auto x : v)
-      if (x < 1) bad(std::string(key) + " must be at least 1");
-  }
-  if (n.has_attr("pads") && n.attr_ints("pads").size() != 2 * spatial)
-    bad("pads has " + std::to_string(n.attr_ints("pads").size()) + " values for " + std::to_string(spatial) +
-        " spatial dims");
-  const std::int64_t group = n.attr_int("group", 1);
-  if (group < 1) bad("group must be at least 1");
-  if (n.op_type == "Conv" && weight.size(0) % group != 0)
-    bad("group " + std::to_string(group) + " does not divide the " + std::to_string(weight.size(0)) +
-        " output channels");
-}
 
 std::int64_t default_opset_of(const onnx::ModelProto& m) {
   for (const auto& o : m.opset_import())
@@ -292,8 +258,17 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   } catch (const Error& e) {
     throw Error(name + ": " + e.what());
   }
-  for (const Node* n : g.nodes())
-    if (n->domain.empty() && (n->op_type == "Conv" || n->op_type == "ConvTranspose")) check_conv(*n, g, name);
+  if (options.registry) {  // what a runtime would refuse at session creation, before any work
+    const OpTraitTable ops(*options.registry);
+    for (const Node* n : g.nodes())
+      if (const auto* checks = ops.trait<ChecksAtImport>(n->op_type, n->domain)) {
+        try {
+          checks->check(*n, g);
+        } catch (const Error& e) {
+          throw Error(name + ": " + e.what());
+        }
+      }
+  }
 
   if (options.min_opset > g.default_opset()) {
     if (!options.registry)

@@ -14,6 +14,7 @@
 #include "sparsebit/core/fused_adam.h"
 #include "base/glob.h"
 #include "prune/prune_internal.h"
+#include "base/core_ops.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/qat.h"
 #include "sparsebit/sdk/error.h"
@@ -111,6 +112,18 @@ void set_input_constant(Graph& g, std::size_t node, std::size_t input, at::Tenso
   } else {
     g.initializers[name] = std::move(value);
   }
+}
+
+Graph reading_initializers_directly(const Graph& graph) {
+  Graph g = graph.clone();
+  for (Node* n : g.nodes()) {
+    if (!core_ops::is(*n, core_ops::kIdentity) || !n->has_input(0) || !g.initializers.count(n->inputs[0]) ||
+        g.is_graph_output(n->outputs[0]))
+      continue;
+    for (auto& [reader, k] : g.consumers(n->outputs[0])) reader->inputs[k] = n->inputs[0];
+  }
+  g.prune_dead();
+  return g;
 }
 
 std::map<std::string, int> initializer_readers(const Graph& g) {

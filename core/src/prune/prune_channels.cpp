@@ -17,7 +17,6 @@
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/op_traits.h"
-#include "base/core_ops.h"
 
 namespace sparsebit::prune_detail {
 namespace {
@@ -31,32 +30,24 @@ LayerAxes layer_axes(const Registry& registry, const Node& n, std::int64_t weigh
   return *axes;
 }
 
-}  // namespace
-
-void prune_channels(const Model& model, const Config& config, Sparser& sparser, const Registry& registry,
-                    const std::vector<at::Tensor>& sample, Dataset* data, PruneResult& r) {
-  const SparseConfig& cfg = *config.sparse;
-  const std::string& sparser_name = cfg.sparser;
-  // Readers of Identity(initializer) read the initializer itself (exporters share identical
-  // weights between layers that way), so those weights can be sliced too.
-  Graph normalized = model.graph.clone();
-  for (Node* n : normalized.nodes()) {
-    if (!core_ops::is(*n, core_ops::kIdentity) || !n->has_input(0) || !normalized.initializers.count(n->inputs[0]) ||
-        normalized.is_graph_output(n->outputs[0]))
-      continue;
-    for (auto& [reader, k] : normalized.consumers(n->outputs[0])) reader->inputs[k] = n->inputs[0];
+/// The positions of a site's atoms whose channel class stays.
+struct KeptPositions {
+  ChannelAnalysis& an;
+  const std::set<int>& removed;
+  std::vector<std::int64_t> operator()(const std::vector<int>& atoms) const {
+    std::vector<std::int64_t> keep;
+    for (std::size_t pos = 0; pos < atoms.size(); ++pos)
+      if (!removed.count(an.uf.find(atoms[pos]))) keep.push_back(static_cast<std::int64_t>(pos));
+    return keep;
   }
-  normalized.prune_dead();
-  const Graph& g = normalized;
-  const Shapes shapes = run_shapes(g, registry, sample);
-  ChannelAnalysis an(g, shapes, registry);
-  an.run([&](const Node& n) -> std::pair<bool, double> {
-    if (matches_any(n.name, cfg.skip)) return {false, 0.0};
-    const double ratio = ratio_for(cfg, n.name);
-    return {ratio > 0, ratio};
-  });
+};
 
-  // Producer scores, normalised by each producer's mean so no layer dominates a group.
+/// The channel classes channel removal drops: producers are scored by the sparser (normalised
+/// by each producer's mean so no layer dominates a group), grouped where their channels were
+/// united, and each group drops its lowest-scoring classes down to its smallest ratio.
+std::set<int> classes_to_remove(ChannelAnalysis& an, const Graph& g, const SparseConfig& cfg, Sparser& sparser,
+                                const Registry& registry, PruneResult& r) {
+  const std::string& sparser_name = cfg.sparser;
   std::vector<at::Tensor> scores(an.producers.size());
   for (std::size_t p = 0; p < an.producers.size(); ++p) {
     const Producer& pr = an.producers[p];
@@ -124,12 +115,89 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
     r.channels_removed += drop;
   }
 
-  auto keep_positions = [&](const std::vector<int>& atoms) {
-    std::vector<std::int64_t> keep;
-    for (std::size_t pos = 0; pos < atoms.size(); ++pos)
-      if (!removed.count(an.uf.find(atoms[pos]))) keep.push_back(static_cast<std::int64_t>(pos));
-    return keep;
-  };
+  return removed;
+}
+
+/// Note [Bias compensation]: each consumer that lost input channels gives their mean
+/// contribution back to its bias, in the pruned and in the masked model.
+void compensate_biases(ChannelAnalysis& an, const Graph& g, const Registry& registry, Dataset& data,
+                       const Config& config, const KeptPositions& keep_positions,
+                       const std::map<std::string, int>& readers, Graph& pruned, Graph& masked, PruneResult& r) {
+  std::set<std::size_t> consumers;
+  for (const Site& s : an.sites)
+    if (s.kind == Site::kConsumer) consumers.insert(s.node);
+  const auto means = activation_means(g, registry, data, config, consumers);
+  for (const Site& s : an.sites) {
+    if (s.kind != Site::kConsumer || !means.count(s.node)) continue;
+    const auto keep = keep_positions(s.atoms);
+    if (keep.size() == s.atoms.size()) continue;
+    const Node& n = g.node(s.node);
+    const at::Tensor& w = g.initializers.at(n.inputs[1]);
+    at::Tensor keep_mask = at::zeros({w.size(s.axis)}, w.options());
+    keep_mask.index_fill_(0, at::tensor(keep, at::kLong), 1.0);
+    std::vector<std::int64_t> view(static_cast<std::size_t>(w.dim()), 1);
+    view[static_cast<std::size_t>(s.axis)] = w.size(s.axis);
+    const at::Tensor delta = bias_shift(registry, n, w, w * keep_mask.view(view), means.at(s.node));
+    if (!delta.defined()) continue;
+    // Outputs this node keeps (it may lose some as a producer too).
+    at::Tensor out_keep = at::ones({delta.size(0)}, at::kDouble);
+    std::vector<std::int64_t> kept_outputs;
+    for (const auto& p : an.producers)
+      if (p.node == s.node) kept_outputs = keep_positions(p.atoms);
+    if (!kept_outputs.empty() && static_cast<std::int64_t>(kept_outputs.size()) < delta.size(0)) {
+      out_keep.zero_().index_fill_(0, at::tensor(kept_outputs, at::kLong), 1.0);
+      add_to_bias(pruned, registry, s.node, delta.index_select(0, at::tensor(kept_outputs, at::kLong)), readers);
+    } else {
+      add_to_bias(pruned, registry, s.node, delta, readers);
+    }
+    add_to_bias(masked, registry, s.node, delta * out_keep, readers);
+    ++r.bias_compensated;
+  }
+}
+
+/// The shrunk model must compute what the masked one does (Note [Channel removal]).
+void check_against_masked(const Graph& g, const Graph& pruned, const Graph& masked, const Registry& registry,
+                          const std::vector<at::Tensor>& sample, PruneResult& r) {
+  std::vector<at::Tensor> out_pruned, out_masked;
+  try {
+    run_shapes(pruned, registry, sample, &out_pruned);
+  } catch (const std::exception& e) {
+    throw Error(std::string("channel removal produced a model that does not run (") + e.what() +
+                "); set [sparse] skip for the layer named there and report this model");
+  }
+  run_shapes(masked, registry, sample, &out_masked);
+  for (std::size_t k = 0; k < out_masked.size(); ++k) {
+    if (!out_masked[k].is_floating_point()) continue;
+    if (out_pruned[k].sizes() != out_masked[k].sizes())
+      throw Error("channel removal changed the shape of output '" + g.outputs[k].name + "'; report this model");
+    const double scale = std::max(out_masked[k].abs().max().item<double>(), 1e-12);
+    const double diff = (out_pruned[k] - out_masked[k]).abs().max().item<double>() / scale;
+    r.max_masked_difference = std::max(r.max_masked_difference, diff);
+  }
+  if (r.max_masked_difference > 1e-4) {
+    throw Error("channel removal changed the model's function (relative difference " +
+                std::to_string(r.max_masked_difference) + " against the masked model); report this model");
+  }
+}
+
+}  // namespace
+
+void prune_channels(const Model& model, const Config& config, Sparser& sparser, const Registry& registry,
+                    const std::vector<at::Tensor>& sample, Dataset* data, PruneResult& r) {
+  const SparseConfig& cfg = *config.sparse;
+  const Graph normalized = reading_initializers_directly(model.graph);
+  const Graph& g = normalized;
+  const Shapes shapes = run_shapes(g, registry, sample);
+  ChannelAnalysis an(g, shapes, registry);
+  an.run([&](const Node& n) -> std::pair<bool, double> {
+    if (matches_any(n.name, cfg.skip)) return {false, 0.0};
+    const double ratio = ratio_for(cfg, n.name);
+    return {ratio > 0, ratio};
+  });
+
+  const std::set<int> removed = classes_to_remove(an, g, cfg, sparser, registry, r);
+
+  const KeptPositions keep_positions{an, removed};
   const auto readers = initializer_readers(g);
   Graph pruned = g.clone();
   Graph masked = g.clone();
@@ -150,40 +218,7 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
       set_input_constant(masked, s.node, s.input, current * (1 - mask.view(view)), readers);
     }
   }
-  if (data) {  // Note [Bias compensation]
-    std::map<std::size_t, std::int64_t> axis_of;
-    for (const Site& s : an.sites)
-      if (s.kind == Site::kConsumer)
-        axis_of[s.node] =
-            layer_axes(registry, g.node(s.node), g.initializers.at(g.node(s.node).inputs[1]).dim()).activation;
-    const auto means = input_means(g, registry, *data, config, axis_of);
-    for (const Site& s : an.sites) {
-      if (s.kind != Site::kConsumer || !means.count(s.node)) continue;
-      const auto keep = keep_positions(s.atoms);
-      if (keep.size() == s.atoms.size()) continue;
-      const Node& n = g.node(s.node);
-      const at::Tensor& w = g.initializers.at(n.inputs[1]);
-      at::Tensor keep_mask = at::zeros({w.size(s.axis)}, w.options());
-      keep_mask.index_fill_(0, at::tensor(keep, at::kLong), 1.0);
-      std::vector<std::int64_t> view(static_cast<std::size_t>(w.dim()), 1);
-      view[static_cast<std::size_t>(s.axis)] = w.size(s.axis);
-      const at::Tensor delta = bias_shift(n, w, w * keep_mask.view(view), means.at(s.node));
-      if (!delta.defined()) continue;
-      // Outputs this node keeps (it may lose some as a producer too).
-      at::Tensor out_keep = at::ones({delta.size(0)}, at::kDouble);
-      std::vector<std::int64_t> kept_outputs;
-      for (const auto& p : an.producers)
-        if (p.node == s.node) kept_outputs = keep_positions(p.atoms);
-      if (!kept_outputs.empty() && static_cast<std::int64_t>(kept_outputs.size()) < delta.size(0)) {
-        out_keep.zero_().index_fill_(0, at::tensor(kept_outputs, at::kLong), 1.0);
-        add_to_bias(pruned, s.node, delta.index_select(0, at::tensor(kept_outputs, at::kLong)), readers);
-      } else {
-        add_to_bias(pruned, s.node, delta, readers);
-      }
-      add_to_bias(masked, s.node, delta * out_keep, readers);
-      ++r.bias_compensated;
-    }
-  }
+  if (data) compensate_biases(an, g, registry, *data, config, keep_positions, readers, pruned, masked, r);
   for (const CountSite& s : an.counts) {
     const auto kept = static_cast<std::int64_t>(keep_positions(s.atoms).size());
     if (kept == static_cast<std::int64_t>(s.atoms.size())) continue;
@@ -207,27 +242,7 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
     add_layer(r, n, n.inputs[1], g.initializers.at(n.inputs[1]), pruned.initializers.at(pruned.node(i).inputs[1]));
   }
 
-  // The shrunk model must compute what the masked one does (Note [Channel removal]).
-  std::vector<at::Tensor> out_pruned, out_masked;
-  try {
-    run_shapes(pruned, registry, sample, &out_pruned);
-  } catch (const std::exception& e) {
-    throw Error(std::string("channel removal produced a model that does not run (") + e.what() +
-                "); set [sparse] skip for the layer named there and report this model");
-  }
-  run_shapes(masked, registry, sample, &out_masked);
-  for (std::size_t k = 0; k < out_masked.size(); ++k) {
-    if (!out_masked[k].is_floating_point()) continue;
-    if (out_pruned[k].sizes() != out_masked[k].sizes())
-      throw Error("channel removal changed the shape of output '" + g.outputs[k].name + "'; report this model");
-    const double scale = std::max(out_masked[k].abs().max().item<double>(), 1e-12);
-    const double diff = (out_pruned[k] - out_masked[k]).abs().max().item<double>() / scale;
-    r.max_masked_difference = std::max(r.max_masked_difference, diff);
-  }
-  if (r.max_masked_difference > 1e-4) {
-    throw Error("channel removal changed the model's function (relative difference " +
-                std::to_string(r.max_masked_difference) + " against the masked model); report this model");
-  }
+  check_against_masked(g, pruned, masked, registry, sample, r);
   r.pruned = Model{std::move(pruned), model.meta};
   r.masked = Model{std::move(masked), model.meta};
 }

@@ -54,19 +54,26 @@ void set_input_constant(Graph& g, std::size_t node, std::size_t input, at::Tenso
 
 std::map<std::string, int> initializer_readers(const Graph& g);
 
+/// `graph` with the readers of Identity(initializer) reading the initializer itself: exporters
+/// share identical weights and biases between layers that way, and pruning then slices or
+/// rewrites them as any other (a shared one under a new name, set_input_constant).
+Graph reading_initializers_directly(const Graph& graph);
+
 // Bias compensation (prune_masks.cpp)
 
-/// Per-position mean of input 0 of every node in `axis_of` (along that axis) over `data`.
-std::map<std::size_t, at::Tensor> input_means(const Graph& g, const Registry& registry, Dataset& data,
-                                              const Config& config, const std::map<std::size_t, std::int64_t>& axis_of);
+/// The activation mean of each layer in `nodes` over `data`, as its WeightedLayer gathers it
+/// (activation_sums); layers that gather none are left out.
+std::map<std::size_t, at::Tensor> activation_means(const Graph& g, const Registry& registry, Dataset& data,
+                                                   const Config& config, const std::set<std::size_t>& nodes);
 
-/// How much node `n`'s output moves on average when its weight changes from `w` to `w_new`,
-/// given the mean `mu` of its input per input channel (or feature): what its bias must gain to
-/// keep that mean. Undefined where it cannot be expressed as a bias (MatMul, transposed A).
-at::Tensor bias_shift(const Node& n, const at::Tensor& w, const at::Tensor& w_new, const at::Tensor& mu);
+/// What node `n`'s bias must gain to keep its output's mean when its weight changes from `w`
+/// to `w_new` (WeightedLayer::bias_shift); undefined where a bias cannot express it.
+at::Tensor bias_shift(const Registry& registry, const Node& n, const at::Tensor& w, const at::Tensor& w_new,
+                      const at::Tensor& mean);
 
-/// Adds `delta` (one value per output channel) to node `node`'s bias, creating it if absent.
-void add_to_bias(Graph& g, std::size_t node, const at::Tensor& delta, const std::map<std::string, int>& readers);
+/// Adds `delta` (one value per output channel) to node `node`'s bias input, creating it if absent.
+void add_to_bias(Graph& g, const Registry& registry, std::size_t node, const at::Tensor& delta,
+                 const std::map<std::string, int>& readers);
 
 // The two ways to prune
 

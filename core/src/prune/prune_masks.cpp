@@ -15,6 +15,7 @@
 #include "sparsebit/core/executor.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/op_traits.h"
 
 namespace sparsebit::prune_detail {
 namespace {
@@ -51,106 +52,67 @@ at::Tensor nm_mask(const at::Tensor& scores, std::int64_t input_axis, std::int64
   return keep.reshape(moved).movedim(-1, input_axis).contiguous();
 }
 
-/// For a 2-D Conv, the sum over the batch of the mean over output positions of the input under
-/// each kernel tap, zero padding included: [C, kh * kw]. What a removed weight w[o, c, tap] took
-/// away from output o on average is w times that mean, exactly, also near the borders.
-/// Undefined for other convs (auto_pad SAME, 1-D, 3-D): they use the channel mean.
-at::Tensor conv_tap_sums(const Node& n, const at::Tensor& x) {
-  if (n.op_type != "Conv" || x.dim() != 4 || n.attr_string("auto_pad", "NOTSET") != "NOTSET") return {};
-  auto kernel = n.attr_ints("kernel_shape");
-  if (kernel.size() != 2) return {};
-  auto pads = n.attr_ints("pads", {0, 0, 0, 0});
-  auto strides = n.attr_ints("strides", {1, 1}), dilations = n.attr_ints("dilations", {1, 1});
-  if (pads.size() != 4 || strides.size() != 2 || dilations.size() != 2) return {};
-  const at::Tensor padded = at::constant_pad_nd(x.to(at::kDouble), {pads[1], pads[3], pads[0], pads[2]});
-  const at::Tensor cols = at::im2col(padded, kernel, dilations, {0, 0}, strides);  // [N, C * taps, L]
-  return cols.mean(2).sum(0).view({x.size(1), kernel[0] * kernel[1]});
-}
-
 }  // namespace
 
-/// Per-position mean of input 0 of every node in `axis_of` (along that axis) over `data`.
-std::map<std::size_t, at::Tensor> input_means(const Graph& g, const Registry& registry, Dataset& data,
-                                              const Config& config,
-                                              const std::map<std::size_t, std::int64_t>& axis_of) {
+std::map<std::size_t, at::Tensor> activation_means(const Graph& g, const Registry& registry, Dataset& data,
+                                                   const Config& config, const std::set<std::size_t>& nodes) {
   Executor ex(g, registry);
   Batcher batcher(data, g.inputs, config.calibration.batch_size, config.calibration.count);
-  std::map<std::size_t, at::Tensor> sums;
-  std::map<std::size_t, double> counts;
+  std::map<std::size_t, ActivationSums> sums;
   c10::InferenceMode guard;
   while (auto b = batcher.next()) {
     std::map<std::string, at::Tensor> feeds;
     for (std::size_t i = 0; i < g.inputs.size(); ++i) feeds[g.inputs[i].name] = b->inputs[i];
     ex.run(feeds, [&](std::size_t node, std::size_t input, const at::Tensor& v) {
-      auto it = axis_of.find(node);
-      if (input != 0 || it == axis_of.end() || !v.defined() || !v.is_floating_point() || v.dim() == 0) return v;
-      const std::int64_t a = it->second < 0 ? it->second + v.dim() : it->second;
+      if (input != 0 || !nodes.count(node) || !v.defined() || !v.is_floating_point() || v.dim() == 0) return v;
+      const Node& n = g.node(node);
+      const auto* layer = registry.op_trait<WeightedLayer>(n.op_type, n.domain);
+      auto w = n.has_input(1) ? g.initializers.find(n.inputs[1]) : g.initializers.end();
+      if (!layer || w == g.initializers.end()) return v;
+      ActivationSums batch = layer->activation_sums(n, v, w->second.dim());
+      if (!batch.sum.defined()) return v;
       auto& acc = sums[node];
-      if (at::Tensor taps = conv_tap_sums(g.node(node), v); taps.defined()) {
-        acc = acc.defined() ? acc + taps : taps;
-        counts[node] += double(v.size(0));
-        return v;
-      }
-      std::vector<std::int64_t> dims;
-      for (std::int64_t d = 0; d < v.dim(); ++d)
-        if (d != a) dims.push_back(d);
-      at::Tensor sum = dims.empty() ? v.to(at::kDouble) : v.to(at::kDouble).sum(dims);
-      acc = acc.defined() ? acc + sum : sum;
-      counts[node] += double(v.numel() / std::max<std::int64_t>(1, v.size(a)));
+      acc.sum = acc.sum.defined() ? acc.sum + batch.sum : batch.sum;
+      acc.count += batch.count;
       return v;
     });
   }
   std::map<std::size_t, at::Tensor> means;
-  for (auto& [node, sum] : sums) means[node] = sum / counts[node];
+  for (auto& [node, s] : sums)
+    if (s.count > 0) means[node] = s.sum / s.count;
   return means;
 }
 
-/// How much node `n`'s output moves on average when its weight changes from `w` to `w_new`,
-/// given the mean `mu` of its input per input channel (or feature): what its bias must gain to
-/// keep that mean. Undefined where it cannot be expressed as a bias (MatMul, transposed A).
-at::Tensor bias_shift(const Node& n, const at::Tensor& w, const at::Tensor& w_new, const at::Tensor& mu) {
-  const at::Tensor d = (w - w_new).to(at::kDouble);
-  if (n.op_type == "Conv") {
-    const std::int64_t groups = n.attr_int("group", 1), out = d.size(0), per_group = d.size(1);
-    if (mu.size(0) != groups * per_group || out % groups) return {};
-    const std::int64_t taps = d.numel() / (out * per_group);
-    if (mu.dim() == 2 && mu.size(1) == taps && mu.size(0) == groups * per_group) {  // per-tap means
-      const at::Tensor m = mu.view({groups, per_group * taps}).repeat_interleave(out / groups, 0);
-      return (d.reshape({out, per_group * taps}) * m).sum(1);
-    }
-    if (mu.dim() != 1) return {};
-    const at::Tensor m = mu.view({groups, per_group}).repeat_interleave(out / groups, 0);
-    return (d.flatten(2).sum(2) * m).sum(1);
-  }
-  if (n.op_type == "Gemm" && n.attr_int("transA", 0) == 0) {
-    const double beta = n.attr_float("beta", 1.0), alpha = n.attr_float("alpha", 1.0);
-    const at::Tensor dw = n.attr_int("transB", 0) ? d : d.t();
-    if (beta == 0 || mu.numel() != dw.size(1)) return {};
-    return dw.matmul(mu) * (alpha / beta);
-  }
-  return {};
+at::Tensor bias_shift(const Registry& registry, const Node& n, const at::Tensor& w, const at::Tensor& w_new,
+                      const at::Tensor& mean) {
+  const auto* layer = registry.op_trait<WeightedLayer>(n.op_type, n.domain);
+  if (!layer || !layer->bias_input(n)) return {};
+  return layer->bias_shift(n, (w - w_new).to(at::kDouble), mean);
 }
 
-/// Adds `delta` (one value per output channel) to node `node`'s bias, creating it if absent.
-void add_to_bias(Graph& g, std::size_t node, const at::Tensor& delta, const std::map<std::string, int>& readers) {
+void add_to_bias(Graph& g, const Registry& registry, std::size_t node, const at::Tensor& delta,
+                 const std::map<std::string, int>& readers) {
   Node& n = g.node(node);
+  const auto* layer = registry.op_trait<WeightedLayer>(n.op_type, n.domain);
+  const auto input = layer ? layer->bias_input(n) : std::nullopt;
+  if (!input) throw Error(n.describe() + ": bias compensation reached a layer without a bias input");
   const at::Tensor w = g.initializers.at(n.inputs[1]);
-  if (!n.has_input(2)) {
+  if (!n.has_input(*input)) {
     const std::string name = g.unique_name(n.name + "_bias");
     g.initializers[name] = delta.to(w.scalar_type());
-    n.inputs.resize(3);
-    n.inputs[2] = name;
+    if (n.inputs.size() <= *input) n.inputs.resize(*input + 1);
+    n.inputs[*input] = name;
     return;
   }
-  const at::Tensor b = g.initializers.at(n.inputs[2]);
-  set_input_constant(g, node, 2, (b + delta.to(b.scalar_type())).contiguous(), readers);
+  const at::Tensor b = g.initializers.at(n.inputs[*input]);
+  set_input_constant(g, node, *input, (b + delta.to(b.scalar_type())).contiguous(), readers);
 }
 
 void prune_elements(const Model& model, const Config& config, Sparser& sparser, const Registry& registry, Dataset* data,
                     PruneResult& r) {
   const SparseConfig& cfg = *config.sparse;
   const std::string& sparser_name = cfg.sparser;
-  const Graph& g = model.graph;
+  const Graph g = reading_initializers_directly(model.graph);
   Executor ex(g, registry);
   Graph pruned = g.clone();
   std::set<std::string> done;
@@ -193,10 +155,10 @@ void prune_elements(const Model& model, const Config& config, Sparser& sparser, 
   }
   std::map<std::size_t, at::Tensor> means;
   if (data) {  // Note [Bias compensation]
-    std::map<std::size_t, std::int64_t> axis_of;
+    std::set<std::size_t> layers;
     for (const auto& t : targets)
-      if (t.ref.input == 1) axis_of[t.ref.node] = 1;
-    means = input_means(g, registry, *data, config, axis_of);
+      if (t.ref.input == 1) layers.insert(t.ref.node);
+    means = activation_means(g, registry, *data, config, layers);
   }
   const auto readers = initializer_readers(g);
   for (auto& t : targets) {
@@ -229,9 +191,9 @@ void prune_elements(const Model& model, const Config& config, Sparser& sparser, 
     add_layer(r, n, t.ref.name, w, out);
     if (auto m = means.find(t.ref.node); m != means.end()) {
       // Only where this node alone reads the weight: a shared weight's nodes see other inputs.
-      const at::Tensor delta = readers.at(t.ref.name) == 1 ? bias_shift(n, w, out, m->second) : at::Tensor();
+      const at::Tensor delta = readers.at(t.ref.name) == 1 ? bias_shift(registry, n, w, out, m->second) : at::Tensor();
       if (delta.defined()) {
-        add_to_bias(pruned, t.ref.node, delta, readers);
+        add_to_bias(pruned, registry, t.ref.node, delta, readers);
         ++r.bias_compensated;
       }
     }

@@ -9,6 +9,7 @@
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/op_traits.h"
 
 namespace sparsebit {
 
@@ -37,12 +38,14 @@ Model tune_batchnorm(const Model& model, const Config& config, const Registry& r
   std::map<std::string, std::vector<ChannelStats>> by_input;
   const Graph& g = qm.graph();
   for (const Node* n : g.nodes()) {
-    if (n->op_type != "BatchNormalization" || !n->domain.empty() || n->inputs.size() < 5) continue;
-    if (!g.initializers.count(n->inputs[3]) || !g.initializers.count(n->inputs[4])) continue;
-    by_input[n->inputs[0]].push_back({n->inputs[3], n->inputs[4], {}, {}, 0});
+    const auto* norm = qm.op_traits().trait<RunningStatistics>(n->op_type, n->domain);
+    const auto stats = norm ? norm->statistics_inputs(*n) : std::nullopt;
+    if (!stats || !g.initializers.count(n->inputs[stats->mean]) || !g.initializers.count(n->inputs[stats->var]))
+      continue;
+    by_input[n->inputs[0]].push_back({n->inputs[stats->mean], n->inputs[stats->var], {}, {}, 0});
   }
   if (by_input.empty()) {
-    sdk::log_info("bn_tuning: the model has no BatchNormalization with constant statistics; nothing to tune");
+    sdk::log_info("bn_tuning: the model has no normalization with constant running statistics; nothing to tune");
     return Model{model.graph.clone(), model.meta};
   }
   std::size_t count = 0;

@@ -18,6 +18,7 @@
 #include "sparsebit/sdk/batchnorm.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/op_traits.h"
 #include "base/core_ops.h"
 
 namespace sparsebit {
@@ -85,62 +86,75 @@ const Node* single_dequantize(Graph& g, const std::string& value) {
              : nullptr;
 }
 
-bool fold_batchnorm(Graph& g, Node* bn) {
+bool fold_batchnorm(Graph& g, Node* bn, const RunningStatistics& norm, const OpTraitTable& ops) {
   auto init = [&](const std::string& name) -> const at::Tensor* {
     auto it = g.initializers.find(name);
     return it == g.initializers.end() ? nullptr : &it->second;
   };
-  const auto affine = batchnorm_affine(g, *bn);  // Note [BatchNormalization as an affine map]
+  const auto affine = norm.affine(g, *bn);  // Note [BatchNormalization as an affine map]
   if (!affine) return false;
-  Node* conv = g.producer(bn->inputs[0]);
-  if (!conv || conv->op_type != "Conv" || !conv->has_input(1) || g.consumers(bn->inputs[0]).size() != 1 ||
-      g.is_graph_output(bn->inputs[0]))
+  Node* layer = g.producer(bn->inputs[0]);
+  const auto* traits = layer ? ops.trait<WeightedLayer>(layer->op_type, layer->domain) : nullptr;
+  if (!traits || !layer->has_input(1) || g.consumers(bn->inputs[0]).size() != 1 || g.is_graph_output(bn->inputs[0]))
     return false;
-  const Node* wdq = single_dequantize(g, conv->inputs[1]);
-  if (!wdq || wdq->attr_int("axis", 1) != 0 || wdq->has_attr("block_size") || !init(wdq->inputs[0]) ||
+  const auto bias_input = traits->bias_input(*layer);
+  const double bias_factor = traits->bias_factor(*layer);
+  const Node* wdq = single_dequantize(g, layer->inputs[1]);
+  if (!bias_input || bias_factor == 0 || !wdq || wdq->has_attr("block_size") || !init(wdq->inputs[0]) ||
       !init(wdq->inputs[1]))
     return false;
+  const at::Tensor& q = *init(wdq->inputs[0]);
+  const auto axes = traits->axes(*layer, q.dim());
+  std::int64_t dq_axis = wdq->attr_int("axis", 1);
+  if (dq_axis < 0) dq_axis += q.dim();
+  // The BN's channels (axis 1) must be the layer's output channels, each with its own weight scale.
+  if (!axes || axes->output_axis() != 1 || dq_axis != axes->weight_out) return false;
   const at::Tensor scale = *init(wdq->inputs[1]);
-  const std::int64_t channels = init(wdq->inputs[0])->size(0);
+  const std::int64_t channels = q.size(dq_axis);
   if (scale.dim() != 1 || scale.size(0) != channels || g.consumers(wdq->inputs[1]).size() != 1) return false;
   const at::Tensor& k = affine->scale;
   if (k.numel() != channels) return false;
   if (!(k > 0).all().item<bool>()) return false;
 
-  // The bias: float, int32 behind DequantizeLinear, or none.
+  // The bias as the output adds it: float, int32 behind DequantizeLinear, or none.
+  const std::size_t b_in = *bias_input;
   at::Tensor bias = at::zeros({channels}, at::kDouble);
-  const Node* bdq = conv->has_input(2) ? single_dequantize(g, conv->inputs[2]) : nullptr;
-  if (conv->has_input(2)) {
+  const Node* bdq = layer->has_input(b_in) ? single_dequantize(g, layer->inputs[b_in]) : nullptr;
+  if (layer->has_input(b_in)) {
     if (bdq) {
       if (!init(bdq->inputs[0]) || !init(bdq->inputs[1]) || g.consumers(bdq->inputs[1]).size() != 1 ||
-          g.consumers(bdq->inputs[0]).size() != 1 || init(bdq->inputs[1])->numel() != channels)
+          g.consumers(bdq->inputs[0]).size() != 1 || init(bdq->inputs[1])->numel() != channels ||
+          init(bdq->inputs[0])->numel() != channels)
         return false;
-      bias = init(bdq->inputs[0])->to(at::kDouble) * init(bdq->inputs[1])->to(at::kDouble);
-    } else if (const at::Tensor* b = init(conv->inputs[2]); b && g.consumers(conv->inputs[2]).size() == 1) {
-      bias = b->to(at::kDouble);
+      bias = init(bdq->inputs[0])->to(at::kDouble).reshape({channels}) * init(bdq->inputs[1])->to(at::kDouble);
+    } else if (const at::Tensor* b = init(layer->inputs[b_in]);
+               b && b->numel() == channels && g.consumers(layer->inputs[b_in]).size() == 1) {
+      bias = b->to(at::kDouble).reshape({channels});
     } else {
       return false;
     }
   }
-  const at::Tensor folded_bias = affine->fold_bias(bias);
+  const at::Tensor folded_bias = affine->fold_bias(bias * bias_factor) / bias_factor;
   g.initializers[wdq->inputs[1]] = (scale.to(at::kDouble) * k).to(scale.scalar_type());
   if (bdq) {
     const at::Tensor bscale = init(bdq->inputs[1])->to(at::kDouble) * k;
+    const auto shape = init(bdq->inputs[0])->sizes().vec();
     g.initializers[bdq->inputs[1]] = bscale.to(at::kFloat);
-    g.initializers[bdq->inputs[0]] = at::round(folded_bias / bscale).to(at::kInt);
+    g.initializers[bdq->inputs[0]] = at::round(folded_bias / bscale).to(at::kInt).reshape(shape);
   } else {
     const std::string name = g.unique_name(bn->name + "_folded_bias");
     g.initializers[name] = folded_bias.to(at::kFloat);
-    if (conv->inputs.size() < 3) conv->inputs.resize(3);
-    conv->inputs[2] = name;
+    if (layer->inputs.size() <= b_in) layer->inputs.resize(b_in + 1);
+    layer->inputs[b_in] = name;
   }
-  absorb_batchnorm(g, *conv, *bn);
+  absorb_batchnorm(g, *layer, *bn);
   return true;
 }
 
-void fold_batchnorms(Graph& g) {
+void fold_batchnorms(Graph& g, const OpTraitTable& ops) {
   for (Node* n : g.nodes())
-    if (n->op_type == "BatchNormalization" && !fold_batchnorm(g, n))
+    if (const auto* norm = ops.trait<RunningStatistics>(n->op_type, n->domain);
+        norm && !fold_batchnorm(g, n, *norm, ops))
       sdk::log_debug(n->describe() + ": exported unfolded");
 }
 /// The opset the export needs (the backend's, 13, and 21 for 4-bit, per-group or 16-bit Q/DQ:
@@ -304,7 +318,7 @@ Graph export_qdq(const QdqExportInput& in) {
     consumer->inputs[s.input_index] = dequantized;
     made[key] = dequantized;
   }
-  fold_batchnorms(g);
+  fold_batchnorms(g, in.ops);
   try {
     in.backend.adjust_export(g);
   } catch (const Error& e) {

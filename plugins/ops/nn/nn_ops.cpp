@@ -497,11 +497,85 @@ std::int64_t product(const std::vector<std::int64_t>& s, std::size_t from = 0) {
   return p;
 }
 
+/// What ONNX Runtime refuses at session creation: attributes that disagree with the weight.
+void check_conv(const Node& n, const Graph& g, bool transpose) {
+  if (!n.has_input(1)) return;
+  auto w = g.initializers.find(n.inputs[1]);
+  if (w == g.initializers.end()) return;
+  const at::Tensor& weight = w->second;
+  auto bad = [&](const std::string& why) {
+    throw Error(n.describe() + ": " + why + " (weight '" + printable(n.inputs[1]) + "' has shape " +
+                c10::str(weight.sizes()) + "); fix or re-export the model");
+  };
+  if (weight.dim() < 3) bad("the weight needs at least 3 dimensions");
+  const auto spatial = static_cast<std::size_t>(weight.dim() - 2);
+  const std::vector<std::int64_t> kernel(weight.sizes().begin() + 2, weight.sizes().end());
+  if (n.has_attr("kernel_shape") && n.attr_ints("kernel_shape") != kernel)
+    bad("kernel_shape " + c10::str(c10::IntArrayRef(n.attr_ints("kernel_shape"))) +
+        " disagrees with the weight's spatial dims");
+  for (const char* key : {"strides", "dilations"}) {
+    const auto v = n.attr_ints(key);
+    if (n.has_attr(key) && v.size() != spatial)
+      bad(std::string(key) + " has " + std::to_string(v.size()) + " values for " + std::to_string(spatial) +
+          " spatial dims");
+    for (auto x : v)
+      if (x < 1) bad(std::string(key) + " must be at least 1");
+  }
+  if (n.has_attr("pads") && n.attr_ints("pads").size() != 2 * spatial)
+    bad("pads has " + std::to_string(n.attr_ints("pads").size()) + " values for " + std::to_string(spatial) +
+        " spatial dims");
+  const std::int64_t group = n.attr_int("group", 1);
+  if (group < 1) bad("group must be at least 1");
+  if (!transpose && weight.size(0) % group != 0)
+    bad("group " + std::to_string(group) + " does not divide the " + std::to_string(weight.size(0)) +
+        " output channels");
+}
+
+/// For a 2-D Conv, the sum over the batch of the mean over output positions of the input under
+/// each kernel tap, zero padding included: [C, kh * kw]. What a removed weight w[o, c, tap] took
+/// away from output o on average is w times that mean, exactly, also near the borders.
+/// Undefined for other convs (auto_pad SAME, 1-D, 3-D): they use the channel mean.
+at::Tensor conv_tap_sums(const Node& n, const at::Tensor& x) {
+  if (x.dim() != 4 || n.attr_string("auto_pad", "NOTSET") != "NOTSET") return {};
+  auto kernel = n.attr_ints("kernel_shape");
+  if (kernel.size() != 2) return {};
+  auto pads = n.attr_ints("pads", {0, 0, 0, 0});
+  auto strides = n.attr_ints("strides", {1, 1}), dilations = n.attr_ints("dilations", {1, 1});
+  if (pads.size() != 4 || strides.size() != 2 || dilations.size() != 2) return {};
+  const at::Tensor padded = at::constant_pad_nd(x.to(at::kDouble), {pads[1], pads[3], pads[0], pads[2]});
+  const at::Tensor cols = at::im2col(padded, kernel, dilations, {0, 0}, strides);  // [N, C * taps, L]
+  return cols.mean(2).sum(0).view({x.size(1), kernel[0] * kernel[1]});
+}
+
+/// Conv's bias compensation: the change of each output's mean, from per-tap input means
+/// ([C, taps], conv_tap_sums) or per-channel ones ([C]).
+at::Tensor conv_bias_shift(const Node& n, const at::Tensor& d, const at::Tensor& mu) {
+  const std::int64_t groups = n.attr_int("group", 1), out = d.size(0), per_group = d.size(1);
+  if (mu.size(0) != groups * per_group || out % groups) return {};
+  const std::int64_t taps = d.numel() / (out * per_group);
+  if (mu.dim() == 2 && mu.size(1) == taps) {
+    const at::Tensor m = mu.view({groups, per_group * taps}).repeat_interleave(out / groups, 0);
+    return (d.reshape({out, per_group * taps}) * m).sum(1);
+  }
+  if (mu.dim() != 1) return {};
+  const at::Tensor m = mu.view({groups, per_group}).repeat_interleave(out / groups, 0);
+  return (d.flatten(2).sum(2) * m).sum(1);
+}
+
 /// Conv: weight [out, in / group, k...]; each output element sums in / group x k... products.
 /// ConvTranspose: weight [in, out / group, k...]; each input element feeds out / group x k...
 template <bool Transpose>
-class ConvLayer : public WeightedLayer {
+class ConvLayer : public WeightedLayer, public ChecksAtImport {
  public:
+  void check(const Node& n, const Graph& g) const override { check_conv(n, g, Transpose); }
+  ActivationSums activation_sums(const Node& n, const at::Tensor& x, std::int64_t weight_rank) const override {
+    if (!Transpose)
+      if (at::Tensor taps = conv_tap_sums(n, x); taps.defined()) return {taps, static_cast<double>(x.size(0))};
+    return WeightedLayer::activation_sums(n, x, weight_rank);
+  }
+  at::Tensor bias_shift(const Node& n, const at::Tensor& delta, const at::Tensor& mean) const override {
+    return Transpose || delta.dim() < 3 ? at::Tensor() : conv_bias_shift(n, delta, mean);
+  }
   std::optional<LayerAxes> axes(const Node&, std::int64_t weight_rank) const override {
     if (weight_rank < 3) return std::nullopt;
     return Transpose ? LayerAxes{1, 0, 1} : LayerAxes{0, 1, 1};
@@ -531,6 +605,15 @@ class GemmLayer : public WeightedLayer {
     return a;
   }
   std::optional<std::size_t> bias_input(const Node&) const override { return 2; }
+  double bias_factor(const Node& n) const override { return n.attr_float("beta", 1.0); }
+  // C gains alpha / beta of the product's change (a transposed A's features are not on C's axis).
+  at::Tensor bias_shift(const Node& n, const at::Tensor& delta, const at::Tensor& mean) const override {
+    if (n.attr_int("transA", 0) != 0 || delta.dim() != 2) return {};
+    const double beta = n.attr_float("beta", 1.0), alpha = n.attr_float("alpha", 1.0);
+    const at::Tensor dw = n.attr_int("transB", 0) ? delta : delta.t();
+    if (beta == 0 || mean.dim() != 1 || mean.numel() != dw.size(1)) return {};
+    return dw.matmul(mean) * (alpha / beta);
+  }
   std::int64_t macs(const Node& n, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>&,
                     const std::vector<std::int64_t>* y) const override {
     if (!y || x.size() != 2) return 0;
@@ -557,6 +640,16 @@ class MatMulLayer : public WeightedLayer {
     if (w.dim() < 2) return {};
     return w.transpose(-1, -2).reshape({-1, w.size(-2)});
   }
+};
+
+/// BatchNormalization: scale, B, mean and var in inputs 1 to 4.
+class BatchNormStatistics : public RunningStatistics {
+ public:
+  std::optional<Inputs> statistics_inputs(const Node& n) const override {
+    if (!n.has_input(3) || !n.has_input(4)) return std::nullopt;
+    return Inputs{3, 4};
+  }
+  std::optional<BatchNormAffine> affine(const Graph& g, const Node& n) const override { return batchnorm_affine(g, n); }
 };
 
 // 9 dropped the 'spatial' attribute (statistics per channel); 14 the training outputs.
@@ -614,7 +707,7 @@ void register_all(Registrar& r) {
   r.add_op<QGroupNorm>("GroupNormalization");
   r.add_op<QLRN>("LRN");
   r.add_op<QMeanVarianceNorm>("MeanVarianceNormalization");
-  r.add_op_traits<TraitsOf<PerChannelNormalization, BatchNormLift>>("BatchNormalization");
+  r.add_op_traits<TraitsOf<PerChannelNormalization, BatchNormLift, BatchNormStatistics>>("BatchNormalization");
   r.add_op_traits<SameMeaning<PerChannelNormalization>>("InstanceNormalization");
   for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
     r.add_op_traits<SameMeaning<PooledChannels>>(op);

@@ -42,6 +42,8 @@ struct ImportOptions {
   /// load_and_lift() lifts with lift_model(), which also runs a sample, and QuantModel lifts to
   /// 13 itself).
   std::int64_t min_opset = 0;
+  /// The ops' plugins, which also check their nodes at import (ChecksAtImport: a Conv's
+  /// attributes against its weight); without it, only ONNX's schemas check the nodes.
   const Registry* registry = nullptr;
 };
 

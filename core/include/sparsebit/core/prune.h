@@ -31,7 +31,8 @@
 /// its average contribution back to the bias of output o: w[o, c] times the mean of input c under
 /// that kernel tap (zero padding included) on the unpruned model, over [calibration] count
 /// samples. Exact in expectation before the activation; Gemm likewise; MatMul has no bias and
-/// is left alone. Off by default: measured on the Fashion-MNIST models before fine-tuning
+/// is left alone. The layer says how (WeightedLayer's activation_sums, bias_shift, bias_input),
+/// so a vendor's layer takes part too. Off by default: measured on the Fashion-MNIST models before fine-tuning
 /// (docs/PRUNING.md) it lifts the CNN at 25% channels from 22% to 64-69% top-1 and 2:4 from 79%
 /// to 90%, but lowers the MobileNet and unstructured pruning; fine-tuning recovers more anyway.
 ///

@@ -193,5 +193,99 @@ TEST(NnOpTraits, ALayerWithAxesAloneIsReadOutputAxisFirstInputAxisLast) {
   EXPECT_TRUE(at::equal(rows[2], at::tensor({8, 20, 9, 21, 10, 22, 11, 23}, at::kLong)));
 }
 
+// Bias compensation against the layers themselves (at::conv2d, a hand-written Gemm): the shift
+// the layer asks its bias to gain is the mean change of each output when the weight loses
+// `delta`, exactly, padding and groups included.
+TEST(NnOpTraits, BiasShiftIsTheMeanChangeOfEachOutput) {
+  at::manual_seed(5);
+  const at::Tensor x = at::rand({3, 4, 9, 8}, at::kDouble) + 0.2;
+  const at::Tensor w = at::randn({6, 2, 3, 3}, at::kDouble);
+  const at::Tensor w_new = w * (at::rand_like(w) > 0.5).to(at::kDouble);
+  const Node conv = make_node("c", "Conv", {"x", "w", "b"}, {"y"},
+                              {{"group", Attribute::of_int(2)},
+                               {"kernel_shape", ints({3, 3})},
+                               {"pads", ints({1, 0, 2, 1})},
+                               {"strides", ints({2, 1})},
+                               {"dilations", ints({1, 2})}});
+  const ActivationSums sums = layer_of("Conv").activation_sums(conv, x, 4);
+  ASSERT_TRUE(sums.sum.defined());
+  const at::Tensor shift = layer_of("Conv").bias_shift(conv, w - w_new, sums.sum / sums.count);
+  const at::Tensor padded = at::constant_pad_nd(x, {0, 1, 1, 2});
+  const at::Tensor change =
+      (at::conv2d(padded, w, at::Tensor(), at::IntArrayRef{2, 1}, at::IntArrayRef{0, 0}, at::IntArrayRef{1, 2}, 2) -
+       at::conv2d(padded, w_new, at::Tensor(), at::IntArrayRef{2, 1}, at::IntArrayRef{0, 0}, at::IntArrayRef{1, 2}, 2))
+          .mean({0, 2, 3});
+  EXPECT_TRUE(at::allclose(shift, change, 1e-10, 1e-12)) << shift << change;
+
+  // Gemm: the output is alpha A B + beta C, so C gains alpha / beta of the product's change.
+  const at::Tensor a = at::randn({7, 5}, at::kDouble) + 1.0, b = at::randn({3, 5}, at::kDouble);
+  const at::Tensor b_new = b * (at::rand_like(b) > 0.5).to(at::kDouble);
+  const Node gemm = make_node(
+      "g", "Gemm", {"a", "b", "c"}, {"y"},
+      {{"transB", Attribute::of_int(1)}, {"alpha", Attribute::of_float(0.5)}, {"beta", Attribute::of_float(2.0)}});
+  const ActivationSums gemm_sums = layer_of("Gemm").activation_sums(gemm, a, 2);
+  EXPECT_EQ(gemm_sums.count, 7);
+  const at::Tensor gemm_shift = layer_of("Gemm").bias_shift(gemm, b - b_new, gemm_sums.sum / gemm_sums.count);
+  const at::Tensor gemm_change = (0.5 * a.matmul(b.t()) - 0.5 * a.matmul(b_new.t())).mean(0);
+  EXPECT_TRUE(at::allclose(gemm_shift * 2.0, gemm_change, 1e-10, 1e-12));
+  EXPECT_DOUBLE_EQ(layer_of("Gemm").bias_factor(gemm), 2.0);
+
+  // No bias can express a MatMul's, a ConvTranspose's or a transposed A's change.
+  const Node matmul = make_node("m", "MatMul", {"a", "b"}, {"y"});
+  EXPECT_FALSE(layer_of("MatMul").bias_shift(matmul, (b - b_new).t(), gemm_sums.sum / 7).defined());
+  const Node deconv = make_node("d", "ConvTranspose", {"x", "w"}, {"y"});
+  EXPECT_FALSE(layer_of("ConvTranspose").bias_shift(deconv, w - w_new, sums.sum / sums.count).defined());
+  const Node trans_a = make_node("g", "Gemm", {"a", "b"}, {"y"}, {{"transA", Attribute::of_int(1)}});
+  EXPECT_FALSE(layer_of("Gemm").bias_shift(trans_a, b - b_new, gemm_sums.sum / 7).defined());
+}
+
+// BatchNormalization's running statistics and its affine map against at::batch_norm in eval mode.
+TEST(NnOpTraits, BatchNormalizationGivesItsStatisticsAndItsAffineMap) {
+  const auto* bn = shipped_registry().op_trait<RunningStatistics>("BatchNormalization", "");
+  ASSERT_NE(bn, nullptr);
+  Graph g;
+  const at::Tensor gamma = at::rand({4}) + 0.5, beta = at::randn({4}), mean = at::randn({4}), var = at::rand({4}) + 0.1;
+  g.initializers = {{"gamma", gamma}, {"beta", beta}, {"mean", mean}, {"var", var}};
+  Node n = make_node("bn", "BatchNormalization", {"x", "gamma", "beta", "mean", "var"}, {"y"},
+                     {{"epsilon", Attribute::of_float(1e-3)}});
+  const auto inputs = bn->statistics_inputs(n);
+  ASSERT_TRUE(inputs);
+  EXPECT_EQ(inputs->mean, 3u);
+  EXPECT_EQ(inputs->var, 4u);
+  const auto affine = bn->affine(g, n);
+  ASSERT_TRUE(affine);
+  const at::Tensor x = at::randn({2, 4, 3, 3});
+  const at::Tensor y = at::batch_norm(x, gamma, beta, mean, var, false, 0.1, 1e-3, false);
+  const at::Tensor mapped = x.to(at::kDouble) * affine->scale.view({1, 4, 1, 1}) + affine->shift.view({1, 4, 1, 1});
+  EXPECT_TRUE(at::allclose(mapped.to(at::kFloat), y, 1e-5, 1e-6));
+  n.attributes["training_mode"] = Attribute::of_int(1);
+  EXPECT_FALSE(bn->affine(g, n)) << "training mode normalizes with the batch's statistics";
+  EXPECT_FALSE(bn->statistics_inputs(make_node("bn", "BatchNormalization", {"x", "gamma", "beta"}, {"y"})));
+}
+
+// What ONNX Runtime refuses at session creation is refused at import, by the op's own check.
+TEST(NnOpTraits, ConvAttributesAreCheckedAgainstTheWeightAtImport) {
+  const auto* checks = shipped_registry().op_trait<ChecksAtImport>("Conv", "");
+  ASSERT_NE(checks, nullptr);
+  Graph g;
+  g.initializers["w"] = at::zeros({6, 2, 3, 3});
+  auto conv = [](std::map<std::string, Attribute> attrs) {
+    return make_node("c", "Conv", {"x", "w"}, {"y"}, std::move(attrs));
+  };
+  EXPECT_NO_THROW(checks->check(conv({{"kernel_shape", ints({3, 3})}, {"group", Attribute::of_int(2)}}), g));
+  std::string why = error_of([&] { checks->check(conv({{"kernel_shape", ints({5, 5})}}), g); });
+  EXPECT_NE(why.find("kernel_shape [5, 5] disagrees with the weight's spatial dims"), std::string::npos) << why;
+  EXPECT_NE(why.find("'w' has shape [6, 2, 3, 3]"), std::string::npos) << why;
+  why = error_of([&] { checks->check(conv({{"group", Attribute::of_int(4)}}), g); });
+  EXPECT_NE(why.find("group 4 does not divide the 6 output channels"), std::string::npos) << why;
+  why = error_of([&] { checks->check(conv({{"strides", ints({1})}}), g); });
+  EXPECT_NE(why.find("strides has 1 values for 2 spatial dims"), std::string::npos) << why;
+  // ConvTranspose's weight is [in, out / group, k...]: the group divides the input channels.
+  const auto* deconv = shipped_registry().op_trait<ChecksAtImport>("ConvTranspose", "");
+  ASSERT_NE(deconv, nullptr);
+  EXPECT_NO_THROW(
+      deconv->check(make_node("d", "ConvTranspose", {"x", "w"}, {"y"}, {{"group", Attribute::of_int(3)}}), g));
+}
+
 }  // namespace
 }  // namespace sparsebit::testing

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <set>
 
 #include "pass_testing.h"
@@ -69,20 +71,40 @@ Result quantize(const Builder& b, const at::Tensor& x, bool rule, bool per_row =
   return r;
 }
 
-Result quantize(bool rule) {
-  const Builder b = decomposed_layernorm();  // seeds the generator, then x follows
-  return quantize(b, at::randn({4, 6, 16}) * 3 + 1, rule);
+/// The rule's gain in SQNR over 8 inputs drawn by `draw` (seeds first_seed..+7): one draw can favour
+/// either side, so the tests ask for the mean and the worst. Also the first draw's results.
+struct Gain {
+  double mean = 0, worst = 1e9;
+  Result on, off;
+};
+Gain gain(const Builder& b, int first_seed, const std::function<at::Tensor()>& draw, bool per_row = false) {
+  Gain g;
+  for (int seed = 0; seed < 8; ++seed) {
+    at::manual_seed(first_seed + seed);
+    const at::Tensor x = draw();
+    Result on = quantize(b, x, true, per_row), off = quantize(b, x, false, per_row);
+    const double d = on.sqnr_db - off.sqnr_db;
+    g.mean += d / 8;
+    g.worst = std::min(g.worst, d);
+    if (seed == 0) {
+      g.on = std::move(on);
+      g.off = std::move(off);
+    }
+  }
+  return g;
 }
 
+// Measured over the 8 draws: the rule gains 2.7 to 7.0 dB, 4.2 on average.
 TEST(FloatNormsAndHeads, KeepsTheNormalizationChainAndTheHeadInFloat) {
-  const Result on = quantize(true), off = quantize(false);
+  const Gain g = gain(decomposed_layernorm(), 400, [] { return at::randn({4, 6, 16}) * 3 + 1; });
   for (const char* n : {"mean", "sub", "pow", "var", "eps_add", "sqrt", "div", "gamma_mul", "beta_add", "softmax"})
-    EXPECT_FALSE(on.quantized.count(n)) << n;
-  EXPECT_TRUE(on.quantized.count("proj"));  // the MatMul still reads an 8-bit normalized value
+    EXPECT_FALSE(g.on.quantized.count(n)) << n;
+  EXPECT_TRUE(g.on.quantized.count("proj"));  // the MatMul still reads an 8-bit normalized value
   // Without the rule the chain's Adds and the head's input carry quantizers of their own.
-  EXPECT_TRUE(off.quantized.count("eps_add") || off.quantized.count("beta_add"));
-  EXPECT_TRUE(off.quantized.count("softmax"));
-  EXPECT_GT(on.sqnr_db, off.sqnr_db) << "dB";
+  EXPECT_TRUE(g.off.quantized.count("eps_add") || g.off.quantized.count("beta_add"));
+  EXPECT_TRUE(g.off.quantized.count("softmax"));
+  EXPECT_GT(g.mean, 2.0) << "dB";
+  EXPECT_GT(g.worst, 0.0) << "dB";
 }
 
 /// x -> MatMul(re), MatMul(im) -> Mul(re, re) + Pow(im, 2) -> Sqrt -> MatMul -> Identity -> y:
@@ -105,19 +127,25 @@ Builder magnitude_spectrum() {
   return b;
 }
 
+// Measured over the 8 draws: 1.7 to 6.2 dB, 4.0 on average (on other weights of the same
+// shapes, 24 draws: -0.1 to 6.4, 3.7 on average).
 TEST(FloatNormsAndHeads, SquaresAndOutputsPassedThroughStayFloat) {
-  Builder b = magnitude_spectrum();
   // Rows whose loudness spans 60 dB: the small squares are what an 8-bit grid would lose. Per
-  // row, relative: the quiet rows count as much as the loud ones.
-  // (Drawn one statement at a time: the operands of one expression are drawn in an order each
-  // compiler picks.)
-  const at::Tensor loudness = at::pow(10.0, at::rand({4, 6, 1}) * 3 - 3);
-  const at::Tensor x = at::randn({4, 6, 16}) * loudness;
-  const Result on = quantize(b, x, true, true), off = quantize(b, x, false, true);
-  for (const char* n : {"power", "sqrt", "out"}) EXPECT_FALSE(on.quantized.count(n)) << n;
-  for (const char* n : {"re", "im", "proj"}) EXPECT_TRUE(on.quantized.count(n)) << n;
-  EXPECT_TRUE(off.quantized.count("power") && off.quantized.count("out"));
-  EXPECT_GT(on.sqnr_db, off.sqnr_db + 3) << "dB";
+  // row, relative: the quiet rows count as much as the loud ones. (Drawn one statement at a
+  // time: the operands of one expression are drawn in an order each compiler picks.)
+  const Gain g = gain(
+      magnitude_spectrum(), 200,
+      [] {
+        const at::Tensor loudness = at::pow(10.0, at::rand({4, 6, 1}) * 3 - 3);
+        const at::Tensor x = at::randn({4, 6, 16});
+        return x * loudness;
+      },
+      /*per_row=*/true);
+  for (const char* n : {"power", "sqrt", "out"}) EXPECT_FALSE(g.on.quantized.count(n)) << n;
+  for (const char* n : {"re", "im", "proj"}) EXPECT_TRUE(g.on.quantized.count(n)) << n;
+  EXPECT_TRUE(g.off.quantized.count("power") && g.off.quantized.count("out"));
+  EXPECT_GT(g.mean, 3.0) << "dB";
+  EXPECT_GT(g.worst, 0.0) << "dB";
 }
 
 /// x -> MatMul -> Tanh (h), x -> MatMul (c), Concat(h, c) -> Identity -> y: two recurrent states
@@ -135,14 +163,14 @@ Builder joined_states() {
   return b;
 }
 
+// Measured over the 8 draws: 2.4 to 5.5 dB, 3.4 on average.
 TEST(FloatNormsAndHeads, StatesJoinedAndReturnedThroughAnIdentityStayFloat) {
-  Builder b = joined_states();
-  const at::Tensor x = at::randn({4, 6, 16});
-  const Result on = quantize(b, x, true), off = quantize(b, x, false);
-  for (const char* n : {"join", "out"}) EXPECT_FALSE(on.quantized.count(n)) << n;
-  for (const char* n : {"h", "c"}) EXPECT_TRUE(on.quantized.count(n)) << n;
-  EXPECT_TRUE(off.quantized.count("join"));
-  EXPECT_GT(on.sqnr_db, off.sqnr_db + 3) << on.sqnr_db << " vs " << off.sqnr_db << " dB";
+  const Gain g = gain(joined_states(), 300, [] { return at::randn({4, 6, 16}); });
+  for (const char* n : {"join", "out"}) EXPECT_FALSE(g.on.quantized.count(n)) << n;
+  for (const char* n : {"h", "c"}) EXPECT_TRUE(g.on.quantized.count(n)) << n;
+  EXPECT_TRUE(g.off.quantized.count("join"));
+  EXPECT_GT(g.mean, 2.5) << "dB";
+  EXPECT_GT(g.worst, 1.0) << "dB";
 }
 
 }  // namespace

@@ -15,12 +15,14 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "sparsebit/sdk/batchnorm.h"
 #include "sparsebit/sdk/graph.h"
 
 namespace sparsebit {
@@ -83,6 +85,12 @@ struct LayerAxes {
   std::int64_t output_axis() const { return output.value_or(activation); }
 };
 
+/// Sums of a layer's activation over calibration data, whose mean bias_shift() reads.
+struct ActivationSums {
+  at::Tensor sum;    ///< double; undefined when the layer gathers none
+  double count = 0;  ///< the values summed into each entry
+};
+
 /// A layer that multiplies its activation (input 0) by a weight (input 1), as Conv, Gemm and
 /// MatMul do: what channel removal (scores, bias compensation, the layers it reports) and the
 /// model statistics (MACs) ask of it.
@@ -117,6 +125,57 @@ class WeightedLayer : public virtual OpTraits {
   /// channels (or has extent 1); nullopt when the layer has none. Channel removal slices it
   /// with the output channels.
   virtual std::optional<std::size_t> bias_input(const Node& /*node*/) const { return std::nullopt; }
+  /// The activation's statistics that bias_shift() reads, summed over one batch `x` (input 0)
+  /// for a weight of rank `weight_rank`. By default the sum per activation channel over every
+  /// other axis; undefined `sum` when axes() does not answer.
+  virtual ActivationSums activation_sums(const Node& node, const at::Tensor& x, std::int64_t weight_rank) const {
+    const auto a = axes(node, weight_rank);
+    if (!a || x.dim() == 0) return {};
+    const std::int64_t axis = a->activation < 0 ? a->activation + x.dim() : a->activation;
+    if (axis < 0 || axis >= x.dim()) return {};
+    std::vector<std::int64_t> others;
+    for (std::int64_t d = 0; d < x.dim(); ++d)
+      if (d != axis) others.push_back(d);
+    const at::Tensor xd = x.to(at::kDouble);
+    return {others.empty() ? xd : xd.sum(others),
+            static_cast<double>(x.numel() / std::max<std::int64_t>(1, x.size(axis)))};
+  }
+  /// What the bias input (bias_input()) must gain, per output channel, to keep the output's
+  /// mean when the weight loses `delta` (old weight minus new, double), given the activation's
+  /// mean as activation_sums() gathered it (sum / count). Channel removal and element pruning
+  /// add it (Note [Bias compensation] in docs/PRUNING.md). Undefined where a bias cannot express
+  /// the change (the default).
+  virtual at::Tensor bias_shift(const Node& /*node*/, const at::Tensor& /*delta*/, const at::Tensor& /*mean*/) const {
+    return {};
+  }
+  /// What the output multiplies the bias input by (Gemm's beta); 1 by default.
+  virtual double bias_factor(const Node& /*node*/) const { return 1.0; }
+};
+
+/// An op that, in inference, normalizes input 0 per channel along axis 1 with running
+/// statistics held in constant inputs (BatchNormalization). BN re-estimation (`bn_tuning`)
+/// rewrites those statistics from calibration data, and the QDQ export folds the op into a
+/// WeightedLayer before it whose weight is quantized per output channel
+/// (Note [BatchNormalization as an affine map]).
+class RunningStatistics : public virtual OpTraits {
+ public:
+  struct Inputs {
+    std::size_t mean, var;
+  };
+  /// The inputs holding the running mean and variance; nullopt when the node omits them.
+  virtual std::optional<Inputs> statistics_inputs(const Node& node) const = 0;
+  /// y = x k + shift per channel, from the graph's constants; nullopt when the node is not
+  /// that (training mode, parameters that are computed).
+  virtual std::optional<BatchNormAffine> affine(const Graph& graph, const Node& node) const = 0;
+};
+
+/// Checks of a node that its ONNX schema cannot express (a Conv's kernel_shape against its
+/// weight), run when a model is imported, before any work: what a runtime would refuse at
+/// session creation is refused there.
+class ChecksAtImport : public virtual OpTraits {
+ public:
+  /// Throws an Error saying what is wrong and what to do; the host adds the file's name.
+  virtual void check(const Node& node, const Graph& graph) const = 0;
 };
 
 /// What a lifting rule reads and changes (Note [Opset lifting] in the core's opset_lift.h): the
