@@ -71,4 +71,35 @@ void check_signals() {
   }
 }
 
+ProgressFn progress_of(const py::object& fn) {
+  auto ref = fn.is_none() ? nullptr : std::make_shared<PyRef>(fn);
+  return [ref](std::int64_t done, std::int64_t total) {
+    py::gil_scoped_acquire gil;
+    try {
+      check_signals();
+      if (ref)
+        py::reinterpret_borrow<py::object>(ref->get())(done, total >= 0 ? py::int_(total) : py::object(py::none()));
+    } catch (py::error_already_set& e) {
+      park_and_unwind(e);
+    }
+  };
+}
+
+StepProgressFn step_progress_of(const py::object& fn) {
+  auto ref = fn.is_none() ? nullptr : std::make_shared<PyRef>(fn);
+  return [ref](const std::string& step, std::int64_t done, std::int64_t total, const std::string&) {
+    py::gil_scoped_acquire gil;
+    try {
+      check_signals();
+      if (ref && !step.empty())
+        py::reinterpret_borrow<py::object>(ref->get())(step, done,
+                                                       total >= 0 ? py::int_(total) : py::object(py::none()));
+    } catch (py::error_already_set& e) {
+      park_and_unwind(e);
+    }
+  };
+}
+
+py::object json_loads(const std::string& text) { return py::module_::import("json").attr("loads")(text); }
+
 }  // namespace sparsebit::python

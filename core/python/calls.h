@@ -6,7 +6,10 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <string>
 
+#include "sparsebit/core/pipeline.h"
+#include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit::python {
@@ -59,5 +62,13 @@ struct PyRef {
   }
   py::handle get() const { return object; }
 };
+
+/// Progress callbacks into Python, called with the GIL (Note [Python calls]): progress(done,
+/// total) and the pipeline's progress(step, done, total); None calls nothing.
+ProgressFn progress_of(const py::object& fn);
+StepProgressFn step_progress_of(const py::object& fn);
+
+/// A report's JSON text as Python objects.
+py::object json_loads(const std::string& text);
 
 }  // namespace sparsebit::python

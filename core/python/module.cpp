@@ -30,6 +30,7 @@
 
 #include "calls.h"
 #include "convert.h"
+#include "jobs.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/data.h"
@@ -81,39 +82,6 @@ std::optional<sb::InputRole> role_of(const std::optional<std::string>& role) {
   if (*role == "bias") return sb::InputRole::kBias;
   throw sb::Error("role '" + *role + "' is none of activation, weight, bias");
 }
-
-/// Calls a Python progress function with the GIL (Note [Python calls]).
-sb::ProgressFn progress_of(const py::object& fn) {
-  auto ref = fn.is_none() ? nullptr : std::make_shared<PyRef>(fn);
-  return [ref](std::int64_t done, std::int64_t total) {
-    py::gil_scoped_acquire gil;
-    try {
-      check_signals();
-      if (ref)
-        py::reinterpret_borrow<py::object>(ref->get())(done, total >= 0 ? py::int_(total) : py::object(py::none()));
-    } catch (py::error_already_set& e) {
-      park_and_unwind(e);
-    }
-  };
-}
-
-/// The pipeline's step progress for a Python function progress(step, done, total).
-sb::StepProgressFn step_progress_of(const py::object& fn) {
-  auto ref = fn.is_none() ? nullptr : std::make_shared<PyRef>(fn);
-  return [ref](const std::string& step, std::int64_t done, std::int64_t total, const std::string&) {
-    py::gil_scoped_acquire gil;
-    try {
-      check_signals();
-      if (ref && !step.empty())
-        py::reinterpret_borrow<py::object>(ref->get())(step, done,
-                                                       total >= 0 ? py::int_(total) : py::object(py::none()));
-    } catch (py::error_already_set& e) {
-      park_and_unwind(e);
-    }
-  };
-}
-
-py::object json_loads(const std::string& text) { return py::module_::import("json").attr("loads")(text); }
 
 class PyQuantModel {
   /// Marks the model in use for one call: two Python threads running the same QuantModel at once
@@ -295,103 +263,6 @@ class PyQuantModel {
   bool calibrated_ = false;
   std::atomic<bool> busy_{false};
 };
-
-// ---------------------------------------------------------------------------------------------
-// The pipeline's jobs
-
-py::object quantize(py::handle model, py::handle config, py::handle calib, py::handle output, py::handle report,
-                    const std::optional<std::string>& target, bool target_strict, bool external_data,
-                    py::handle eval_data, const py::object& progress) {
-  sb::QuantizeJob job;
-  job.config = config_of(config);
-  if (target) {
-    sb::TargetConfig t = job.config.target.value_or(sb::TargetConfig{});
-    t.parse_expression(*target, "target");
-    job.config.target = t;
-  }
-  if (target_strict) {
-    if (!job.config.target) throw sb::Error("target_strict needs a target (target=\"cosine>=0.99\" or [target])");
-    job.config.target->strict = true;
-  }
-  job.model = path_of(model);
-  job.calib = data_source(calib, "python calib");
-  if (job.calib.empty()) throw sb::Error("quantize() needs calib: an iterable of arrays, or a data path");
-  job.output = path_of(output);
-  job.report = report.is_none() ? "" : path_of(report);
-  job.external_data = external_data;
-  if (sb::DataSource eval = data_source(eval_data, "python eval data"); !eval.empty())
-    job.evaluation = sb::EvaluationRequest{eval, "", "", ""};
-  const std::string json =
-      without_gil([&] { return sb::report_json(sb::run_quantize(job, step_progress_of(progress))); });
-  return json_loads(json);
-}
-
-py::object qat(py::handle model, py::handle config, py::handle calib, py::handle train, py::handle output,
-               std::optional<int> epochs, std::optional<double> lr, py::handle checkpoint, bool resume,
-               py::handle report, const py::object& progress) {
-  sb::QatJob job;
-  job.config = config_of(config);
-  if (epochs) {
-    if (*epochs < 1) throw sb::Error("epochs must be at least 1");
-    job.config.qat.epochs = *epochs;
-  }
-  if (lr) {
-    if (!(*lr > 0)) throw sb::Error("lr must be positive");
-    job.config.qat.lr = *lr;
-  }
-  job.model = path_of(model);
-  job.calib = data_source(calib, "python calib");
-  job.train = data_source(train, "python train");
-  if (job.calib.empty() || job.train.empty()) throw sb::Error("qat() needs calib and train data");
-  job.output = path_of(output);
-  job.report = report.is_none() ? "" : path_of(report);
-  job.checkpoint = checkpoint.is_none() ? "" : path_of(checkpoint);
-  job.restart = !resume;
-  const std::string json = without_gil([&] {
-    const sb::QatOutcome r = sb::run_qat(job, step_progress_of(progress));
-    return sb::report_json(r, job);
-  });
-  return json_loads(json);
-}
-
-py::object prune(py::handle model, py::handle config, py::handle output, py::handle calib, py::handle train,
-                 int finetune_epochs, py::handle report, py::handle masked, const py::object& progress) {
-  sb::PruneJob job;
-  job.config = config_of(config);
-  job.model = path_of(model);
-  job.calib = data_source(calib, "python calib");
-  job.train = data_source(train, "python train");
-  if (finetune_epochs < 0) throw sb::Error("finetune_epochs must be 0 or more");
-  job.finetune_epochs = finetune_epochs;
-  job.output = path_of(output);
-  job.report = report.is_none() ? "" : path_of(report);
-  job.masked = masked.is_none() ? "" : path_of(masked);
-  const std::string json = without_gil([&] {
-    const sb::PruneOutcome r = sb::run_prune(job, step_progress_of(progress));
-    return sb::report_json(r, job);
-  });
-  return json_loads(json);
-}
-
-py::list plugins(py::handle config) {
-  sb::Registry registry;
-  sb::PluginSearch search;
-  if (!config.is_none()) search = config_of(config).plugins;
-  registry.load(search);
-  py::list out;
-  for (const auto& p : registry.plugins()) {
-    py::dict d;
-    d["name"] = p.name;
-    d["file"] = p.file;
-    d["status"] = p.status_name();
-    d["version"] = p.version;
-    d["sdk_version"] = p.sdk_version;
-    d["registered"] = p.registered;
-    if (!p.reason.empty()) d["reason"] = p.reason;
-    out.append(d);
-  }
-  return out;
-}
 
 void set_threads(int n) {
   if (n < 0) throw sb::Error("threads must be 0 (all cores, shared among LOCAL_WORLD_SIZE workers) or more");

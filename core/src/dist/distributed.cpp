@@ -47,8 +47,10 @@ namespace {
 using dist_detail::bytes_of;
 using dist_detail::endpoint;
 using dist_detail::first_line;
+using dist_detail::pack;
 using dist_detail::rendezvous;
 using dist_detail::string_of;
+using dist_detail::unpack;
 
 // LibTorch 2 split the process group into a front and per-device backends; both expose the
 // collectives this file calls.
@@ -68,46 +70,6 @@ int env_int(const char* name, int fallback, int low, int high) {
     throw Error(std::string("environment variable ") + name + "='" + std::string(v).substr(0, 40) +
                 "' is not a whole number from " + std::to_string(low) + " to " + std::to_string(high));
   return static_cast<int>(x);
-}
-
-// A list of tensors as bytes: count, then per tensor its dtype, rank, sizes and contiguous data.
-std::string pack(const std::vector<at::Tensor>& tensors) {
-  std::string out;
-  auto put = [&out](const void* p, std::size_t n) { out.append(static_cast<const char*>(p), n); };
-  const std::int64_t count = static_cast<std::int64_t>(tensors.size());
-  put(&count, sizeof count);
-  for (const auto& t0 : tensors) {
-    const at::Tensor t = t0.detach().to(at::kCPU).contiguous();
-    const std::int64_t dtype = static_cast<std::int64_t>(t.scalar_type()), dims = t.dim();
-    put(&dtype, sizeof dtype);
-    put(&dims, sizeof dims);
-    for (auto d : t.sizes()) put(&d, sizeof d);
-    put(t.data_ptr(), t.numel() * t.element_size());
-  }
-  return out;
-}
-
-std::vector<at::Tensor> unpack(const std::uint8_t* p, std::size_t n) {
-  std::size_t at_ = 0;
-  auto get = [&](void* dst, std::size_t len) {
-    if (at_ + len > n) throw Error("internal: a gathered state is truncated");
-    std::memcpy(dst, p + at_, len);
-    at_ += len;
-  };
-  std::int64_t count = 0;
-  get(&count, sizeof count);
-  std::vector<at::Tensor> out;
-  for (std::int64_t i = 0; i < count; ++i) {
-    std::int64_t dtype = 0, dims = 0;
-    get(&dtype, sizeof dtype);
-    get(&dims, sizeof dims);
-    std::vector<std::int64_t> sizes(static_cast<std::size_t>(dims));
-    for (auto& d : sizes) get(&d, sizeof d);
-    at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype)));
-    get(t.data_ptr(), t.numel() * t.element_size());
-    out.push_back(t);
-  }
-  return out;
 }
 
 Distributed* g_current = nullptr;

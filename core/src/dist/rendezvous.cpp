@@ -3,6 +3,7 @@
 
 #include "dist/rendezvous.h"
 
+#include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <netdb.h>
@@ -23,6 +24,45 @@
 #include "sparsebit/sdk/version.h"
 
 namespace sparsebit::dist_detail {
+
+std::string pack(const std::vector<at::Tensor>& tensors) {
+  std::string out;
+  auto put = [&out](const void* p, std::size_t n) { out.append(static_cast<const char*>(p), n); };
+  const std::int64_t count = static_cast<std::int64_t>(tensors.size());
+  put(&count, sizeof count);
+  for (const auto& t0 : tensors) {
+    const at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+    const std::int64_t dtype = static_cast<std::int64_t>(t.scalar_type()), dims = t.dim();
+    put(&dtype, sizeof dtype);
+    put(&dims, sizeof dims);
+    for (auto d : t.sizes()) put(&d, sizeof d);
+    put(t.data_ptr(), t.numel() * t.element_size());
+  }
+  return out;
+}
+
+std::vector<at::Tensor> unpack(const std::uint8_t* p, std::size_t n) {
+  std::size_t at_ = 0;
+  auto get = [&](void* dst, std::size_t len) {
+    if (at_ + len > n) throw Error("internal: a gathered state is truncated");
+    std::memcpy(dst, p + at_, len);
+    at_ += len;
+  };
+  std::int64_t count = 0;
+  get(&count, sizeof count);
+  std::vector<at::Tensor> out;
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::int64_t dtype = 0, dims = 0;
+    get(&dtype, sizeof dtype);
+    get(&dims, sizeof dims);
+    std::vector<std::int64_t> sizes(static_cast<std::size_t>(dims));
+    for (auto& d : sizes) get(&d, sizeof d);
+    at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype)));
+    get(t.data_ptr(), t.numel() * t.element_size());
+    out.push_back(t);
+  }
+  return out;
+}
 
 std::string first_line(const std::exception& e, std::size_t max) {
   std::string cause = e.what();

@@ -1,7 +1,8 @@
 #pragma once
 // Joining a run over several processes (rendezvous.cpp), and the small helpers distributed.cpp
-// shares with it.
+// shares with it: bytes on the wire.
 
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdint>
@@ -18,6 +19,10 @@ inline std::string string_of(const std::vector<std::uint8_t>& b) { return {b.beg
 inline std::string endpoint(const DistributedSettings& s) {
   return s.master_addr + ":" + std::to_string(s.master_port);
 }
+/// A list of tensors as bytes: count, then per tensor its dtype, rank, sizes and contiguous data.
+std::string pack(const std::vector<at::Tensor>& tensors);
+/// The tensors `pack` wrote into `n` bytes at `p`.
+std::vector<at::Tensor> unpack(const std::uint8_t* p, std::size_t n);
 /// The first line of an exception's message, at most `max` bytes.
 std::string first_line(const std::exception& e, std::size_t max = 200);
 
