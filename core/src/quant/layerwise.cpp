@@ -186,16 +186,12 @@ void LayerwiseRunner::account(CalibrationStats& stats) const {
   stats.peak_cached_bytes = std::max(stats.peak_cached_bytes, bytes);
 }
 
-CalibrationStats LayerwiseRunner::run() {
-  // Plain tensors, not inference tensors: reconstruction trains through cached values.
-  c10::NoGradGuard no_grad;
-  const auto start = std::chrono::steady_clock::now();
-  CalibrationStats stats;
-  stats.mode = qm_.config().calibration.mode;
+/// Reads the calibration data into the float stream's cache (and the quantized stream's, which
+/// shares its tensors until the streams diverge); counts samples and batches.
+void LayerwiseRunner::cache_batches(CalibrationStats& stats) {
   const auto& gin = qm_.graph().inputs;
   const auto& cal = qm_.config().calibration;
   const at::Device device(cal.device);
-  const std::int64_t total = cal.count > 0 ? cal.count : data_.num_samples().value_or(-1);
   Batcher batcher(data_, gin, cal.batch_size, cal.count);
   // Note [Distributed runs]: process r caches batches r, r + W, ...; states merge at each node.
   group_ = dividing_group(slots_, !qm_.layer_passes().empty(), false);
@@ -220,6 +216,42 @@ CalibrationStats LayerwiseRunner::run() {
   if (group_)
     sdk::log_info("this process caches " + std::to_string(fp_.size()) + " of the " + std::to_string(stats.batches) +
                   " calibration batches");
+}
+
+/// The quantized stream past node `i`: where the node sees exactly what the float stream gave
+/// it, its output is shared too; otherwise it runs with its quantizers.
+void LayerwiseRunner::run_quantized_stream(std::size_t i) {
+  const Node& n = *nodes_[i];
+  const auto [first, last] = ex_.nested_range(i);
+  for (std::size_t b = 0; b < q_.size(); ++b) {
+    auto raw = raw_inputs(i, q_[b]);
+    bool same = first == last;  // quantizers inside bodies change the output
+    for (std::size_t k = 0; k < raw.size() && same; ++k) {
+      if (!raw[k].defined()) continue;
+      if (!ex_.constants().count(n.inputs[k]) && !raw[k].is_same(fp_[b].at(n.inputs[k]))) same = false;
+      else if (!slots_.apply(i, k, raw[k], /*force=*/true).is_same(raw[k])) same = false;
+    }
+    if (same) {
+      for (const auto& o : n.outputs)
+        if (!o.empty() && fp_[b].count(o)) q_[b][o] = fp_[b][o];
+      continue;
+    }
+    auto out = quantized_outputs(i, q_[b]);
+    for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
+      if (!n.outputs[k].empty()) q_[b][n.outputs[k]] = std::move(out[k]);
+  }
+}
+
+CalibrationStats LayerwiseRunner::run() {
+  // Plain tensors, not inference tensors: reconstruction trains through cached values.
+  c10::NoGradGuard no_grad;
+  const auto start = std::chrono::steady_clock::now();
+  CalibrationStats stats;
+  stats.mode = qm_.config().calibration.mode;
+  const auto& cal = qm_.config().calibration;
+  const at::Device device(cal.device);
+  const std::int64_t total = cal.count > 0 ? cal.count : data_.num_samples().value_or(-1);
+  cache_batches(stats);
   counts_ = ex_.use_counts();
   for (const auto& o : qm_.graph().outputs) outputs_.insert(o.name);
   account(stats);
@@ -262,25 +294,7 @@ CalibrationStats LayerwiseRunner::run() {
     finish_nested(i);
     run_layer_passes(i, stats);
 
-    if (asym_) {
-      for (std::size_t b = 0; b < q_.size(); ++b) {
-        // Where the node sees exactly what the float stream gave it, its output is shared too.
-        auto raw = raw_inputs(i, q_[b]);
-        bool same = first == last;  // quantizers inside bodies change the output
-        for (std::size_t k = 0; k < raw.size() && same; ++k) {
-          if (!raw[k].defined()) continue;
-          if (!ex_.constants().count(n.inputs[k]) && !raw[k].is_same(fp_[b].at(n.inputs[k]))) same = false;
-          else if (!slots_.apply(i, k, raw[k], /*force=*/true).is_same(raw[k])) same = false;
-        }
-        if (same) {
-          for (const auto& o : n.outputs)
-            if (!o.empty() && fp_[b].count(o)) q_[b][o] = fp_[b][o];
-          continue;
-        }
-        auto out = quantized_outputs(i, q_[b]);
-        store(q_[b], out);
-      }
-    }
+    if (asym_) run_quantized_stream(i);
     account(stats);
     release(i);
     if (progress_)

@@ -43,6 +43,8 @@ class LayerwiseRunner {
   /// Node i's inputs as stored: constants, cached values of `values`, undefined where omitted.
   std::vector<at::Tensor> raw_inputs(std::size_t i, const Values& values) const;
   void finish_nested(std::size_t i);
+  void cache_batches(CalibrationStats& stats);
+  void run_quantized_stream(std::size_t i);
   struct RecordedStep;
   void reconstruct(std::size_t i, QuantSlot& w, CalibrationStats& stats);
   void solve_weight(std::size_t i, QuantSlot& w, CalibrationStats& stats);

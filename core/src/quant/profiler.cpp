@@ -41,6 +41,21 @@ struct ErrorSums {
 
 double finite(double v) { return std::isfinite(v) ? v : 999.0; }  // JSON has no infinity
 
+/// Profiling batches, kept in memory on the calibration device: every view reads the same data.
+std::vector<std::vector<at::Tensor>> profiling_batches(QuantModel& qm, Dataset& data, std::int64_t count,
+                                                       std::int64_t& samples) {
+  const at::Device device(qm.config().calibration.device);
+  Batcher batcher(data, qm.graph().inputs, qm.config().calibration.batch_size, count);
+  std::vector<std::vector<at::Tensor>> batches;
+  while (auto b = batcher.next()) {
+    for (auto& t : b->inputs) t = t.to(device);
+    samples += b->rows;
+    batches.push_back(std::move(b->inputs));
+  }
+  if (batches.empty()) throw Error("profile: " + data.describe() + " yielded no samples");
+  return batches;
+}
+
 }  // namespace
 
 ProfileReport profile(QuantModel& qm, Dataset& data, const ProfileOptions& options) {
@@ -52,16 +67,7 @@ ProfileReport profile(QuantModel& qm, Dataset& data, const ProfileOptions& optio
   report.model = qm.meta().source_path;
   report.output = g.outputs.empty() ? "" : g.outputs[0].name;
 
-  // Profiling batches, kept in memory: every view reads the same data.
-  const at::Device device(qm.config().calibration.device);
-  Batcher batcher(data, g.inputs, qm.config().calibration.batch_size, options.samples);
-  std::vector<std::vector<at::Tensor>> batches;
-  while (auto b = batcher.next()) {
-    for (auto& t : b->inputs) t = t.to(device);
-    report.samples += b->rows;
-    batches.push_back(std::move(b->inputs));
-  }
-  if (batches.empty()) throw Error("profile: " + data.describe() + " yielded no samples");
+  const auto batches = profiling_batches(qm, data, options.samples, report.samples);
 
   // Layers: nodes with a quantizer that is on; their first output is what the accumulated view measures.
   // Nodes by flat number: a layer may sit inside a control-flow body (Note [Flat node numbering]).

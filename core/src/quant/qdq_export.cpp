@@ -208,66 +208,74 @@ std::size_t count_qdq_nodes(const Graph& g) {
   return n;
 }
 
-Graph export_qdq(const QdqExportInput& in) {
-  Graph g = in.graph.clone();
-  for (const auto& name : in.trained)  // Note [QAT]: the trained values
-    g.initializers[name] = in.executor.constants().at(name).detach().to(at::kCPU).clone();
-  for (const auto& [name, t] : in.states)  // running statistics
-    g.initializers[name.substr(6)] = t.detach().to(at::kCPU).clone();
-  lift_for_export(g, in);
-  // Nodes of every nesting level by the slots' node_index (the 13+ rules add no node), with the
-  // graph each sits in: Q/DQ of a node inside a control-flow body go into that body.
-  const auto consumers = flat_nodes(g);
-  if (consumers.size() != in.executor.flat_size()) throw Error("internal: lifting for export changed the node count");
-  std::map<std::string, std::string> made;  // dedupe key -> dequantized tensor name
-  auto constant = [&](const QuantSlot& s) -> const at::Tensor& {
-    const at::Tensor* t = in.executor.flat_constant(s.node_index, s.tensor);
-    if (!t) throw Error(s.where() + ": internal: its constant is missing");
-    return *t;
-  };
+namespace {
 
-  for (const auto& s : in.slots.all()) {
-    if (!in.slots.usable(s)) continue;
+/// Puts each quantizer slot's Q/DQ (or its stored integers, or its baked float weight) into the
+/// graph being exported, beside the node that reads it (at any nesting level).
+class SlotExport {
+ public:
+  SlotExport(Graph& g, const QdqExportInput& in) : g_(g), in_(in), consumers_(flat_nodes(g)) {
+    // Nodes of every nesting level by the slots' node_index (the 13+ rules add no node), with
+    // the graph each sits in: Q/DQ of a node inside a control-flow body go into that body.
+    if (consumers_.size() != in.executor.flat_size())
+      throw Error("internal: lifting for export changed the node count");
+  }
+
+  void add(const QuantSlot& s) {
     if (!s.calibrated) throw Error(s.where() + ": not calibrated; calibrate before exporting");
     if (s.spec.bits > 8 && s.spec.bits != 16 && s.role != InputRole::kBias) {
       throw Error(s.where() + ": " + std::to_string(s.spec.bits) +
                   "-bit quantization is simulated only; Q/DQ stores 2-8 or 16 bits (use one of those to export)");
     }
     const bool is_bias = s.role == InputRole::kBias;
-    if (!is_bias && !s.quantizer->affine_grid()) {
-      if (s.role != InputRole::kWeight) {
-        throw Error(s.where() + ": quantizer '" + s.quantizer_name +
-                    "' has no integer grid QuantizeLinear can express; it cannot quantize exported activations");
-      }
-      // The simulated weights, baked as floats: exactly what forward() computes.
-      c10::InferenceMode guard;
-      const std::string baked = g.unique_name(s.tensor + "_" + s.quantizer_name);
-      consumers[s.node_index].graph->initializers[baked] = s.quantizer->forward(constant(s)).detach().to(at::kCPU);
-      consumers[s.node_index].node->inputs[s.input_index] = baked;
-      continue;
-    }
+    if (!is_bias && !s.quantizer->affine_grid()) return bake(s);
     const QParams p = is_bias ? s.bias_params : s.quantizer->qparams();
-    const bool wide = !is_bias && s.spec.bits == 16;
-    const at::ScalarType qtype = integer_type(s);
-    at::Tensor scale = p.scale.detach().to(at::kCPU, at::kFloat).contiguous();
-    at::Tensor zp = p.zero_point.detach().to(at::kCPU, at::kInt).to(qtype).contiguous();
-    Node* consumer = consumers[s.node_index].node;
-    Graph& h = *consumers[s.node_index].graph;
+    const at::Tensor scale = p.scale.detach().to(at::kCPU, at::kFloat).contiguous();
+    const at::Tensor zp = p.zero_point.detach().to(at::kCPU, at::kInt).to(integer_type(s)).contiguous();
+    Node* consumer = consumers_[s.node_index].node;
+    const Graph& h = *consumers_[s.node_index].graph;
     std::string key = std::to_string(reinterpret_cast<std::uintptr_t>(&h)) + "|" + s.tensor + "|" + s.spec.describe() +
                       "|" + std::string(static_cast<const char*>(scale.data_ptr()), scale.nbytes()) +
                       std::string(static_cast<const char*>(zp.data_ptr()), zp.nbytes());
     // A weight that several nodes read shares one Q/DQ when the grids agree, unless its rounding
     // was learnt or solved per node (AdaRound, GPTQ): then equal scales do not mean equal integers.
     if (!is_bias && s.learns_weight()) key += "|" + std::to_string(s.node_index);
-    auto done = made.find(key);
-    if (done != made.end()) {
-      consumer->inputs[s.input_index] = done->second;
-      continue;
+    auto done = made_.find(key);
+    if (done == made_.end()) done = made_.emplace(key, insert_qdq(s, p, scale, zp)).first;
+    consumer->inputs[s.input_index] = done->second;
+  }
+
+ private:
+  const at::Tensor& constant(const QuantSlot& s) const {
+    const at::Tensor* t = in_.executor.flat_constant(s.node_index, s.tensor);
+    if (!t) throw Error(s.where() + ": internal: its constant is missing");
+    return *t;
+  }
+
+  /// A quantizer without an integer grid: its simulated weight baked as floats, exactly what
+  /// forward() computes.
+  void bake(const QuantSlot& s) {
+    if (s.role != InputRole::kWeight) {
+      throw Error(s.where() + ": quantizer '" + s.quantizer_name +
+                  "' has no integer grid QuantizeLinear can express; it cannot quantize exported activations");
     }
+    c10::InferenceMode guard;
+    const std::string baked = g_.unique_name(s.tensor + "_" + s.quantizer_name);
+    consumers_[s.node_index].graph->initializers[baked] = s.quantizer->forward(constant(s)).detach().to(at::kCPU);
+    consumers_[s.node_index].node->inputs[s.input_index] = baked;
+  }
+
+  /// The scale, zero point and DequantizeLinear of slot `s` before its consumer (after a
+  /// QuantizeLinear for an activation, after its stored integers otherwise); the dequantized name.
+  std::string insert_qdq(const QuantSlot& s, const QParams& p, const at::Tensor& scale, const at::Tensor& zp) {
+    const bool is_bias = s.role == InputRole::kBias, wide = !is_bias && s.spec.bits == 16;
+    const at::ScalarType qtype = integer_type(s);
+    Node* consumer = consumers_[s.node_index].node;
+    Graph& h = *consumers_[s.node_index].graph;
     const std::string base = s.tensor;
-    const std::string scale_name = g.unique_name(base + "_scale");
+    const std::string scale_name = g_.unique_name(base + "_scale");
     h.initializers[scale_name] = scale;
-    const std::string zp_name = g.unique_name(base + "_zero_point");
+    const std::string zp_name = g_.unique_name(base + "_zero_point");
     h.initializers[zp_name] = zp;
     const std::int32_t narrow = s.role == InputRole::kWeight && s.spec.bits == 4 ? (s.spec.symmetric ? 22 : 21)
                                 : wide && !s.spec.symmetric                      ? 4
@@ -286,7 +294,7 @@ Graph export_qdq(const QdqExportInput& in) {
       // Weights (and biases) are stored as integers followed by DequantizeLinear. A weight's
       // integers are those of what its quantizer computes (exactly on the grid of p), so
       // quantizers that choose their own rounding (AdaRound) export what they simulated.
-      quantized = g.unique_name(base + "_quantized");
+      quantized = g_.unique_name(base + "_quantized");
       at::Tensor value = constant(s);
       if (!is_bias) {
         c10::InferenceMode guard;
@@ -298,26 +306,44 @@ Graph export_qdq(const QdqExportInput& in) {
     } else {
       Node q;
       q.op_type = core_ops::kQuantizeLinear;
-      q.name = g.unique_name(base + "_QuantizeLinear");
-      quantized = g.unique_name(base + "_quantized");
+      q.name = g_.unique_name(base + "_QuantizeLinear");
+      quantized = g_.unique_name(base + "_quantized");
       q.inputs = {s.tensor, scale_name, zp_name};
       q.outputs = {quantized};
       axis_attrs(q);
       h.insert_before(consumer, std::move(q));
       if (s.spec.bits < 8 && !narrow)
-        quantized = clip_to_grid(g, h, consumer, s, quantized, qtype);  // Note [Narrow export]
+        quantized = clip_to_grid(g_, h, consumer, s, quantized, qtype);  // Note [Narrow export]
     }
     Node dq;
     dq.op_type = core_ops::kDequantizeLinear;
-    dq.name = g.unique_name(base + "_DequantizeLinear");
-    const std::string dequantized = g.unique_name(base + "_dequantized");
+    dq.name = g_.unique_name(base + "_DequantizeLinear");
+    const std::string dequantized = g_.unique_name(base + "_dequantized");
     dq.inputs = {quantized, scale_name, zp_name};
     dq.outputs = {dequantized};
     axis_attrs(dq);
     h.insert_before(consumer, std::move(dq));
-    consumer->inputs[s.input_index] = dequantized;
-    made[key] = dequantized;
+    return dequantized;
   }
+
+  Graph& g_;
+  const QdqExportInput& in_;
+  std::vector<FlatNode> consumers_;
+  std::map<std::string, std::string> made_;  // dedupe key -> dequantized tensor name
+};
+
+}  // namespace
+
+Graph export_qdq(const QdqExportInput& in) {
+  Graph g = in.graph.clone();
+  for (const auto& name : in.trained)  // Note [QAT]: the trained values
+    g.initializers[name] = in.executor.constants().at(name).detach().to(at::kCPU).clone();
+  for (const auto& [name, t] : in.states)  // running statistics
+    g.initializers[name.substr(6)] = t.detach().to(at::kCPU).clone();
+  lift_for_export(g, in);
+  SlotExport slots(g, in);
+  for (const auto& s : in.slots.all())
+    if (in.slots.usable(s)) slots.add(s);
   fold_batchnorms(g, in.ops);
   try {
     in.backend.adjust_export(g);

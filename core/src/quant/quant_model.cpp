@@ -45,6 +45,56 @@ std::string needs_layerwise(const std::vector<QuantSlot>& slots, const std::vect
   return {};
 }
 
+/// Every [w] and [a] table (top level and [[specific]]) against the backend's rules.
+void check_backend_rules(const Config& config, const Backend& backend) {
+  std::vector<std::tuple<std::string, const QuantTableConfig*, bool>> tables = {{"[w]", &config.w, true},
+                                                                                {"[a]", &config.a, false}};
+  for (const auto& e : config.specific) {
+    tables.emplace_back(e.name + " w", &e.w, true);
+    tables.emplace_back(e.name + " a", &e.a, false);
+  }
+  for (const auto& [table, cfg, is_weight] : tables) {
+    if (cfg->disable) continue;
+    if (auto why = backend.check(cfg->spec(is_weight, is_weight ? 0 : 1), is_weight ? "w" : "a")) {
+      throw Error(config.source + ": " + table + " breaks the rules of backend '" + config.backend + "': " + *why);
+    }
+  }
+}
+
+/// The grids weights will be rounded on ([w] or the [[specific]] that matches), for passes
+/// that choose weight transforms (awq): the weight input's quantized value, by its observer.
+std::function<std::optional<PassContext::WeightGrid>(const Node&, std::size_t, std::int64_t)> weight_grids(
+    const Config& config, const Registry& registry, const Model& model) {
+  return [&config, &registry, &model](const Node& n, std::size_t input,
+                                      std::int64_t channel_axis) -> std::optional<PassContext::WeightGrid> {
+    if (matches_any(n.name, config.skip) || !n.has_input(input)) return std::nullopt;
+    const QuantTableConfig* cfg = &config.w;
+    for (const auto& e : config.specific)
+      if (matches_any(n.name, e.nodes)) {
+        cfg = &e.w;
+        break;
+      }
+    if (cfg->disable) return std::nullopt;
+    const auto* obs = registry.observer(cfg->observer);
+    if (!obs)
+      throw Error(config.source + ": [w] observer '" + printable(cfg->observer) +
+                  "' is not provided by any loaded plugin (available: " + join(registry.names("observer")) + ")");
+    const auto w = model.graph.initializers.find(n.inputs[input]);
+    if (w == model.graph.initializers.end()) return std::nullopt;
+    if (channel_axis < 0) channel_axis += w->second.dim();
+    const QSpec spec = cfg->spec(true, channel_axis);
+    auto make = obs->factory;
+    const Options* options = &cfg->observer_options;
+    const std::string where = "input " + std::to_string(input) + " of " + n.describe();
+    return PassContext::WeightGrid{spec, [spec, make, options, where](const at::Tensor& value) {
+                                     auto observer = make(ObserverContext{spec, *options, where});
+                                     c10::InferenceMode guard;
+                                     observer->observe(value);
+                                     return fake_quantize(value, observer->compute(), spec);
+                                   }};
+  };
+}
+
 }  // namespace
 
 QuantModel::QuantModel(Model model, Config config, const Registry& registry, const DataSource& calibration)
@@ -64,49 +114,10 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
   }
   backend_ = backend->factory();
   backend_plugin_ = backend->plugin;
-  std::vector<std::tuple<std::string, const QuantTableConfig*, bool>> tables = {{"[w]", &config_.w, true},
-                                                                                {"[a]", &config_.a, false}};
-  for (const auto& e : config_.specific) {
-    tables.emplace_back(e.name + " w", &e.w, true);
-    tables.emplace_back(e.name + " a", &e.a, false);
-  }
-  for (const auto& [table, cfg, is_weight] : tables) {
-    if (cfg->disable) continue;
-    if (auto why = backend_->check(cfg->spec(is_weight, is_weight ? 0 : 1), is_weight ? "w" : "a")) {
-      throw Error(config_.source + ": " + table + " breaks the rules of backend '" + config_.backend + "': " + *why);
-    }
-  }
+  check_backend_rules(config_, *backend_);
 
   // Simplify-stage passes rewrite the float graph before anything is bound to its nodes.
-  // The grids weights will be rounded on, for passes that choose weight transforms (awq).
-  auto weight_grid = [this, &registry](const Node& n, std::size_t input,
-                                       std::int64_t channel_axis) -> std::optional<PassContext::WeightGrid> {
-    if (matches_any(n.name, config_.skip) || !n.has_input(input)) return std::nullopt;
-    const QuantTableConfig* cfg = &config_.w;
-    for (const auto& e : config_.specific)
-      if (matches_any(n.name, e.nodes)) {
-        cfg = &e.w;
-        break;
-      }
-    if (cfg->disable) return std::nullopt;
-    const auto* obs = registry.observer(cfg->observer);
-    if (!obs)
-      throw Error(config_.source + ": [w] observer '" + printable(cfg->observer) +
-                  "' is not provided by any loaded plugin (available: " + join(registry.names("observer")) + ")");
-    const auto w = model_->graph.initializers.find(n.inputs[input]);
-    if (w == model_->graph.initializers.end()) return std::nullopt;
-    if (channel_axis < 0) channel_axis += w->second.dim();
-    const QSpec spec = cfg->spec(true, channel_axis);
-    auto make = obs->factory;
-    const Options* options = &cfg->observer_options;
-    const std::string where = "input " + std::to_string(input) + " of " + n.describe();
-    return PassContext::WeightGrid{spec, [spec, make, options, where](const at::Tensor& value) {
-                                     auto observer = make(ObserverContext{spec, *options, where});
-                                     c10::InferenceMode guard;
-                                     observer->observe(value);
-                                     return fake_quantize(value, observer->compute(), spec);
-                                   }};
-  };
+  const auto weight_grid = weight_grids(config_, registry, *model_);
   std::function<std::unique_ptr<Dataset>()> open_calibration;
   if (!calibration.empty())
     open_calibration = [calibration, inputs = model_->graph.inputs] { return calibration.open(inputs); };

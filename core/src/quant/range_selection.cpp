@@ -14,6 +14,44 @@
 
 namespace sparsebit::detail {
 
+namespace {
+
+/// Each process's errors replaced by their sum over the processes.
+void sum_over_processes(std::vector<std::vector<double>>& errors, Distributed& group) {
+  std::vector<double> flat;
+  for (const auto& e : errors) flat.insert(flat.end(), e.begin(), e.end());
+  std::vector<at::Tensor> sum{at::tensor(flat, at::TensorOptions().dtype(at::kDouble))};
+  group.all_reduce_sum(sum, "summing the range selection's layer errors");
+  const at::Tensor all = sum[0].to(at::kCPU).contiguous();
+  std::size_t o = 0;
+  for (auto& e : errors)
+    for (double& v : e) v = all.data_ptr<double>()[o++];
+}
+
+/// Slot `i` takes the candidate of least error, and the biases that wait on it are finished.
+void choose(QuantSlots& slots, std::size_t i, const std::vector<double>& errors, RangeSelection& r) {
+  QuantSlot& s = slots.all()[i];
+  std::size_t best = 0;
+  for (std::size_t c = 1; c < errors.size(); ++c)
+    if (errors[c] < errors[best]) best = c;
+  const RangeCandidate& chosen = s.range_candidates[best];
+  if (spdlog::should_log(spdlog::level::debug)) {
+    std::string all;
+    for (std::size_t c = 0; c < errors.size(); ++c)
+      all += (c ? ", " : "") + s.range_candidates[c].name + " " + std::to_string(errors[c]);
+    spdlog::debug("{}: relative layer errors {}; chose {}", s.where(), all, chosen.name);
+  }
+  plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(chosen.params); });
+  s.range = chosen.name;
+  ++r.chosen[chosen.name];
+  ++r.inputs;
+  s.range_candidates.clear();
+  for (auto& b : slots.all())
+    if (b.role == InputRole::kBias && b.bias_activation == static_cast<int>(i)) slots.finish_bias(b);
+}
+
+}  // namespace
+
 RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
                              const std::vector<std::map<std::string, at::Tensor>>& batches, std::int64_t samples,
                              Distributed* group) {
@@ -100,36 +138,10 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
     for (const auto& out : sums[i])
       for (std::size_t c = 0; c < errors[i].size() && c < out.error.size(); ++c) errors[i][c] += out.relative(c);
   }
-  if (group) {  // every process chooses from the sum of all processes' errors
-    std::vector<double> flat;
-    for (const auto& e : errors) flat.insert(flat.end(), e.begin(), e.end());
-    std::vector<at::Tensor> sum{at::tensor(flat, at::TensorOptions().dtype(at::kDouble))};
-    group->all_reduce_sum(sum, "summing the range selection's layer errors");
-    const at::Tensor all = sum[0].to(at::kCPU).contiguous();
-    std::size_t o = 0;
-    for (auto& e : errors)
-      for (double& v : e) v = all.data_ptr<double>()[o++];
-  }
+  if (group) sum_over_processes(errors, *group);  // every process chooses from the sum of all errors
   for (std::size_t i = 0; i < errors.size(); ++i) {
     if (errors[i].empty()) continue;
-    QuantSlot& s = slots.all()[i];
-    std::size_t best = 0;
-    for (std::size_t c = 1; c < errors[i].size(); ++c)
-      if (errors[i][c] < errors[i][best]) best = c;
-    const RangeCandidate& chosen = s.range_candidates[best];
-    if (spdlog::should_log(spdlog::level::debug)) {
-      std::string all;
-      for (std::size_t c = 0; c < errors[i].size(); ++c)
-        all += (c ? ", " : "") + s.range_candidates[c].name + " " + std::to_string(errors[i][c]);
-      spdlog::debug("{}: relative layer errors {}; chose {}", s.where(), all, chosen.name);
-    }
-    plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(chosen.params); });
-    s.range = chosen.name;
-    ++r.chosen[chosen.name];
-    ++r.inputs;
-    s.range_candidates.clear();
-    for (auto& b : slots.all())
-      if (b.role == InputRole::kBias && b.bias_activation == static_cast<int>(i)) slots.finish_bias(b);
+    choose(slots, i, errors[i], r);
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;

@@ -280,6 +280,79 @@ bool graphed_step(const DistillStep& step, GraphedStep& g, FusedAdam& adam, cons
   return true;
 }
 
+/// The recorded step this epoch replays (Note [CUDA graph steps]), or nullptr when [qat]
+/// cuda_graph is off or cannot apply to this run (said once, in epoch 1).
+GraphedStep* graphed_step_of(const DistillStep& step, int epoch, const StepProfile& profile, FusedAdam* fused,
+                             Distributed* group) {
+  const QatConfig& s = step.settings;
+  bool graphs = s.cuda_graph && step.device.is_cuda();
+  if (s.cuda_graph && !step.device.is_cuda()) {
+    if (epoch == 1)
+      sdk::log_info(step.what + ": [qat] cuda_graph applies to GPU training; training on the CPU without");
+  } else if (graphs && (!cuda_graphs_supported() || group || profile.on() || !fused)) {
+    if (epoch == 1)
+      sdk::log_warn(step.what + ": [qat] cuda_graph is off for this run: " +
+                    (!cuda_graphs_supported() ? std::string("this build has no CUDA graphs")
+                     : group                  ? std::string("distributed runs sum gradients on the host's schedule")
+                     : profile.on()           ? std::string("SPARSEBIT_QAT_PROFILE synchronizes inside the step")
+                                              : std::string("the optimizer is not a FusedAdam")));
+    graphs = false;
+  }
+  if (!graphs) return nullptr;
+  if (!step.graphed) step.graphed = std::make_shared<GraphedStep>();
+  return step.graphed->failed ? nullptr : step.graphed.get();
+}
+
+/// One eager step's forward and backward: the teacher's outputs (cached from epoch 1 when
+/// [qat] cache_teacher, noting in `data_changed` whether the batch differs), the student's,
+/// and the distillation loss (weighted by `share` when several processes split the batch).
+at::Tensor eager_step(const DistillStep& step, const Batch& b, std::size_t index, bool cached, double share,
+                      at::Tensor& data_changed, StepProfile& profile) {
+  const QatConfig& s = step.settings;
+  std::vector<at::Tensor> student_in;
+  std::map<std::string, at::Tensor> teacher_in;
+  for (std::size_t i = 0; i < step.inputs.size(); ++i) {
+    student_in.push_back(b.inputs[i].to(step.device));
+    teacher_in[step.inputs[i].name] = student_in.back();
+  }
+  std::vector<at::Tensor> target;
+  if (cached && index < step.teacher_cache.size() && step.teacher_cache[index].digest.defined()) {
+    target = step.teacher_cache[index].outputs;
+    const at::Tensor differs = (digest(student_in) != step.teacher_cache[index].digest).any();
+    data_changed = data_changed.defined() ? data_changed.logical_or(differs) : differs;
+  } else {
+    c10::NoGradGuard no_grad;
+    target = step.teacher.run(teacher_in);
+    if (s.cache_teacher && !cached) {
+      if (step.teacher_cache.size() <= index) step.teacher_cache.resize(index + 1);
+      step.teacher_cache[index] = {target, digest(student_in)};
+    }
+  }
+  profile.mark("teacher forward");
+  const auto outputs = step.student(student_in);
+  profile.mark("student forward");
+  at::Tensor loss = distillation_loss(outputs, target, s.loss, s.temperature);
+  if (share != 1.0) loss = loss * share;
+  loss.backward();
+  profile.mark("backward");
+  return loss;
+}
+
+/// After a step over several processes: the gradients summed, and the loss and the running
+/// statistics (equal already where batch statistics are summed; averaged for ops that keep
+/// their own) in one more collective; the loss of the whole batch.
+at::Tensor loss_over_processes(const DistillStep& step, Distributed& group, const at::Tensor& loss,
+                               const std::string& name, StepProfile& profile) {
+  step.gradients->finish_step();
+  std::vector<at::Tensor> sums{loss.defined() ? loss.detach().reshape({1}).to(at::kFloat)
+                                              : at::zeros({1}, at::TensorOptions().device(step.device))};
+  for (auto& st : step.running_states) sums.push_back(st);
+  group.all_reduce_sum(sums, "loss of " + name);
+  for (auto& st : step.running_states) st.detach().div_(group.world_size());
+  profile.mark("gradient and loss sums");
+  return sums[0];
+}
+
 QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<std::unique_ptr<Dataset>()>& open_train,
                        const QatProgressFn& progress) {
   const QatConfig& s = step.settings;
@@ -307,21 +380,7 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
   DeterministicWhileTraining deterministic(s.deterministic);
   StepProfile profile(step.device);
   auto* fused = dynamic_cast<FusedAdam*>(&step.optimizer);
-  bool graphs = s.cuda_graph && step.device.is_cuda();
-  if (s.cuda_graph && !step.device.is_cuda()) {
-    if (epoch == 1)
-      sdk::log_info(step.what + ": [qat] cuda_graph applies to GPU training; training on the CPU without");
-  } else if (graphs && (!cuda_graphs_supported() || group || profile.on() || !fused)) {
-    if (epoch == 1)
-      sdk::log_warn(step.what + ": [qat] cuda_graph is off for this run: " +
-                    (!cuda_graphs_supported() ? std::string("this build has no CUDA graphs")
-                     : group                  ? std::string("distributed runs sum gradients on the host's schedule")
-                     : profile.on()           ? std::string("SPARSEBIT_QAT_PROFILE synchronizes inside the step")
-                                              : std::string("the optimizer is not a FusedAdam")));
-    graphs = false;
-  }
-  if (graphs && !step.graphed) step.graphed = std::make_shared<GraphedStep>();
-  GraphedStep* g = graphs && !step.graphed->failed ? step.graphed.get() : nullptr;
+  GraphedStep* g = graphed_step_of(step, epoch, profile, fused, group);
   std::optional<CaptureStream> capture_stream;  // graphs are recorded and replayed off the default stream
   if (g) capture_stream.emplace(step.device);
   LaggedLoss lagged(step.device);
@@ -362,48 +421,9 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
     if (group) step.gradients->begin_step("gradients of " + name);
     if (count > 0 && !stepped) {
       if (g) ++g->eager_steps;
-      std::vector<at::Tensor> student_in;
-      std::map<std::string, at::Tensor> teacher_in;
-      for (std::size_t i = 0; i < step.inputs.size(); ++i) {
-        student_in.push_back(b->inputs[i].to(step.device));
-        teacher_in[step.inputs[i].name] = student_in.back();
-      }
-      std::vector<at::Tensor> target;
-      if (cached && index < step.teacher_cache.size() && step.teacher_cache[index].digest.defined()) {
-        target = step.teacher_cache[index].outputs;
-        const at::Tensor differs = (digest(student_in) != step.teacher_cache[index].digest).any();
-        data_changed = data_changed.defined() ? data_changed.logical_or(differs) : differs;
-      } else {
-        c10::NoGradGuard no_grad;
-        target = step.teacher.run(teacher_in);
-        if (s.cache_teacher && !cached) {
-          if (step.teacher_cache.size() <= index) step.teacher_cache.resize(index + 1);
-          step.teacher_cache[index] = {target, digest(student_in)};
-        }
-      }
-      profile.mark("teacher forward");
-      const auto outputs = step.student(student_in);
-      profile.mark("student forward");
-      loss = distillation_loss(outputs, target, s.loss, s.temperature);
-      if (group) loss = loss * share;
-      loss.backward();
-      profile.mark("backward");
+      loss = eager_step(step, *b, index, cached, group ? share : 1.0, data_changed, profile);
     }
-    at::Tensor value;
-    if (group) {
-      step.gradients->finish_step();
-      // The loss and the running statistics (equal already where batch statistics are summed;
-      // averaged for ops that keep their own) in one more collective.
-      std::vector<at::Tensor> sums{loss.defined() ? loss.detach().reshape({1}).to(at::kFloat)
-                                                  : at::zeros({1}, at::TensorOptions().device(step.device))};
-      for (auto& st : step.running_states) sums.push_back(st);
-      group->all_reduce_sum(sums, "loss of " + name);
-      value = sums[0];
-      for (auto& st : step.running_states) st.detach().div_(group->world_size());
-      profile.mark("gradient and loss sums");
-    } else {
-      value = loss.detach();
-    }
+    const at::Tensor value = group ? loss_over_processes(step, *group, loss, name, profile) : loss.detach();
     rows.push_back(b->rows);
     ++batches;
     const auto previous = lagged.push(value);
