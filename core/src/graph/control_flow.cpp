@@ -57,9 +57,8 @@ std::vector<at::Tensor> run_sequence_map(const BodyRun& r) {
   const Node& n = r.n;
   const auto& inputs = r.inputs;
   const Graph& bg = r.body.graph();
-  auto input = [&](std::size_t i) { return r.input(i); };
   std::vector<at::Tensor> result;
-  if (inputs.empty() || !input(0).defined() || !input(0).is_nested())
+  if (inputs.empty() || !r.input(0).defined() || !r.input(0).is_nested())
     throw Error(n.describe() + ": its first input must be a sequence");
   if (bg.inputs.size() != inputs.size())
     throw Error(n.describe() + ": its body takes " + std::to_string(bg.inputs.size()) + " inputs for " +
@@ -93,14 +92,13 @@ std::vector<at::Tensor> run_loop(const BodyRun& r) {
   const Node& n = r.n;
   const auto& inputs = r.inputs;
   const Graph& bg = r.body.graph();
-  auto input = [&](std::size_t i) { return r.input(i); };
   std::vector<at::Tensor> result;
-  const bool has_trips = input(0).defined(), has_cond = input(1).defined();
+  const bool has_trips = r.input(0).defined(), has_cond = r.input(1).defined();
   if (!has_trips && !has_cond)
     throw Error(n.describe() + ": a Loop with neither a trip count nor a condition never ends");
   // ONNX's Loop runs a negative trip count zero times (a bound, not "unbounded").
   const std::int64_t trips =
-      has_trips ? std::max<std::int64_t>(0, scalar_of(input(0), n, "the trip count M")) : kUnboundedLoop;
+      has_trips ? std::max<std::int64_t>(0, scalar_of(r.input(0), n, "the trip count M")) : kUnboundedLoop;
   const std::size_t carried_count = inputs.size() > 2 ? inputs.size() - 2 : 0;
   if (bg.inputs.size() != 2 + carried_count || bg.outputs.size() < 1 + carried_count)
     throw Error(n.describe() + ": its body takes " + std::to_string(bg.inputs.size()) + " inputs and gives " +
@@ -109,7 +107,7 @@ std::vector<at::Tensor> run_loop(const BodyRun& r) {
   const std::size_t scan_count = bg.outputs.size() - 1 - carried_count;
   std::vector<at::Tensor> carried(inputs.begin() + 2, inputs.end());
   std::vector<std::vector<at::Tensor>> scans(scan_count);
-  at::Tensor cond = has_cond ? input(1) : at::ones({}, at::kBool);
+  at::Tensor cond = has_cond ? r.input(1) : at::ones({}, at::kBool);
   bool going = scalar_of(cond, n, "the condition") != 0;
   for (std::int64_t i = 0; going && i < trips; ++i) {
     if (i == max_loop_iterations())
@@ -136,10 +134,9 @@ std::vector<at::Tensor> run_scan(const BodyRun& r) {
   const Node& n = r.n;
   const auto& inputs = r.inputs;
   const Graph& bg = r.body.graph();
-  auto input = [&](std::size_t i) { return r.input(i); };
   std::vector<at::Tensor> result;
   const bool batched = r.opset < 9;
-  if (batched && input(0).defined())
+  if (batched && r.input(0).defined())
     throw Error(n.describe() +
                 ": Scan-8's sequence_lens (sequences of several lengths in one batch) is not "
                 "supported; re-export at opset 9 or newer");
