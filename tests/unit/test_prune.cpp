@@ -319,6 +319,29 @@ TEST(Prune, BiasCompensationReachesBiasesSharedThroughIdentity) {
   EXPECT_TRUE(at::allclose(c1.mean({0, 2, 3}), c0.mean({0, 2, 3}), 1e-5, 1e-5));
 }
 
+// A bias computed at run time (here the sum of two constants) cannot take the compensation:
+// the layer is pruned and left uncompensated, not a crash.
+TEST(Prune, BiasCompensationLeavesAComputedBiasAlone) {
+  Builder b({-1, 2, 5, 5});
+  b.g.inputs[0].shape[0] = Dim{-1, "batch"};
+  at::manual_seed(11);
+  b.constant("w", at::randn({4, 2, 3, 3}));
+  b.constant("b1", at::randn({4}));
+  b.constant("b2", at::randn({4}));
+  b.add("bias", "Add", {"b1", "b2"}, {"b"});
+  b.add("conv", "Conv", {"x", "w", "b"}, {"y"}, {{"kernel_shape", ints({3, 3})}, {"pads", ints({1, 1, 1, 1})}});
+  testing::TempDir dir;
+  const at::Tensor x = at::rand({8, 2, 5, 5}) + 0.5;
+  write_npy(x, dir / "batch.npy");
+  Config c = sparse_config("[sparse]\nratio = 0.5\nbias_compensation = true\n");
+  Model m{b.g.clone(), {}};
+  auto data = open_dataset(dir.path().string(), m.graph.inputs);
+  PruneResult r = prune(m, c, testing::shipped_registry(), {x.narrow(0, 0, 1)}, data.get());
+  EXPECT_EQ(r.bias_compensated, 0);
+  EXPECT_EQ(at::count_nonzero(r.pruned.graph.initializers.at("w")).item<std::int64_t>(), 36);
+  EXPECT_EQ(r.pruned.graph.find_node("conv")->inputs[2], "b");
+}
+
 TEST(Prune, FineTuningKeepsTheZerosAndLowersTheDistillationLoss) {
   Model teacher = load_onnx(testing::fixture_model());
   const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";

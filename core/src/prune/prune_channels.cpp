@@ -137,7 +137,7 @@ void compensate_biases(ChannelAnalysis& an, const Graph& g, const Registry& regi
     keep_mask.index_fill_(0, at::tensor(keep, at::kLong), 1.0);
     std::vector<std::int64_t> view(static_cast<std::size_t>(w.dim()), 1);
     view[static_cast<std::size_t>(s.axis)] = w.size(s.axis);
-    const at::Tensor delta = bias_shift(registry, n, w, w * keep_mask.view(view), means.at(s.node));
+    const at::Tensor delta = bias_shift(g, registry, n, w, w * keep_mask.view(view), means.at(s.node));
     if (!delta.defined()) continue;
     // Outputs this node keeps (it may lose some as a producer too).
     at::Tensor out_keep = at::ones({delta.size(0)}, at::kDouble);

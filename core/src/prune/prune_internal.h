@@ -67,9 +67,10 @@ std::map<std::size_t, at::Tensor> activation_means(const Graph& g, const Registr
                                                    const Config& config, const std::set<std::size_t>& nodes);
 
 /// What node `n`'s bias must gain to keep its output's mean when its weight changes from `w`
-/// to `w_new` (WeightedLayer::bias_shift); undefined where a bias cannot express it.
-at::Tensor bias_shift(const Registry& registry, const Node& n, const at::Tensor& w, const at::Tensor& w_new,
-                      const at::Tensor& mean);
+/// to `w_new` (WeightedLayer::bias_shift); undefined where a bias cannot express it or where
+/// the bias is computed, not a constant of `g`.
+at::Tensor bias_shift(const Graph& g, const Registry& registry, const Node& n, const at::Tensor& w,
+                      const at::Tensor& w_new, const at::Tensor& mean);
 
 /// Adds `delta` (one value per output channel) to node `node`'s bias input, creating it if absent.
 void add_to_bias(Graph& g, const Registry& registry, std::size_t node, const at::Tensor& delta,

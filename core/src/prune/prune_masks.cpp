@@ -83,10 +83,12 @@ std::map<std::size_t, at::Tensor> activation_means(const Graph& g, const Registr
   return means;
 }
 
-at::Tensor bias_shift(const Registry& registry, const Node& n, const at::Tensor& w, const at::Tensor& w_new,
-                      const at::Tensor& mean) {
+at::Tensor bias_shift(const Graph& g, const Registry& registry, const Node& n, const at::Tensor& w,
+                      const at::Tensor& w_new, const at::Tensor& mean) {
   const auto* layer = registry.op_trait<WeightedLayer>(n.op_type, n.domain);
-  if (!layer || !layer->bias_input(n)) return {};
+  const auto input = layer ? layer->bias_input(n) : std::nullopt;
+  // A bias computed at run time cannot be rewritten as a constant: no compensation there.
+  if (!input || (n.has_input(*input) && !g.initializers.count(n.inputs[*input]))) return {};
   return layer->bias_shift(n, (w - w_new).to(at::kDouble), mean);
 }
 
@@ -191,7 +193,8 @@ void prune_elements(const Model& model, const Config& config, Sparser& sparser, 
     add_layer(r, n, t.ref.name, w, out);
     if (auto m = means.find(t.ref.node); m != means.end()) {
       // Only where this node alone reads the weight: a shared weight's nodes see other inputs.
-      const at::Tensor delta = readers.at(t.ref.name) == 1 ? bias_shift(registry, n, w, out, m->second) : at::Tensor();
+      const at::Tensor delta =
+          readers.at(t.ref.name) == 1 ? bias_shift(g, registry, n, w, out, m->second) : at::Tensor();
       if (delta.defined()) {
         add_to_bias(pruned, registry, t.ref.node, delta, readers);
         ++r.bias_compensated;
