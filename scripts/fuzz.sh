@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang 14, ASan+UBSan) and fuzzes one of them.
 #
-#   scripts/fuzz.sh TARGET SECONDS      TARGET: onnx_import | config | npy | idx | tensor_pb | all
+#   scripts/fuzz.sh TARGET SECONDS      TARGET: onnx_import | config | yaml_config | npy | idx | tensor_pb | all
 #
 # SPARSEBIT_FUZZ_BUILD names the build to use (default build-fuzz/, configured here on first use);
 # a clang build with -DSPARSEBIT_SANITIZE=ON serves as well (CI fuzzes in its sanitizer build).
@@ -16,7 +16,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 target="${1:?usage: scripts/fuzz.sh TARGET SECONDS}"
 seconds="${2:?usage: scripts/fuzz.sh TARGET SECONDS}"
 build="${SPARSEBIT_FUZZ_BUILD:-$root/build-fuzz}"
-targets=(onnx_import config npy idx tensor_pb)
+targets=(onnx_import config yaml_config npy idx tensor_pb)
 if [[ "$target" == all ]]; then
   for t in "${targets[@]}"; do "$0" "$t" "$seconds"; done
   exit 0
@@ -43,6 +43,8 @@ if [[ ! -d "$corpus" ]]; then
     config)
       cp "$root"/configs/*.toml "$corpus/"
       cp "$root"/examples/plugin-template/*.toml "$corpus/" 2>/dev/null || true ;;
+    yaml_config)
+      cp "$root"/examples/original_yaml/*.yaml "$corpus/" ;;
     npy)
       cp "$root"/tests/observers/data.npy "$corpus/"
       /usr/bin/python3 - "$corpus" <<'PY'

@@ -47,8 +47,23 @@ void write_drawings(const sb::Model& model, const sb::Registry& registry, const 
   }
 }
 
-int cmd_inspect(const std::string& model_path, const std::string& config_path, bool as_json, const std::string& dot,
-                const std::string& mermaid) {
+/// Every node (subgraphs' too) with its op and the torch module it was exported from.
+json node_list(const sb::Graph& g) {
+  json list = json::array();
+  std::function<void(const sb::Graph&)> add = [&](const sb::Graph& graph) {
+    for (const auto* n : graph.nodes()) {
+      list.push_back({{"name", n->name},
+                      {"op", (n->domain.empty() ? "" : n->domain + ":") + n->op_type},
+                      {"module", sb::module_path_of(n->name)}});
+      for (const sb::Graph* sub : n->subgraphs()) add(*sub);
+    }
+  };
+  add(g);
+  return list;
+}
+
+int cmd_inspect(const std::string& model_path, const std::string& config_path, bool as_json, bool list_nodes,
+                const std::string& dot, const std::string& mermaid) {
   std::vector<PathRole> drawings;
   if (!dot.empty()) drawings.push_back({"--dot", dot});
   if (!mermaid.empty()) drawings.push_back({"--mermaid", mermaid});
@@ -106,6 +121,7 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     for (const auto& [op, h] : histogram)
       ops.push_back({{"op", op}, {"count", h.first}, {"qmodule", !h.second.empty()}, {"plugin", h.second}});
     j["ops"] = ops;
+    j["node_list"] = node_list(model.graph);
     std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
@@ -123,6 +139,14 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
   }
   if (missing)
     std::cout << "\n" << missing << " op type(s) have no QModule; `sparsebit plugins` lists what is loaded\n";
+  if (list_nodes) {
+    std::cout << "\n  node (op) <- torch module, which skip and [[specific]] globs match as well\n";
+    for (const auto& n : node_list(model.graph)) {
+      const std::string module = n["module"];
+      std::cout << "  " << n["name"].get<std::string>() << " (" << n["op"].get<std::string>() << ")"
+                << (module.empty() ? "" : " <- " + module) << "\n";
+    }
+  }
   if (qdq) {
     std::cout << "\n  " << qdq << " QuantizeLinear/DequantizeLinear nodes";
     if (!narrow.empty()) std::cout << "; tensors quantized below 8 bits (sparsebit.bits):";
@@ -144,17 +168,18 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
 Command add_inspect(CLI::App& app) {
   struct Args {
     std::string model, config, dot, mermaid;
-    bool json = false;
+    bool json = false, nodes = false;
   };
   auto a = std::make_shared<Args>();
   auto* inspect = app.add_subcommand("inspect", "Show a model's inputs, outputs and ops, and which ops have a QModule");
   inspect->add_option("model", a->model, "ONNX model")->required();
   inspect->add_option("-c,--config", a->config,
                       "Config whose [plugins] section to use; with --dot/--mermaid, draw the converted model");
-  inspect->add_flag("--json", a->json, "Machine-readable output");
+  inspect->add_flag("--json", a->json, "Machine-readable output (node_list: every node, its op and torch module)");
+  inspect->add_flag("--nodes", a->nodes, "List every node with its op and the torch module it came from");
   inspect->add_option("--dot", a->dot, "Write a Graphviz drawing of the model (quantizers marked with -c)");
   inspect->add_option("--mermaid", a->mermaid, "Write a Mermaid flowchart of the model (quantizers marked with -c)");
-  return {inspect, [a] { return cmd_inspect(a->model, a->config, a->json, a->dot, a->mermaid); }};
+  return {inspect, [a] { return cmd_inspect(a->model, a->config, a->json, a->nodes, a->dot, a->mermaid); }};
 }
 
 }  // namespace sparsebit::cli

@@ -77,7 +77,8 @@ Command add_profile(CLI::App& app, const GlobalOptions& g) {
   auto* prof =
       app.add_subcommand("profile", "Per-layer quantization error (MSE, cosine, SQNR): JSON and an HTML chart");
   prof->add_option("model", a->model, "Float ONNX model")->required();
-  prof->add_option("-c,--config", a->config, "TOML config (see configs/)")->required();
+  prof->add_option("-c,--config", a->config, "TOML config (see configs/), or the original toolkit's YAML (.yaml)")
+      ->required();
   prof->add_option("--calib", a->calib,
                    "Calibration data (also profiled on): .npy folder, ONNX test-data folder, IDX file")
       ->required();

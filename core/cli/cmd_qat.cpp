@@ -53,7 +53,8 @@ Command add_qat(CLI::App& app, const GlobalOptions& g) {
   auto* qat =
       app.add_subcommand("qat", "Quantization-aware training by distillation from the float model (no labels needed)");
   qat->add_option("model", a->model, "Float ONNX model")->required();
-  qat->add_option("-c,--config", a->config, "TOML config (see configs/w4a4_lsq.toml; [qat] sets the training)")
+  qat->add_option("-c,--config", a->config,
+                  "TOML config (see configs/w4a4_lsq.toml; [qat] sets the training), or the original toolkit's YAML")
       ->required();
   qat->add_option("--calib", a->calib, "Calibration data for the initial quantizer parameters")->required();
   qat->add_option("--train", a->train, "Training data (unlabeled; same layouts as --calib)")->required();

@@ -89,7 +89,8 @@ Command add_quantize(CLI::App& app, const GlobalOptions& g) {
   auto a = std::make_shared<QuantizeArgs>();
   auto* quantize = app.add_subcommand("quantize", "Calibrate a model and export it as QDQ ONNX");
   quantize->add_option("model", a->model, "Float ONNX model")->required();
-  quantize->add_option("-c,--config", a->config, "TOML config (see configs/)")->required();
+  quantize->add_option("-c,--config", a->config, "TOML config (see configs/), or the original toolkit's YAML (.yaml)")
+      ->required();
   quantize->add_option("--calib", a->calib, "Calibration data: .npy folder, ONNX test-data folder, or IDX file")
       ->required();
   quantize->add_option("-o,--output", a->output, "Output QDQ ONNX model")->required();

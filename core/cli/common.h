@@ -41,6 +41,7 @@ Command add_simplify(CLI::App& app);
 Command add_profile(CLI::App& app, const GlobalOptions& g);
 Command add_qat(CLI::App& app, const GlobalOptions& g);
 Command add_prune(CLI::App& app, const GlobalOptions& g);
+Command add_config(CLI::App& app);
 
 /// Log level and thread count from the global options.
 void setup_logging(const GlobalOptions& g);

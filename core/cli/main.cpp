@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", g.threads, "Intra-op threads for LibTorch (default and most: all cores)")
       ->check(kPositiveInt);
 
-  const std::vector<Command> commands = {add_quantize(app, g), add_plugins(app), add_inspect(app), add_simplify(app),
-                                         add_profile(app, g),  add_qat(app, g),  add_prune(app, g)};
+  const std::vector<Command> commands = {add_quantize(app, g), add_plugins(app), add_inspect(app),  add_simplify(app),
+                                         add_profile(app, g),  add_qat(app, g),  add_prune(app, g), add_config(app)};
 
   try {
     app.parse(argc, argv);

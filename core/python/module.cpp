@@ -31,6 +31,7 @@
 #include "calls.h"
 #include "convert.h"
 #include "jobs.h"
+#include "torch_bridge.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/data.h"
@@ -122,35 +123,69 @@ class PyQuantModel {
     if (source.empty()) throw sb::Error("calibrate() needs data: an iterable of arrays, or a data path");
     const auto inputs = qm_->graph().inputs;
     stats_ = without_gil([&] {
+      if (config_.bit_allocation) qm_->allocate_bits(source, progress_of(py::none()));  // Note [Bit allocation]
       auto dataset = source.open(inputs);
       return qm_->calibrate(*dataset, progress_of(progress));
     });
     calibrated_ = true;
-    py::dict d;
-    d["samples"] = stats_->samples;
-    d["batches"] = stats_->batches;
-    d["seconds"] = stats_->seconds;
-    d["mode"] = stats_->mode;
-    return d;
+    return stats_dict();
   }
 
+  /// numpy out, or torch tensors once init_qat() ran or _return_torch(True) asked; after
+  /// init_qat() and with torch's grad mode on, the outputs carry autograd history through the
+  /// quantizers (Note [One LibTorch]).
   py::object forward(py::args args, bool quantized) {
     InUse in_use(busy_);
     const auto& inputs = qm_->graph().inputs;
     std::vector<at::Tensor> xs;
-    if (args.size() == 1) xs = inputs_of(args[0], inputs, "forward()");
-    else xs = inputs_of(py::tuple(args), inputs, "forward()");
+    for (auto a : args)  // the user's own tensors where they are of the linked LibTorch
+      if (auto t = torch_out_ ? torch_tensor_of(a) : std::nullopt) xs.push_back(*t);
+    if (xs.size() != args.size() || xs.size() != inputs.size()) {
+      if (args.size() == 1) xs = inputs_of(args[0], inputs, "forward()");
+      else xs = inputs_of(py::tuple(args), inputs, "forward()");
+    }
     if (quantized && !calibrated_) throw sb::Error("forward(quantized=True) needs calibrate() first");
+    const bool autograd = qat_ && at::GradMode::is_enabled();
     std::vector<at::Tensor> ys = without_gil([&] {
+      at::AutoGradMode grad(autograd);  // the caller's thread: torch.no_grad() holds here too
       qm_->set_quant(quantized, quantized);
-      at::NoGradGuard no_grad;
       return qm_->forward(xs);
     });
-    if (ys.size() == 1) return to_numpy(ys[0]);
+    auto out_of = [&](const at::Tensor& y) -> py::object { return torch_out_ ? to_torch(y) : to_numpy(y); };
+    if (ys.size() == 1) return out_of(ys[0]);
     py::tuple out(ys.size());
-    for (std::size_t i = 0; i < ys.size(); ++i) out[i] = to_numpy(ys[i]);
+    for (std::size_t i = 0; i < ys.size(); ++i) out[i] = out_of(ys[i]);
     return std::move(out);
   }
+
+  /// Quantization-aware training from Python: calibrates on `data`, makes weights and quantizer
+  /// parameters trainable leaves (QuantModel::init_qat) and turns training mode on.
+  py::dict init_qat(py::handle data, const py::object& progress) {
+    InUse in_use(busy_);
+    require_linked_torch("init_qat()");
+    const sb::DataSource source = data_source(data, "python calibration data");
+    if (source.empty()) throw sb::Error("init_qat() needs calibration data: an iterable of arrays, or a data path");
+    const auto inputs = qm_->graph().inputs;
+    stats_ = without_gil([&] {
+      if (config_.bit_allocation) qm_->allocate_bits(source, progress_of(py::none()));
+      auto dataset = source.open(inputs);
+      return qm_->init_qat(*dataset, progress_of(progress));
+    });
+    calibrated_ = qat_ = torch_out_ = true;
+    return stats_dict();
+  }
+  py::list named_parameters() {
+    if (!qat_) throw sb::Error("named_parameters() needs init_qat() first: nothing is trainable before it");
+    py::list l;
+    for (const auto& [name, t] : qm_->named_parameters()) l.append(py::make_tuple(name, to_torch(t)));
+    return l;
+  }
+  void return_torch(bool on) {
+    if (on) require_linked_torch("forward() returning torch tensors");
+    torch_out_ = on || qat_;
+  }
+  void train(bool on) { qm_->train(on); }
+  bool training() const { return qm_->training(); }
 
   std::size_t set_bits(const std::string& glob, int bits, const std::optional<std::string>& role) {
     InUse in_use(busy_);
@@ -249,6 +284,15 @@ class PyQuantModel {
  private:
   sb::Config config_;
 
+  py::dict stats_dict() const {
+    py::dict d;
+    d["samples"] = stats_->samples;
+    d["batches"] = stats_->batches;
+    d["seconds"] = stats_->seconds;
+    d["mode"] = stats_->mode;
+    return d;
+  }
+
   /// The files this model came from, which its outputs must not replace.
   std::vector<sb::PathRole> source_files() const {
     std::error_code ec;
@@ -261,6 +305,8 @@ class PyQuantModel {
   std::unique_ptr<sb::QuantModel> qm_;
   std::optional<sb::CalibrationStats> stats_;
   bool calibrated_ = false;
+  bool qat_ = false;        // init_qat() ran: forward builds autograd graphs
+  bool torch_out_ = false;  // forward() returns torch tensors (Note [One LibTorch])
   std::atomic<bool> busy_{false};
 };
 
@@ -372,6 +418,11 @@ PYBIND11_MODULE(_sparsebit, m) {
            py::arg("calib") = py::none())
       .def("calibrate", &PyQuantModel::calibrate, py::arg("data"), py::kw_only(), py::arg("progress") = py::none())
       .def("forward", &PyQuantModel::forward, py::kw_only(), py::arg("quantized") = true)
+      .def("init_qat", &PyQuantModel::init_qat, py::arg("data"), py::kw_only(), py::arg("progress") = py::none())
+      .def("named_parameters", &PyQuantModel::named_parameters)
+      .def("_train", &PyQuantModel::train, py::arg("mode"))
+      .def("_return_torch", &PyQuantModel::return_torch, py::arg("on"))
+      .def_property_readonly("training", &PyQuantModel::training)
       .def("set_bits", &PyQuantModel::set_bits, py::arg("nodes"), py::arg("bits"), py::kw_only(),
            py::arg("role") = py::none())
       .def("set_enabled", &PyQuantModel::set_enabled, py::arg("nodes"), py::arg("enabled"), py::kw_only(),
@@ -394,6 +445,7 @@ PYBIND11_MODULE(_sparsebit, m) {
         py::arg("report") = py::none(), py::arg("masked") = py::none(), py::arg("progress") = py::none());
   m.def("plugins", &plugins, py::kw_only(), py::arg("config") = py::none());
   m.def("set_threads", &set_threads, py::arg("threads"));
+  m.def("_linked_torch", &linked_torch_imported);
   m.def(
       "threads", [] { return at::get_num_threads(); }, "The LibTorch threads calibration and training use");
   m.def("set_log_level", &set_log_level, py::arg("level"));

@@ -226,6 +226,7 @@ TEST(FuzzRegressions, EveryKeptFindingIsHandled) {
       try {
         if (target == "onnx_import") load_onnx_from_bytes(bytes, path);
         else if (target == "config") Config::from_string(bytes, path);
+        else if (target == "yaml_config") Config::from_string(yaml_config_to_toml(bytes, path), path);
         else if (target == "npy") read_npy(path);
         else if (target == "idx") replay_idx(path);
         else if (target == "tensor_pb") load_tensor_pb(path);

@@ -134,6 +134,8 @@ void read_specific(const Reader& r, const toml::node* n, const std::string& sour
       throw Error(r.key_path(name, "nodes") + " is required: a glob (or list of globs) over node names");
     e.w = c.w;
     e.a = c.a;
+    e.sets_w = t->get("w") != nullptr;
+    e.sets_a = t->get("a") != nullptr;
     for (const char* side : {"w", "a"}) {
       const toml::node* sub = t->get(side);
       if (!sub) continue;
@@ -279,6 +281,39 @@ void read_target(const Reader& r, const toml::table* t, Config& c) {
   if (tc.has_value) tc.check_value(r.key_path("target", "value"));
 }
 
+void read_bit_allocation(const Reader& r, const toml::table* t, Config& c) {
+  const std::string name = "bit_allocation";
+  r.check_keys(*t, name, {"avg_weight_bits", "avg_activation_bits", "choices", "samples"});
+  BitAllocationConfig& b = c.bit_allocation.emplace();
+  if (const toml::node* n = t->get("choices")) {
+    const toml::array* arr = n->as_array();
+    if (!arr || arr->empty()) throw Error(r.key_path(name, "choices") + " must be a non-empty array of bit widths");
+    b.choices.clear();
+    for (const auto& e : *arr) {
+      const auto v = e.value<std::int64_t>();
+      if (!e.is_integer() || !v || *v < 2 || *v > 16)
+        throw Error(r.key_path(name, "choices") + " must hold bit widths from 2 to 16");
+      b.choices.push_back(static_cast<int>(*v));
+    }
+    std::sort(b.choices.begin(), b.choices.end());
+    b.choices.erase(std::unique(b.choices.begin(), b.choices.end()), b.choices.end());
+  }
+  const double lo = b.choices.front(), hi = b.choices.back();
+  for (const char* key : {"avg_weight_bits", "avg_activation_bits"}) {
+    if (!t->get(key)) continue;
+    const double v = r.get<double>(*t, name, key, 0.0, "a number");
+    if (v < lo || v > hi)
+      throw Error(r.key_path(name, key) + " = " + std::to_string(v) + " is outside the choices (" +
+                  std::to_string(b.choices.front()) + " to " + std::to_string(b.choices.back()) +
+                  " bits); widen [bit_allocation] choices or change the target");
+    (std::string(key) == "avg_weight_bits" ? b.avg_weight_bits : b.avg_activation_bits) = v;
+  }
+  if (!b.avg_weight_bits && !b.avg_activation_bits)
+    throw Error(r.where(name) + " needs a budget: avg_weight_bits, avg_activation_bits or both");
+  b.samples = r.get<std::int64_t>(*t, name, "samples", b.samples, "an integer");
+  if (b.samples < 1 || b.samples > 100000) throw Error(r.key_path(name, "samples") + " must be 1 to 100000");
+}
+
 void read_plugins(const Reader& r, const toml::table* t, const std::string& source_name, Config& c) {
   r.check_keys(*t, "plugins", {"paths", "enable", "disable"});
   c.plugins.paths = r.strings(*t, "plugins", "paths");
@@ -310,7 +345,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Reader r{c.source};
   r.check_keys(root, "",
                {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "target",
-                "export", "plugins"});
+                "export", "plugins", "bit_allocation"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   c.skip = r.globs(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
@@ -342,6 +377,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   if (auto* t = table("qat")) read_qat(r, t, c);
   if (auto* t = table("target")) read_target(r, t, c);
   if (auto* t = table("plugins")) read_plugins(r, t, source_name, c);
+  if (auto* t = table("bit_allocation")) read_bit_allocation(r, t, c);
   return c;
 }
 
@@ -389,10 +425,35 @@ std::string one_line_message(const std::string& text, std::size_t max) {
          printable(text.substr(text.size() - tail), max);
 }
 
+std::string module_path_of(const std::string& node_name) {
+  if (node_name.size() < 2 || node_name[0] != '/') return {};
+  std::vector<std::string> scopes;
+  std::size_t begin = 1;
+  for (std::size_t slash; (slash = node_name.find('/', begin)) != std::string::npos; begin = slash + 1)
+    scopes.push_back(node_name.substr(begin, slash - begin));
+  if (scopes.empty()) return {};
+  for (const auto& s : scopes) {
+    const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+    });
+    if (!plain) return {};
+  }
+  // A container's child is scoped "<container>.<index>" after the container's own scope.
+  std::vector<std::string> parts;
+  for (const auto& s : scopes) {
+    if (!parts.empty() && s.rfind(parts.back() + ".", 0) == 0) parts.back() = s;
+    else parts.push_back(s);
+  }
+  std::string path;
+  for (const auto& p : parts) path += (path.empty() ? "" : ".") + p;
+  return path;
+}
+
 Config Config::from_file(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec))
-    throw Error(path + ": is a folder; give the config's TOML file (e.g. configs/w8a8_tensorrt.toml)");
+    throw Error(path +
+                ": is a folder; give the config's TOML (or original YAML) file (e.g. configs/w8a8_tensorrt.toml)");
   if (!fs::exists(path, ec))
     throw Error(
         path + ": " +
@@ -402,6 +463,7 @@ Config Config::from_file(const std::string& path) {
   if (!in) throw Error(path + ": config file cannot be read");
   std::stringstream ss;
   ss << in.rdbuf();
+  if (is_yaml_config(path)) return from_string(yaml_config_to_toml(ss.str(), path), path);
   return from_string(ss.str(), path);
 }
 

@@ -224,6 +224,10 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   r.pruning = std::move(prepared.pruning);
   for (const auto& p : prepared.phase_seconds) r.phase_seconds.push_back(p);
   mark = std::chrono::steady_clock::now();
+  if (config.target && config.bit_allocation)
+    throw Error(config.source +
+                ": [bit_allocation] and an accuracy target ([target] or --target) both choose "
+                "layers' precision; use one of them");
   if (config.target && config.target->metric == "top1-drop" && (!job.evaluation || job.evaluation->labels.empty()))
     throw Error("target " + config.target->describe() +
                 " needs --eval-data and --eval-labels (top-1 accuracy on labelled data)");
@@ -236,6 +240,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
     r.target = meet_target_step(qm, job, holdout, source, r.calibration, r.input_coverage, registry, progress);
     phase("calibration+target");
   } else {
+    allocate_bits(qm, source, progress);
     CoverageRecorder recorded(source.open(qm.graph().inputs), qm.graph().inputs);
     r.calibration = calibrate(qm, recorded, config, progress);
     r.input_coverage = recorded.coverage();
@@ -301,6 +306,7 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   QuantModel qm(std::move(qat_model), config, registry, job.calib);
   const auto& inputs = qm.graph().inputs;
   {
+    allocate_bits(qm, job.calib, progress);
     auto calib = job.calib.open(inputs);
     r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));
     end_step(progress);
@@ -356,6 +362,7 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
   if (r.quantized) {
     const auto inputs = pruned.pruned.graph.inputs;
     QuantModel qm(std::move(pruned.pruned), config, registry, job.calib);
+    allocate_bits(qm, job.calib, progress);
     if (job.finetune_epochs > 0) {
       auto calib = job.calib.open(inputs);
       r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));

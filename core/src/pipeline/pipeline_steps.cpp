@@ -165,7 +165,7 @@ void warn_if_nothing_quantized(QuantModel& qm, const Config& config) {
   std::string why = std::to_string(qm.slots().size()) + " quantizable inputs were fused away by backend '" +
                     config.backend + "''s placement rules and the fuse passes";
   std::size_t skipped = 0;
-  for (const Node* n : qm.graph().nodes()) skipped += matches_any(n->name, config.skip);
+  for (const Node* n : qm.graph().nodes()) skipped += node_matches_any(n->name, config.skip);
   if (qm.slots().empty())
     why = skipped > 0 ? "the skip globs keep " + std::to_string(skipped) +
                             " nodes float, and no other node has an input its op quantizes"
@@ -211,6 +211,26 @@ CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, 
                     c.hits, c.misses, double(c.cached_bytes) / (1 << 20));
   }
   return stats;
+}
+
+void allocate_bits(QuantModel& qm, const DataSource& calib, const StepProgressFn& progress) {
+  if (!qm.config().bit_allocation) return;
+  const BitAllocation& b = qm.allocate_bits(calib, stage(progress, "allocating bits"));
+  end_step(progress);
+  auto line = [&](const char* what, const std::optional<double>& target, double reached, InputRole role) {
+    if (!target) return;
+    std::map<int, int> count;
+    for (const auto& in : b.inputs)
+      if (in.role == role) ++count[in.bits];
+    std::string widths;
+    for (const auto& [bits, n] : count)
+      widths += (widths.empty() ? "" : ", ") + std::to_string(n) + " at " + std::to_string(bits);
+    spdlog::info("bit allocation: {} average {:.2f} bits (budget {:.2f}): {}", what, reached, *target, widths);
+  };
+  line("weights", b.weight_target, b.weight_average, InputRole::kWeight);
+  line("activations", b.activation_target, b.activation_average, InputRole::kActivation);
+  spdlog::info("bit allocation: sensitivities of {} inputs at {} widths on {} samples in {:.2f} s", b.inputs.size(),
+               b.choices.size(), b.samples, b.seconds);
 }
 
 CalibrationStats calibrate(QuantModel& qm, const DataSource& calib, const Config& config,

@@ -91,6 +91,9 @@ void log_agreement(const AgreementCheck& a);
 void warn_if_nothing_quantized(QuantModel& qm, const Config& config);
 
 /// Calibrates the QuantModel on `data` (or the data at `calib`), logging what it does.
+/// With [bit_allocation]: chooses and sets per-input widths (Note [Bit allocation]), logging
+/// them; calibrate next. Nothing without the table.
+void allocate_bits(QuantModel& qm, const DataSource& calib, const StepProgressFn& progress);
 CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, const StepProgressFn& progress);
 CalibrationStats calibrate(QuantModel& qm, const DataSource& calib, const Config& config,
                            const StepProgressFn& progress);

@@ -57,7 +57,7 @@ std::string pattern_name(SparsityPattern p) {
 /// Ratio for a node: the first matching [[sparse.specific]], else [sparse] ratio.
 double ratio_for(const SparseConfig& s, const std::string& node) {
   for (const auto& e : s.specific)
-    if (matches_any(node, e.nodes)) return e.ratio;
+    if (node_matches_any(node, e.nodes)) return e.ratio;
   return s.ratio;
 }
 
@@ -199,7 +199,7 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
     throw Error(config.source + ": sparse.scope = \"global\" needs an element sparser (such as l1_unstructured)");
   for (const auto& e : cfg.specific) {
     bool any = false;
-    for (const Node* n : model.graph.nodes()) any = any || matches_any(n->name, e.nodes);
+    for (const Node* n : model.graph.nodes()) any = any || node_matches_any(n->name, e.nodes);
     if (!any) sdk::log_warn(config.source + ": " + e.name + " matches no node of the model");
   }
 

@@ -190,7 +190,7 @@ void prune_channels(const Model& model, const Config& config, Sparser& sparser, 
   const Shapes shapes = run_shapes(g, registry, sample);
   ChannelAnalysis an(g, shapes, registry);
   an.run([&](const Node& n) -> std::pair<bool, double> {
-    if (matches_any(n.name, cfg.skip)) return {false, 0.0};
+    if (node_matches_any(n.name, cfg.skip)) return {false, 0.0};
     const double ratio = ratio_for(cfg, n.name);
     return {ratio > 0, ratio};
   });

@@ -127,7 +127,7 @@ void prune_elements(const Model& model, const Config& config, Sparser& sparser, 
   for (const auto& ref : weights_of(g, ex)) {
     const Node& n = g.node(ref.node);
     if (!done.insert(ref.name).second) continue;
-    if (matches_any(n.name, cfg.skip)) continue;
+    if (node_matches_any(n.name, cfg.skip)) continue;
     const double ratio = ratio_for(cfg, n.name);
     if (r.pattern == SparsityPattern::kElement && ratio <= 0) continue;
     const at::Tensor& w = g.initializers.at(ref.name);

@@ -67,10 +67,10 @@ std::function<std::optional<PassContext::WeightGrid>(const Node&, std::size_t, s
     const Config& config, const Registry& registry, const Model& model) {
   return [&config, &registry, &model](const Node& n, std::size_t input,
                                       std::int64_t channel_axis) -> std::optional<PassContext::WeightGrid> {
-    if (matches_any(n.name, config.skip) || !n.has_input(input)) return std::nullopt;
+    if (node_matches_any(n.name, config.skip) || !n.has_input(input)) return std::nullopt;
     const QuantTableConfig* cfg = &config.w;
     for (const auto& e : config.specific)
-      if (matches_any(n.name, e.nodes)) {
+      if (e.sets_w && node_matches_any(n.name, e.nodes)) {
         cfg = &e.w;
         break;
       }
@@ -142,7 +142,7 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
   // A glob that matches nothing is almost always a typo or a model other than the one meant.
   auto warn_unmatched = [&](const std::vector<std::string>& globs, const std::string& key) {
     for (const auto& glob : globs) {
-      if (std::any_of(nodes.begin(), nodes.end(), [&](const Node* n) { return matches_any(n->name, {glob}); }))
+      if (std::any_of(nodes.begin(), nodes.end(), [&](const Node* n) { return node_matches_any(n->name, {glob}); }))
         continue;
       sdk::log_warn(config_.source + ": " + key + " glob '" + printable(glob, 80) + "' matches no node of " +
                     printable(model_->meta.source_path) + " (" + std::to_string(nodes.size()) + " nodes" +

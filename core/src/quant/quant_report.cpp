@@ -27,6 +27,8 @@ QuantizationReport QuantModel::report(const CalibrationStats* stats) const {
     e.role = s.role;
     e.scheme = s.spec.qscheme();
     e.bits = s.spec.bits;
+    e.qmin = s.spec.qmin();
+    e.qmax = s.spec.qmax();
     if (s.spec.per_channel) e.axis = s.spec.channel_axis;
     e.observer = s.observer_name;
     e.quantizer = s.quantizer_name;
@@ -42,6 +44,7 @@ QuantizationReport QuantModel::report(const CalibrationStats* stats) const {
     r.slots.push_back(std::move(e));
   }
   if (stats) r.calibration = *stats;
+  r.bit_allocation = bit_allocation_;
   return r;
 }
 
@@ -61,12 +64,15 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
   for (const auto& s : r.slots) {
     json e;
     e["node"] = s.node;
+    if (std::string module = module_path_of(s.node); !module.empty()) e["module"] = module;
     e["op_type"] = s.op_type;
     e["input_index"] = s.input_index;
     e["tensor"] = s.tensor;
     e["role"] = s.role == InputRole::kWeight ? "weight" : s.role == InputRole::kBias ? "bias" : "activation";
     e["scheme"] = s.scheme;
     e["bits"] = s.bits;
+    e["qmin"] = s.qmin;
+    e["qmax"] = s.qmax;
     if (s.axis) e["axis"] = *s.axis;
     e["observer"] = s.observer;
     e["quantizer"] = s.quantizer;
@@ -81,6 +87,29 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
     slots.push_back(e);
   }
   j["quantized_inputs"] = slots;
+  if (r.bit_allocation) {
+    const BitAllocation& b = *r.bit_allocation;
+    json inputs = json::array();
+    for (const auto& in : b.inputs) {
+      json errors = json::object();
+      for (const auto& [bits, e] : in.error) errors[std::to_string(bits)] = e;
+      inputs.push_back({{"node", in.node},
+                        {"tensor", in.tensor},
+                        {"role", in.role == InputRole::kWeight ? "weight" : "activation"},
+                        {"cost", in.cost},
+                        {"bits", in.bits},
+                        {"relative_error", errors}});
+    }
+    auto target = [](const std::optional<double>& t) { return t ? json(*t) : json(nullptr); };
+    j["bit_allocation"] = {{"avg_weight_bits_target", target(b.weight_target)},
+                           {"avg_activation_bits_target", target(b.activation_target)},
+                           {"avg_weight_bits", b.weight_average},
+                           {"avg_activation_bits", b.activation_average},
+                           {"choices", b.choices},
+                           {"samples", b.samples},
+                           {"seconds", b.seconds},
+                           {"inputs", inputs}};
+  }
   if (r.calibration) {
     const CalibrationStats& c = *r.calibration;
     j["calibration"] = {{"samples", c.samples},

@@ -76,7 +76,7 @@ class QuantSlots::State final : public QuantState {
   bool quantize_activation(const Node& node, std::size_t input) override {
     const std::size_t i = index_of(node);
     if (!node.has_input(input) || slots_.is_constant(i, node.inputs[input]) ||
-        matches_any(node.name, slots_.config_->skip))
+        node_matches_any(node.name, slots_.config_->skip))
       return false;
     if (QuantSlot* s = slots_.at(i, input)) {
       s->fake_fused = false;
@@ -111,7 +111,7 @@ QuantSlots::QuantSlots(const Graph& graph, const Executor& executor, const Confi
   for (std::size_t i = 0; i < executor.flat_size(); ++i) {
     const Node& n = executor.flat_node(i);
     slot_of_[i].assign(n.inputs.size(), -1);
-    if (matches_any(n.name, config.skip)) {
+    if (node_matches_any(n.name, config.skip)) {
       sdk::log_debug(n.describe() + " kept in float (skip)");
       continue;
     }
@@ -172,7 +172,7 @@ std::string pass_hint(const Registry& registry, const std::string& name) {
 
 const QuantTableConfig& QuantSlots::table_for(const Node& n, bool is_weight) const {
   for (const auto& e : config_->specific)
-    if (matches_any(n.name, e.nodes)) return is_weight ? e.w : e.a;
+    if ((is_weight ? e.sets_w : e.sets_a) && node_matches_any(n.name, e.nodes)) return is_weight ? e.w : e.a;
   return is_weight ? config_->w : config_->a;
 }
 

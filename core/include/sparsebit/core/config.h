@@ -171,10 +171,28 @@ struct SPARSEBIT_API SparseConfig {
 /// One `[[specific]]` entry: complete [w]/[a] tables (the global ones with this entry's keys
 /// over them) for the nodes matching `nodes`.
 struct SpecificEntry {
-  std::string name;  ///< "[[specific]] #2", for messages
-  std::vector<std::string> nodes;
+  std::string name;                ///< "[[specific]] #2", for messages
+  std::vector<std::string> nodes;  ///< globs over node names and torch module paths (node_matches_any)
+  /// Whether the entry has a `w` / an `a` table: a node's weights follow the first matching entry
+  /// that sets `w`, its activations the first that sets `a` (each side on its own, as the
+  /// original toolkit's W.SPECIFIC and A.SPECIFIC lists do).
+  bool sets_w = true;
+  bool sets_a = true;
   QuantTableConfig w;
   QuantTableConfig a;
+};
+
+/// `[bit_allocation]`: per-layer bit widths chosen by measured sensitivity under average budgets
+/// (sparsebit/core/bit_allocation.h; the original toolkit's SCHEDULE.BIT_ALLOCATION).
+struct BitAllocationConfig {
+  /// Average bits of the quantized weights, weighted by their parameter counts (unset: weights
+  /// keep their bits).
+  std::optional<double> avg_weight_bits;
+  /// Average bits of the weighted layers' activation inputs, weighted by the layers' MACs
+  /// (unset: activations keep their bits).
+  std::optional<double> avg_activation_bits;
+  std::vector<int> choices{4, 8};  ///< the widths a layer may get
+  std::int64_t samples = 32;       ///< calibration samples the sensitivities are measured on
 };
 
 /// `[target]` (or `--target "cosine>=0.99"`): the accuracy the quantized model must keep, and
@@ -216,14 +234,15 @@ struct SPARSEBIT_API Config {
   QuantTableConfig w;
   QuantTableConfig a;
   std::vector<std::string> skip;
-  std::vector<SpecificEntry> specific;  ///< first match wins
+  std::vector<SpecificEntry> specific;  ///< first match wins, per side (SpecificEntry::sets_w)
   CalibrationConfig calibration;
   QatConfig qat;
-  std::optional<SparseConfig> sparse;  ///< set when the file has a [sparse] table
-  std::optional<TargetConfig> target;  ///< set by a [target] table or --target
-  bool quantization_given = false;     ///< the file has [w] or [a] (a prune run then quantizes too)
-  ExportConfig export_options;         ///< [export]
-  bool weight_only = false;            ///< [w] without [a]: activations stay float (Note [Weight-only quantization])
+  std::optional<SparseConfig> sparse;                 ///< set when the file has a [sparse] table
+  std::optional<TargetConfig> target;                 ///< set by a [target] table or --target
+  std::optional<BitAllocationConfig> bit_allocation;  ///< set by a [bit_allocation] table
+  bool quantization_given = false;                    ///< the file has [w] or [a] (a prune run then quantizes too)
+  ExportConfig export_options;                        ///< [export]
+  bool weight_only = false;  ///< [w] without [a]: activations stay float (Note [Weight-only quantization])
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},
                                       {"fold_constants", true},
@@ -249,6 +268,20 @@ struct SPARSEBIT_API Config {
   static Config from_file(const std::string& path);
   static Config from_string(const std::string& text, const std::string& source_name);
 };
+
+/// The torch module a node was exported from, read from torch.onnx's scope naming: every scope
+/// is a "/"-separated component before the op, an attribute name or, for a container's child,
+/// "<container>.<index>" ("/layer2/layer2.0/downsample/downsample.0/Conv" comes from module
+/// "layer2.0.downsample.0"). "" for names of other exporters and for nodes of the top-level module.
+SPARSEBIT_API std::string module_path_of(const std::string& node_name);
+
+/// Whether a config file is YAML (.yaml, .yml): the original toolkit's schema (Note [YAML configs]).
+SPARSEBIT_API bool is_yaml_config(const std::string& path);
+
+/// The original toolkit's YAML config (BACKEND, SCHEDULE, W, A with QSCHEME, QUANTIZER, OBSERVER,
+/// SPECIFIC) as Sparsebit TOML, its defaults and meanings kept; throws Error naming the YAML key
+/// for anything without an equivalent. Config::from_file reads .yaml files through it.
+SPARSEBIT_API std::string yaml_config_to_toml(const std::string& text, const std::string& source_name);
 
 /// A message for one line of a terminal: printable() (error.h) up to `max` bytes, but the middle
 /// goes rather than the end, which says what went wrong after a path that may be long.

@@ -62,6 +62,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsebit/core/bit_allocation.h"
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
@@ -109,7 +110,8 @@ struct SlotReport {
   InputRole role = InputRole::kActivation;
   std::string scheme;  ///< QSpec::qscheme()
   int bits = 8;
-  std::optional<std::int64_t> axis;  ///< per-channel axis
+  std::int64_t qmin = 0, qmax = 255;  ///< the integer grid (QSpec::qmin, qmax)
+  std::optional<std::int64_t> axis;   ///< per-channel axis
   std::string observer, quantizer;
   std::string range;  ///< the observer's candidate a range selection chose (empty: none ran)
   bool calibrated = false, fake_fused = false, enabled = true;
@@ -123,6 +125,7 @@ struct QuantizationReport {
   std::string backend, config;  ///< backend name, config source
   std::size_t nodes = 0;
   std::vector<SlotReport> slots;
+  std::optional<BitAllocation> bit_allocation;  ///< set when [bit_allocation] chose the widths
   std::optional<CalibrationStats> calibration;
 };
 
@@ -178,6 +181,12 @@ class SPARSEBIT_API QuantModel {
   /// observers and quantizers are rebuilt: calibrate again before using them.
   std::size_t set_bits(const std::string& node_glob, int bits, std::optional<InputRole> role = {});
 
+  /// Chooses per-input bit widths under the config's [bit_allocation] budgets by measured
+  /// sensitivity (Note [Bit allocation]) on `calib`, and sets them: calibrate() next. The
+  /// command and the Python package do this before calibrating when the table is there.
+  const BitAllocation& allocate_bits(const DataSource& calib, const ProgressFn& progress = {});
+  const std::optional<BitAllocation>& bit_allocation() const { return bit_allocation_; }
+
   /// Called with every tensor a node reads (by name), before its quantizer applies.
   using ValueFn = std::function<void(const std::string& tensor, const at::Tensor& value)>;
   /// Runs the model (graph inputs in order) and returns the graph outputs.
@@ -228,6 +237,7 @@ class SPARSEBIT_API QuantModel {
   std::vector<LayerPass> layer_passes_;  // kLayer passes, called by the layerwise runner
   std::unique_ptr<QuantSlots> slots_;
   bool training_ = false;
+  std::optional<BitAllocation> bit_allocation_;
   std::vector<std::string> trainable_;  // float constants made trainable by init_qat, in node order
 };
 

@@ -1,0 +1,219 @@
+// QuantModel::allocate_bits: per-input widths by measured sensitivity (Note [Bit allocation]).
+
+#include "sparsebit/core/bit_allocation.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <numeric>
+#include <set>
+
+#include "sparsebit/core/quant_model.h"
+#include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/op_traits.h"
+
+namespace sparsebit {
+namespace {
+
+/// The inputs one budget covers, their costs and errors, and the widths chosen for them.
+struct Budget {
+  std::vector<std::size_t> members;  // positions in BitAllocation::inputs
+  double target = 0;
+};
+
+/// Narrows the cheapest error per bit until the budget holds, then widens back where it fits.
+void choose(std::vector<AllocatedInput>& inputs, const Budget& b, const std::vector<int>& choices) {
+  double total = 0, used = 0;
+  for (std::size_t k : b.members) {
+    inputs[k].bits = choices.back();
+    total += double(inputs[k].cost);
+    used += double(inputs[k].cost) * choices.back();
+  }
+  const double budget = b.target * total * (1 + 1e-12);
+  auto step = [&](std::size_t k, int dir) -> int {  // the next width up (+1) or down (-1), or 0
+    auto it = std::find(choices.begin(), choices.end(), inputs[k].bits);
+    if (dir < 0) return it == choices.begin() ? 0 : *(it - 1);
+    return it + 1 == choices.end() ? 0 : *(it + 1);
+  };
+  auto added_error = [&](std::size_t k, int from, int to) {
+    return std::max(0.0, inputs[k].error.at(to) - inputs[k].error.at(from));
+  };
+  while (used > budget) {
+    std::size_t best = inputs.size();
+    double best_ratio = std::numeric_limits<double>::infinity();
+    for (std::size_t k : b.members) {
+      const int lower = step(k, -1);
+      if (!lower) continue;
+      const double ratio = added_error(k, inputs[k].bits, lower) / (double(inputs[k].cost) * (inputs[k].bits - lower));
+      if (best == inputs.size() || ratio < best_ratio) best = k, best_ratio = ratio;
+    }
+    if (best == inputs.size()) break;  // every input at the narrowest width
+    const int lower = step(best, -1);
+    used -= double(inputs[best].cost) * (inputs[best].bits - lower);
+    inputs[best].bits = lower;
+  }
+  for (;;) {
+    std::size_t best = inputs.size();
+    double best_ratio = -1;
+    for (std::size_t k : b.members) {
+      const int higher = step(k, +1);
+      if (!higher || used + double(inputs[k].cost) * (higher - inputs[k].bits) > budget) continue;
+      const double ratio =
+          added_error(k, higher, inputs[k].bits) / (double(inputs[k].cost) * (higher - inputs[k].bits));
+      if (ratio > best_ratio) best = k, best_ratio = ratio;
+    }
+    if (best == inputs.size() || best_ratio <= 0) break;
+    const int higher = step(best, +1);
+    used += double(inputs[best].cost) * (higher - inputs[best].bits);
+    inputs[best].bits = higher;
+  }
+}
+
+double average_bits(const std::vector<AllocatedInput>& inputs, const Budget& b) {
+  double total = 0, bits = 0;
+  for (std::size_t k : b.members) {
+    total += double(inputs[k].cost);
+    bits += double(inputs[k].cost) * inputs[k].bits;
+  }
+  return total > 0 ? bits / total : 0;
+}
+
+}  // namespace
+
+const BitAllocation& QuantModel::allocate_bits(const DataSource& calib, const ProgressFn& progress) {
+  if (!config_.bit_allocation) throw Error(config_.source + ": allocate_bits() needs a [bit_allocation] table");
+  const BitAllocationConfig& cfg = *config_.bit_allocation;
+  if (calib.empty())
+    throw Error(config_.source + ": [bit_allocation] measures each layer's sensitivity on calibration data; give some");
+  const auto start = std::chrono::steady_clock::now();
+  auto& all = slots_->all();
+  BitAllocation out;
+  out.weight_target = cfg.avg_weight_bits;
+  out.activation_target = cfg.avg_activation_bits;
+  out.choices = cfg.choices;
+
+  // The inputs allocated: active weights, and the activations of layers whose weight is one.
+  std::set<std::size_t> weighted;
+  for (const auto& s : all)
+    if (s.role == InputRole::kWeight && s.active()) weighted.insert(s.node_index);
+  Budget weights{{}, cfg.avg_weight_bits.value_or(0)}, activations{{}, cfg.avg_activation_bits.value_or(0)};
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const QuantSlot& s = all[i];
+    if (!s.active()) continue;
+    const bool weight = s.role == InputRole::kWeight && cfg.avg_weight_bits;
+    const bool activation = s.role == InputRole::kActivation && cfg.avg_activation_bits && weighted.count(s.node_index);
+    if (!weight && !activation) continue;
+    (weight ? weights : activations).members.push_back(out.inputs.size());
+    out.inputs.push_back({i, s.node_name, s.tensor, s.role, 0, {}, s.spec.bits});
+  }
+  if (out.inputs.empty())
+    throw Error(config_.source +
+                ": [bit_allocation] finds no quantized weight, nor an activation of a layer with one, " +
+                "to choose widths for");
+  if (cfg.avg_activation_bits && activations.members.empty())
+    sdk::log_warn(config_.source + ": [bit_allocation] avg_activation_bits: no layer with a quantized weight has a " +
+                  "quantized activation; only weights are allocated");
+
+  // The samples, in calibration batches, and the float outputs and tensor shapes on them.
+  const auto& gin = model_->graph.inputs;
+  const at::Device device(config_.calibration.device);
+  auto window = [&] { return std::make_unique<SampleWindow>(calib.open(gin), gin, 0, cfg.samples); };
+  std::vector<std::vector<at::Tensor>> batches;
+  {
+    auto data = window();
+    Batcher batcher(*data, gin, config_.calibration.batch_size, cfg.samples);
+    while (auto b = batcher.next()) {
+      for (auto& x : b->inputs) x = x.to(device);
+      out.samples += b->inputs.empty() || b->inputs[0].dim() == 0 ? 1 : b->inputs[0].size(0);
+      batches.push_back(std::move(b->inputs));
+    }
+  }
+  if (batches.empty()) throw Error("[bit_allocation]: the calibration data " + calib.name() + " yielded no samples");
+  std::vector<std::vector<at::Tensor>> reference;
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  {
+    at::NoGradGuard no_grad;
+    set_quant(false, false);
+    const ValueFn shape_of = [&](const std::string& name, const at::Tensor& v) {
+      shapes.emplace(name, v.sizes().vec());
+    };
+    for (std::size_t b = 0; b < batches.size(); ++b) reference.push_back(forward(batches[b], b ? ValueFn{} : shape_of));
+    for (std::size_t o = 0; o < reference[0].size() && o < model_->graph.outputs.size(); ++o)
+      shapes.emplace(model_->graph.outputs[o].name, reference[0][o].sizes().vec());
+  }
+  auto numel = [&](const std::string& name) -> std::int64_t {
+    auto it = shapes.find(name);
+    if (it == shapes.end()) return 1;
+    return std::accumulate(it->second.begin(), it->second.end(), std::int64_t{1}, std::multiplies<>());
+  };
+  for (auto& in : out.inputs) {
+    const QuantSlot& s = all[in.slot];
+    in.cost = numel(s.tensor);
+    if (s.role != InputRole::kActivation) continue;
+    const Node& node = executor_->flat_node(s.node_index);
+    const auto* layer = ops_.trait<WeightedLayer>(node.op_type, node.domain);
+    const auto w = std::find_if(all.begin(), all.end(), [&](const QuantSlot& o) {
+      return o.node_index == s.node_index && o.role == InputRole::kWeight;
+    });
+    if (w == all.end()) continue;
+    in.cost = numel(w->tensor);  // without the shapes a layer's MACs need, its parameters stand in
+    const auto y = node.outputs.empty() ? shapes.end() : shapes.find(node.outputs[0]);
+    if (layer && shapes.count(s.tensor) && shapes.count(w->tensor))
+      if (const std::int64_t macs =
+              layer->macs(node, shapes[s.tensor], shapes[w->tensor], y == shapes.end() ? nullptr : &y->second))
+        in.cost = macs;
+  }
+
+  // Each width: everything calibrated at it, then each input alone against the float outputs.
+  std::vector<bool> enabled(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) enabled[i] = all[i].enabled;
+  const std::int64_t total_runs = std::int64_t(cfg.choices.size() * out.inputs.size());
+  std::int64_t runs = 0;
+  for (int bits : cfg.choices) {
+    for (const auto& in : out.inputs) {
+      try {
+        slots_->set_slot_bits(all[in.slot], bits);
+      } catch (const Error& e) {
+        throw Error(config_.source + ": [bit_allocation] choices: " + e.what());
+      }
+    }
+    for (std::size_t i = 0; i < all.size(); ++i) all[i].enabled = enabled[i];
+    {
+      auto data = window();
+      calibrate(*data);
+    }
+    at::NoGradGuard no_grad;
+    set_quant(true, true);
+    for (auto& in : out.inputs) {
+      for (std::size_t i = 0; i < all.size(); ++i) all[i].enabled = i == in.slot;
+      double sse = 0, ff = 0;
+      for (std::size_t b = 0; b < batches.size(); ++b) {
+        const auto q = forward(batches[b]);
+        for (std::size_t o = 0; o < q.size(); ++o) {
+          if (!at::isFloatingType(q[o].scalar_type())) continue;  // indices carry no error to measure
+          sse += (q[o].to(at::kDouble) - reference[b][o].to(at::kDouble)).pow(2).sum().item<double>();
+          ff += reference[b][o].to(at::kDouble).pow(2).sum().item<double>();
+        }
+      }
+      in.error[bits] = ff > 0 ? sse / ff : sse;
+      if (progress) progress(++runs, total_runs);
+    }
+    set_quant(false, false);
+  }
+  for (std::size_t i = 0; i < all.size(); ++i) all[i].enabled = enabled[i];
+
+  if (!weights.members.empty()) choose(out.inputs, weights, cfg.choices);
+  if (!activations.members.empty()) choose(out.inputs, activations, cfg.choices);
+  for (const auto& in : out.inputs) slots_->set_slot_bits(all[in.slot], in.bits);
+  out.weight_average = average_bits(out.inputs, weights);
+  out.activation_average = average_bits(out.inputs, activations);
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bit_allocation_ = std::move(out);
+  return *bit_allocation_;
+}
+
+}  // namespace sparsebit
