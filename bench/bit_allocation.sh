@@ -93,3 +93,16 @@ for model in fashion_mnist_cnn fashion_mnist_mobilenet; do
   row "$onnx" w6a6 "uniform W6A6"
   row "$onnx" alloc_w6a6 "allocated, both 6 from {4, 8}"
 done
+
+# REAL=1: PP-OCRv4's recognizer (tests/real_models, 100 rendered test lines scored in ONNX
+# Runtime against the float model): uniform 4 to 8-bit weights against 6 on average.
+[[ "${REAL:-0}" == 1 ]] || exit 0
+measure="$root/tests/real_models/measure.sh"
+"$measure" prepare "$work/real" small > /dev/null
+for spec in "u8 8 - -" "u6 6 - -" "u5 5 - -" "u4 4 - -" "a6 8 6 4,8" "a6_fine 8 6 4,5,6,7,8"; do
+  set -- $spec
+  config "rec_$1" "$2" 8 "$([[ $3 == - ]] || alloc "$3" - "${4//,/, }")"
+  sed -i 's/^observer = "mse"/observer = "auto"/; s/^batch_size = 32/batch_size = 16/; s/^samples = 64/samples = 16/' \
+    "$work/rec_$1.toml"
+  "$measure" "$bin" "$work/real" rec "$work/rec_$1.toml" "$1"
+done

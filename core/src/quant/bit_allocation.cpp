@@ -11,6 +11,7 @@
 #include <numeric>
 #include <set>
 
+#include "quant/target_search.h"  // SlotObjects: a slot's quantizer kept while another is in place
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
@@ -18,6 +19,9 @@
 
 namespace sparsebit {
 namespace {
+
+/// Measurements and choices: around the budget's width, then around what that chose.
+constexpr int kRounds = 2;
 
 /// The inputs one budget covers, their costs and errors, and the widths chosen for them.
 struct Budget {
@@ -39,7 +43,7 @@ void choose(std::vector<AllocatedInput>& inputs, const Budget& b, const std::vec
     if (dir < 0) return it == choices.begin() ? 0 : *(it - 1);
     return it + 1 == choices.end() ? 0 : *(it + 1);
   };
-  auto added_error = [&](std::size_t k, int from, int to) {
+  auto added_error = [&](std::size_t k, int from, int to) {  // measured noise may run backwards
     return std::max(0.0, inputs[k].error.at(to) - inputs[k].error.at(from));
   };
   while (used > budget) {
@@ -168,11 +172,8 @@ const BitAllocation& QuantModel::allocate_bits(const DataSource& calib, const Pr
         in.cost = macs;
   }
 
-  // Each width: everything calibrated at it, then each input alone against the float outputs.
-  std::vector<bool> enabled(all.size());
-  for (std::size_t i = 0; i < all.size(); ++i) enabled[i] = all[i].enabled;
-  const std::int64_t total_runs = std::int64_t(cfg.choices.size() * out.inputs.size());
-  std::int64_t runs = 0;
+  // Each width: everything calibrated at it, and each input's quantizer kept for that width.
+  std::map<int, std::vector<target_detail::SlotObjects>> at_width;
   for (int bits : cfg.choices) {
     for (const auto& in : out.inputs) {
       try {
@@ -181,33 +182,88 @@ const BitAllocation& QuantModel::allocate_bits(const DataSource& calib, const Pr
         throw Error(config_.source + ": [bit_allocation] choices: " + e.what());
       }
     }
-    for (std::size_t i = 0; i < all.size(); ++i) all[i].enabled = enabled[i];
-    {
-      auto data = window();
-      calibrate(*data);
-    }
-    at::NoGradGuard no_grad;
-    set_quant(true, true);
-    for (auto& in : out.inputs) {
-      for (std::size_t i = 0; i < all.size(); ++i) all[i].enabled = i == in.slot;
-      double sse = 0, ff = 0;
-      for (std::size_t b = 0; b < batches.size(); ++b) {
-        const auto q = forward(batches[b]);
-        for (std::size_t o = 0; o < q.size(); ++o) {
-          if (!at::isFloatingType(q[o].scalar_type())) continue;  // indices carry no error to measure
-          sse += (q[o].to(at::kDouble) - reference[b][o].to(at::kDouble)).pow(2).sum().item<double>();
-          ff += reference[b][o].to(at::kDouble).pow(2).sum().item<double>();
-        }
-      }
-      in.error[bits] = ff > 0 ? sse / ff : sse;
-      if (progress) progress(++runs, total_runs);
-    }
-    set_quant(false, false);
+    auto data = window();
+    calibrate(*data);
+    for (const auto& in : out.inputs) at_width[bits].push_back(target_detail::take(all[in.slot]));
   }
+  // The first operating point: every allocated input at the narrowest width that meets its
+  // budget; the other quantizers as configured (biases off: their scales follow inputs that
+  // change). The second: the widths the first one chose.
+  std::vector<int> operating(out.inputs.size());
+  for (std::size_t k = 0; k < out.inputs.size(); ++k) {
+    const double target = out.inputs[k].role == InputRole::kWeight ? weights.target : activations.target;
+    operating[k] = *std::lower_bound(cfg.choices.begin(), cfg.choices.end(), target - 1e-9);
+    target_detail::swap_objects(all[out.inputs[k].slot], at_width[operating[k]][k]);
+  }
+  std::vector<bool> enabled(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    enabled[i] = all[i].enabled;
+    if (all[i].role == InputRole::kBias) all[i].enabled = false;
+  }
+  auto model_error = [&] {
+    double sse = 0, ff = 0;
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+      const auto q = forward(batches[b]);
+      for (std::size_t o = 0; o < q.size(); ++o) {
+        if (!at::isFloatingType(q[o].scalar_type())) continue;  // indices carry no error to measure
+        sse += (q[o].to(at::kDouble) - reference[b][o].to(at::kDouble)).pow(2).sum().item<double>();
+        ff += reference[b][o].to(at::kDouble).pow(2).sum().item<double>();
+      }
+    }
+    return ff > 0 ? sse / ff : sse;
+  };
+  const std::int64_t total_runs = std::int64_t(kRounds * (cfg.choices.size() - 1) * out.inputs.size());
+  std::int64_t runs = 0;
+  auto move_to = [&](const std::vector<int>& widths) {  // the slots to `widths` from `operating`
+    for (std::size_t k = 0; k < out.inputs.size(); ++k) {
+      target_detail::swap_objects(all[out.inputs[k].slot], at_width[operating[k]][k]);
+      operating[k] = widths[k];
+      target_detail::swap_objects(all[out.inputs[k].slot], at_width[operating[k]][k]);
+    }
+  };
+  // Each round's choice is kept with the model's error measured under it; the lower one wins
+  // (the errors of separate inputs need not add up far from where they were measured).
+  std::vector<int> best;
+  std::vector<std::map<int, double>> best_errors;
+  double best_error = std::numeric_limits<double>::infinity();
+  at::NoGradGuard no_grad;
+  for (int round = 0; round <= kRounds; ++round) {
+    set_quant(true, true);
+    const double error = model_error();
+    if (round > 0 && error < best_error) {
+      best = operating, best_error = error;
+      best_errors.clear();
+      for (const auto& in : out.inputs) best_errors.push_back(in.error);
+    }
+    if (round == kRounds) break;
+    // Each input at each other width, the rest at the operating point: the error it adds there.
+    for (std::size_t k = 0; k < out.inputs.size(); ++k) {
+      AllocatedInput& in = out.inputs[k];
+      in.error.clear();
+      in.error[operating[k]] = 0;
+      for (int bits : cfg.choices) {
+        if (bits == operating[k]) continue;
+        target_detail::swap_objects(all[in.slot], at_width[operating[k]][k]);  // the operating width back to its place
+        target_detail::swap_objects(all[in.slot], at_width[bits][k]);
+        in.error[bits] = model_error() - error;
+        target_detail::swap_objects(all[in.slot], at_width[bits][k]);
+        target_detail::swap_objects(all[in.slot], at_width[operating[k]][k]);
+        if (progress) progress(++runs, total_runs);
+      }
+    }
+    if (!weights.members.empty()) choose(out.inputs, weights, cfg.choices);
+    if (!activations.members.empty()) choose(out.inputs, activations, cfg.choices);
+    std::vector<int> chosen;
+    for (const auto& in : out.inputs) chosen.push_back(in.bits);
+    move_to(chosen);
+  }
+  set_quant(false, false);
+  for (std::size_t k = 0; k < out.inputs.size(); ++k) {
+    out.inputs[k].bits = best[k];
+    out.inputs[k].error = best_errors[k];
+  }
+  out.model_error = best_error;
   for (std::size_t i = 0; i < all.size(); ++i) all[i].enabled = enabled[i];
-
-  if (!weights.members.empty()) choose(out.inputs, weights, cfg.choices);
-  if (!activations.members.empty()) choose(out.inputs, activations, cfg.choices);
   for (const auto& in : out.inputs) slots_->set_slot_bits(all[in.slot], in.bits);
   out.weight_average = average_bits(out.inputs, weights);
   out.activation_average = average_bits(out.inputs, activations);

@@ -13,7 +13,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
-#include <fnmatch.h>
 
 #include <chrono>
 #include <optional>

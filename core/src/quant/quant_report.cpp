@@ -107,6 +107,7 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
                            {"avg_activation_bits", b.activation_average},
                            {"choices", b.choices},
                            {"samples", b.samples},
+                           {"model_error", b.model_error},
                            {"seconds", b.seconds},
                            {"inputs", inputs}};
   }

@@ -1,7 +1,6 @@
 #include "sparsebit/core/quant_slots.h"
 
 #include <ATen/ATen.h>
-#include <fnmatch.h>
 
 #include <map>
 
@@ -309,8 +308,7 @@ bool QuantSlots::usable(const QuantSlot& s) const {
 std::vector<QuantSlot*> QuantSlots::matching(const std::string& node_glob, std::optional<InputRole> role) {
   std::vector<QuantSlot*> out;
   for (auto& s : slots_)
-    if (s.role != InputRole::kBias && (!role || *role == s.role) &&
-        fnmatch(node_glob.c_str(), s.node_name.c_str(), 0) == 0)
+    if (s.role != InputRole::kBias && (!role || *role == s.role) && node_matches_any(s.node_name, {node_glob}))
       out.push_back(&s);
   return out;
 }
