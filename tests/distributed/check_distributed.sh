@@ -86,8 +86,11 @@ for a, b in zip(one, two):
 EOF
 echo "ok: gptq over 2 processes, layer errors within 2% of one process's"
 
-# QAT: 8-bit STE, lr small enough that no weight sits on a rounding edge the summation order
-# could tip; the epoch losses agree, rank 0 alone writes the model, report and checkpoint.
+# QAT: 8-bit STE; the epoch losses agree, rank 0 alone writes the model, report and checkpoint.
+# The gradients of two half batches are added in another order than one batch's, so a weight
+# near a rounding edge can tip in one run and not in the other: on one 2-core VM that moved the
+# second epoch's loss by 2.3e-3 (the first by 1.8e-8). The bound, 1e-2, still catches a gradient
+# 10% off (a learning rate 10% higher moves the second epoch's loss by 5%).
 cat >qat.toml <<'EOF'
 backend = "virtual"
 [w]
@@ -114,7 +117,7 @@ for a, b in zip(one, two):
     rel = abs(a["loss"] - b["loss"]) / a["loss"]
     print(f"  qat epoch {a['epoch']}: loss {a['loss']:.7g} (1 process), {b['loss']:.7g} (2), {rel:.1e} apart")
     assert a["samples"] == b["samples"] == 512
-    assert rel < 1e-3, (a, b)
+    assert rel < 1e-2, (a, b)
 EOF
 # Resumed by both workers from rank 0's checkpoint: one more epoch.
 run qat "$model" -c qat.toml --calib "$data" --train "$data" -o q2.onnx --report q3.json --nproc 2 --epochs 3 \
