@@ -255,7 +255,21 @@ bool is_yaml_config(const std::string& path) {
   return ext == ".yaml" || ext == ".yml";
 }
 
+namespace {
+std::string convert(const std::string& text, const std::string& source_name);
+}  // namespace
+
 std::string yaml_config_to_toml(const std::string& text, const std::string& source_name) {
+  try {
+    return convert(text, source_name);
+  } catch (const YAML::Exception& e) {  // a node of another kind than asked (a mapping as a key)
+    throw Error(source_name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) + ": " +
+                e.msg + "; the original's configs hold mappings of upper-case names to values and lists");
+  }
+}
+
+namespace {
+std::string convert(const std::string& text, const std::string& source_name) {
   YAML::Node loaded;
   try {
     loaded = YAML::Load(text);
@@ -336,5 +350,6 @@ std::string yaml_config_to_toml(const std::string& text, const std::string& sour
   os << "\n" << out << "\n";
   return os.str();
 }
+}  // namespace
 
 }  // namespace sparsebit
