@@ -25,11 +25,13 @@
 namespace sparsebit {
 
 std::int64_t QSpec::qmin() const {
+  if (is_float8()) return -static_cast<std::int64_t>(float8_max(element));
   if (!symmetric) return 0;
   return -(std::int64_t{1} << (bits - 1)) + (narrow_range ? 1 : 0);
 }
 
 std::int64_t QSpec::qmax() const {
+  if (is_float8()) return static_cast<std::int64_t>(float8_max(element));
   if (!symmetric) return (std::int64_t{1} << bits) - 1;
   return (std::int64_t{1} << (bits - 1)) - 1;
 }
@@ -42,7 +44,7 @@ std::string QSpec::qscheme() const {
 }
 
 std::string QSpec::describe() const {
-  std::string s = (symmetric ? "int" : "uint") + std::to_string(bits) + " ";
+  std::string s = is_float8() ? element_name(element) + " " : (symmetric ? "int" : "uint") + std::to_string(bits) + " ";
   s += group_size > 0 ? "per-group(" + std::to_string(group_size) + " along axis " + std::to_string(group_axis) + ")"
        : per_channel  ? "per-channel(axis " + std::to_string(channel_axis) + ")"
                       : std::string("per-tensor");
@@ -51,6 +53,86 @@ std::string QSpec::describe() const {
   if (reduce_range) s += " reduce-range";
   return s;
 }
+
+double float8_max(QElement element) {
+  switch (element) {
+    case QElement::kFloat8E4M3FN: return 448.0;
+    case QElement::kFloat8E5M2: return 57344.0;
+    case QElement::kInt: break;
+  }
+  throw Error("float8_max: element " + std::to_string(static_cast<int>(element)) + " is not a float8 type");
+}
+
+std::string element_name(QElement element) {
+  switch (element) {
+    case QElement::kInt: return "int";
+    case QElement::kFloat8E4M3FN: return "fp8_e4m3";
+    case QElement::kFloat8E5M2: return "fp8_e5m2";
+  }
+  return "element " + std::to_string(static_cast<int>(element));
+}
+
+namespace {
+struct Float8Format {
+  int mantissa_bits, bias;
+};
+Float8Format float8_format(QElement e) {
+  if (e == QElement::kFloat8E4M3FN) return {3, 7};
+  if (e == QElement::kFloat8E5M2) return {2, 15};
+  throw Error("float8: element " + std::to_string(static_cast<int>(e)) + " is not a float8 type");
+}
+}  // namespace
+
+at::Tensor round_to_float8(const at::Tensor& v_in, QElement element) {
+  const Float8Format f = float8_format(element);
+  const double largest = float8_max(element);
+  // Saturate first (clamp keeps NaN), then round on the grid of the value's binade: its spacing
+  // is 2^(e - mantissa_bits) for |v| in [2^e, 2^(e+1)), and the subnormals' below the smallest
+  // normal exponent 1 - bias. v / step and k * step are exact (powers of two), at::round rounds
+  // half to even, so an even k is an even mantissa: round to nearest even on the format.
+  const at::Tensor v = at::clamp(v_in.to(at::kFloat), -largest, largest);
+  const at::Tensor exponent = std::get<1>(at::frexp(v)) - 1;  // floor(log2 |v|); 0 gives -1
+  const at::Tensor step_exponent = at::clamp(exponent, 1 - f.bias, 16) - f.mantissa_bits;
+  // 2^step_exponent built from its bit pattern, exact on every device.
+  const at::Tensor step = ((step_exponent + 127) * (1 << 23)).to(at::kInt).view(at::kFloat);
+  return at::round(v / step) * step;
+}
+
+at::Tensor decode_float8(const at::Tensor& codes_in, QElement element) {
+  const Float8Format f = float8_format(element);
+  const at::Tensor codes = codes_in.to(at::kInt);
+  const at::Tensor sign = at::where(at::bitwise_and(codes, 0x80).ne(0), -1.0, 1.0);
+  const at::Tensor field = at::bitwise_and(codes, 0x7F);
+  const std::int64_t m_count = std::int64_t{1} << f.mantissa_bits;
+  const at::Tensor e = at::floor_divide(field, m_count), m = at::remainder(field, m_count).to(at::kDouble);
+  const at::Tensor normal = (1.0 + m / double(m_count)) * at::pow(2.0, (e - f.bias).to(at::kDouble));
+  const at::Tensor subnormal = m / double(m_count) * std::pow(2.0, 1 - f.bias);
+  at::Tensor value = at::where(e.eq(0), subnormal, normal) * sign;
+  const std::int64_t all_ones = (std::int64_t{1} << (7 - f.mantissa_bits)) - 1;  // top exponent
+  at::Tensor nan = element == QElement::kFloat8E4M3FN ? field.eq(0x7F) : at::logical_and(e.eq(all_ones), m.ne(0));
+  value = at::where(nan, std::numeric_limits<double>::quiet_NaN(), value);
+  if (element == QElement::kFloat8E5M2)
+    value = at::where(at::logical_and(e.eq(all_ones), m.eq(0)), sign * std::numeric_limits<double>::infinity(), value);
+  return value.to(at::kFloat);
+}
+
+namespace {
+/// The float8 codes of exactly representable values r (round_to_float8's output).
+at::Tensor encode_float8(const at::Tensor& r_in, QElement element) {
+  const Float8Format f = float8_format(element);
+  const at::Tensor r = r_in.to(at::kFloat);
+  const at::Tensor a = r.abs();
+  const double m_count = double(1 << f.mantissa_bits);
+  const at::Tensor e = at::clamp(std::get<1>(at::frexp(a)) - 1, 1 - f.bias, 16).to(at::kDouble);
+  const at::Tensor normal = a.to(at::kDouble).ge(std::pow(2.0, 1 - f.bias));
+  const at::Tensor mantissa = at::where(normal, (a / at::pow(2.0, e) - 1.0) * m_count,
+                                        a.to(at::kDouble) / std::pow(2.0, 1 - f.bias - f.mantissa_bits));
+  const at::Tensor field = at::where(normal, (e + f.bias) * m_count, at::zeros_like(e)) + mantissa;
+  at::Tensor code = at::round(field).to(at::kInt) + at::signbit(r).to(at::kInt) * 0x80;
+  code = at::where(at::isnan(r), 0x7F, code);
+  return code.to(at::kByte);
+}
+}  // namespace
 
 QParams qparams_from_range(const at::Tensor& min_in, const at::Tensor& max_in, const QSpec& spec,
                            const std::string& where) {
@@ -66,7 +148,10 @@ QParams qparams_from_range(const at::Tensor& min_in, const at::Tensor& max_in, c
   mx = at::clamp_min(mx, 0.0);
   const double range = double(spec.qmax() - spec.qmin());
   QParams p;
-  if (spec.symmetric) {
+  if (spec.is_float8()) {  // Note [Float8 elements]: amax onto the largest value, by division
+    p.scale = at::clamp_min(at::maximum(mn.abs(), mx) / float8_max(spec.element), kMinScale);
+    p.zero_point = at::zeros_like(p.scale, p.scale.options().dtype(at::kInt));
+  } else if (spec.symmetric) {
     at::Tensor amax = at::maximum(mn.abs(), mx);
     p.scale = at::clamp_min(amax * (2.0 / range), kMinScale);
     p.zero_point = at::zeros_like(p.scale, p.scale.options().dtype(at::kInt));
@@ -198,6 +283,10 @@ QuantKernels* quant_kernels(c10::DeviceType device) {
   return it == t.kernels.end() ? nullptr : it->second.get();
 }
 
+MatMulNBitsKernels* matmul_nbits_kernels(c10::DeviceType device) {
+  return dynamic_cast<MatMulNBitsKernels*>(quant_kernels(device));
+}
+
 void use_device_kernels(bool on) { kernels_on().store(on); }
 
 void install_quant_kernels(c10::DeviceType device, std::shared_ptr<QuantKernels> kernels, const std::string& plugin) {
@@ -242,6 +331,7 @@ using torch::autograd::variable_list;
 // The kernels for x's device when x and its parameters suit them (float32 x, one parameter per
 // layout entry), else nullptr: the reference path then runs (and reports shape errors).
 QuantKernels* kernels_for(const at::Tensor& x, const at::Tensor& scale, const QSpec& spec) {
+  if (spec.is_float8()) return nullptr;  // the kernels compute on integer grids
   if (!x.defined() || x.scalar_type() != at::kFloat || x.numel() == 0) return nullptr;
   QuantKernels* k = quant_kernels(x.device().type());
   if (!k || !scale.defined()) return nullptr;
@@ -379,7 +469,8 @@ void fake_quantize_run(const float* x, std::int64_t len, float s, float zp, floa
 /// The fused CPU path where it applies (float32 x on the CPU, one parameter per tensor or per
 /// channel with runs of at least 16 values), else an undefined tensor.
 at::Tensor cpu_fake_quantize(const at::Tensor& x_in, const QParams& p, const QSpec& spec) {
-  if (!x_in.device().is_cpu() || x_in.scalar_type() != at::kFloat || x_in.numel() == 0 || spec.group_size > 0)
+  if (!x_in.device().is_cpu() || x_in.scalar_type() != at::kFloat || x_in.numel() == 0 || spec.group_size > 0 ||
+      spec.is_float8())
     return {};
   const ParamLayout l = param_layout(x_in, spec);
   if (p.scale.numel() != l.params() || p.zero_point.numel() != l.params()) return {};
@@ -407,7 +498,21 @@ at::Tensor cpu_fake_quantize(const at::Tensor& x_in, const QParams& p, const QSp
 }
 }  // namespace
 
+namespace {
+/// x / scale on x's device, scale broadcast per spec (float32).
+at::Tensor divided_by_scale(const at::Tensor& x, const QParams& p, const QSpec& spec) {
+  return x.to(at::kFloat) / broadcastable(p.scale.to(x.device(), at::kFloat), x, spec);
+}
+}  // namespace
+
+at::Tensor quantize_to_float8(const at::Tensor& x, const QParams& p, const QSpec& spec) {
+  if (!spec.is_float8()) throw Error("quantize_to_float8: the spec is " + spec.describe() + ", not a float8 one");
+  return encode_float8(round_to_float8(divided_by_scale(x.detach(), p, spec), spec.element), spec.element);
+}
+
 at::Tensor quantize_to_int(const at::Tensor& x, const QParams& p, const QSpec& spec) {
+  if (spec.is_float8())
+    throw Error("quantize_to_int: the spec is " + spec.describe() + "; its values are float8 (quantize_to_float8)");
   if (QuantKernels* k = kernels_for(x, p.scale, spec))
     return k->quantize_to_int(make_args(x, p.scale, p.zero_point, spec));
   // Same float32 arithmetic as fake_quantize, so exported integers equal the simulation's.
@@ -422,6 +527,15 @@ at::Tensor fake_quantize(const at::Tensor& x, const QParams& p, const QSpec& spe
   if (per_tensor(spec))
     if (const auto perm = contiguous_permutation(x); !perm.empty())  // Note [Dense layouts]
       return fake_quantize(x.permute(perm), p, spec).permute(inverse(perm));
+  if (spec.is_float8()) {  // Note [Float8 elements]
+    const at::Tensor s = broadcastable(p.scale.to(x.device(), at::kFloat), x, spec);
+    const at::Tensor v = x.to(at::kFloat) / s;
+    const at::Tensor fq = (round_to_float8(v.detach(), spec.element) * s).to(x.scalar_type());
+    if (!x.requires_grad() && !s.requires_grad()) return fq;
+    // Straight-through inside the saturation range, as for integers inside the clamp range.
+    const at::Tensor inside = (v.detach().abs() <= float8_max(spec.element)).to(x.scalar_type());
+    return fq + (x - x.detach()) * inside;
+  }
   const bool param_grad = p.scale.requires_grad() || p.zero_point.requires_grad();
   if (!param_grad) {
     if (QuantKernels* k = kernels_for(x, p.scale, spec)) {
@@ -444,6 +558,8 @@ at::Tensor fake_quantize(const at::Tensor& x, const QParams& p, const QSpec& spe
 
 at::Tensor lsq_fake_quantize(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point,
                              const QSpec& spec) {
+  if (spec.is_float8())
+    throw Error("lsq_fake_quantize: LSQ learns the step of an integer grid; " + spec.describe() + " has none");
   if (per_tensor(spec))
     if (const auto perm = contiguous_permutation(x); !perm.empty())  // Note [Dense layouts]
       return lsq_fake_quantize(x.permute(perm), scale, zero_point, spec).permute(inverse(perm));
@@ -460,6 +576,9 @@ at::Tensor lsq_fake_quantize(const at::Tensor& x, const at::Tensor& scale, const
 
 at::Tensor soft_round_quantize(const at::Tensor& x, const at::Tensor& v, const QParams& p, const QSpec& spec,
                                double zeta, double gamma) {
+  if (spec.is_float8())
+    throw Error("soft_round_quantize: soft rounding chooses between integer grid points; " + spec.describe() +
+                " has none");
   if (kernels_for(x, p.scale, spec) && v.sizes() == x.sizes() && v.scalar_type() == at::kFloat &&
       v.device() == x.device())
     return SoftRoundFn::apply(v, make_args(x, p.scale, p.zero_point, spec), zeta, gamma);

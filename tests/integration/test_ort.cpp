@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
 
 #include <filesystem>
 #include <fstream>
@@ -161,6 +162,101 @@ TEST(OnnxRuntime, EightBitQdqMatchesOnnxRuntimeExactly) {
 TEST(OnnxRuntime, FourBitQdqMatchesOnnxRuntimeExactly) {
   if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
   expect_qdq_matches_ort(4);
+}
+
+// Float8 Q/DQ (opset 19, FLOAT8E4M3FN / FLOAT8E5M2 zero points) against ONNX Runtime's CPU
+// kernels, bit for bit: values across and beyond the range, exact ties between neighbouring float8
+// values, per tensor and per channel. ORT runs the nodes as written ('basic'): at 'extended' its
+// QDQ fusion turns float8 Q/DQ around a Conv into a QLinearConv that has no float8 kernel and
+// refuses the model (ONNX Runtime 1.30).
+TEST(OnnxRuntime, Float8QdqMatchesOnnxRuntimeExactly) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  at::manual_seed(19);
+  for (QElement element : {QElement::kFloat8E4M3FN, QElement::kFloat8E5M2}) {
+    const double largest = float8_max(element);
+    // Ties: midpoints of neighbouring values, with a power-of-two scale that keeps them exact.
+    at::Tensor grid = decode_float8(at::arange(0, 128, at::kInt).to(at::kByte), element);
+    grid = grid.masked_select(at::isfinite(grid));
+    at::Tensor ties = (grid.slice(0, 0, -1) + grid.slice(0, 1)) / 2;
+    at::Tensor x =
+        at::cat({at::randn({64 * kChannels * 16}) * at::exp(at::randn({64 * kChannels * 16}) * 3), ties * 0.25,
+                 -ties * 0.25, at::tensor({float(largest) * 0.3f, float(largest) * 1e3f, INFINITY, -INFINITY})});
+    x = at::cat({x, at::zeros({kChannels * 16 - x.numel() % (kChannels * 16)})}).reshape({-1, kChannels, 16});
+    for (const Case& c : {Case{"per_tensor", true, false}, Case{"per_channel", true, true}}) {
+      QSpec spec;
+      spec.element = element;
+      spec.per_channel = c.per_channel;
+      spec.channel_axis = 1;
+      QParams p;
+      p.scale = c.per_channel ? at::cat({at::tensor({0.25f}), at::rand({kChannels - 1}) * 0.05 + 0.001})
+                              : at::scalar_tensor(0.25f);
+      p.zero_point = at::zeros_like(p.scale, at::kInt);
+      Graph g = qdq_model(p, c, 8);
+      g.opset_imports[""] = 19;
+      g.initializers["zp"] = at::zeros_like(p.scale, at::kByte);
+      g.narrow_types["zp"] = element == QElement::kFloat8E4M3FN ? 17 : 19;
+      const std::string path = dir / (element_name(element) + "_" + c.name + ".onnx");
+      save_onnx(g, ModelMeta{}, path);
+      at::Tensor ort = run_in_ort(path, "x", x, "y", dir, "basic");
+      ASSERT_TRUE(ort.defined());
+      at::Tensor ours = fake_quantize(x, p, spec);
+      EXPECT_TRUE(at::equal(ort, ours)) << element_name(element) << " " << c.name << ": "
+                                        << (ort != ours).sum().item<std::int64_t>() << " of " << x.numel()
+                                        << " differ, max " << (ort - ours).abs().max().item<float>();
+    }
+  }
+}
+
+// The bundled CNN in FP8 for TensorRT (configs/fp8_tensorrt.toml), its first convolution in INT8
+// through [[specific]]: the export carries float8 Q/DQ at opset 19 on the products' inputs only,
+// int8 Q/DQ on the INT8 layer, and ONNX Runtime runs it ('basic') to the simulated outputs.
+TEST(OnnxRuntime, MixedFloat8AndInt8ModelRunsInOnnxRuntime) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  Config c = Config::from_string(
+      "backend = \"tensorrt\"\n[w]\ntype = \"fp8_e4m3\"\n[a]\ntype = \"fp8_e4m3\"\nobserver = \"minmax\"\n"
+      "[[specific]]\nnodes = [\"/conv1/Conv\"]\nw = { type = \"int\" }\na = { type = \"int\" }\n",
+      "fp8.toml");
+  auto qm = calibrated_fixture(c, 256);
+  const std::string path = dir / "fp8.onnx";
+  qm->export_onnx(path);
+  onnx::ModelProto proto;
+  {
+    std::ifstream in(path, std::ios::binary);
+    ASSERT_TRUE(proto.ParseFromIstream(&in));
+  }
+  EXPECT_EQ(proto.opset_import(0).version(), 19);
+  std::map<std::string, int> zp_type;  // zero-point initializer -> ONNX element type
+  for (const auto& t : proto.graph().initializer()) zp_type[t.name()] = t.data_type();
+  int float8_dq = 0, int8_dq = 0;
+  for (const auto& n : proto.graph().node()) {
+    if (n.op_type() != "DequantizeLinear") continue;
+    const int t = zp_type.at(n.input(2));
+    float8_dq += t == 17;  // FLOAT8E4M3FN (ONNX 1.14; the installed headers may predate it)
+    int8_dq += t == onnx::TensorProto::INT8;
+  }
+  EXPECT_EQ(int8_dq, 2) << "conv1's weight and input";
+  EXPECT_GT(float8_dq, 4);
+  // Only Conv/Gemm/MatMul read float8: every DequantizeLinear feeds one.
+  std::map<std::string, std::string> consumer;
+  for (const auto& n : proto.graph().node())
+    for (const auto& i : n.input()) consumer[i] = n.op_type();
+  for (const auto& n : proto.graph().node())
+    if (n.op_type() == "DequantizeLinear") {
+      const std::string op = consumer[n.output(0)];
+      EXPECT_TRUE(op == "Conv" || op == "Gemm" || op == "MatMul") << n.name() << " feeds " << op;
+    }
+  at::Tensor x = test_images(64);
+  qm->set_quant(true, true);
+  at::Tensor simulated = qm->forward({x})[0].detach();
+  at::Tensor ort = run_in_ort(path, "image", x, "logits", dir, "basic");
+  ASSERT_TRUE(ort.defined());
+  // ORT's float convolutions round differently from LibTorch's; where a value sits at a float8
+  // rounding edge the two land one float8 step (1/16 relative) apart, and that travels.
+  const double rel = ((ort - simulated).abs().max() / simulated.abs().max()).item<double>();
+  EXPECT_LT(rel, 0.05);
+  EXPECT_GE(ort.argmax(1).eq(simulated.argmax(1)).to(at::kFloat).mean().item<double>(), 0.95);
 }
 
 // An opset-9 model (old BatchNormalization, Clip attributes, 2-D Softmax) is lifted to opset 13,

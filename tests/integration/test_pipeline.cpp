@@ -85,6 +85,29 @@ TEST(Pipeline, TensorRTQuantizesTheSkipBranchOfResidualAdds) {
   EXPECT_EQ(ort_add, 2);
 }
 
+// Float8 goes only where it is computed correctly and deployed (Note [Float8 elements]): backends
+// without DeploysFloat8, observers and quantizers without HandlesFloat8Elements are refused by name.
+TEST(Pipeline, Float8TablesAreRefusedByPluginsThatDoNotHandleThem) {
+  auto error_of = [](const std::string& toml) -> std::string {
+    try {
+      QuantModel qm(load_onnx(testing::fixture_model()), Config::from_string(toml, "fp8.toml"),
+                    testing::shipped_registry());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_of("backend = \"tensorrt\"\n[w]\ntype = \"fp8_e4m3\"\n[a]\ntype = \"fp8_e4m3\"\n"), "");
+  EXPECT_NE(error_of("backend = \"onnxruntime\"\n[w]\ntype = \"fp8_e4m3\"\n").find("deploys no float8"),
+            std::string::npos);
+  EXPECT_NE(error_of("[w]\ntype = \"fp8_e4m3\"\nquantizer = \"lsq\"\n").find("quantizer 'lsq'"), std::string::npos);
+  EXPECT_NE(error_of("[a]\ntype = \"fp8_e5m2\"\nobserver = \"kl_histogram\"\n").find("observer 'kl_histogram'"),
+            std::string::npos);
+  EXPECT_NE(error_of("backend = \"tensorrt\"\n[a]\ntype = \"fp8_e4m3\"\nqscheme = \"per-channel-symmetric\"\n")
+                .find("FP8 activations take one scale"),
+            std::string::npos);
+}
+
 TEST(Pipeline, OnnxRuntimeBackendQuantizesBiasesAtActivationTimesWeightScale) {
   QuantModel qm = calibrated(config_for("w8a8_onnxruntime.toml"));
   int biases = 0;

@@ -32,6 +32,33 @@ TEST(Config, ShippedConfigsParse) {
   EXPECT_FALSE(ort.a.spec(false, 1).symmetric);
 }
 
+TEST(Config, Float8TypesAreEightBitSymmetricPerTensorOrPerChannel) {
+  Config c = Config::from_file(testing::source_path("configs/fp8_tensorrt.toml"));
+  QSpec w = c.w.spec(true, 0), a = c.a.spec(false, 1);
+  EXPECT_EQ(w.element, QElement::kFloat8E4M3FN);
+  EXPECT_TRUE(w.per_channel && w.symmetric);
+  EXPECT_EQ(a.element, QElement::kFloat8E4M3FN);
+  EXPECT_EQ(a.qmax(), 448);
+  Config e5 = Config::from_string(
+      "[w]\ntype = \"fp8_e5m2\"\n[[specific]]\nnodes = [\"x\"]\nw = { type = \"int\", bits = 4 }\n", "t.toml");
+  EXPECT_EQ(e5.w.spec(true, 0).element, QElement::kFloat8E5M2);
+  EXPECT_EQ(e5.specific[0].w.spec(true, 0).element, QElement::kInt);
+  EXPECT_EQ(e5.specific[0].w.bits, 4);
+  EXPECT_EQ(Config().w.type, "int");
+
+  EXPECT_NE(error_of("[w]\ntype = \"fp8_e4m4\"\n").find("did you mean 'fp8_e4m3'"), std::string::npos);
+  EXPECT_NE(error_of("[w]\ntype = \"fp8_e4m3\"\nqscheme = \"per-channel-affine\"\n").find("per-channel-symmetric"),
+            std::string::npos);
+  EXPECT_NE(error_of("[w]\ntype = \"fp8_e4m3\"\nqscheme = \"per-group-symmetric\"\ngroup_size = 32\n")
+                .find("per-tensor or per-channel"),
+            std::string::npos);
+  EXPECT_NE(error_of("[w]\ntype = \"fp8_e4m3\"\nbits = 4\n").find("remove bits = 4"), std::string::npos);
+  // Inherited: a [[specific]] entry that narrows an FP8 table must say type = "int".
+  EXPECT_NE(error_of("[w]\ntype = \"fp8_e4m3\"\n[[specific]]\nnodes = [\"x\"]\nw = { bits = 4 }\n")
+                .find("set type = \"int\" here"),
+            std::string::npos);
+}
+
 TEST(Config, PassesAreAddedOrderedAndConfigured) {
   Config c = Config::from_string(R"(
 [passes]

@@ -54,6 +54,8 @@ QSpec QuantTableConfig::spec(bool is_weight, std::int64_t channel_axis) const {
   }
   s.narrow_range = narrow_range;
   s.is_weight = is_weight;
+  if (type == "fp8_e4m3") s.element = QElement::kFloat8E4M3FN;
+  else if (type == "fp8_e5m2") s.element = QElement::kFloat8E5M2;
   if (reduce_range && is_weight && bits == 8) {
     s.bits = 7;
     s.reduce_range = true;

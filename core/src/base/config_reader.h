@@ -103,8 +103,8 @@ struct Reader {
   void quant_table(const toml::table& t, const std::string& name, QuantTableConfig& out) const {
     const std::string inherited_observer = out.observer, inherited_quantizer = out.quantizer;
     check_keys(t, name,
-               {"qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "reduce_range", "embeddings",
-                "disable", "observer_options", "quantizer_options"});
+               {"type", "qscheme", "bits", "group_size", "observer", "quantizer", "narrow_range", "reduce_range",
+                "embeddings", "disable", "observer_options", "quantizer_options"});
     out.qscheme = get<std::string>(t, name, "qscheme", out.qscheme, "a string");
     static const std::vector<std::string> schemes = {"per-tensor-symmetric",  "per-tensor-affine",
                                                      "per-channel-symmetric", "per-channel-affine",
@@ -139,6 +139,29 @@ struct Reader {
     if (t.contains("reduce_range") && out.reduce_range && out.bits != 8)  // inherited, it applies at 8 bits only
       throw Error(key_path(name, "reduce_range") +
                   " puts 8-bit weights on a 7-bit grid; it needs bits = 8 (bits = " + std::to_string(out.bits) + ")");
+    out.type = get<std::string>(t, name, "type", out.type, "a string");
+    static const std::vector<std::string> types = {"int", "fp8_e4m3", "fp8_e5m2"};
+    if (std::find(types.begin(), types.end(), out.type) == types.end()) {
+      std::string hint = nearest(out.type, types);
+      throw Error(key_path(name, "type") + ": unknown type '" + printable(out.type) + "'" +
+                  (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (int, fp8_e4m3 or fp8_e5m2)");
+    }
+    if (out.type != "int") {  // Note [Float8 elements]: 8-bit floats, symmetric, no integer options
+      const std::string why = key_path(name, "type") + " = \"" + out.type + "\" ";
+      if (grouped) throw Error(why + "takes per-tensor or per-channel scales, not qscheme = \"" + out.qscheme + "\"");
+      if (out.qscheme.find("affine") != std::string::npos)
+        throw Error(why + "is symmetric (zero point 0): use qscheme = \"" +
+                    out.qscheme.substr(0, out.qscheme.rfind('-')) + "-symmetric\"");
+      if (t.contains("bits") && out.bits != 8)
+        throw Error(why + "is 8 bits wide; " +
+                    (t.contains("type") ? "remove bits = " + std::to_string(out.bits)
+                                        : "the type is inherited: set type = \"int\" here for a " +
+                                              std::to_string(out.bits) + "-bit integer grid"));
+      if (out.narrow_range || out.reduce_range)
+        throw Error(why + "has no integer range to narrow or reduce; remove " +
+                    (out.narrow_range ? "narrow_range" : "reduce_range"));
+      out.bits = 8;
+    }
     out.embeddings = get<bool>(t, name, "embeddings", out.embeddings, "true or false");
     if (t.contains("embeddings") && name.back() == 'a')
       throw Error(key_path(name, "embeddings") + ": embedding tables are weights; set it in [w]");

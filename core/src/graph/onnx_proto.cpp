@@ -41,6 +41,8 @@ std::string onnx_type_name(std::int32_t t) {
     case onnx::TensorProto::BFLOAT16: return "bfloat16";
     case kUint4: return "uint4";
     case kInt4: return "int4";
+    case 17: return "float8e4m3fn";
+    case 19: return "float8e5m2";
     default: return "type#" + std::to_string(t);
   }
 }
@@ -313,7 +315,9 @@ void tensor_to_proto(const at::Tensor& t_in, const std::string& name, onnx::Tens
     p->set_raw_data(bytes);
     return;
   }
-  p->set_data_type(onnx_type_of(t.scalar_type()));
+  // Float8 codes (FLOAT8E4M3FN, FLOAT8E5M2) are held as uint8 bit patterns: stored as they are.
+  const bool float8 = (narrow_type == 17 || narrow_type == 19) && t.scalar_type() == at::kByte;
+  p->set_data_type(float8 ? narrow_type : onnx_type_of(t.scalar_type()));
   p->set_raw_data(std::string(static_cast<const char*>(t.data_ptr()), t.nbytes()));
 }
 

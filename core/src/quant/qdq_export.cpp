@@ -164,7 +164,13 @@ void lift_for_export(Graph& g, const QdqExportInput& in) {
   std::string why = "the backend";
   for (const auto& s : in.slots.all()) {
     if (!in.slots.usable(s) || opset >= 21) continue;
-    if (s.role == InputRole::kWeight && (s.spec.bits == 4 || s.spec.group_size > 0)) why = "4-bit or per-group Q/DQ";
+    if (s.spec.is_float8() && opset < 19) {  // float8 Q/DQ came with opset 19
+      why = "float8 Q/DQ";
+      opset = 19;
+      continue;
+    }
+    if (s.role == InputRole::kWeight && !s.spec.is_float8() && (s.spec.bits == 4 || s.spec.group_size > 0))
+      why = "4-bit or per-group Q/DQ";
     else if (s.role == InputRole::kActivation && s.spec.bits == 16) why = "16-bit Q/DQ";
     else continue;
     opset = 21;  // Note [4-bit export]
@@ -189,9 +195,15 @@ void drop_unread_float_weights(Graph& g) {
   g.prune_dead();
 }
 
+/// ONNX's FLOAT8E4M3FN (17) or FLOAT8E5M2 (19) for a float8 spec, else 0.
+std::int32_t float8_onnx_type(const QSpec& spec) {
+  return spec.element == QElement::kFloat8E4M3FN ? 17 : spec.element == QElement::kFloat8E5M2 ? 19 : 0;
+}
+
 /// The integers' element type of slot `s` in the exported model. uint16 has no LibTorch dtype:
 /// held as int32 and typed UINT16 (4) on export.
 at::ScalarType integer_type(const QuantSlot& s) {
+  if (s.spec.is_float8()) return at::kByte;  // the codes, typed FLOAT8* on export (float8_onnx_type)
   const bool is_bias = s.role == InputRole::kBias;
   const bool wide = !is_bias && s.spec.bits == 16;
   return is_bias || (wide && !s.spec.symmetric) ? at::kInt
@@ -277,9 +289,10 @@ class SlotExport {
     h.initializers[scale_name] = scale;
     const std::string zp_name = g_.unique_name(base + "_zero_point");
     h.initializers[zp_name] = zp;
-    const std::int32_t narrow = s.role == InputRole::kWeight && s.spec.bits == 4 ? (s.spec.symmetric ? 22 : 21)
-                                : wide && !s.spec.symmetric                      ? 4
-                                                                                 : 0;
+    const std::int32_t narrow = s.spec.is_float8()                                 ? float8_onnx_type(s.spec)
+                                : s.role == InputRole::kWeight && s.spec.bits == 4 ? (s.spec.symmetric ? 22 : 21)
+                                : wide && !s.spec.symmetric                        ? 4
+                                                                                   : 0;
     if (narrow) h.narrow_types[zp_name] = narrow;
     auto axis_attrs = [&](Node& n) {
       if (s.spec.group_size > 0) {  // Note [Per-group quantization]: blocked Q/DQ, opset 21
@@ -300,7 +313,9 @@ class SlotExport {
         c10::InferenceMode guard;
         value = s.quantizer->forward(value);
       }
-      h.initializers[quantized] = quantize_to_int(value.detach().to(at::kCPU), p, s.spec).to(qtype);
+      h.initializers[quantized] = s.spec.is_float8()
+                                      ? quantize_to_float8(value.detach().to(at::kCPU), p, s.spec)
+                                      : quantize_to_int(value.detach().to(at::kCPU), p, s.spec).to(qtype);
       page_out(constant(s));  // Note [Mapped weights]: one weight in memory at a time
       if (narrow) h.narrow_types[quantized] = narrow;
     } else {

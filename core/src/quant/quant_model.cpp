@@ -54,7 +54,7 @@ void check_backend_rules(const Config& config, const Backend& backend) {
   }
   for (const auto& [table, cfg, is_weight] : tables) {
     if (cfg->disable) continue;
-    if (auto why = backend.check(cfg->spec(is_weight, is_weight ? 0 : 1), is_weight ? "w" : "a")) {
+    if (auto why = backend_rules(backend, cfg->spec(is_weight, is_weight ? 0 : 1), is_weight ? "w" : "a")) {
       throw Error(config.source + ": " + table + " breaks the rules of backend '" + config.backend + "': " + *why);
     }
   }

@@ -83,6 +83,10 @@ class QuantSlots::State final : public QuantState {
     }
     return slots_.add(i, input, InputRole::kActivation, 0) >= 0;
   }
+  const QSpec* input_spec(const Node& node, std::size_t input) const override {
+    const QuantSlot* s = slots_.at(index_of(node), input);
+    return s ? &s->spec : nullptr;
+  }
 
  private:
   std::size_t index_of(const Node& node) const {
@@ -244,6 +248,7 @@ int QuantSlots::add(std::size_t i, std::size_t k, InputRole role, std::int64_t w
     throw Error(s.where() + ": creating observer '" + cfg.observer + "' (plugin '" + obs->plugin + "') or quantizer '" +
                 cfg.quantizer + "' (plugin '" + qz->plugin + "') failed: " + e.what());
   }
+  refuse_float8_without_support(s, table);
   slot_of_[i][k] = static_cast<int>(slots_.size());
   slots_.push_back(std::move(s));
   return slot_of_[i][k];
@@ -273,6 +278,9 @@ void QuantSlots::add_bias_slots(std::size_t node, const std::vector<std::size_t>
     else weight = weight < 0 ? idx : -2;
   }
   if (act < 0 || weight < 0) return;  // no unique activation x weight product to scale by
+  if (slots_[static_cast<std::size_t>(act)].spec.is_float8() ||
+      slots_[static_cast<std::size_t>(weight)].spec.is_float8())
+    return;  // float8 layers add a float bias
   for (std::size_t k : bias_inputs) {
     if (!is_constant(node, n.inputs[k]) || constant(node, n.inputs[k]).dim() != 1) continue;
     QuantSlot s = slot_for(n, node, k, InputRole::kBias);
@@ -286,6 +294,30 @@ void QuantSlots::add_bias_slots(std::size_t node, const std::vector<std::size_t>
     slot_of_[node][k] = static_cast<int>(slots_.size());
     slots_.push_back(std::move(s));
   }
+}
+
+std::optional<std::string> backend_rules(const Backend& backend, const QSpec& spec, const std::string& table) {
+  if (!spec.is_float8()) return backend.check(spec, table);
+  if (const auto* f8 = dynamic_cast<const DeploysFloat8*>(&backend)) return f8->check_float8(spec, table);
+  return table + ".type = \"" + element_name(spec.element) +
+         "\": this backend deploys no float8 tensors (backend = \"tensorrt\" or \"virtual\" do)";
+}
+
+// Note [Float8 elements]: a float8 spec goes only to objects that say they compute on it; an
+// observer or quantizer built against an older SDK (or one that assumes an integer grid) would
+// treat it as int8 without a word.
+void QuantSlots::refuse_float8_without_support(const QuantSlot& s, const char* table) const {
+  if (!s.spec.is_float8()) return;
+  const std::string type = element_name(s.spec.element);
+  if (!dynamic_cast<const HandlesFloat8Elements*>(s.observer.get()))
+    throw Error(s.where() + ": [" + table + "] type = \"" + type + "\": observer '" + s.observer_name + "' (plugin '" +
+                s.observer_plugin +
+                "') does not compute float8 scales; use minmax, moving_average, percentile, mse or auto");
+  if (!dynamic_cast<const HandlesFloat8Elements*>(s.quantizer.get()))
+    throw Error(s.where() + ": [" + table + "] type = \"" + type + "\": quantizer '" + s.quantizer_name +
+                "' (plugin '" + s.quantizer_plugin +
+                "') learns or rounds on an integer grid; use quantizer = \"uniform\" (QAT trains through it "
+                "straight-through)");
 }
 
 QuantSlot* QuantSlots::at(std::size_t node, std::size_t input) {
@@ -317,12 +349,13 @@ void QuantSlots::set_slot_bits(QuantSlot& s, int bits) {
   if (bits < 2 || bits > 16) throw Error("set_bits: bits must be between 2 and 16, got " + std::to_string(bits));
   QSpec spec = s.spec;
   spec.bits = bits;
+  spec.element = QElement::kInt;  // a width is an integer grid's: a float8 input becomes symmetric int
   set_slot_spec(s, spec, std::to_string(bits) + " bits");
 }
 
 void QuantSlots::set_slot_spec(QuantSlot& s, const QSpec& spec, const std::string& what) {
   if (s.role == InputRole::kBias) throw Error(s.where() + ": a bias's precision follows its node's scales");
-  for (const auto& why : {backend_->check(spec, s.role == InputRole::kWeight ? "w" : "a"),
+  for (const auto& why : {backend_rules(*backend_, spec, s.role == InputRole::kWeight ? "w" : "a"),
                           backend_->check_input(executor_->flat_node(s.node_index), s.input_index, s.role, spec)}) {
     if (why) throw Error(s.where() + ": " + what + " break the rules of backend '" + backend_name_ + "': " + *why);
   }
@@ -330,6 +363,7 @@ void QuantSlots::set_slot_spec(QuantSlot& s, const QSpec& spec, const std::strin
   // New objects for the new grid; the previous calibration no longer applies.
   s.observer = s.make_observer(ObserverContext{s.spec, s.observer_options, s.where()});
   s.quantizer = s.make_quantizer(QuantizerContext{s.spec, s.quantizer_options, s.where()});
+  refuse_float8_without_support(s, s.role == InputRole::kWeight ? "w" : "a");
   s.calibrated = false;
   // Biases derive from their activation and weight scales: recompute them at calibration.
   for (auto& b : slots_)

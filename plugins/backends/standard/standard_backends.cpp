@@ -16,6 +16,14 @@
 //                Recurrent layers (LSTM, GRU, RNN) stay float: TensorRT has no INT8 recurrent
 //                kernel, and its ONNX parser slices their weights gate by gate from the
 //                initializers, not from a DequantizeLinear output.
+//                FP8 (type = "fp8_e4m3", Hopper and later): activations per tensor, weights per
+//                tensor or per channel, zero point 0, at opset 19. TensorRT runs FP8 in the
+//                matrix products and convolutions only (Conv, Gemm, MatMul, attention's batched
+//                MatMuls among them), so a float8 input of any other op stays float: a Q/DQ
+//                pair there would only round the tensor, not speed anything up. Under mixed
+//                FP8/INT8 ([[specific]]) the INT8 layers keep the INT8 placement above.
+//   virtual and tensorrt deploy float8 tables (DeploysFloat8); onnxruntime does not (its CPU
+//                kernels have no FP8 arithmetic: the Q/DQ would run as float).
 
 #include <map>
 #include <set>
@@ -44,9 +52,20 @@ std::optional<std::string> need_8_bits(const QSpec& s, const std::string& table)
   return std::nullopt;
 }
 
-class VirtualBackend final : public Backend {
+/// Float8 rules shared by the backends that deploy it.
+std::optional<std::string> float8_rules(const QSpec& s, const std::string& table, bool per_tensor_activations) {
+  if (s.group_size > 0) return table + ".qscheme: float8 takes per-tensor or per-channel scales";
+  if (per_tensor_activations && !s.is_weight && s.per_channel)
+    return table + ".qscheme = \"" + s.qscheme() + "\": FP8 activations take one scale (use per-tensor-symmetric)";
+  return std::nullopt;
+}
+
+class VirtualBackend final : public Backend, public DeploysFloat8 {
  public:
-  std::string description() const override { return "simulation only: any bits 2-16, any scheme"; }
+  std::string description() const override { return "simulation only: any bits 2-16, any scheme; fp8_e4m3 / fp8_e5m2"; }
+  std::optional<std::string> check_float8(const QSpec& s, const std::string& table) const override {
+    return float8_rules(s, table, false);
+  }
   std::optional<std::string> check(const QSpec& s, const std::string& table) const override {
     if (s.is_weight && s.bits > 8) return table + ".bits = " + std::to_string(s.bits) + ": weights take 2 to 8 bits";
     return std::nullopt;
@@ -67,10 +86,13 @@ class OnnxRuntimeBackend final : public Backend {
   void place(QuantState& state) const override { keep_recurrent_float(state, state.graph()); }
 };
 
-class TensorRTBackend final : public Backend {
+class TensorRTBackend final : public Backend, public DeploysFloat8 {
  public:
   std::string description() const override {
-    return "TensorRT explicit quantization: W8A8, symmetric weights, per-tensor symmetric activations";
+    return "TensorRT explicit quantization: W8A8 or FP8, symmetric weights, per-tensor symmetric activations";
+  }
+  std::optional<std::string> check_float8(const QSpec& s, const std::string& table) const override {
+    return float8_rules(s, table, true);
   }
   std::optional<std::string> check(const QSpec& s, const std::string& table) const override {
     if (s.reduce_range)
@@ -126,6 +148,19 @@ class TensorRTBackend final : public Backend {
       const std::size_t fused = a ? 0 : 1;
       state.set_fake_fused(*n, fused, true);     // computed inside the convolution's kernel
       state.quantize_activation(*n, 1 - fused);  // the skip branch TensorRT reads as INT8
+    }
+    keep_float8_in_products(state, g);
+  }
+
+  // FP8 runs in TensorRT's matrix products and convolutions only (header comment).
+  static void keep_float8_in_products(QuantState& state, const Graph& g) {
+    static const std::set<std::string> fp8_ops = {"Conv", "Gemm", "MatMul"};
+    for (const Node* n : g.nodes()) {
+      const bool product = n->domain.empty() && fp8_ops.count(n->op_type) != 0;
+      for (std::size_t i = 0; i < n->inputs.size(); ++i) {
+        const QSpec* spec = state.input_spec(*n, i);
+        if (spec && spec->is_float8() && !product) state.set_fake_fused(*n, i, true);
+      }
     }
   }
 };

@@ -40,7 +40,10 @@ namespace {
 constexpr int kShrinkSteps = 99;
 constexpr double kAlphas[] = {1e-5, 1e-4, 1e-3};
 
-class AutoObserver final : public Observer, public MergeableObserver, public OffersRanges {
+class AutoObserver final : public Observer,
+                           public MergeableObserver,
+                           public OffersRanges,
+                           public HandlesFloat8Elements {
  public:
   explicit AutoObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {}
 

@@ -9,7 +9,7 @@
 namespace sparsebit::observers {
 namespace {
 
-class MinMaxObserver final : public Observer, public MergeableObserver {
+class MinMaxObserver final : public Observer, public MergeableObserver, public HandlesFloat8Elements {
  public:
   explicit MinMaxObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {}
 

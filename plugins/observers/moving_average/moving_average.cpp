@@ -11,7 +11,7 @@
 namespace sparsebit::observers {
 namespace {
 
-class MovingAverageObserver final : public Observer {
+class MovingAverageObserver final : public Observer, public HandlesFloat8Elements {
  public:
   explicit MovingAverageObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {
     ratio_ = c.options.get_double("ema_ratio", 0.9);

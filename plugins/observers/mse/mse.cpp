@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kCandidates = 80;
 
-class MseObserver final : public Observer, public MergeableObserver {
+class MseObserver final : public Observer, public MergeableObserver, public HandlesFloat8Elements {
  public:
   explicit MseObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {}
 

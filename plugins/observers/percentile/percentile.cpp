@@ -19,7 +19,7 @@
 namespace sparsebit::observers {
 namespace {
 
-class PercentileObserver final : public Observer, public MergeableObserver {
+class PercentileObserver final : public Observer, public MergeableObserver, public HandlesFloat8Elements {
  public:
   explicit PercentileObserver(const ObserverContext& c) : spec_(c.spec), where_(c.where) {
     alpha_ = c.options.get_double("alpha", 1e-3);

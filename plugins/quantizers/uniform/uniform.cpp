@@ -1,6 +1,6 @@
 // The uniform quantizer: fixed scale and zero point from calibration, round half to even,
 // straight-through gradient inside the clamp range (Note [Quantization arithmetic] in
-// sparsebit/sdk/quant.h).
+// sparsebit/sdk/quant.h); on float8 specs the same with float8 rounding (Note [Float8 elements]).
 
 #include <ATen/ATen.h>
 
@@ -10,7 +10,7 @@
 namespace sparsebit::quantizers {
 namespace {
 
-class UniformQuantizer final : public Quantizer {
+class UniformQuantizer final : public Quantizer, public HandlesFloat8Elements {
  public:
   explicit UniformQuantizer(const QuantizerContext& c) : spec_(c.spec), where_(c.where) {}
 

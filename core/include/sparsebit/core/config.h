@@ -6,6 +6,7 @@
 ///     backend = "tensorrt"            # virtual | onnxruntime | tensorrt (or a plugin's)
 ///     skip = ["fc2", "conv1*"]        # node-name globs kept in float
 ///     [w]                             # weights
+///     type = "int"                    # int | fp8_e4m3 | fp8_e5m2 (8-bit floats, symmetric)
 ///     qscheme = "per-channel-symmetric"   # per-{tensor,channel,group}-{symmetric,affine}
 ///     bits = 8
 ///     group_size = 128                # per-group: block size along the weight's input axis
@@ -77,6 +78,9 @@
 namespace sparsebit {
 
 struct SPARSEBIT_API QuantTableConfig {
+  /// "int" (integers of `bits`), "fp8_e4m3" or "fp8_e5m2" (Note [Float8 elements] in quant.h:
+  /// 8-bit floats, symmetric, per tensor or per channel).
+  std::string type = "int";
   std::string qscheme;
   int bits = 8;
   std::int64_t group_size = 0;      ///< block size for per-group-* schemes

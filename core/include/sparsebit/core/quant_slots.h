@@ -63,6 +63,11 @@ struct SPARSEBIT_API QuantSlot {
   std::string where() const;
 };
 
+/// Why `spec` (from table `table`, "w" or "a") breaks `backend`'s rules, or nullopt: Backend::check,
+/// or for a float8 spec DeploysFloat8::check_float8 (a backend without it deploys no float8).
+SPARSEBIT_API std::optional<std::string> backend_rules(const Backend& backend, const QSpec& spec,
+                                                       const std::string& table);
+
 class SPARSEBIT_API QuantSlots {
  public:
   /// Makes the slots of every node of `graph` and of its control-flow bodies, numbered as the
@@ -121,6 +126,7 @@ class SPARSEBIT_API QuantSlots {
   int add(std::size_t node, std::size_t input, InputRole role, std::int64_t weight_axis);
   void add_lookup_table(std::size_t node, std::size_t input, std::int64_t row_axis);
   void add_bias_slots(std::size_t node, const std::vector<std::size_t>& bias_inputs);
+  void refuse_float8_without_support(const QuantSlot& s, const char* table) const;
   const QuantTableConfig& table_for(const Node& n, bool is_weight) const;
   /// Whether `name` is a constant where flat node `node` reads it, and its current value.
   bool is_constant(std::size_t node, const std::string& name) const;

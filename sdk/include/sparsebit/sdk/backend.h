@@ -47,4 +47,15 @@ class Backend {
   virtual bool checks_u8s8_saturation() const { return false; }
 };
 
+/// A backend that deploys float8 tensors (Note [Float8 elements] in quant.h) also derives from
+/// this (Note [Capabilities] in quantizer.h); the host refuses float8 tables for any other. Its
+/// place() decides where float8 inputs stay quantized (QuantState::input_spec tells them apart).
+class DeploysFloat8 {
+ public:
+  virtual ~DeploysFloat8() = default;
+  /// Why the float8 `spec` (from table `table`, "w" or "a") is not deployable, or nullopt; asked
+  /// instead of Backend::check for float8 specs.
+  virtual std::optional<std::string> check_float8(const QSpec& spec, const std::string& table) const = 0;
+};
+
 }  // namespace sparsebit

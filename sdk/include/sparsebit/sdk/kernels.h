@@ -96,6 +96,32 @@ class QuantKernels {
   virtual at::Tensor histogram_counts(const at::Tensor& rows, double range, std::int64_t bins) = 0;
 };
 
+/// Note [MatMulNBits kernels]
+/// A QuantKernels may also derive from MatMulNBitsKernels (a capability, SDK 1.2): then the
+/// MatMulNBits op (ONNX Runtime's com.microsoft contrib op, Note [MatMulNBits] in the quantization
+/// ops plugin) runs on that device through it instead of dequantizing every weight to float with
+/// ATen ops on each call. The arguments are as the op receives them; matmul_nbits returns an
+/// undefined tensor for what it does not take (other bit widths, g_idx, zero points in A's type),
+/// and the op then runs its reference.
+struct MatMulNBitsArgs {
+  at::Tensor a;            ///< [M, K], float32 or float16
+  at::Tensor b;            ///< uint8 [N, k_blocks, block_size * bits / 8], codes low bits first
+  at::Tensor scales;       ///< [N * k_blocks] in a's type
+  at::Tensor zero_points;  ///< uint8 packed like b ([N, ceil(k_blocks * bits / 8)]) or undefined (2^(bits-1))
+  std::int64_t k = 0, n = 0, bits = 4, block_size = 0;
+};
+
+class MatMulNBitsKernels {
+ public:
+  virtual ~MatMulNBitsKernels() = default;
+  /// Y [M, N] = A W^T in a's type, W[n, k] = (code - zero point) * scale of k's block.
+  virtual at::Tensor matmul_nbits(const MatMulNBitsArgs& args) = 0;
+};
+
+/// The MatMulNBits kernels of the QuantKernels registered for a device type, or nullptr (none,
+/// switched off, or kernels without the capability).
+SPARSEBIT_API MatMulNBitsKernels* matmul_nbits_kernels(c10::DeviceType device);
+
 /// The kernels registered for a device type, or nullptr (none, or switched off).
 SPARSEBIT_API QuantKernels* quant_kernels(c10::DeviceType device);
 /// Switches registered kernels on or off process-wide (on by default unless SPARSEBIT_KERNELS=0).

@@ -76,6 +76,12 @@ class QuantState {
   /// Quantizes activation input `input` of `node` with the [a] scheme if it is not already;
   /// returns false when that is impossible (a constant, an omitted input, a skipped node).
   virtual bool quantize_activation(const Node& node, std::size_t input) = 0;
+  /// The scheme of input `input` of `node`'s quantizer (bypassed or not), or nullptr if it has none
+  /// (SDK 1.2).
+  virtual const QSpec* input_spec(const Node& node, std::size_t input) const {
+    (void)node, (void)input;
+    return nullptr;
+  }
 };
 
 /// One node of the layerwise calibration runner (Note [Layerwise runner] in quant_model.h).

@@ -27,6 +27,21 @@
 
 namespace sparsebit {
 
+/// Note [Float8 elements]
+/// A tensor may be rounded to an 8-bit float instead of an integer grid (SDK 1.2): E4M3 (4
+/// exponent bits, bias 7, 3 mantissa bits, no infinities, largest 448: ONNX's FLOAT8E4M3FN and
+/// torch.float8_e4m3fn) or E5M2 (bias 15, 2 mantissa bits, largest 57344: FLOAT8E5M2).
+///   x' = round_to_float8(x / scale) * scale,  scale = amax / largest,  zero_point = 0
+/// round_to_float8 saturates to +-largest (infinities too) and rounds to nearest, ties to even:
+/// what ONNX's QuantizeLinear with saturate = 1 computes (ONNX Runtime's CPU kernels agree bit for
+/// bit), and a cast to torch.float8_e4m3fn / float8_e5m2 after clamping to +-largest. Such a QSpec
+/// is symmetric with qmin() = -largest and qmax() = largest; qparams_from_range divides amax by
+/// the largest value. fake_quantize's gradient is straight-through inside +-largest. Only observers and quantizers that
+/// derive from HandlesFloat8Elements are given such specs, and only backends deriving from DeploysFloat8 (backend.h)
+/// deploy them: a plugin built before 1.2 never sees one. `element` sits in what was QSpec's tail padding, so the
+/// struct keeps its size and every field its offset.
+enum class QElement : std::uint8_t { kInt = 0, kFloat8E4M3FN = 1, kFloat8E5M2 = 2 };
+
 /// Note [Per-group quantization]
 /// With group_size G > 0 a weight is split into blocks of G consecutive elements along
 /// group_axis (its input-channel axis); every block at every other index has its own scale, so
@@ -45,7 +60,9 @@ struct SPARSEBIT_API QSpec {
   /// which keeps u8 x s8 pair sums within 16 bits on x86 processors without VNNI
   /// (Note [u8s8 saturation]).
   bool reduce_range = false;
+  QElement element = QElement::kInt;  ///< Note [Float8 elements]
 
+  bool is_float8() const { return element != QElement::kInt; }
   std::int64_t qmin() const;
   std::int64_t qmax() const;
   /// "per-channel-symmetric" etc.; the config spelling.
@@ -87,7 +104,8 @@ SPARSEBIT_API at::Tensor rows_to_params(const at::Tensor& values, const std::vec
 /// (the same as torch.fake_quantize_*).
 SPARSEBIT_API at::Tensor fake_quantize(const at::Tensor& x, const QParams& p, const QSpec& spec);
 
-/// The integer values q (int32) of Note [Quantization arithmetic]; export writes these.
+/// The integer values q (int32) of Note [Quantization arithmetic]; export writes these. An
+/// Error for a float8 spec (quantize_to_float8).
 SPARSEBIT_API at::Tensor quantize_to_int(const at::Tensor& x, const QParams& p, const QSpec& spec);
 
 /// LSQ's simulation: v = clamp(x / s + zp, qmin, qmax), y = (round(v) - zp) * s with a
@@ -110,5 +128,28 @@ SPARSEBIT_API std::pair<at::Tensor, at::Tensor> range_per_param(const at::Tensor
 /// Counts [C, bins] (int64, on rows' device) of floor((double(x) + range) / width) clamped to
 /// [0, bins - 1], width = 2 range / bins, for rows [C, N]: one histogram update.
 SPARSEBIT_API at::Tensor histogram_counts(const at::Tensor& rows, double range, std::int64_t bins);
+
+/// The largest finite value of a float8 element (448, 57344); an Error for kInt.
+SPARSEBIT_API double float8_max(QElement element);
+/// "fp8_e4m3", "fp8_e5m2" or "int": the config spelling.
+SPARSEBIT_API std::string element_name(QElement element);
+
+/// v rounded to the nearest value of `element` (ties to even), saturating at +-float8_max
+/// (infinities included); NaN stays NaN. Float32 out, on v's device (Note [Float8 elements]).
+SPARSEBIT_API at::Tensor round_to_float8(const at::Tensor& v, QElement element);
+
+/// The float8 codes (uint8 bit patterns, sign in bit 7) of round_to_float8(x / scale): what export
+/// stores for a float8 weight, decoding to exactly what fake_quantize simulates.
+SPARSEBIT_API at::Tensor quantize_to_float8(const at::Tensor& x, const QParams& p, const QSpec& spec);
+
+/// The value of each float8 code (uint8 tensor) of `element`, float32.
+SPARSEBIT_API at::Tensor decode_float8(const at::Tensor& codes, QElement element);
+
+/// A quantizer or observer that computes correctly on float8 specs derives from this as well
+/// (Note [Capabilities] in quantizer.h); the host gives a float8 spec to no other.
+class HandlesFloat8Elements {
+ public:
+  virtual ~HandlesFloat8Elements() = default;
+};
 
 }  // namespace sparsebit
