@@ -169,19 +169,20 @@ class QMatMulNBits final : public NodeQModule {
                   std::to_string(n_) + " x " + std::to_string(blocks) + " x " + std::to_string(block_ * bits_ / 8));
     if (a.size(-1) != k_)
       throw Error(describe() + ": A " + c10::str(a.sizes()) + " does not end in K = " + std::to_string(k_));
+    if (at::Tensor y = run_on_device_kernels(in); y.defined()) return {y};
     const at::Tensor codes = unpack_codes(b.reshape({n_, -1}), bits_, k_).to(at::kFloat);  // [N, K]
-    const at::Tensor scale = in.at(2).to(at::kFloat).reshape({n_, blocks});
+    const at::Tensor scale = in.at(2).to(a.device(), at::kFloat).reshape({n_, blocks});
     if (scale.numel() != n_ * blocks)
       throw Error(describe() + ": scales must have N x k_blocks = " + std::to_string(n_ * blocks) + " values");
     at::Tensor zp;
     const at::Tensor z = input_or_undefined(in, 3);
-    if (!z.defined()) zp = at::full({n_, blocks}, double(std::int64_t{1} << (bits_ - 1)));
+    if (!z.defined()) zp = at::full({n_, blocks}, double(std::int64_t{1} << (bits_ - 1)), scale.options());
     else if (z.scalar_type() == at::kByte) zp = unpack_codes(z.reshape({n_, -1}), bits_, blocks).to(at::kFloat);
     else zp = z.to(at::kFloat).reshape({n_, blocks});
-    at::Tensor block_of = at::arange(k_, at::kLong).div(block_, "floor");
+    at::Tensor block_of = at::arange(k_, scale.options().dtype(at::kLong)).div(block_, "floor");
     if (const at::Tensor g = input_or_undefined(in, 4); g.defined()) {
       if (g.numel() != k_) throw Error(describe() + ": g_idx must have K = " + std::to_string(k_) + " values");
-      block_of = g.to(at::kLong).reshape({k_});
+      block_of = g.to(scale.device(), at::kLong).reshape({k_});
     }
     const at::Tensor w = (codes - zp.index_select(1, block_of)) * scale.index_select(1, block_of);
     at::Tensor y = at::matmul(a.to(at::kFloat), w.t());
@@ -190,6 +191,30 @@ class QMatMulNBits final : public NodeQModule {
   }
 
  private:
+  // Note [MatMulNBits kernels]: a device plugin's kernel where it takes the arguments (no g_idx,
+  // zero points packed or absent, float32/float16 A and scales of A's type); else undefined.
+  at::Tensor run_on_device_kernels(const std::vector<at::Tensor>& in) const {
+    const at::Tensor& a = in.at(0);
+    MatMulNBitsKernels* kernels = a.device().is_cpu() ? nullptr : matmul_nbits_kernels(a.device().type());
+    if (!kernels || input_or_undefined(in, 4).defined()) return {};
+    MatMulNBitsArgs args;
+    args.a = a.reshape({-1, k_});
+    args.b = in.at(1);
+    args.scales = in.at(2);
+    args.zero_points = input_or_undefined(in, 3);
+    args.k = k_;
+    args.n = n_;
+    args.bits = bits_;
+    args.block_size = block_;
+    at::Tensor y = kernels->matmul_nbits(args);
+    if (!y.defined()) return {};
+    std::vector<std::int64_t> shape = a.sizes().vec();
+    shape.back() = n_;
+    y = y.reshape(shape);
+    if (const at::Tensor bias = input_or_undefined(in, 5); bias.defined()) y = y + bias.to(y.scalar_type());
+    return y;
+  }
+
   std::int64_t k_, n_, bits_, block_;
 };
 

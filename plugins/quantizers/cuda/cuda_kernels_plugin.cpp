@@ -1,7 +1,8 @@
 // The CUDA kernels plugin: registers QuantKernels for CUDA tensors (Note [Device kernels] in
 // sparsebit/sdk/kernels.h), so fake quantization, its straight-through and LSQ gradients,
 // AdaRound's soft rounding and the observers' min/max and histogram updates run as single
-// kernels (quant_kernels.cu) instead of chains of ATen operators.
+// kernels (quant_kernels.cu) instead of chains of ATen operators; and, as MatMulNBitsKernels,
+// the 4-bit weight products of MatMulNBits (matmul_nbits.cu).
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -11,6 +12,7 @@
 
 #include <limits>
 
+#include "matmul_nbits.h"
 #include "quant_kernels.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/kernels.h"
@@ -62,10 +64,50 @@ at::Tensor same_shape_float(const at::Tensor& t, const at::Tensor& x, const char
 
 cudaStream_t stream_of(const at::Tensor& x) { return c10::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
 
-class CudaQuantKernels final : public QuantKernels {
+class CudaQuantKernels final : public QuantKernels, public MatMulNBitsKernels {
  public:
   std::string describe() const override {
-    return "fused fake-quant, LSQ, soft rounding, min/max and histogram kernels";
+    return "fused fake-quant, LSQ, soft rounding, min/max and histogram kernels; 4-bit MatMulNBits";
+  }
+
+  // Note [MatMulNBits kernels]: 4-bit codes, zero points packed or absent, float32 or float16
+  // activations with scales of the same type; up to 8 rows by the decode kernel, more by one
+  // dequantization and a cuBLAS product.
+  at::Tensor matmul_nbits(const MatMulNBitsArgs& args) override {
+    const at::ScalarType type = args.a.scalar_type();
+    const at::Device device = args.a.device();
+    auto on_device = [&](const at::Tensor& t) { return t.device() == device && t.is_contiguous(); };
+    // What the kernels do not take goes to the reference, which also names what is wrong.
+    if (args.bits != 4 || !args.a.is_cuda() || (type != at::kFloat && type != at::kHalf) ||
+        args.scales.scalar_type() != type || args.block_size < 16 || (args.block_size & (args.block_size - 1)) != 0 ||
+        args.k >= (std::int64_t{1} << 31) || !on_device(args.b) || !on_device(args.scales) ||
+        (args.zero_points.defined() && (args.zero_points.scalar_type() != at::kByte || !on_device(args.zero_points))))
+      return {};
+    const std::int64_t blocks = (args.k + args.block_size - 1) / args.block_size;
+    if (args.b.numel() != args.n * blocks * args.block_size / 2 || args.scales.numel() != args.n * blocks ||
+        (args.zero_points.defined() && args.zero_points.numel() != args.n * ((blocks + 1) / 2)))
+      return {};
+    const c10::cuda::CUDAGuard guard(device);
+    const at::Tensor x =
+        args.a.is_contiguous() && args.a.dim() == 2 ? args.a : args.a.reshape({-1, args.k}).contiguous();
+    const cuda::Nbits4Weight w{
+        static_cast<const std::uint8_t*>(args.b.data_ptr()),
+        args.scales.data_ptr(),
+        args.zero_points.defined() ? static_cast<const std::uint8_t*>(args.zero_points.data_ptr()) : nullptr,
+        args.n,
+        args.k,
+        args.block_size};
+    const std::int64_t m = x.size(0);
+    if (m == 0) return at::empty({0, args.n}, x.options());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    if (cuda::gemv_nbits4_supported(w, x.data_ptr(), m)) {
+      at::Tensor y = at::empty({m, args.n}, x.options());
+      cuda::gemv_nbits4(w, x.data_ptr(), m, type == at::kHalf, y.data_ptr(), stream);
+      return y;
+    }
+    at::Tensor weight = at::empty({args.n, args.k}, x.options());
+    cuda::dequantize_nbits4(w, type == at::kHalf, weight.data_ptr(), stream);
+    return at::matmul(x, weight.t());
   }
 
   at::Tensor fake_quantize(const QuantArgs& a) override {
