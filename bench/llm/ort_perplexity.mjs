@@ -1,7 +1,8 @@
 // Held-out perplexity of a byte-level language model in ONNX Runtime (npm onnxruntime-node,
 // CPU): every window of DIR (one int64 .npy of T tokens each) runs as one sequence; positions
 // 0..T-2 predict tokens 1..T-1. Prints {"model", "windows", "perplexity"} as JSON.
-//   node bench/llm/ort_perplexity.mjs MODEL.onnx DIR [--batch 32]
+//   node bench/llm/ort_perplexity.mjs MODEL.onnx DIR [--batch 32] [--optimization all|basic]
+// (basic for float8 Q/DQ, which ONNX Runtime 1.30 refuses to fuse at extended and above)
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -10,16 +11,18 @@ import { readNpy } from '../../tests/ort/npy.mjs';
 
 const args = process.argv.slice(2);
 let batch = 32;
+let optimization = 'all';
 const positional = [];
 for (let i = 0; i < args.length; ++i) {
   if (args[i] === '--batch') batch = Number(args[++i]);
+  else if (args[i] === '--optimization') optimization = args[++i];
   else positional.push(args[i]);
 }
 if (positional.length !== 2) throw new Error('usage: ort_perplexity.mjs MODEL.onnx DIR [--batch N]');
 const [model, dir] = positional;
 const files = fs.readdirSync(dir).filter((f) => f.endsWith('.npy')).sort();
 const session = await ort.InferenceSession.create(model, { intraOpNumThreads: os.availableParallelism(),
-  graphOptimizationLevel: 'all' });
+  graphOptimizationLevel: optimization });
 let nll = 0, count = 0;
 for (let start = 0; start < files.length; start += batch) {
   const xs = files.slice(start, start + batch).map((f) => readNpy(path.join(dir, f)));

@@ -59,9 +59,9 @@ def perplexity(logits, tokens):
     return float(np.exp(nll))
 
 
-def ort_perplexity(model, eval_dir):
-    out = subprocess.run(["node", os.path.join(HERE, "ort_perplexity.mjs"), model, eval_dir], check=True,
-                         capture_output=True, text=True).stdout
+def ort_perplexity(model, eval_dir, optimization="all"):
+    out = subprocess.run(["node", os.path.join(HERE, "ort_perplexity.mjs"), model, eval_dir, "--optimization",
+                          optimization], check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["perplexity"]
 
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""W8A8 INT8 against FP8 on a byte-level language model: held-out perplexity in Sparsebit's
+simulation and of the exported model in ONNX Runtime (CPU, 'basic' optimizations for float8 Q/DQ).
+
+    fp8_perplexity.py LM_DIR [--build BUILD_DIR]
+
+LM_DIR is what make_tiny_lm.py wrote. Schemes (backend tensorrt: per-channel weights, per-tensor
+activations, minmax ranges, attention scores float): INT8, FP8 E4M3 and FP8 E5M2. Prints a Markdown
+table.
+"""
+import argparse
+import glob
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from perplexity import ROOT, ort_perplexity, perplexity  # noqa: E402
+
+
+def table(kind):
+    return {"type": kind, "qscheme": "per-channel-symmetric", "observer": "minmax"}
+
+
+def schemes():
+    act = lambda kind: dict(table(kind), qscheme="per-tensor-symmetric")  # noqa: E731
+    return [
+        ("INT8", {"w": table("int"), "a": act("int")}),
+        ("FP8 E4M3", {"w": table("fp8_e4m3"), "a": act("fp8_e4m3")}),
+        ("FP8 E5M2", {"w": table("fp8_e5m2"), "a": act("fp8_e5m2")}),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("lm_dir")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.join(a.build, "python"))
+    import sparsebit
+
+    sparsebit.set_log_level("warning")
+    model_path = os.path.join(a.lm_dir, "model.onnx")
+    calib = [np.load(f) for f in sorted(glob.glob(os.path.join(a.lm_dir, "calib", "*.npy")))]
+    eval_dir = os.path.join(a.lm_dir, "eval")
+    tokens = np.stack([np.load(f) for f in sorted(glob.glob(os.path.join(eval_dir, "*.npy")))])
+    model = sparsebit.load(model_path)
+    fp = sparsebit.QuantModel(model, sparsebit.Config({"w": {"bits": 8}}), calib=calib)
+    fp_ppl = perplexity(np.asarray(fp.forward(tokens, quantized=False)), tokens)
+    print("| scheme | Sparsebit simulation | ONNX Runtime | increase over FP32 |\n|---|---:|---:|---:|")
+    print(f"| FP32 | {fp_ppl:.4f} | {ort_perplexity(model_path, eval_dir):.4f} | |")
+    work = os.path.join(a.lm_dir, "fp8")
+    os.makedirs(work, exist_ok=True)
+    for name, cfg in schemes():
+        # The causal mask adds -inf to the attention scores: those stay float, as in TensorRT's
+        # fused attention (the INT8 placement would otherwise quantize the Softmax input).
+        config = dict(cfg, backend="tensorrt", schedule={"float_attention_scores": True})
+        qm = sparsebit.QuantModel(model, sparsebit.Config(config), calib=calib)
+        qm.calibrate(calib)
+        sim = perplexity(np.asarray(qm.forward(tokens, quantized=True)), tokens)
+        path = os.path.join(work, name.replace(" ", "_").lower() + ".onnx")
+        qm.export(path)
+        ort = ort_perplexity(path, eval_dir, optimization="basic")
+        print(f"| {name} | {sim:.4f} | {ort:.4f} | {sim - fp_ppl:+.4f} |")
+
+
+if __name__ == "__main__":
+    main()
