@@ -107,7 +107,7 @@ const BitAllocation& QuantModel::allocate_bits(const DataSource& calib, const Pr
   Budget weights{{}, cfg.avg_weight_bits.value_or(0)}, activations{{}, cfg.avg_activation_bits.value_or(0)};
   for (std::size_t i = 0; i < all.size(); ++i) {
     const QuantSlot& s = all[i];
-    if (!s.active()) continue;
+    if (!s.active() || s.spec.is_float8()) continue;  // float8 inputs keep their type: widths are integer grids'
     const bool weight = s.role == InputRole::kWeight && cfg.avg_weight_bits;
     const bool activation = s.role == InputRole::kActivation && cfg.avg_activation_bits && weighted.count(s.node_index);
     if (!weight && !activation) continue;
