@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <vector>
 
 #include "sparsebit/sdk/error.h"
@@ -61,6 +62,9 @@ double nearest(const Format& f, double v) {
   }
   return std::signbit(v) ? -best : best;
 }
+
+// A stable description in test listings (the default prints the struct's bytes, padding included).
+void PrintTo(const Format& f, std::ostream* os) { *os << element_name(f.element); }
 
 class Float8 : public ::testing::TestWithParam<Format> {};
 
