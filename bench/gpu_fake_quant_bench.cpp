@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_bench_support.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/kernels.h"
 #include "sparsebit/sdk/quant.h"
@@ -33,27 +34,7 @@ using namespace sparsebit;
 
 int g_iterations = 50;
 
-double median_ms(const std::function<void()>& f) {
-  for (int i = 0; i < 3; ++i) f();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> times;
-  for (int i = 0; i < g_iterations; ++i) {
-    cudaEventRecord(a, stream);
-    f();
-    cudaEventRecord(b, stream);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    times.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
+double median_ms(const std::function<void()>& f) { return bench::gpu_median_ms(f, g_iterations); }
 
 struct Row {
   std::string what, impl;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "matmul_nbits.h"
+#include "gpu_bench_support.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/kernels.h"
 
@@ -37,27 +38,7 @@ using namespace sparsebit;
 
 int g_iterations = 100;
 
-double median_ms(const std::function<void()>& f) {
-  for (int i = 0; i < 5; ++i) f();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> times;
-  for (int i = 0; i < g_iterations; ++i) {
-    cudaEventRecord(a, stream);
-    f();
-    cudaEventRecord(b, stream);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    times.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
+double median_ms(const std::function<void()>& f) { return bench::gpu_median_ms(f, g_iterations, 5); }
 
 // The same work recorded once as a CUDA graph and replayed: the GPU's time without the host's
 // per-call dispatch (which an eager decode step pays per product, about 10 us here).

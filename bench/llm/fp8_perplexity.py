@@ -9,7 +9,6 @@ activations, minmax ranges, attention scores float): INT8, FP8 E4M3 and FP8 E5M2
 table.
 """
 import argparse
-import glob
 import os
 import sys
 
@@ -17,7 +16,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from perplexity import ROOT, ort_perplexity, perplexity  # noqa: E402
+from perplexity import ROOT, LanguageModel, ort_perplexity, perplexity  # noqa: E402
 
 
 def table(kind):
@@ -38,17 +37,10 @@ def main():
     ap.add_argument("lm_dir")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     a = ap.parse_args()
-    sys.path.insert(0, os.path.join(a.build, "python"))
-    import sparsebit
-
-    sparsebit.set_log_level("warning")
-    model_path = os.path.join(a.lm_dir, "model.onnx")
-    calib = [np.load(f) for f in sorted(glob.glob(os.path.join(a.lm_dir, "calib", "*.npy")))]
-    eval_dir = os.path.join(a.lm_dir, "eval")
-    tokens = np.stack([np.load(f) for f in sorted(glob.glob(os.path.join(eval_dir, "*.npy")))])
-    model = sparsebit.load(model_path)
-    fp = sparsebit.QuantModel(model, sparsebit.Config({"w": {"bits": 8}}), calib=calib)
-    fp_ppl = perplexity(np.asarray(fp.forward(tokens, quantized=False)), tokens)
+    lm = LanguageModel(a.lm_dir, a.build)
+    sparsebit, model, model_path, calib, eval_dir, tokens = (lm.sparsebit, lm.model, lm.model_path, lm.calib,
+                                                             lm.eval_dir, lm.tokens)
+    fp_ppl = lm.fp32_perplexity
     print("| scheme | Sparsebit simulation | ONNX Runtime | increase over FP32 |\n|---|---:|---:|---:|")
     print(f"| FP32 | {fp_ppl:.4f} | {ort_perplexity(model_path, eval_dir):.4f} | |")
     work = os.path.join(a.lm_dir, "fp8")

@@ -65,6 +65,24 @@ def ort_perplexity(model, eval_dir, optimization="all"):
     return json.loads(out.strip().splitlines()[-1])["perplexity"]
 
 
+class LanguageModel:
+    """What a benchmark needs of LM_DIR (make_tiny_lm.py's output), read through the Python package."""
+
+    def __init__(self, lm_dir, build):
+        sys.path.insert(0, os.path.join(build, "python"))
+        import sparsebit
+
+        sparsebit.set_log_level("warning")
+        self.sparsebit = sparsebit
+        self.model_path = os.path.join(lm_dir, "model.onnx")
+        self.calib = [np.load(f) for f in sorted(glob.glob(os.path.join(lm_dir, "calib", "*.npy")))]
+        self.eval_dir = os.path.join(lm_dir, "eval")
+        self.tokens = np.stack([np.load(f) for f in sorted(glob.glob(os.path.join(self.eval_dir, "*.npy")))])
+        self.model = sparsebit.load(self.model_path)
+        fp = sparsebit.QuantModel(self.model, sparsebit.Config({"w": {"bits": 8}}), calib=self.calib)
+        self.fp32_perplexity = perplexity(np.asarray(fp.forward(self.tokens, quantized=False)), self.tokens)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("lm_dir")
@@ -79,18 +97,11 @@ def main():
     if a.methods:
         keep = [m.strip() for m in a.methods.split(",")]
         chosen = [(n, t) for n, t in chosen if any(k in n for k in keep)]
-    sys.path.insert(0, os.path.join(a.build, "python"))
-    import sparsebit
-
-    sparsebit.set_log_level("warning")
-    model_path = os.path.join(a.lm_dir, "model.onnx")
-    calib = [np.load(f) for f in sorted(glob.glob(os.path.join(a.lm_dir, "calib", "*.npy")))]
-    eval_dir = os.path.join(a.lm_dir, "eval")
-    tokens = np.stack([np.load(f) for f in sorted(glob.glob(os.path.join(eval_dir, "*.npy")))])
-    model = sparsebit.load(model_path)
+    lm = LanguageModel(a.lm_dir, a.build)
+    sparsebit, model, model_path, calib, eval_dir, tokens = (lm.sparsebit, lm.model, lm.model_path, lm.calib,
+                                                             lm.eval_dir, lm.tokens)
     rows = []
-    fp = sparsebit.QuantModel(model, sparsebit.Config({"w": {"bits": 8}}), calib=calib)
-    fp_ppl = perplexity(np.asarray(fp.forward(tokens, quantized=False)), tokens)
+    fp_ppl = lm.fp32_perplexity
     rows.append({"method": "FP32", "sparsebit": fp_ppl, "ort_dq": ort_perplexity(model_path, eval_dir),
                  "ort_nbits": None, "seconds": 0.0})
     work = os.path.join(a.lm_dir, "quantized")
