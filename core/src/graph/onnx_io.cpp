@@ -44,8 +44,6 @@ namespace fs = std::filesystem;
 
 using proto::attribute_from_proto;
 using proto::attribute_to_proto;
-using proto::kInt4;
-using proto::kUint4;
 using proto::take_tensor_from_proto;
 using proto::tensor_from_proto;
 using proto::tensor_to_proto;
@@ -157,8 +155,7 @@ void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, cons
     // tensors' bytes move into the IR rather than being copied.
     g.initializers[init.name()] = main ? take_tensor_from_proto(const_cast<onnx::TensorProto&>(init), base, what)
                                        : tensor_from_proto(init, base, what);
-    if (init.data_type() == kInt4 || init.data_type() == kUint4 || init.data_type() == onnx::TensorProto::UINT16)
-      g.narrow_types[init.name()] = init.data_type();
+    if (proto::is_narrow_type(init.data_type())) g.narrow_types[init.name()] = init.data_type();
   }
   if (gp.sparse_initializer_size() > 0) throw Error(name + ": sparse initializers are not supported");
   for (const auto& in : gp.input()) {
@@ -197,7 +194,9 @@ void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, cons
     n.outputs.assign(np.output().begin(), np.output().end());
     n.doc_string = np.doc_string();
     verify_node(np, n, opset, known_types, name);
+    std::int32_t value_type = 0;  // a Constant's element type
     for (const auto& a : np.attribute()) {
+      if (a.name() == "value" && a.has_t()) value_type = a.t().data_type();
       if (a.type() == onnx::AttributeProto::GRAPH) {
         Graph sub;
         sub.opset_imports = g.opset_imports;
@@ -214,10 +213,37 @@ void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, cons
     }
     if (core_ops::is(n, core_ops::kConstant) && n.outputs.size() == 1) {
       g.initializers[n.outputs[0]] = constant_value(n);
+      if (proto::is_narrow_type(value_type)) g.narrow_types[n.outputs[0]] = value_type;
       continue;
     }
     g.append(std::move(n));
   }
+}
+
+/// Float8 values are held as their uint8 codes (Graph::narrow_types), which only QuantizeLinear
+/// (as its zero point, making its output float8) and DequantizeLinear decode: any other reader
+/// would compute on the codes, so it is refused. `g` is topologically sorted.
+void check_float8_readers(const Graph& g) {
+  std::set<std::string> float8;
+  for (const auto& [value, type] : g.narrow_types)
+    if (proto::is_float8_type(type)) float8.insert(value);
+  for (const Node* n : g.nodes()) {
+    for (const Graph* sub : n->subgraphs()) check_float8_readers(*sub);
+    const bool quantize = core_ops::is(*n, core_ops::kQuantizeLinear);
+    for (std::size_t i = 0; i < n->inputs.size(); ++i) {
+      if (!float8.count(n->inputs[i])) continue;
+      const bool decodes = quantize ? i == 2 : core_ops::is(*n, core_ops::kDequantizeLinear) && i != 1;
+      if (!decodes)
+        throw Error(n->describe() + " reads '" + n->inputs[i] + "' (input " + std::to_string(i) +
+                    "), which holds float8 values; the executor reads float8 only as DequantizeLinear's input or "
+                    "zero point and QuantizeLinear's zero point (dequantize it to float first)");
+    }
+    if (quantize && n->has_input(2) && float8.count(n->inputs[2])) float8.insert(n->outputs.at(0));
+  }
+  for (const auto& out : g.outputs)
+    if (float8.count(out.name))
+      throw Error("graph output '" + out.name +
+                  "' holds float8 values, which the executor does not return; end the graph with a DequantizeLinear");
 }
 
 Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const ImportOptions& options) {
@@ -255,6 +281,7 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   try {
     g.topological_sort();
     g.validate();
+    check_float8_readers(g);
   } catch (const Error& e) {
     throw Error(name + ": " + e.what());
   }

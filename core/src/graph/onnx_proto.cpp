@@ -42,9 +42,17 @@ std::string onnx_type_name(std::int32_t t) {
     case kUint4: return "uint4";
     case kInt4: return "int4";
     case 17: return "float8e4m3fn";
+    case 18: return "float8e4m3fnuz";
     case 19: return "float8e5m2";
+    case 20: return "float8e5m2fnuz";
     default: return "type#" + std::to_string(t);
   }
+}
+
+bool proto::is_float8_type(std::int32_t t) { return t == kFloat8E4M3FN || t == kFloat8E5M2; }
+
+bool proto::is_narrow_type(std::int32_t t) {
+  return t == kInt4 || t == kUint4 || t == onnx::TensorProto::UINT16 || is_float8_type(t);
 }
 
 at::ScalarType proto::scalar_type_of(std::int32_t t, const std::string& what) {
@@ -59,6 +67,10 @@ at::ScalarType proto::scalar_type_of(std::int32_t t, const std::string& what) {
     case onnx::TensorProto::FLOAT16: return at::kHalf;
     case onnx::TensorProto::DOUBLE: return at::kDouble;
     case onnx::TensorProto::BFLOAT16: return at::kBFloat16;
+    case 18:
+    case 20:
+      throw Error(what + " has element type " + onnx_type_name(t) +
+                  ", which the executor does not read (of the float8 types it reads float8e4m3fn and float8e5m2)");
     default:
       throw Error(what + " has element type " + onnx_type_name(t) +
                   ", which the executor does not support (LibTorch has no such dtype)");
@@ -82,6 +94,11 @@ std::int32_t onnx_type_of(at::ScalarType t) {
 }
 
 namespace {
+
+// The ATen type a TensorProto's values are held in: float8 values as their codes.
+at::ScalarType storage_type_of(std::int32_t t, const std::string& what) {
+  return proto::is_float8_type(t) ? at::kByte : proto::scalar_type_of(t, what);
+}
 
 // Copies typed repeated-field storage into a new tensor of `shape`.
 template <class Src>
@@ -222,7 +239,7 @@ at::Tensor take_tensor_from_proto(onnx::TensorProto& p, const fs::path& base_dir
   if (!plain) return tensor_from_proto(p, base_dir, what);
   std::vector<std::int64_t> shape(p.dims().begin(), p.dims().end());
   const std::int64_t numel = limits::checked_numel(shape, 1, what);
-  const at::ScalarType st = scalar_type_of(p.data_type(), what);
+  const at::ScalarType st = storage_type_of(p.data_type(), what);
   if (numel == 0 || p.raw_data().size() != static_cast<std::size_t>(numel) * c10::elementSize(st))
     return tensor_from_proto(p, base_dir, what);  // the same checks and messages
   // The bytes become the tensor's storage: loading holds each weight once, not twice. (A
@@ -251,7 +268,7 @@ at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_di
     }
     return t.reshape(shape);
   }
-  const at::ScalarType st = scalar_type_of(p.data_type(), what);
+  const at::ScalarType st = storage_type_of(p.data_type(), what);
   const std::size_t elem = c10::elementSize(st);
 
   if (p.data_location() == onnx::TensorProto::EXTERNAL) return external_tensor(p, base_dir, shape, numel, st, what);

@@ -13,10 +13,16 @@
 
 namespace sparsebit::proto {
 
-constexpr std::int32_t kUint4 = 21, kInt4 = 22;  // TensorProto.DataType numbers (opset 21)
+constexpr std::int32_t kUint4 = 21, kInt4 = 22;               // TensorProto.DataType numbers (opset 21)
+constexpr std::int32_t kFloat8E4M3FN = 17, kFloat8E5M2 = 19;  // (opset 19)
+
+/// ONNX element types at::Tensor cannot hold: held widened (int4, uint4, uint16) or as their
+/// uint8 codes (float8), and named in Graph::narrow_types.
+bool is_narrow_type(std::int32_t t);
+bool is_float8_type(std::int32_t t);
 
 /// A TensorProto's value (raw, typed fields, packed 4-bit or external data under `base_dir`);
-/// `what` names it in errors.
+/// `what` names it in errors. Float8 values come as their uint8 codes.
 at::Tensor tensor_from_proto(const onnx::TensorProto& p, const std::filesystem::path& base_dir,
                              const std::string& what);
 /// tensor_from_proto for a proto about to be dropped: plain raw data moves into the tensor

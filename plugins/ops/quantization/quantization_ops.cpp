@@ -54,21 +54,68 @@ std::pair<double, double> int_range(at::ScalarType t, const Node& n) {
   }
 }
 
+// Note [Float8 Q/DQ]: float8 values are held as their uint8 codes (Graph::narrow_types names
+// the initializers, the import lets only Q/DQ read them). A float8 zero point makes
+// QuantizeLinear round x / scale to the format (nearest, ties to even), saturating at the
+// largest value unless saturate = 0: then what rounds beyond it is NaN for E4M3FN and infinity
+// for E5M2, as ONNX's Cast defines. (ONNX's reference and ONNX Runtime 1.30 differ at that edge:
+// E4M3FN values in [480, 496) become 448, and E5M2 overflows become NaN.) DequantizeLinear
+// decodes. ONNX's reference ignores a float8 zero point's value, so one other than 0 is refused.
+QElement float8_element(const Graph& g, const std::string& value) {
+  auto it = g.narrow_types.find(value);
+  if (it == g.narrow_types.end()) return QElement::kInt;
+  return it->second == 17 ? QElement::kFloat8E4M3FN : it->second == 19 ? QElement::kFloat8E5M2 : QElement::kInt;
+}
+
+// Checked once, at construction: a float8 zero point is an initializer (or a folded Constant).
+void check_float8_zero_point(const OpContext& c, QElement element) {
+  if (element == QElement::kInt || !c.node.has_input(2)) return;
+  auto zp = c.graph.initializers.find(c.node.inputs[2]);
+  if (zp != c.graph.initializers.end() && decode_float8(zp->second, element).ne(0).any().item<bool>())
+    throw Error(c.node.describe() +
+                ": a float8 zero point other than 0 has no defined meaning (ONNX's reference "
+                "ignores it); quantize with zero points of 0");
+}
+
+// Codes of v on `element`'s grid, as a cast with or without saturation.
+at::Tensor float8_codes(const at::Tensor& v, QElement element, bool saturate) {
+  QSpec spec;
+  spec.element = element;
+  QParams unit;
+  unit.scale = at::ones({}, at::kFloat);
+  unit.zero_point = at::zeros({}, at::kInt);
+  at::Tensor codes = quantize_to_float8(v, unit, spec);
+  if (saturate) return codes;
+  // Beyond the largest value once rounded: E4M3FN's tie at 464 rounds to 448 (the even one of
+  // 448 and 480), E5M2's at 61440 to 65536 (even, of 57344 and 65536).
+  const bool e4m3 = element == QElement::kFloat8E4M3FN;
+  const at::Tensor overflow = e4m3 ? v.abs().gt(464.0) : v.abs().ge(61440.0);
+  const at::Tensor special = at::where(at::signbit(v), e4m3 ? 0xFF : 0xFC, e4m3 ? 0x7F : 0x7C).to(at::kByte);
+  return at::where(overflow, special, codes);
+}
+
 class QQuantizeLinear final : public NodeQModule {
  public:
-  // An int4/uint4 zero point (held widened, Graph::narrow_types) narrows the output range.
+  // An int4/uint4 zero point (held widened, Graph::narrow_types) narrows the output range; a
+  // float8 one makes the output float8 (Note [Float8 Q/DQ]).
   explicit QQuantizeLinear(const OpContext& c)
-      : NodeQModule(c), axis_(c.node.attr_int("axis", 1)), block_(c.node.attr_int("block_size", 0)) {
+      : NodeQModule(c),
+        axis_(c.node.attr_int("axis", 1)),
+        block_(c.node.attr_int("block_size", 0)),
+        saturate_(c.node.attr_int("saturate", 1) != 0) {
     if (c.node.has_input(2)) {
       auto it = c.graph.narrow_types.find(c.node.inputs[2]);
       if (it != c.graph.narrow_types.end()) narrow_ = it->second;
+      float8_ = float8_element(c.graph, c.node.inputs[2]);
     }
+    check_float8_zero_point(c, float8_);
   }
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     at::Tensor zp_in = in.size() > 2 ? in[2] : at::Tensor();
     auto [s, zp] = params(node(), x, in.at(1), zp_in, axis_, block_);
+    if (float8_ != QElement::kInt) return {float8_codes(x.to(at::kFloat) / s.to(at::kFloat), float8_, saturate_)};
     const at::ScalarType qt = zp.scalar_type();
     auto [lo, hi] = int_range(qt, node());
     if (narrow_ == 22) std::tie(lo, hi) = std::make_pair(-8.0, 7.0);    // int4
@@ -81,24 +128,37 @@ class QQuantizeLinear final : public NodeQModule {
  private:
   std::int64_t axis_;
   std::int64_t block_;
+  bool saturate_;
   std::int32_t narrow_ = 0;
+  QElement float8_ = QElement::kInt;
 };
 
 class QDequantizeLinear final : public NodeQModule {
  public:
+  // Float8 input: a float8 initializer or zero point, or a QuantizeLinear's float8 output.
   explicit QDequantizeLinear(const OpContext& c)
-      : NodeQModule(c), axis_(c.node.attr_int("axis", 1)), block_(c.node.attr_int("block_size", 0)) {}
+      : NodeQModule(c), axis_(c.node.attr_int("axis", 1)), block_(c.node.attr_int("block_size", 0)) {
+    float8_ = float8_element(c.graph, c.node.inputs.at(0));
+    if (float8_ == QElement::kInt && c.node.has_input(2)) float8_ = float8_element(c.graph, c.node.inputs[2]);
+    const Node* producer = c.graph.producer(c.node.inputs.at(0));
+    if (float8_ == QElement::kInt && producer && producer->op_type == "QuantizeLinear" && producer->domain.empty() &&
+        producer->has_input(2))
+      float8_ = float8_element(c.graph, producer->inputs[2]);
+    check_float8_zero_point(c, float8_);
+  }
   std::vector<InputSpec> input_specs() const override { return {}; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& q = in.at(0);
     at::Tensor zp_in = in.size() > 2 ? in[2] : at::Tensor();
     auto [s, zp] = params(node(), q, in.at(1), zp_in, axis_, block_);
+    if (float8_ != QElement::kInt) return {decode_float8(q, float8_) * s.to(at::kFloat)};
     return {(q.to(at::kFloat) - zp.to(at::kFloat)) * s.to(at::kFloat)};
   }
 
  private:
   std::int64_t axis_;
   std::int64_t block_;
+  QElement float8_ = QElement::kInt;
 };
 
 // A zero point or scale of an integer-arithmetic op as a tensor broadcasting against its
