@@ -98,9 +98,12 @@ at::Tensor round_to_float8(const at::Tensor& v_in, QElement element) {
   return at::round(v / step) * step;
 }
 
-at::Tensor decode_float8(const at::Tensor& codes_in, QElement element) {
+namespace {
+/// The value of each of the 256 codes (index = code), float32 on `device`, from the format's
+/// definition: sign, exponent field e, mantissa m; subnormal when e = 0; NaN and infinity codes.
+at::Tensor float8_values(QElement element, const at::Device& device) {
   const Float8Format f = float8_format(element);
-  const at::Tensor codes = codes_in.to(at::kInt);
+  const at::Tensor codes = at::arange(256, at::TensorOptions().dtype(at::kInt).device(device));
   const at::Tensor sign = at::where(at::bitwise_and(codes, 0x80).ne(0), -1.0, 1.0);
   const at::Tensor field = at::bitwise_and(codes, 0x7F);
   const std::int64_t m_count = std::int64_t{1} << f.mantissa_bits;
@@ -116,23 +119,30 @@ at::Tensor decode_float8(const at::Tensor& codes_in, QElement element) {
   return value.to(at::kFloat);
 }
 
-namespace {
-/// The float8 codes of exactly representable values r (round_to_float8's output).
+/// The float8 codes of exactly representable values r (round_to_float8's output), from r's
+/// float32 bits: a normal float8 keeps float32's sign, its exponent rebiased and the top mantissa
+/// bits; a subnormal one (or zero) is |r| in units of the smallest subnormal. NaN is 0x7F.
 at::Tensor encode_float8(const at::Tensor& r_in, QElement element) {
   const Float8Format f = float8_format(element);
-  const at::Tensor r = r_in.to(at::kFloat);
-  const at::Tensor a = r.abs();
-  const double m_count = double(1 << f.mantissa_bits);
-  const at::Tensor e = at::clamp(std::get<1>(at::frexp(a)) - 1, 1 - f.bias, 16).to(at::kDouble);
-  const at::Tensor normal = a.to(at::kDouble).ge(std::pow(2.0, 1 - f.bias));
-  const at::Tensor mantissa = at::where(normal, (a / at::pow(2.0, e) - 1.0) * m_count,
-                                        a.to(at::kDouble) / std::pow(2.0, 1 - f.bias - f.mantissa_bits));
-  const at::Tensor field = at::where(normal, (e + f.bias) * m_count, at::zeros_like(e)) + mantissa;
-  at::Tensor code = at::round(field).to(at::kInt) + at::signbit(r).to(at::kInt) * 0x80;
+  const at::Tensor r = r_in.to(at::kFloat).contiguous();
+  const at::Tensor bits = r.view(at::kInt);
+  const at::Tensor sign = at::bitwise_and(at::bitwise_right_shift(bits, 24), 0x80);
+  const at::Tensor magnitude = at::bitwise_and(bits, 0x7FFFFFFF);
+  const at::Tensor exponent = at::bitwise_right_shift(magnitude, 23) - (127 - f.bias);
+  const at::Tensor normal = exponent * (1 << f.mantissa_bits) +
+                            at::bitwise_right_shift(at::bitwise_and(magnitude, 0x7FFFFF), 23 - f.mantissa_bits);
+  const at::Tensor subnormal =  // (clamped: the normal values' products may exceed int32)
+      at::clamp_max(r.abs() * std::ldexp(1.0, f.bias - 1 + f.mantissa_bits), 255).to(at::kInt);
+  at::Tensor code = at::bitwise_or(at::where(exponent.ge(1), normal, subnormal), sign);
   code = at::where(at::isnan(r), 0x7F, code);
   return code.to(at::kByte);
 }
 }  // namespace
+
+at::Tensor decode_float8(const at::Tensor& codes, QElement element) {
+  // A lookup: one gather, where decoding arithmetic costs tens of passes over the tensor.
+  return float8_values(element, codes.device()).index({codes.to(at::kLong)});
+}
 
 QParams qparams_from_range(const at::Tensor& min_in, const at::Tensor& max_in, const QSpec& spec,
                            const std::string& where) {
