@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """W8A8 INT8 against FP8 on a byte-level language model: held-out perplexity in Sparsebit's
-simulation and of the exported model in ONNX Runtime (CPU, 'basic' optimizations for float8 Q/DQ).
+simulation, and of the exported model in ONNX Runtime (CPU, 'basic' optimizations for float8 Q/DQ)
+and in Sparsebit's executor (the export read back: bench/llm/gpu_perplexity on the CPU).
 
     fp8_perplexity.py LM_DIR [--build BUILD_DIR]
 
@@ -9,7 +10,9 @@ activations, minmax ranges, attention scores float): INT8, FP8 E4M3 and FP8 E5M2
 table.
 """
 import argparse
+import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -32,6 +35,14 @@ def schemes():
     ]
 
 
+def executor_perplexity(build, model, eval_dir):
+    cmd = [os.path.join(build, "bin", "gpu_perplexity"), model, eval_dir, "--device", "cpu"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["perplexity"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("lm_dir")
@@ -41,8 +52,10 @@ def main():
     sparsebit, model, model_path, calib, eval_dir, tokens = (lm.sparsebit, lm.model, lm.model_path, lm.calib,
                                                              lm.eval_dir, lm.tokens)
     fp_ppl = lm.fp32_perplexity
-    print("| scheme | Sparsebit simulation | ONNX Runtime | increase over FP32 |\n|---|---:|---:|---:|")
-    print(f"| FP32 | {fp_ppl:.4f} | {ort_perplexity(model_path, eval_dir):.4f} | |")
+    print("| scheme | Sparsebit simulation | ONNX Runtime | Sparsebit executor | increase over FP32 |\n"
+          "|---|---:|---:|---:|---:|")
+    print(f"| FP32 | {fp_ppl:.4f} | {ort_perplexity(model_path, eval_dir):.4f} | "
+          f"{executor_perplexity(a.build, model_path, eval_dir):.4f} | |")
     work = os.path.join(a.lm_dir, "fp8")
     os.makedirs(work, exist_ok=True)
     for name, cfg in schemes():
@@ -55,7 +68,8 @@ def main():
         path = os.path.join(work, name.replace(" ", "_").lower() + ".onnx")
         qm.export(path)
         ort = ort_perplexity(path, eval_dir, optimization="basic")
-        print(f"| {name} | {sim:.4f} | {ort:.4f} | {sim - fp_ppl:+.4f} |")
+        ours = executor_perplexity(a.build, path, eval_dir)
+        print(f"| {name} | {sim:.4f} | {ort:.4f} | {ours:.4f} | {sim - fp_ppl:+.4f} |")
 
 
 if __name__ == "__main__":
