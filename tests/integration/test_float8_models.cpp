@@ -21,11 +21,11 @@ namespace {
 
 constexpr int kE4M3 = 17, kE5M2 = 19, kE4M3Fnuz = 18;
 
-/// An opset-19 model of one float input x [4] and output y; `build` adds the rest.
-std::string model_bytes(const std::function<void(onnx::GraphProto&)>& build) {
+/// A model (opset 19 unless told) of one float input x [4] and output y; `build` adds the rest.
+std::string model_bytes(const std::function<void(onnx::GraphProto&)>& build, int opset = 19) {
   onnx::ModelProto m;
-  m.set_ir_version(9);
-  m.add_opset_import()->set_version(19);
+  m.set_ir_version(opset >= 21 ? 10 : 9);
+  m.add_opset_import()->set_version(opset);
   auto* g = m.mutable_graph();
   g->set_name("float8");
   auto* x = g->add_input();
@@ -143,6 +143,19 @@ TEST(Float8Models, Float8ValuesOutsideQdqAreRefusedByName) {
     node(g, "q", "QuantizeLinear", {"x", "s", "zp"}, "y");
     g.mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(kE5M2);
   }));
+  EXPECT_NE(msg.find("graph output 'y' holds float8"), std::string::npos) << msg;
+  // The same through opset 21's output_dtype, without a zero point.
+  msg = import_error(model_bytes(
+      [](onnx::GraphProto& g) {
+        *g.add_initializer() = scalar("s", 1.0f);
+        node(g, "q", "QuantizeLinear", {"x", "s"}, "y");
+        auto* a = g.mutable_node(0)->add_attribute();
+        a->set_name("output_dtype");
+        a->set_type(onnx::AttributeProto::INT);
+        a->set_i(kE4M3);
+        g.mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(kE4M3);
+      },
+      21));
   EXPECT_NE(msg.find("graph output 'y' holds float8"), std::string::npos) << msg;
   // The FNUZ variants are not read.
   msg = import_error(model_bytes([](onnx::GraphProto& g) {

@@ -240,6 +240,37 @@ TEST(OnnxRuntime, Float8QdqMatchesOnnxRuntimeExactly) {
   }
 }
 
+// Opset 21's QuantizeLinear without a zero point: output_dtype gives the output type (int8,
+// int16, int4, float8 E4M3/E5M2; zero point 0), and DequantizeLinear reads it without one too.
+// ONNX Runtime and our executor agree bit for bit.
+TEST(OnnxRuntime, QuantizeLinearOutputDtypeMatchesOnnxRuntime) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  at::manual_seed(21);
+  const at::Tensor x = qdq_input(40.0, 0.25);
+  for (std::int64_t type : {3, 5, 22, 17, 19}) {
+    QParams p;
+    p.scale = at::scalar_tensor(0.25f);
+    p.zero_point = at::scalar_tensor(0, at::kInt);
+    Graph g = qdq_model(p, Case{"per_tensor", true, false}, 8);
+    g.opset_imports[""] = 21;
+    g.initializers.erase("zp");
+    for (Node* n : g.nodes()) n->inputs.resize(2);
+    g.nodes()[0]->attributes["output_dtype"] = Attribute::of_int(type);
+    const std::string path = dir / ("output_dtype_" + std::to_string(type) + ".onnx");
+    save_onnx(g, ModelMeta{}, path);
+    at::Tensor ort = run_in_ort(path, "x", x, "y", dir, "basic");
+    ASSERT_TRUE(ort.defined()) << type;
+    const Model reloaded = load_onnx(path);
+    Executor executor(reloaded.graph, testing::shipped_registry());
+    at::Tensor ours = executor.run({{"x", x}})[0];
+    EXPECT_EQ(mismatches(ort, ours), 0) << "output_dtype " << type << " of " << x.numel();
+    // The grid: int8 saturates at 127 steps, int4 at 7, the float8 types round relatively.
+    if (type == 3) EXPECT_EQ(ours.max().item<float>(), 127 * 0.25f);
+    if (type == 22) EXPECT_EQ(ours.max().item<float>(), 7 * 0.25f);
+  }
+}
+
 // The bundled CNN in FP8 for TensorRT (configs/fp8_tensorrt.toml), its first convolution in INT8
 // through [[specific]]: the export carries float8 Q/DQ at opset 19 on the products' inputs only,
 // int8 Q/DQ on the INT8 layer, and ONNX Runtime runs it ('basic') to the simulated outputs.

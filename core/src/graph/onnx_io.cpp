@@ -221,7 +221,7 @@ void read_graph(const onnx::GraphProto& gp, Graph& g, const fs::path& base, cons
 }
 
 /// Float8 values are held as their uint8 codes (Graph::narrow_types), which only QuantizeLinear
-/// (as its zero point, making its output float8) and DequantizeLinear decode: any other reader
+/// (as its zero point; its output is float8 by that or by output_dtype) and DequantizeLinear decode: any other reader
 /// would compute on the codes, so it is refused. `g` is topologically sorted.
 void check_float8_readers(const Graph& g) {
   std::set<std::string> float8;
@@ -238,7 +238,10 @@ void check_float8_readers(const Graph& g) {
                     "), which holds float8 values; the executor reads float8 only as DequantizeLinear's input or "
                     "zero point and QuantizeLinear's zero point (dequantize it to float first)");
     }
-    if (quantize && n->has_input(2) && float8.count(n->inputs[2])) float8.insert(n->outputs.at(0));
+    const std::int64_t output_dtype = quantize && !n->has_input(2) ? n->attr_int("output_dtype", 0) : 0;
+    if (quantize &&
+        ((n->has_input(2) && float8.count(n->inputs[2])) || proto::is_float8_type(std::int32_t(output_dtype))))
+      float8.insert(n->outputs.at(0));
   }
   for (const auto& out : g.outputs)
     if (float8.count(out.name))

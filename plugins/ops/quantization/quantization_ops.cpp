@@ -107,6 +107,8 @@ class QQuantizeLinear final : public NodeQModule {
       auto it = c.graph.narrow_types.find(c.node.inputs[2]);
       if (it != c.graph.narrow_types.end()) narrow_ = it->second;
       float8_ = float8_element(c.graph, c.node.inputs[2]);
+    } else {
+      output_type(c.node.attr_int("output_dtype", 0));
     }
     check_float8_zero_point(c, float8_);
   }
@@ -114,6 +116,7 @@ class QQuantizeLinear final : public NodeQModule {
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
     at::Tensor zp_in = in.size() > 2 ? in[2] : at::Tensor();
+    if (!zp_in.defined()) zp_in = at::zeros_like(in.at(1), in.at(1).options().dtype(zero_point_type_));
     auto [s, zp] = params(node(), x, in.at(1), zp_in, axis_, block_);
     if (float8_ != QElement::kInt) return {float8_codes(x.to(at::kFloat) / s.to(at::kFloat), float8_, saturate_)};
     const at::ScalarType qt = zp.scalar_type();
@@ -128,22 +131,48 @@ class QQuantizeLinear final : public NodeQModule {
  private:
   std::int64_t axis_;
   std::int64_t block_;
+  // Opset 21: without a zero point, output_dtype (an ONNX element type) gives the output's type
+  // (0: uint8), with a zero point of 0.
+  void output_type(std::int64_t t) {
+    switch (t) {
+      case 0:
+      case 2: zero_point_type_ = at::kByte; break;
+      case 3: zero_point_type_ = at::kChar; break;
+      case 4: std::tie(zero_point_type_, narrow_) = std::make_pair(at::kInt, 4); break;  // uint16
+      case 5: zero_point_type_ = at::kShort; break;
+      case 21: std::tie(zero_point_type_, narrow_) = std::make_pair(at::kByte, 21); break;  // uint4
+      case 22: std::tie(zero_point_type_, narrow_) = std::make_pair(at::kChar, 22); break;  // int4
+      case 17: float8_ = QElement::kFloat8E4M3FN; break;
+      case 19: float8_ = QElement::kFloat8E5M2; break;
+      default:
+        throw Error(describe() + ": output_dtype " + std::to_string(t) +
+                    " is not a type the executor quantizes to (uint8, int8, uint16, int16, uint4, int4, "
+                    "float8e4m3fn, float8e5m2)");
+    }
+  }
+
   bool saturate_;
   std::int32_t narrow_ = 0;
   QElement float8_ = QElement::kInt;
+  at::ScalarType zero_point_type_ = at::kByte;  // of the zero point 0 when none is given
 };
 
 class QDequantizeLinear final : public NodeQModule {
  public:
-  // Float8 input: a float8 initializer or zero point, or a QuantizeLinear's float8 output.
+  // Float8 input: a float8 initializer or zero point, or a QuantizeLinear's float8 output (by
+  // its zero point or output_dtype).
   explicit QDequantizeLinear(const OpContext& c)
       : NodeQModule(c), axis_(c.node.attr_int("axis", 1)), block_(c.node.attr_int("block_size", 0)) {
     float8_ = float8_element(c.graph, c.node.inputs.at(0));
     if (float8_ == QElement::kInt && c.node.has_input(2)) float8_ = float8_element(c.graph, c.node.inputs[2]);
     const Node* producer = c.graph.producer(c.node.inputs.at(0));
-    if (float8_ == QElement::kInt && producer && producer->op_type == "QuantizeLinear" && producer->domain.empty() &&
-        producer->has_input(2))
-      float8_ = float8_element(c.graph, producer->inputs[2]);
+    if (float8_ == QElement::kInt && producer && producer->op_type == "QuantizeLinear" && producer->domain.empty()) {
+      const std::int64_t out = producer->attr_int("output_dtype", 0);
+      float8_ = producer->has_input(2) ? float8_element(c.graph, producer->inputs[2])
+                : out == 17            ? QElement::kFloat8E4M3FN
+                : out == 19            ? QElement::kFloat8E5M2
+                                       : QElement::kInt;
+    }
     check_float8_zero_point(c, float8_);
     if (float8_ != QElement::kInt) values_ = decode_float8(at::arange(256, at::kInt).to(at::kByte), float8_);
   }
