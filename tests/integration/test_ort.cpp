@@ -271,6 +271,38 @@ TEST(OnnxRuntime, QuantizeLinearOutputDtypeMatchesOnnxRuntime) {
   }
 }
 
+// A float16 model's Q/DQ (float16 input and scales): DequantizeLinear's output has the scale's
+// type, as ONNX defines; int8 and float8 E4M3, bit for bit with ONNX Runtime.
+TEST(OnnxRuntime, Float16QdqMatchesOnnxRuntime) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  at::manual_seed(16);
+  const at::Tensor x = qdq_input(20.0, 0.25).to(at::kHalf);
+  for (int zero_point_type : {int(onnx::TensorProto::INT8), 17}) {
+    QParams p;
+    p.scale = at::scalar_tensor(0.1875f);
+    p.zero_point = at::scalar_tensor(0, at::kInt);
+    Graph g = qdq_model(p, Case{"per_tensor", true, false}, 8);
+    g.opset_imports[""] = 19;
+    g.inputs[0].elem_type = g.outputs[0].elem_type = onnx::TensorProto::FLOAT16;
+    g.initializers["s"] = g.initializers["s"].to(at::kHalf);
+    if (zero_point_type == 17) {
+      g.initializers["zp"] = at::zeros({}, at::kByte);
+      g.narrow_types["zp"] = 17;
+    }
+    const std::string path = dir / ("float16_" + std::to_string(zero_point_type) + ".onnx");
+    save_onnx(g, ModelMeta{}, path);
+    at::Tensor ort = run_in_ort(path, "x", x, "y", dir, "basic");
+    ASSERT_TRUE(ort.defined());
+    ASSERT_EQ(ort.scalar_type(), at::kHalf);
+    const Model reloaded = load_onnx(path);
+    Executor executor(reloaded.graph, testing::shipped_registry());
+    at::Tensor ours = executor.run({{"x", x}})[0];
+    ASSERT_EQ(ours.scalar_type(), at::kHalf) << zero_point_type;
+    EXPECT_EQ(mismatches(ort.to(at::kFloat), ours.to(at::kFloat)), 0) << "zero point type " << zero_point_type;
+  }
+}
+
 // The bundled CNN in FP8 for TensorRT (configs/fp8_tensorrt.toml), its first convolution in INT8
 // through [[specific]]: the export carries float8 Q/DQ at opset 19 on the products' inputs only,
 // int8 Q/DQ on the INT8 layer, and ONNX Runtime runs it ('basic') to the simulated outputs.

@@ -5,7 +5,7 @@ import zlib from 'node:zlib';
 const NPY_TYPES = {
   '<f4': ['float32', Float32Array], '<f8': ['float64', Float64Array], '|u1': ['uint8', Uint8Array],
   '|i1': ['int8', Int8Array], '<i4': ['int32', Int32Array], '<i8': ['int64', BigInt64Array],
-  '|b1': ['bool', Uint8Array],
+  '|b1': ['bool', Uint8Array], '<f2': ['float16', Uint16Array],  // float16: the 16-bit patterns
 };
 
 export function readNpy(path) {
@@ -25,8 +25,9 @@ export function readNpy(path) {
   return { type, shape, data: new Ctor(copy.buffer, 0, bytes.length / Ctor.BYTES_PER_ELEMENT) };
 }
 
-export function writeNpy(path, array, shape) {
-  const descr = array instanceof Float32Array ? '<f4' : array instanceof BigInt64Array ? '<i8'
+// `type`: the ONNX Runtime tensor's type, which tells float16 (16-bit patterns) from the rest.
+export function writeNpy(path, array, shape, type) {
+  const descr = type === 'float16' ? '<f2' : array instanceof Float32Array ? '<f4' : array instanceof BigInt64Array ? '<i8'
     : array instanceof Int32Array ? '<i4' : array instanceof Int8Array ? '|i1' : array instanceof Uint8Array ? '|u1' : null;
   if (!descr) throw new Error('writeNpy: unsupported array type');
   const shapeText = shape.length === 1 ? `(${shape[0]},)` : `(${shape.join(', ')})`;

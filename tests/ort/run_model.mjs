@@ -30,7 +30,7 @@ const result = await session.run(feeds);
 for (const [name, file] of Object.entries(outputs)) {
   const t = result[name];
   if (!t) throw new Error(`model has no output '${name}' (outputs: ${Object.keys(result).join(', ')})`);
-  writeNpy(file, t.data, t.dims);
+  writeNpy(file, t.data, t.dims, t.type);
 }
 let failed = false;
 for (const [name, file] of Object.entries(compare)) {

@@ -181,11 +181,15 @@ class QDequantizeLinear final : public NodeQModule {
     const at::Tensor& q = in.at(0);
     at::Tensor zp_in = in.size() > 2 ? in[2] : at::Tensor();
     auto [s, zp] = params(node(), q, in.at(1), zp_in, axis_, block_);
+    at::Tensor y;
     if (float8_ != QElement::kInt) {  // each code's value looked up: one gather instead of the decoding arithmetic
       if (values_.device() != q.device()) values_ = values_.to(q.device());
-      return {values_.index({q.to(at::kLong)}) * s.to(at::kFloat)};
+      y = values_.index({q.to(at::kLong)}) * s.to(at::kFloat);
+    } else {
+      y = (q.to(at::kFloat) - zp.to(at::kFloat)) * s.to(at::kFloat);
     }
-    return {(q.to(at::kFloat) - zp.to(at::kFloat)) * s.to(at::kFloat)};
+    // The output has the scale's type (float16 and bfloat16 too), computed in float32.
+    return {y.to(in.at(1).scalar_type())};
   }
 
  private:
