@@ -40,7 +40,8 @@ def executor_perplexity(build, model, eval_dir):
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])["perplexity"]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["perplexity"], result["seconds"]
 
 
 def main():
@@ -52,10 +53,11 @@ def main():
     sparsebit, model, model_path, calib, eval_dir, tokens = (lm.sparsebit, lm.model, lm.model_path, lm.calib,
                                                              lm.eval_dir, lm.tokens)
     fp_ppl = lm.fp32_perplexity
-    print("| scheme | Sparsebit simulation | ONNX Runtime | Sparsebit executor | increase over FP32 |\n"
-          "|---|---:|---:|---:|---:|")
-    print(f"| FP32 | {fp_ppl:.4f} | {ort_perplexity(model_path, eval_dir):.4f} | "
-          f"{executor_perplexity(a.build, model_path, eval_dir):.4f} | |")
+    print("| scheme | Sparsebit simulation | ONNX Runtime | Sparsebit executor | increase over FP32 | "
+          "executor s (x INT8's) |\n|---|---:|---:|---:|---:|---:|")
+    ours, seconds = executor_perplexity(a.build, model_path, eval_dir)
+    print(f"| FP32 | {fp_ppl:.4f} | {ort_perplexity(model_path, eval_dir):.4f} | {ours:.4f} | | {seconds:.2f} |")
+    int8_seconds = None
     work = os.path.join(a.lm_dir, "fp8")
     os.makedirs(work, exist_ok=True)
     for name, cfg in schemes():
@@ -68,8 +70,10 @@ def main():
         path = os.path.join(work, name.replace(" ", "_").lower() + ".onnx")
         qm.export(path)
         ort = ort_perplexity(path, eval_dir, optimization="basic")
-        ours = executor_perplexity(a.build, path, eval_dir)
-        print(f"| {name} | {sim:.4f} | {ort:.4f} | {ours:.4f} | {sim - fp_ppl:+.4f} |")
+        ours, seconds = executor_perplexity(a.build, path, eval_dir)
+        int8_seconds = int8_seconds or seconds  # INT8 comes first: the baseline
+        print(f"| {name} | {sim:.4f} | {ort:.4f} | {ours:.4f} | {sim - fp_ppl:+.4f} | "
+              f"{seconds:.2f} ({seconds / int8_seconds:.2f}x) |")
 
 
 if __name__ == "__main__":
