@@ -182,7 +182,7 @@ class QDequantizeLinear final : public NodeQModule {
     at::Tensor zp_in = in.size() > 2 ? in[2] : at::Tensor();
     auto [s, zp] = params(node(), q, in.at(1), zp_in, axis_, block_);
     at::Tensor y;
-    if (float8_ != QElement::kInt) {  // each code's value looked up: one gather instead of the decoding arithmetic
+    if (float8_ != QElement::kInt) {  // the codes' values from the table built once (no per-call setup)
       if (values_.device() != q.device()) values_ = values_.to(q.device());
       y = values_.index({q.to(at::kLong)}) * s.to(at::kFloat);
     } else {
@@ -196,7 +196,7 @@ class QDequantizeLinear final : public NodeQModule {
   std::int64_t axis_;
   std::int64_t block_;
   QElement float8_ = QElement::kInt;
-  at::Tensor values_;  // of the 256 codes (float8 input)
+  at::Tensor values_;  // of the 256 codes (float8 input), moved to the input's device on first use
 };
 
 // A zero point or scale of an integer-arithmetic op as a tensor broadcasting against its
