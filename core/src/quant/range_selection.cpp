@@ -5,6 +5,7 @@
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -48,6 +49,41 @@ void choose(QuantSlots& slots, std::size_t i, const std::vector<double>& errors,
   s.range_candidates.clear();
   for (auto& b : slots.all())
     if (b.role == InputRole::kBias && b.bias_activation == static_cast<int>(i)) slots.finish_bias(b);
+}
+
+/// Whether slots `a` and `b` were offered the same candidates (same names and grids).
+bool same_candidates(const QuantSlot& a, const QuantSlot& b) {
+  if (a.range_candidates.size() != b.range_candidates.size() || a.spec.describe() != b.spec.describe()) return false;
+  for (std::size_t c = 0; c < a.range_candidates.size(); ++c) {
+    const RangeCandidate &x = a.range_candidates[c], &y = b.range_candidates[c];
+    if (x.name != y.name || !x.params.scale.cpu().equal(y.params.scale.cpu()) ||
+        !x.params.zero_point.cpu().equal(y.params.zero_point.cpu()))
+      return false;
+  }
+  return true;
+}
+
+/// The slots that choose (non-empty `errors`), grouped: readers of one tensor that were offered
+/// the same candidates form one group (Note [One grid per tensor]); any other slot is alone.
+std::vector<std::vector<std::size_t>> readers_of_one_tensor(const QuantSlots& slots,
+                                                            const std::vector<std::vector<double>>& errors) {
+  std::vector<std::vector<std::size_t>> groups;
+  std::map<std::string, std::vector<std::size_t>> by_tensor;  // tensor -> indices into `groups`
+  for (std::size_t i = 0; i < errors.size(); ++i) {
+    if (errors[i].empty()) continue;
+    const QuantSlot& s = slots.all()[i];
+    auto& candidates = by_tensor[s.tensor];
+    auto joins = std::find_if(candidates.begin(), candidates.end(), [&](std::size_t g) {
+      return same_candidates(slots.all()[groups[g].front()], s);
+    });
+    if (joins != candidates.end()) {
+      groups[*joins].push_back(i);
+    } else {
+      candidates.push_back(groups.size());
+      groups.push_back({i});
+    }
+  }
+  return groups;
 }
 
 }  // namespace
@@ -139,9 +175,11 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
       for (std::size_t c = 0; c < errors[i].size() && c < out.error.size(); ++c) errors[i][c] += out.relative(c);
   }
   if (group) sum_over_processes(errors, *group);  // every process chooses from the sum of all errors
-  for (std::size_t i = 0; i < errors.size(); ++i) {
-    if (errors[i].empty()) continue;
-    choose(slots, i, errors[i], r);
+  for (const auto& readers : readers_of_one_tensor(slots, errors)) {
+    std::vector<double> sum(errors[readers.front()].size(), 0.0);
+    for (std::size_t i : readers)
+      for (std::size_t c = 0; c < sum.size(); ++c) sum[c] += errors[i][c];
+    for (std::size_t i : readers) choose(slots, i, sum, r);
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;

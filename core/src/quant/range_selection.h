@@ -15,6 +15,15 @@
 // samples, and the errors are summed over the processes as well, so that float differences
 // between devices cannot split the choice. Cost: one float pass over those samples plus one run
 // of each such node per candidate.
+//
+// Note [One grid per tensor]
+// A tensor read by several quantized inputs (a residual's skip and its branch, a convolution's
+// output read by two layers) gets one choice for all of them: the candidate whose errors, summed
+// over those readers' layers, are least. Their observers saw the same data, so the same choice
+// gives the same grid, and the export writes one QuantizeLinear for the tensor. A runtime fuses a
+// producer into its integer kernel only when its output goes to a single QuantizeLinear (ONNX
+// Runtime's QDQ selectors require every output edge to end in a Q node), so two grids on one
+// tensor would leave the producer in float.
 
 #include <ATen/core/Tensor.h>
 
