@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <optional>
 
 #include "base/glob.h"
 #include "base/mapped_file.h"
@@ -87,6 +88,20 @@ class QuantSlots::State final : public QuantState {
     const QuantSlot* s = slots_.at(index_of(node), input);
     return s ? &s->spec : nullptr;
   }
+  std::int64_t value_elements(const std::string& value) const override {
+    if (!sizes_) {
+      sizes_.emplace();
+      if (slots_.value_sizes_) {
+        try {
+          *sizes_ = slots_.value_sizes_();
+        } catch (const Error& e) {
+          sdk::log_debug(std::string("value sizes unknown to the placement: ") + e.what());
+        }
+      }
+    }
+    auto it = sizes_->find(value);
+    return it == sizes_->end() ? -1 : it->second;
+  }
 
  private:
   std::size_t index_of(const Node& node) const {
@@ -96,6 +111,7 @@ class QuantSlots::State final : public QuantState {
   }
   QuantSlots& slots_;
   std::map<const Node*, std::size_t> index_;
+  mutable std::optional<std::map<std::string, std::int64_t>> sizes_;
 };
 
 // Places the slots of Note [Quantization slots].
@@ -137,6 +153,10 @@ QuantSlots::QuantSlots(const Graph& graph, const Executor& executor, const Confi
 QuantSlots::~QuantSlots() = default;
 QuantSlots::QuantSlots(QuantSlots&&) noexcept = default;
 
+void QuantSlots::set_value_sizes(std::function<std::map<std::string, std::int64_t>()> compute) {
+  value_sizes_ = std::move(compute);
+}
+
 QuantState& QuantSlots::state() {
   if (!state_) throw Error("internal: the slots are built; passes and placement run before finish_building()");
   return *state_;
@@ -160,6 +180,7 @@ void QuantSlots::finish_building() {
   }
   used_tables_.clear();
   state_.reset();
+  value_sizes_ = nullptr;
   config_ = nullptr;
   registry_ = nullptr;  // the slots need nothing more from the registry
 }

@@ -14,6 +14,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -81,6 +83,9 @@ class SPARSEBIT_API QuantSlots {
 
   /// The view fuse passes and the backend's placement work on (valid until finish_building()).
   QuantState& state();
+  /// Elements per sample of the main graph's values: how QuantState::value_elements answers.
+  /// Called at most once, on the first question; an Error it throws makes every size unknown.
+  void set_value_sizes(std::function<std::map<std::string, std::int64_t>()> compute);
   /// Checks the placed slots against the backend, refuses options no plugin read, and lets go
   /// of the registry.
   void finish_building();
@@ -144,6 +149,7 @@ class SPARSEBIT_API QuantSlots {
   std::vector<std::vector<int>> slot_of_;          // [node][input] -> slot index or -1
   std::set<const QuantTableConfig*> used_tables_;  // while building
   std::unique_ptr<State> state_;                   // while building
+  std::function<std::map<std::string, std::int64_t>()> value_sizes_;  // while building
   bool w_on_ = false, a_on_ = false;
 };
 

@@ -82,6 +82,13 @@ class QuantState {
     (void)node, (void)input;
     return nullptr;
   }
+  /// Elements of value `value` of the main graph for one sample, as the float model computes it
+  /// on the first calibration sample (run once, on the first call); -1 where that is unknown (no
+  /// calibration data, a value inside a control-flow body, a run that failed) (SDK 1.3).
+  virtual std::int64_t value_elements(const std::string& value) const {
+    (void)value;
+    return -1;
+  }
 };
 
 /// One node of the layerwise calibration runner (Note [Layerwise runner] in quant_model.h).

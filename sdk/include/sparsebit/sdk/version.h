@@ -28,7 +28,7 @@ namespace sparsebit::sdk {
 
 inline constexpr std::uint32_t kAbiVersion = 18;  // 18 = SDK 1: optional roles as capabilities
 inline constexpr std::uint32_t kSdkVersionMajor = 1;
-inline constexpr std::uint32_t kSdkVersionMinor = 2;  // 1.2: float8 elements (quant.h)
+inline constexpr std::uint32_t kSdkVersionMinor = 3;  // 1.3: QuantState::value_elements
 
 }  // namespace sparsebit::sdk
 
