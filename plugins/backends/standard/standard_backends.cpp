@@ -1,7 +1,9 @@
 // The deployment targets shipped with Sparsebit. Their rules are checked when the config is
 // loaded, so an undeployable scheme fails in seconds, not at engine build time.
 //   virtual      simulation only: any bit width from 2 to 16, any scheme
-//   onnxruntime  W8A8 (QuantizeLinear/DequantizeLinear with int8/uint8), any scheme; weights may
+//   onnxruntime  W8A8 (QuantizeLinear/DequantizeLinear with int8/uint8), any scheme, placed where ONNX
+//                Runtime's QDQ fusions make integer kernels of it and only where that pays
+//                (Note [ONNX Runtime placement] in onnxruntime_placement.cpp); weights may
 //                take ONNX Runtime's reduce range (a 7-bit grid in int8, [w] reduce_range = true).
 //                Activations may also take 16 bits (int16/uint16 Q/DQ at opset 21, which ONNX
 //                Runtime runs as dequantize -> float op -> quantize): the accuracy target's
@@ -28,6 +30,7 @@
 #include <map>
 #include <set>
 
+#include "onnxruntime_placement.h"
 #include "sparsebit/sdk/plugin.h"
 
 namespace sparsebit::backends {
@@ -83,7 +86,10 @@ class OnnxRuntimeBackend final : public Backend {
   // QLinearConv / QGemm add an int32 bias: simulate and export exactly that.
   bool quantize_bias() const override { return true; }
   bool checks_u8s8_saturation() const override { return true; }
-  void place(QuantState& state) const override { keep_recurrent_float(state, state.graph()); }
+  void place(QuantState& state) const override {
+    keep_recurrent_float(state, state.graph());
+    place_for_onnxruntime(state);  // Note [ONNX Runtime placement]
+  }
 };
 
 class TensorRTBackend final : public Backend, public DeploysFloat8 {
