@@ -250,7 +250,9 @@ struct SPARSEBIT_API Config {
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},
                                       {"fold_constants", true},
+                                      {"fuse_hardsigmoid", true},
                                       {"fuse_bn", true},
+                                      {"fuse_affine", true},
                                       {"fuse_matmul_add", true},
                                       {"fuse_hardswish", true},
                                       {"fuse_gelu", true},
