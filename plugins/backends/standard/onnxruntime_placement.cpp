@@ -263,7 +263,7 @@ const std::set<std::string> kRecurrentOps = {"LSTM", "GRU", "RNN"};
 
   /// Step 3's first half: every reader of an integer op's output reads it through a Q/DQ.
   /// False (with the op demoted) where a reader cannot be quantized (a `skip` glob, a
-  /// recurrent layer).
+  /// recurrent layer, a control-flow node).
   bool quantize_outputs() {
     for (const Node* n : g_.nodes()) {
       if (!integer_.count(n) || float_output(*n)) continue;
@@ -271,7 +271,7 @@ const std::set<std::string> kRecurrentOps = {"LSTM", "GRU", "RNN"};
       const std::string out = out_value(*n, &clip);
       if (clip) state_.set_fake_fused(*clip, 0, true);
       for (const auto& [reader, k] : consumers(out)) {
-        if (is(*reader, kRecurrentOps) || !state_.quantize_activation(*reader, k)) {
+        if (is(*reader, kRecurrentOps) || !reader->subgraphs().empty() || !state_.quantize_activation(*reader, k)) {
           integer_.erase(n);
           return false;
         }
