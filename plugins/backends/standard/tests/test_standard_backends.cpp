@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -133,16 +134,149 @@ TEST(Backends, TensorRTQuantizesTheSkipBranchAndKeepsRecurrentAndControlFlowFloa
   EXPECT_FALSE(s.fused.count(P{"conv", 0}));
 }
 
-TEST(Backends, OnnxRuntimeKeepsOnlyRecurrentLayersFloat) {
+TEST(Backends, OnnxRuntimeKeepsRecurrentLayersFloatAndVirtualPlacesNothing) {
   const Graph g = placement_graph();
   RecordingState s(g);
   backend("onnxruntime")->place(s);
   using P = std::pair<std::string, std::size_t>;
-  EXPECT_EQ(s.fused, (std::set<P>{{"lstm", 0}, {"lstm", 1}, {"lstm", 2}}));
-  EXPECT_TRUE(s.quantized.empty());
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(s.fused.count(P{"lstm", i})) << "LSTM input " << i;
+  EXPECT_FALSE(s.fused.count(P{"then_mm", 0})) << "bodies keep the ops' roles";
   RecordingState untouched(g);
   backend("virtual")->place(untouched);
   EXPECT_TRUE(untouched.fused.empty() && untouched.quantized.empty());
+}
+
+// Quantizers as the host keeps them: the slots the ops' roles made, bypassed or not, new ones
+// where quantize_activation asks (refused for a skipped node), sizes where the test gives them.
+class SlotState final : public QuantState {
+ public:
+  using P = std::pair<std::string, std::size_t>;
+  SlotState(const Graph& g, std::set<P> slots) : g_(g), slots(std::move(slots)) {}
+  const Graph& graph() const override { return g_; }
+  bool is_quantized(const Node& n, std::size_t i) const override {
+    return slots.count({n.name, i}) && !fused.count({n.name, i});
+  }
+  void set_fake_fused(const Node& n, std::size_t i, bool on) override {
+    if (!slots.count({n.name, i})) return;
+    if (on) fused.insert({n.name, i});
+    else fused.erase({n.name, i});
+  }
+  bool quantize_activation(const Node& n, std::size_t i) override {
+    if (skipped.count(n.name) || g_.initializers.count(n.inputs[i])) return false;
+    slots.insert({n.name, i});
+    fused.erase({n.name, i});
+    return true;
+  }
+  std::int64_t value_elements(const std::string& v) const override {
+    auto it = sizes.find(v);
+    return it == sizes.end() ? -1 : it->second;
+  }
+  bool active(const std::string& node, std::size_t i) const { return slots.count({node, i}) && !fused.count({node, i}); }
+
+  std::set<P> slots, fused;
+  std::set<std::string> skipped;
+  std::map<std::string, std::int64_t> sizes;
+
+ private:
+  const Graph& g_;
+};
+
+Graph conv_graph(const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& weights) {
+  Graph g;
+  g.opset_imports[""] = 13;
+  g.inputs = {{"x", 1, false, {}, ""}};
+  for (const auto& [name, shape] : weights) g.initializers[name] = at::randn(shape);
+  return g;
+}
+
+// PP-OCR's HardSwish written out reads the convolution's output twice, once through an Add the
+// roles quantize and once through a Mul they do not: ONNX Runtime would run the convolution in
+// float. The placement quantizes the Mul's input too, so one Q takes the output.
+TEST(Backends, OnnxRuntimeGivesAnIntegerLayerOneQuantizeLinearForAllItsReaders) {
+  Graph g = conv_graph({{"w1", {64, 64, 1, 1}}, {"b1", {64}}, {"w2", {64, 64, 1, 1}}, {"b2", {64}}});
+  g.initializers["three"] = at::full({}, 3.0);
+  g.initializers["lo"] = at::full({}, 0.0);
+  g.initializers["hi"] = at::full({}, 6.0);
+  g.outputs = {{"y", 1, false, {}, ""}};
+  g.append(make_node("conv1", "Conv", {"x", "w1", "b1"}, {"h"}));
+  g.append(make_node("add3", "Add", {"h", "three"}, {"a"}));
+  g.append(make_node("clip", "Clip", {"a", "lo", "hi"}, {"c"}));
+  g.append(make_node("mul", "Mul", {"h", "c"}, {"m"}));
+  g.append(make_node("conv2", "Conv", {"m", "w2", "b2"}, {"y2"}));
+  g.append(make_node("relu", "Relu", {"y2"}, {"y"}));
+  SlotState s(g, {{"conv1", 0}, {"conv1", 1}, {"conv1", 2}, {"add3", 0}, {"conv2", 0}, {"conv2", 1}, {"conv2", 2}});
+  backend("onnxruntime")->place(s);
+  EXPECT_TRUE(s.active("conv1", 0) && s.active("conv1", 1) && s.active("conv1", 2));
+  EXPECT_TRUE(s.active("add3", 0) && s.active("mul", 0)) << "both readers of conv1's output read one Q/DQ";
+  EXPECT_FALSE(s.active("mul", 1)) << "the clip's output is made by float ops and read by one";
+  // conv2's output leaves the model through the Relu: no Q can follow it, so it stays float,
+  // weights included (ONNX Runtime would dequantize them on every run).
+  EXPECT_FALSE(s.active("conv2", 0) || s.active("conv2", 1) || s.active("conv2", 2));
+}
+
+// Conv -> Relu -> Conv: the Relu is dropped by the Q after it (an unsigned grid), so its input
+// stays unquantized and the first convolution's Q reads the Relu's output.
+TEST(Backends, OnnxRuntimeLetsTheQuantizeLinearAfterAReluTakeTheRelu) {
+  Graph g = conv_graph({{"w1", {32, 16, 3, 3}}, {"w2", {32, 32, 3, 3}}, {"w3", {10, 32}}});
+  g.outputs = {{"y", 1, false, {}, ""}};
+  g.append(make_node("conv1", "Conv", {"x", "w1"}, {"h"}));
+  g.append(make_node("relu", "Relu", {"h"}, {"r"}));
+  g.append(make_node("conv2", "Conv", {"r", "w2"}, {"h2"}));
+  g.append(make_node("pool", "GlobalAveragePool", {"h2"}, {"p"}));
+  g.append(make_node("flat", "Flatten", {"p"}, {"f"}));
+  g.append(make_node("fc", "MatMul", {"f", "w3"}, {"y"}));
+  SlotState s(g, {{"conv1", 0}, {"conv1", 1}, {"relu", 0}, {"conv2", 0}, {"conv2", 1}, {"pool", 0}, {"fc", 0}, {"fc", 1}});
+  backend("onnxruntime")->place(s);
+  EXPECT_FALSE(s.active("relu", 0));
+  EXPECT_TRUE(s.active("conv2", 0));
+  EXPECT_TRUE(s.active("pool", 0)) << "QLinearGlobalAveragePool between two integer ops";
+  EXPECT_TRUE(s.active("flat", 0)) << "the pool's Q before the Flatten, which runs on 8-bit data";
+  EXPECT_TRUE(s.active("fc", 0) && s.active("fc", 1)) << "a MatMul writing a graph output: MatMulIntegerToFloat";
+}
+
+// A depthwise convolution between float ops saves 9 multiply-adds an output element, less than
+// the QuantizeLinear before it and the DequantizeLinear after it cost: it stays float. The same
+// convolution between two integer layers costs no Q/DQ of its own and stays quantized.
+TEST(Backends, OnnxRuntimeLeavesALayerFloatWhereItsQdqCostsMoreThanItSaves) {
+  for (const bool between_integer_layers : {false, true}) {
+    Graph g = conv_graph({{"wp", {32, 32, 1, 1}}, {"wd", {32, 1, 3, 3}}, {"wq", {32, 32, 1, 1}}});
+    g.outputs = {{"y", 1, false, {}, ""}};
+    const std::string before = between_integer_layers ? "Conv" : "Sigmoid";
+    g.append(make_node("pre", "HardSigmoid", {"x"}, {"x1"}));
+    if (between_integer_layers) g.append(make_node("pw", "Conv", {"x1", "wp"}, {"h"}));
+    else g.append(make_node("pw", "HardSigmoid", {"x1"}, {"h"}));
+    g.append(make_node("dw", "Conv", {"h", "wd"}, {"d"}));
+    g.node(g.num_nodes() - 1).attributes["group"] = Attribute::of_int(32);
+    g.node(g.num_nodes() - 1).attributes["pads"] = Attribute::of_ints({1, 1, 1, 1});
+    if (between_integer_layers) g.append(make_node("pq", "Conv", {"d", "wq"}, {"q"}));
+    else g.append(make_node("pq", "HardSigmoid", {"d"}, {"q"}));
+    g.append(make_node("post", "Tanh", {"q"}, {"y"}));
+    std::set<SlotState::P> slots{{"dw", 0}, {"dw", 1}};
+    if (between_integer_layers) slots.insert({{"pw", 0}, {"pw", 1}, {"pq", 0}, {"pq", 1}});
+    SlotState s(g, slots);
+    for (const char* v : {"x", "x1", "h", "d", "q"}) s.sizes[v] = 32 * 28 * 28;
+    backend("onnxruntime")->place(s);
+    EXPECT_EQ(s.active("dw", 0), between_integer_layers);
+    EXPECT_EQ(s.active("dw", 1), between_integer_layers) << "a float layer keeps float weights";
+  }
+}
+
+// A reader that cannot be quantized (a `skip` glob) or reads in float (a recurrent layer) keeps
+// its producer float: ONNX Runtime would find the output going to a Q and to a float op.
+TEST(Backends, OnnxRuntimeKeepsAProducerFloatWhoseReaderCannotTakeItsQuantizeLinear) {
+  for (const std::string reader : {"Sigmoid", "LSTM"}) {
+    Graph g = conv_graph({{"w", {64, 64, 3, 3}}, {"lw", {1, 32, 64}}, {"lr", {1, 32, 8}}});
+    g.outputs = {{"y", 1, false, {}, ""}};
+    g.append(make_node("conv", "Conv", {"x", "w"}, {"h"}));
+    g.append(make_node("kept", reader, reader == "LSTM" ? std::vector<std::string>{"h", "lw", "lr"}
+                                                        : std::vector<std::string>{"h"},
+                       {"y"}));
+    SlotState s(g, {{"conv", 0}, {"conv", 1}});
+    s.skipped.insert("kept");
+    backend("onnxruntime")->place(s);
+    EXPECT_FALSE(s.active("conv", 0)) << reader;
+    EXPECT_FALSE(s.active("kept", 0)) << reader;
+  }
 }
 
 }  // namespace
