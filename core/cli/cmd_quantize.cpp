@@ -15,7 +15,7 @@ struct QuantizeArgs {
   int nproc = 1;
   std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs,
       eval_fp32_outputs, target;
-  bool external_data = false, target_strict = false;
+  bool external_data = false, target_strict = false, latency = false, no_latency = false;
   int batch_size = 0, calib_count = -1;
 };
 
@@ -35,6 +35,9 @@ int cmd_quantize(const QuantizeArgs& a, const GlobalOptions& g) {
     if (!config.target) throw sb::Error("--target-strict needs a target (--target \"cosine>=0.99\" or [target])");
     config.target->strict = true;
   }
+  if (a.latency && a.no_latency) throw sb::Error("--latency and --no-latency contradict each other; pass one");
+  if (a.latency) config.latency.enabled = "on";
+  if (a.no_latency) config.latency.enabled = "off";
   if (!a.mode.empty()) {
     if (a.mode != "streaming" && a.mode != "layerwise" && a.mode != "asym")
       throw sb::Error("--mode must be streaming, layerwise or asym");
@@ -118,6 +121,10 @@ Command add_quantize(CLI::App& app, const GlobalOptions& g) {
                      "A target not reached is an error (exit 1, nothing written) instead of a warning");
   quantize->add_flag("--external-data", a->external_data,
                      "Write initializers of 1 KiB or more to OUTPUT.data (ONNX external data); automatic above 1 GiB");
+  quantize->add_flag("--latency", a->latency,
+                     "Time the export against the float model in ONNX Runtime (1 thread and every core; [latency]) "
+                     "and fail if it cannot; by default it is timed where ONNX Runtime is found");
+  quantize->add_flag("--no-latency", a->no_latency, "Do not time the export in ONNX Runtime");
   add_nproc_option(*quantize, a->nproc);
   return {quantize, [a, &g] {
             if (auto status = launch_workers(a->nproc)) return *status;

@@ -229,6 +229,30 @@ void read_export(const Reader& r, const toml::table* t, Config& c) {
   c.export_options.accuracy_level = level;
 }
 
+void read_latency(const Reader& r, const toml::table* t, Config& c) {
+  r.check_keys(*t, "latency", {"enabled", "threads", "runs", "runtime"});
+  LatencyConfig& l = c.latency;
+  if (const toml::node* e = t->get("enabled")) {
+    if (const auto b = e->value<bool>()) l.enabled = *b ? "on" : "off";
+    else if (e->value<std::string>() == std::optional<std::string>("auto")) l.enabled = "auto";
+    else throw Error(r.key_path("latency", "enabled") + " must be true, false or \"auto\"");
+  }
+  if (const toml::node* n = t->get("threads")) {
+    const toml::array* a = n->as_array();
+    if (!a || a->empty()) throw Error(r.key_path("latency", "threads") + " must be a list of thread counts, e.g. [1, 0] (0: every core)");
+    l.threads.clear();
+    for (const auto& v : *a) {
+      const auto k = v.value<std::int64_t>();
+      if (!k || *k < 0 || *k > 4096)
+        throw Error(r.key_path("latency", "threads") + " must hold thread counts from 0 (every core) to 4096");
+      l.threads.push_back(*k);
+    }
+  }
+  l.runs = r.get<std::int64_t>(*t, "latency", "runs", l.runs, "an integer");
+  if (l.runs < 1 || l.runs > 100000) throw Error(r.key_path("latency", "runs") + " must be 1 to 100000");
+  l.runtime = r.get<std::string>(*t, "latency", "runtime", l.runtime, "a string");
+}
+
 void read_qat(const Reader& r, const toml::table* t, Config& c) {
   r.check_keys(*t, "qat",
                {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed", "tf32",
@@ -347,7 +371,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Reader r{c.source};
   r.check_keys(root, "",
                {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "target",
-                "export", "plugins", "bit_allocation"});
+                "export", "plugins", "bit_allocation", "latency"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   c.skip = r.globs(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
@@ -376,6 +400,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   }
   if (auto* t = table("calibration")) read_calibration(r, t, c);
   if (auto* t = table("export")) read_export(r, t, c);
+  if (auto* t = table("latency")) read_latency(r, t, c);
   if (auto* t = table("qat")) read_qat(r, t, c);
   if (auto* t = table("target")) read_target(r, t, c);
   if (auto* t = table("plugins")) read_plugins(r, t, source_name, c);

@@ -268,8 +268,14 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
 
   if (!writes_files()) return r;
   std::string external;
-  files.set_model(qm.serialize(&external, files.external_location(), job.external_data));
+  std::string bytes = qm.serialize(&external, files.external_location(), job.external_data);
   phase("export");
+  if (config.latency.enabled != "off" && !config.weight_only) {
+    r.latency = time_export(config, job.model, bytes, external, qm.graph(), job.calib);
+    log_latency(*r.latency);
+    phase("latency");
+  }
+  files.set_model(std::move(bytes));
   r.external_data_written = files.commit(external, job.report.empty() ? "" : report_json(r));
   phase("write");
   spdlog::info("wrote {}", job.output);

@@ -41,6 +41,20 @@ std::string report_json(const QuantizeOutcome& r) {
                         {"poor", r.agreement->poor},
                         {"outputs", outs}};
   }
+  if (r.latency) {  // Note [Latency step]
+    json rows = json::array();
+    for (const auto& row : r.latency->rows)
+      rows.push_back({{"threads", row.threads},
+                      {"float_ms", row.float_ms},
+                      {"export_ms", row.export_ms},
+                      {"speedup", row.float_ms / row.export_ms}});
+    rep["latency"] = {{"measured", r.latency->measured},
+                      {"runtime", r.latency->measured ? "onnxruntime-node " + r.latency->runtime : ""},
+                      {"why_not", r.latency->why_not},
+                      {"float_bytes", r.latency->float_bytes},
+                      {"export_bytes", r.latency->export_bytes},
+                      {"rows", rows}};
+  }
   json coverage = json::array();
   for (const auto& c : r.input_coverage)
     coverage.push_back({{"input", c.input}, {"min", c.min}, {"max", c.max}, {"open", c.open}});

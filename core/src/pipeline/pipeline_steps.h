@@ -87,6 +87,12 @@ void log_coverage(const std::vector<InputCoverage>& coverage);
 AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int64_t target_holdout);
 void log_agreement(const AgreementCheck& a);
 
+/// Note [Latency step]: `bytes` (the serialized export, `external` its external data if any)
+/// timed against the float model at `float_model`; measure_latency on a temporary copy.
+LatencyReport time_export(const Config& config, const std::string& float_model, const std::string& bytes,
+                          const std::string& external, const Graph& graph, const DataSource& calib);
+void log_latency(const LatencyReport& r);
+
 /// Warns loudly when the backend and skip globs leave nothing quantized, saying why.
 void warn_if_nothing_quantized(QuantModel& qm, const Config& config);
 

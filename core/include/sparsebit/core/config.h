@@ -151,6 +151,16 @@ struct ExportConfig {
   std::int64_t accuracy_level = 0;  ///< MatMulNBits' accuracy_level: 0 (unset) to 4 (int8 compute)
 };
 
+/// `[latency]`: the export and the float model timed in ONNX Runtime after `quantize` (Note
+/// [Latency step] in core/src/pipeline/latency.cpp).
+struct LatencyConfig {
+  /// "auto": where the runtime is found (else the run says so); "on": required; "off".
+  std::string enabled = "auto";
+  std::vector<std::int64_t> threads{1, 0};  ///< intra-op thread counts to time; 0: every core
+  std::int64_t runs = 20;                   ///< timed runs per model and thread count (medians)
+  std::string runtime;  ///< the onnxruntime-node package folder ("": searched, Note [Latency step])
+};
+
 /// `[[sparse.specific]]`: the ratio for the nodes matching `nodes`.
 struct SparseSpecific {
   std::string name;  ///< "[[sparse.specific]] #1", for messages
@@ -246,6 +256,7 @@ struct SPARSEBIT_API Config {
   std::optional<BitAllocationConfig> bit_allocation;  ///< set by a [bit_allocation] table
   bool quantization_given = false;                    ///< the file has [w] or [a] (a prune run then quantizes too)
   ExportConfig export_options;                        ///< [export]
+  LatencyConfig latency;                              ///< [latency]
   bool weight_only = false;  ///< [w] without [a]: activations stay float (Note [Weight-only quantization])
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},

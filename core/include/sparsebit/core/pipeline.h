@@ -85,6 +85,25 @@ struct InputCoverage {
   std::vector<bool> open;              ///< whether the model leaves that dimension open
 };
 
+/// The latency step's result (Note [Latency step] in core/src/pipeline/latency.cpp).
+struct LatencyReport {
+  bool measured = false;
+  std::string why_not;  ///< when not measured: what was missing
+  std::string runtime;  ///< the onnxruntime-node folder that timed it
+  struct Row {
+    std::int64_t threads = 0;
+    double float_ms = 0, export_ms = 0;
+  };
+  std::vector<Row> rows;
+  std::int64_t float_bytes = 0, export_bytes = 0;  ///< the files' sizes
+};
+
+/// Times `export_model` (the written export) against `float_model` in ONNX Runtime on the first
+/// sample of `calib` as `config` says; a run that cannot time them says why in the result.
+SPARSEBIT_API LatencyReport measure_latency(const LatencyConfig& config, const std::string& float_model,
+                                            const std::string& export_model, const Graph& graph,
+                                            const DataSource& calib);
+
 struct QuantizeJob {
   std::string model;  ///< float ONNX model
   DataSource calib;   ///< calibration data (Note [Data sources])
@@ -109,6 +128,7 @@ struct QuantizeOutcome {
   std::optional<AgreementCheck> agreement;
   std::vector<InputCoverage> input_coverage;  ///< inputs with open dimensions
   bool external_data_written = false;
+  std::optional<LatencyReport> latency;  ///< unless [latency] enabled = false
 };
 
 struct QatJob {
