@@ -50,7 +50,8 @@ TEST_F(Latency, QuantizeTimesTheExportAgainstTheFloatModelAtEachThreadCount) {
     EXPECT_NEAR(row.at("speedup").get<double>(), row.at("float_ms").get<double>() / row.at("export_ms").get<double>(),
                 1e-9);
   }
-  EXPECT_EQ(l.at("float_bytes").get<std::int64_t>(), static_cast<std::int64_t>(fs::file_size(testing::fixture_model())));
+  EXPECT_EQ(l.at("float_bytes").get<std::int64_t>(),
+            static_cast<std::int64_t>(fs::file_size(testing::fixture_model())));
   EXPECT_EQ(l.at("export_bytes").get<std::int64_t>(), static_cast<std::int64_t>(fs::file_size(work_ / "q.onnx")));
 }
 
@@ -75,12 +76,14 @@ TEST_F(Latency, AMissingRuntimeIsSaidAndFailsOnlyWhereTimingWasAskedFor) {
 TEST(LatencyConfig, BadValuesNameTheKey) {
   EXPECT_NE(testing::error_of([] { Config::from_string("[latency]\nthreads = []", "t.toml"); }).find("latency.threads"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { Config::from_string("[latency]\nthreads = [-1]", "t.toml"); }).find("latency.threads"),
-            std::string::npos);
+  EXPECT_NE(
+      testing::error_of([] { Config::from_string("[latency]\nthreads = [-1]", "t.toml"); }).find("latency.threads"),
+      std::string::npos);
   EXPECT_NE(testing::error_of([] { Config::from_string("[latency]\nruns = 0", "t.toml"); }).find("latency.runs"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { Config::from_string("[latency]\nenabled = \"yes\"", "t.toml"); }).find("latency.enabled"),
-            std::string::npos);
+  EXPECT_NE(
+      testing::error_of([] { Config::from_string("[latency]\nenabled = \"yes\"", "t.toml"); }).find("latency.enabled"),
+      std::string::npos);
   EXPECT_NE(testing::error_of([] { Config::from_string("[latency]\nthread = [1]", "t.toml"); }).find("thread"),
             std::string::npos);
   const Config c = Config::from_string("[latency]\nenabled = false\nthreads = [4]\nruns = 7", "t.toml");

@@ -74,7 +74,8 @@ Graph paddle_style_cnn() {
     g.append(make_node(y + "_div", "Div", {y + "_m", "six"}, {y}));
   };
   const auto pad1 = Attribute::of_ints({1, 1, 1, 1});
-  g.append(make_node("stem", "Conv", {"x", "w_stem"}, {"s"}, {{"pads", pad1}, {"strides", Attribute::of_ints({2, 2})}}));
+  g.append(
+      make_node("stem", "Conv", {"x", "w_stem"}, {"s"}, {{"pads", pad1}, {"strides", Attribute::of_ints({2, 2})}}));
   g.append(make_node("lab_mul", "Mul", {"a", "s"}, {"s1"}));
   g.append(make_node("lab_add", "Add", {"s1", "b"}, {"s2"}));
   hardswish("s2", "h1");
@@ -104,8 +105,8 @@ TEST(OnnxRuntimeFusion, EveryConvolutionTheExportQuantizesRunsAsQLinearConv) {
                                   testing::source_path("configs/w8a8_onnxruntime.toml") + " --calib " + dir / "calib" +
                                   " -o " + dir / "q.onnx");
   ASSERT_EQ(q.exit_code, 0) << q.output;
-  const auto opt = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/optimized_model.mjs " +
-                                        dir / "q.onnx" + " " + dir / "optimized.onnx");
+  const auto opt = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR +
+                                        "/optimized_model.mjs " + dir / "q.onnx" + " " + dir / "optimized.onnx");
   ASSERT_EQ(opt.exit_code, 0) << opt.output;
   const onnx::ModelProto exported = read_model(dir / "q.onnx"), optimized = read_model(dir / "optimized.onnx");
   const int quantized_convs = reading_dequantized(exported, {"Conv"});

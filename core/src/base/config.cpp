@@ -239,7 +239,8 @@ void read_latency(const Reader& r, const toml::table* t, Config& c) {
   }
   if (const toml::node* n = t->get("threads")) {
     const toml::array* a = n->as_array();
-    if (!a || a->empty()) throw Error(r.key_path("latency", "threads") + " must be a list of thread counts, e.g. [1, 0] (0: every core)");
+    if (!a || a->empty())
+      throw Error(r.key_path("latency", "threads") + " must be a list of thread counts, e.g. [1, 0] (0: every core)");
     l.threads.clear();
     for (const auto& v : *a) {
       const auto k = v.value<std::int64_t>();

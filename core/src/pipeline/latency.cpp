@@ -115,8 +115,9 @@ LatencyReport measure_latency(const LatencyConfig& config, const std::string& fl
     }
   } cleanup{dir};
   const std::vector<at::Tensor> sample = sample_inputs(graph, calib);
-  std::string command = "timeout 900 node " + shell_quoted(helper) + " " + shell_quoted(r.runtime) + " " + shell_quoted(float_model) +
-                        " " + shell_quoted(export_model) + " " + std::to_string(config.runs) + " ";
+  std::string command = "timeout 900 node " + shell_quoted(helper) + " " + shell_quoted(r.runtime) + " " +
+                        shell_quoted(float_model) + " " + shell_quoted(export_model) + " " +
+                        std::to_string(config.runs) + " ";
   const std::int64_t cores = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
   std::string threads;
   for (std::int64_t t : config.threads) threads += (threads.empty() ? "" : ",") + std::to_string(t == 0 ? cores : t);

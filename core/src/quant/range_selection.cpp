@@ -73,9 +73,8 @@ std::vector<std::vector<std::size_t>> readers_of_one_tensor(const QuantSlots& sl
     if (errors[i].empty()) continue;
     const QuantSlot& s = slots.all()[i];
     auto& candidates = by_tensor[s.tensor];
-    auto joins = std::find_if(candidates.begin(), candidates.end(), [&](std::size_t g) {
-      return same_candidates(slots.all()[groups[g].front()], s);
-    });
+    auto joins = std::find_if(candidates.begin(), candidates.end(),
+                              [&](std::size_t g) { return same_candidates(slots.all()[groups[g].front()], s); });
     if (joins != candidates.end()) {
       groups[*joins].push_back(i);
     } else {

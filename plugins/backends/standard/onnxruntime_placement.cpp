@@ -55,8 +55,8 @@ namespace {
 
 const std::set<std::string> kMatrixOps = {"Conv", "MatMul", "Gemm"};
 const std::set<std::string> kFloatOutputOps = {"MatMul", "Gemm"};
-const std::set<std::string> kQLinearOps = {"Add",     "Mul",       "Concat",  "AveragePool",
-                                           "GlobalAveragePool", "LeakyRelu", "Sigmoid", "Softmax"};
+const std::set<std::string> kQLinearOps = {"Add",       "Mul",     "Concat", "AveragePool", "GlobalAveragePool",
+                                           "LeakyRelu", "Sigmoid", "Softmax"};
 const std::set<std::string> kOnIntegers = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
                                            "Gather",  "Expand",    "Tile",    "MaxPool",   "Resize",  "Split"};
 // Layers that read their input in float (the backend keeps them so): an op feeding one stays float.
@@ -202,8 +202,8 @@ class Placement {
   }
 
   /// Layers that read their input in float (the backend keeps them so): an op feeding one stays float.
-const std::set<std::string> kRecurrentOps = {"LSTM", "GRU", "RNN"};
-// Multiply-adds per output element of a matrix op.
+  const std::set<std::string> kRecurrentOps = {"LSTM", "GRU", "RNN"};
+  // Multiply-adds per output element of a matrix op.
   double depth(const Node& n) const {
     const bool has_weight = n.has_input(1) && constant(n.inputs[1]);
     if (!has_weight) return kUnknownDepth;

@@ -190,7 +190,8 @@ bool fold_affine(Graph& g, Node& op, const BatchNormAffine& affine, const Node& 
   const at::Tensor b2 = affine.fold_bias(b);
   const auto dtype = g.initializers.at(op.inputs[1]).scalar_type();
   const std::string wn = g.unique_name(op.inputs[1] + suffix),
-                    bname = g.unique_name((absorbed.inputs.size() > 2 ? absorbed.inputs[2] : absorbed.name) + "_folded");
+                    bname =
+                        g.unique_name((absorbed.inputs.size() > 2 ? absorbed.inputs[2] : absorbed.name) + "_folded");
   g.initializers[wn] = w2.to(dtype).contiguous();
   g.initializers[bname] = b2.to(dtype).contiguous();
   op.inputs.resize(3);
@@ -288,7 +289,8 @@ class FuseAffine final : public Pass {
   static std::optional<BatchNormAffine> affine_of(const Node& aff, const at::Tensor& c) {
     const at::Tensor one = at::ones_like(c), zero = at::zeros_like(c);
     if (aff.op_type == "Mul") return BatchNormAffine{c, zero};
-    if (aff.op_type == "Div") return (c != 0).all().item<bool>() ? std::optional(BatchNormAffine{1 / c, zero}) : std::nullopt;
+    if (aff.op_type == "Div")
+      return (c != 0).all().item<bool>() ? std::optional(BatchNormAffine{1 / c, zero}) : std::nullopt;
     if (aff.op_type == "Add") return BatchNormAffine{one, c};
     return BatchNormAffine{one, -c};  // Sub
   }
@@ -320,7 +322,8 @@ class FuseAffine final : public Pass {
     const double a = affine->scale.item<double>(), b = affine->shift.item<double>();
     at::Tensor w = g.initializers.at(op.inputs[1]).to(at::kDouble);
     const std::int64_t out = channels(g, op);
-    at::Tensor bias = op.has_input(2) ? g.initializers.at(op.inputs[2]).to(at::kDouble).reshape({-1}) : at::zeros({1}, at::kDouble);
+    at::Tensor bias =
+        op.has_input(2) ? g.initializers.at(op.inputs[2]).to(at::kDouble).reshape({-1}) : at::zeros({1}, at::kDouble);
     if (bias.numel() == 1) bias = bias.expand({out});
     if (bias.numel() != out) return false;
     at::Tensor sums;

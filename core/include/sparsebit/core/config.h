@@ -158,7 +158,7 @@ struct LatencyConfig {
   std::string enabled = "auto";
   std::vector<std::int64_t> threads{1, 0};  ///< intra-op thread counts to time; 0: every core
   std::int64_t runs = 20;                   ///< timed runs per model and thread count (medians)
-  std::string runtime;  ///< the onnxruntime-node package folder ("": searched, Note [Latency step])
+  std::string runtime;                      ///< the onnxruntime-node package folder ("": searched, Note [Latency step])
 };
 
 /// `[[sparse.specific]]`: the ratio for the nodes matching `nodes`.

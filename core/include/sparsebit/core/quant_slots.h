@@ -146,9 +146,9 @@ class SPARSEBIT_API QuantSlots {
   const Config* config_;      // while building (a moved QuantModel moves its config)
   const Registry* registry_;  // while building
   std::vector<QuantSlot> slots_;
-  std::vector<std::vector<int>> slot_of_;          // [node][input] -> slot index or -1
-  std::set<const QuantTableConfig*> used_tables_;  // while building
-  std::unique_ptr<State> state_;                   // while building
+  std::vector<std::vector<int>> slot_of_;                             // [node][input] -> slot index or -1
+  std::set<const QuantTableConfig*> used_tables_;                     // while building
+  std::unique_ptr<State> state_;                                      // while building
   std::function<std::map<std::string, std::int64_t>()> value_sizes_;  // while building
   bool w_on_ = false, a_on_ = false;
 };

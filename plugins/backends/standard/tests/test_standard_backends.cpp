@@ -171,7 +171,9 @@ class SlotState final : public QuantState {
     auto it = sizes.find(v);
     return it == sizes.end() ? -1 : it->second;
   }
-  bool active(const std::string& node, std::size_t i) const { return slots.count({node, i}) && !fused.count({node, i}); }
+  bool active(const std::string& node, std::size_t i) const {
+    return slots.count({node, i}) && !fused.count({node, i});
+  }
 
   std::set<P> slots, fused;
   std::set<std::string> skipped;
@@ -225,7 +227,8 @@ TEST(Backends, OnnxRuntimeLetsTheQuantizeLinearAfterAReluTakeTheRelu) {
   g.append(make_node("pool", "GlobalAveragePool", {"h2"}, {"p"}));
   g.append(make_node("flat", "Flatten", {"p"}, {"f"}));
   g.append(make_node("fc", "MatMul", {"f", "w3"}, {"y"}));
-  SlotState s(g, {{"conv1", 0}, {"conv1", 1}, {"relu", 0}, {"conv2", 0}, {"conv2", 1}, {"pool", 0}, {"fc", 0}, {"fc", 1}});
+  SlotState s(g,
+              {{"conv1", 0}, {"conv1", 1}, {"relu", 0}, {"conv2", 0}, {"conv2", 1}, {"pool", 0}, {"fc", 0}, {"fc", 1}});
   backend("onnxruntime")->place(s);
   EXPECT_FALSE(s.active("relu", 0));
   EXPECT_TRUE(s.active("conv2", 0));
@@ -268,8 +271,8 @@ TEST(Backends, OnnxRuntimeKeepsAProducerFloatWhoseReaderCannotTakeItsQuantizeLin
     Graph g = conv_graph({{"w", {64, 64, 3, 3}}, {"lw", {1, 32, 64}}, {"lr", {1, 32, 8}}});
     g.outputs = {{"y", 1, false, {}, ""}};
     g.append(make_node("conv", "Conv", {"x", "w"}, {"h"}));
-    g.append(make_node("kept", reader, reader == "LSTM" ? std::vector<std::string>{"h", "lw", "lr"}
-                                                        : std::vector<std::string>{"h"},
+    g.append(make_node("kept", reader,
+                       reader == "LSTM" ? std::vector<std::string>{"h", "lw", "lr"} : std::vector<std::string>{"h"},
                        {"y"}));
     SlotState s(g, {{"conv", 0}, {"conv", 1}});
     s.skipped.insert("kept");

@@ -36,10 +36,10 @@ TEST(Passes, FuseAffineFoldsAScalarMapIntoAnUnpaddedLayerAfter) {
     b.constant("bias", at::randn({6}));
     b.add("mul", "Mul", {"x", "a"}, {"m"});
     b.add("sub", "Sub", {"m", "b"}, {"s"});
-    if (conv)
-      b.add("conv", "Conv", {"s", "w", "bias"}, {"y"});
+    if (conv) b.add("conv", "Conv", {"s", "w", "bias"}, {"y"});
     else
-      b.add("fc", "Gemm", {"s", "w", "bias"}, {"y"}, {{"transB", Attribute::of_int(1)}, {"alpha", Attribute::of_float(0.5)}});
+      b.add("fc", "Gemm", {"s", "w", "bias"}, {"y"},
+            {{"transB", Attribute::of_int(1)}, {"alpha", Attribute::of_float(0.5)}});
     Graph g = apply_and_compare(b.g, "fuse_affine", conv ? at::randn({2, 4, 5, 5}) : at::randn({3, 4}));
     EXPECT_EQ(ops(g), (std::vector<std::string>{layer})) << layer;
   }
