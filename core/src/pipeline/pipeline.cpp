@@ -273,7 +273,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   if (config.latency.enabled != "off" && !config.weight_only) {
     r.latency = time_export(config, job.model, bytes, external, qm.graph(), job.calib);
     log_latency(*r.latency);
-    phase("latency");
+    if (r.latency->measured) phase("latency");
   }
   files.set_model(std::move(bytes));
   r.external_data_written = files.commit(external, job.report.empty() ? "" : report_json(r));

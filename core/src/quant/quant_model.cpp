@@ -152,20 +152,23 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
   warn_unmatched(config_.skip, "skip");
   for (const auto& e : config_.specific) warn_unmatched(e.nodes, e.name + " nodes");
   slots_ = std::make_unique<QuantSlots>(model_->graph, *executor_, config_, *backend_, backend_plugin_, registry);
-  if (!calibration.empty()) {
-    // A backend that weighs a layer's cost against its Q/DQ asks for sizes: one sample, once.
-    slots_->set_value_sizes([this, &registry, &calibration] {
-      std::map<std::string, std::int64_t> sizes;
-      const Graph& g = model_->graph;
-      for (const auto& [name, fact] : observed_value_facts(g, registry, sample_inputs(g, calibration))) {
-        if (fact.rank < 0 || static_cast<std::size_t>(fact.rank) != fact.dims.size()) continue;
-        std::int64_t n = 1;
-        for (std::int64_t d : fact.dims) n = d < 0 ? -1 : n * d;
-        if (n >= 0) sizes[name] = n;
-      }
-      return sizes;
-    });
-  }
+  // A backend that weighs a layer's cost against its Q/DQ asks for sizes per sample: from one
+  // calibration sample, else (no data yet, as from Python) from the declared shapes and ONNX's
+  // shape inference, an open leading (batch) dimension taken as 1. Computed once, if asked.
+  slots_->set_value_sizes([this, &registry, &calibration] {
+    std::map<std::string, std::int64_t> sizes;
+    const Graph& g = model_->graph;
+    const ValueFacts facts = calibration.empty() ? static_value_facts(g, model_->meta.value_info)
+                                                 : observed_value_facts(g, registry, sample_inputs(g, calibration));
+    for (const auto& [name, fact] : facts) {
+      if (fact.rank < 0 || static_cast<std::size_t>(fact.rank) != fact.dims.size()) continue;
+      std::int64_t n = 1;
+      for (std::size_t d = 0; d < fact.dims.size() && n >= 0; ++d)
+        n = fact.dims[d] >= 0 ? n * fact.dims[d] : d == 0 ? n : -1;
+      if (n >= 0) sizes[name] = n;
+    }
+    return sizes;
+  });
   run_passes(config_.schedule, Pass::Stage::kFuse, model_->graph, registry, &slots_->state(), config_.source);
   layer_passes_ = make_layer_passes(config_.schedule, registry);
   try {

@@ -117,7 +117,8 @@ struct QuantizeJob {
 struct QuantizeOutcome {
   double import_ms = 0;
   /// Wall seconds of each step that ran, in order: load, prune, bn_tuning, passes, calibration,
-  /// parameters, target, evaluation, export, write (`-v` prints them; the report has them).
+  /// parameters, target, evaluation, export, latency (where timed), write (`-v` prints them; the
+  /// report has them).
   std::vector<std::pair<std::string, double>> phase_seconds;
   CalibrationStats calibration;
   std::size_t quantized_inputs = 0;
