@@ -37,10 +37,11 @@
 //      (with Note [One grid per tensor], one grid for all of them); other activation quantizers
 //      go, and so do the weights of layers left float (ONNX Runtime does not fold a
 //      DequantizeLinear of a weight: it would run on every inference).
-// saved_per_mac = 1/16 was measured with ONNX Runtime 1.30 on this project's 2-core machines
-// (bench/RESULTS.md, "Placement cost"): a 1x1 convolution's integer kernel against the float one, and
-// QuantizeLinear / DequantizeLinear over the same output. The `--latency` step then times what
-// the model does, on the machine it runs on.
+// saved_per_mac = 1/28 was measured with ONNX Runtime 1.30 on this project's 2-core machines
+// (bench/placement_cost.sh; bench/RESULTS.md, "Placement cost"): chains of 1x1 convolutions as
+// QLinearConv against float, and Q/DQ pairs around a float op, 1/25 to 1/49 with 128 to 32
+// channels on a processor with VNNI. The latency step then times what the export does, on the
+// machine it runs on (Note [Latency step]).
 
 #include "onnxruntime_placement.h"
 

@@ -8,7 +8,7 @@ namespace sparsebit::backends {
 
 /// Time an integer kernel of ONNX Runtime saves on one multiply-add, in units of one
 /// QuantizeLinear or DequantizeLinear pass over one element (Note [ONNX Runtime placement]).
-inline constexpr double kOnnxRuntimeSavedPerMac = 1.0 / 16;
+inline constexpr double kOnnxRuntimeSavedPerMac = 1.0 / 28;
 
 /// Adds and bypasses quantizers of the main graph of `state` for ONNX Runtime's QDQ fusions.
 void place_for_onnxruntime(QuantState& state, double saved_per_mac = kOnnxRuntimeSavedPerMac);

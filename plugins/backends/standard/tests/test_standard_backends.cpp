@@ -195,7 +195,7 @@ Graph conv_graph(const std::vector<std::pair<std::string, std::vector<std::int64
 // roles quantize and once through a Mul they do not: ONNX Runtime would run the convolution in
 // float. The placement quantizes the Mul's input too, so one Q takes the output.
 TEST(Backends, OnnxRuntimeGivesAnIntegerLayerOneQuantizeLinearForAllItsReaders) {
-  Graph g = conv_graph({{"w1", {64, 64, 1, 1}}, {"b1", {64}}, {"w2", {64, 64, 1, 1}}, {"b2", {64}}});
+  Graph g = conv_graph({{"w1", {64, 64, 3, 3}}, {"b1", {64}}, {"w2", {64, 64, 1, 1}}, {"b2", {64}}});
   g.initializers["three"] = at::full({}, 3.0);
   g.initializers["lo"] = at::full({}, 0.0);
   g.initializers["hi"] = at::full({}, 6.0);
