@@ -261,9 +261,9 @@ struct SPARSEBIT_API Config {
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},
                                       {"fold_constants", true},
-                                      {"fuse_hardsigmoid", true},
+                                      {"fuse_hardsigmoid", false},
                                       {"fuse_bn", true},
-                                      {"fuse_affine", true},
+                                      {"fuse_affine", false},
                                       {"fuse_matmul_add", true},
                                       {"fuse_hardswish", true},
                                       {"fuse_gelu", true},
