@@ -147,9 +147,16 @@ deterministic = true
   EXPECT_TRUE(c.a.disable);
   const Config defaults;
   ASSERT_EQ(c.schedule.size(), defaults.schedule.size());
-  for (std::size_t i = 0; i < c.schedule.size(); ++i)
-    EXPECT_EQ(c.schedule[i].enabled, defaults.schedule[i].enabled && c.schedule[i].pass != "disable_unnecessary_quant")
-        << c.schedule[i].pass;
+  // fuse_affine and fuse_hardsigmoid default to on for the onnxruntime backend only.
+  for (std::size_t i = 0; i < c.schedule.size(); ++i) {
+    const std::string& pass = c.schedule[i].pass;
+    const bool for_onnxruntime = pass == "fuse_affine" || pass == "fuse_hardsigmoid";
+    EXPECT_EQ(c.schedule[i].enabled,
+              (defaults.schedule[i].enabled || for_onnxruntime) && pass != "disable_unnecessary_quant")
+        << pass;
+  }
+  for (const auto& e : Config::from_string("backend = \"tensorrt\"", "t.toml").schedule)
+    if (e.pass == "fuse_affine" || e.pass == "fuse_hardsigmoid") EXPECT_FALSE(e.enabled) << e.pass;
   EXPECT_EQ(c.calibration.batch_size, 7);
   EXPECT_EQ(c.calibration.count, 100);
   EXPECT_EQ(c.calibration.mode, "layerwise");

@@ -374,6 +374,11 @@ Config Config::from_string(const std::string& text, const std::string& source_na
                {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "target",
                 "export", "plugins", "bit_allocation", "latency"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
+  // Folding the arithmetic around convolutions serves ONNX Runtime's integer kernels (and its
+  // accuracy); under TensorRT's symmetric activations it cost the PP-OCRv4 recognizer 12 points
+  // (docs/PASSES.md). So its default follows the backend; [schedule] sets it either way.
+  for (auto& e : c.schedule)
+    if (e.pass == "fuse_affine" || e.pass == "fuse_hardsigmoid") e.enabled = c.backend == "onnxruntime";
   c.skip = r.globs(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
     const toml::node* n = root.get(key);
