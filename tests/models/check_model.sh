@@ -39,7 +39,8 @@ if [[ -f "$dir/eval/000.npy" ]]; then
 else
   for f in "$dir"/eval_npy/*.npy; do inputs+=(--input "$(basename "$f" .npy)=$f"); done
 fi
-"$bin" -q quantize "$dir/model.onnx" -c "$config" --calib "$dir/calib" -o "$out/qdq.onnx" \
+# --no-latency: what is checked here is parity; speed is bench/deploy_latency.sh's.
+"$bin" -q quantize "$dir/model.onnx" -c "$config" --calib "$dir/calib" -o "$out/qdq.onnx" --no-latency \
   --report "$out/report.json" --eval-data "$dir/eval" \
   --eval-outputs "$out/simulated.npy" --eval-fp32-outputs "$out/fp32.npy"
 "$bin" -q simplify "$dir/model.onnx" -o "$out/simplified.onnx" > "$out/simplify.txt"

@@ -230,7 +230,7 @@ void read_export(const Reader& r, const toml::table* t, Config& c) {
 }
 
 void read_latency(const Reader& r, const toml::table* t, Config& c) {
-  r.check_keys(*t, "latency", {"enabled", "threads", "runs", "runtime"});
+  r.check_keys(*t, "latency", {"enabled", "threads", "runs", "runtime", "search", "regions"});
   LatencyConfig& l = c.latency;
   if (const toml::node* e = t->get("enabled")) {
     if (const auto b = e->value<bool>()) l.enabled = *b ? "on" : "off";
@@ -252,6 +252,9 @@ void read_latency(const Reader& r, const toml::table* t, Config& c) {
   l.runs = r.get<std::int64_t>(*t, "latency", "runs", l.runs, "an integer");
   if (l.runs < 1 || l.runs > 100000) throw Error(r.key_path("latency", "runs") + " must be 1 to 100000");
   l.runtime = r.get<std::string>(*t, "latency", "runtime", l.runtime, "a string");
+  l.search = r.get<bool>(*t, "latency", "search", l.search, "true or false");
+  l.regions = r.get<std::int64_t>(*t, "latency", "regions", l.regions, "an integer");
+  if (l.regions < 1 || l.regions > 1000) throw Error(r.key_path("latency", "regions") + " must be 1 to 1000");
 }
 
 void read_qat(const Reader& r, const toml::table* t, Config& c) {

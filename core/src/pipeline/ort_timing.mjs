@@ -1,14 +1,18 @@
-// The latency step's helper (core/src/pipeline/latency.cpp): times the float model and its export
-// in ONNX Runtime (CPU provider, graph optimizations 'all', as deployed) on the same inputs, both
-// sessions in this one process, interleaved run by run so machine noise hits both alike.
-//   node ort_timing.mjs ONNXRUNTIME_NODE_DIR FLOAT.onnx EXPORT.onnx RUNS THREADS[,THREADS...] NAME=FILE.npy...
-// Prints one JSON line per thread count: {"threads", "float_ms", "export_ms"} (medians of RUNS
-// runs after 3 warm-up runs each).
+// The latency step's helper (core/src/pipeline/latency.cpp): times models in ONNX Runtime (CPU
+// provider, graph optimizations 'all', as deployed) on the same inputs, every session in this one
+// process, run round-robin so that machine noise hits them alike.
+//   node ort_timing.mjs ONNXRUNTIME_NODE_DIR RUNS THREADS[,THREADS...] MODEL... -- NAME=FILE.npy...
+// Prints one JSON line per thread count: {"threads", "ms": [median per model], "beats_second":
+// [rounds in which each model ran faster than the second model]} (RUNS rounds after 3 warm-up
+// runs of each model). The float model comes first, the export second, candidates after them.
 import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
-const [runtimeDir, floatModel, exportModel, runsArg, threadsArg, ...inputs] = process.argv.slice(2);
+const [runtimeDir, runsArg, threadsArg, ...rest] = process.argv.slice(2);
+const split = rest.indexOf('--');
+const models = split < 0 ? rest : rest.slice(0, split);
+const inputs = split < 0 ? [] : rest.slice(split + 1);
 const ort = (await import(pathToFileURL(path.join(runtimeDir, 'dist', 'index.js')).href)).default;
 
 const NPY = { '<f4': ['float32', Float32Array], '<f8': ['float64', Float64Array], '|u1': ['uint8', Uint8Array],
@@ -31,23 +35,33 @@ for (const spec of inputs) {
   const at = spec.indexOf('=');
   feeds[spec.slice(0, at)] = readNpy(spec.slice(at + 1));
 }
+// The process that asked, whose end ends this one (a helper left timing for minutes would
+// outlive an interrupted `sparsebit`).
+const parent = Number(process.env.SPARSEBIT_PARENT_PID ?? 0);
+const parentGone = () => { try { process.kill(parent, 0); return false; } catch { return true; } };
 const runs = Number(runsArg);
-const median = (t) => t.sort((a, b) => a - b)[Math.floor(t.length / 2)];
+const median = (t) => [...t].sort((a, b) => a - b)[Math.floor(t.length / 2)];
 for (const threads of threadsArg.split(',').map(Number)) {
-  // No spinning: two sessions share the cores, and an idle pool spinning would slow the other.
+  // No spinning: the sessions share the cores, and an idle pool spinning would slow the others.
   const options = { intraOpNumThreads: threads, interOpNumThreads: 1, graphOptimizationLevel: 'all',
     extra: { session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } } };
-  const sessions = [await ort.InferenceSession.create(floatModel, options),
-    await ort.InferenceSession.create(exportModel, options)];
+  const sessions = [];
+  for (const m of models) sessions.push(await ort.InferenceSession.create(m, options));
   for (const s of sessions) for (let i = 0; i < 3; ++i) await s.run(feeds);
-  const times = [[], []];
+  const times = sessions.map(() => []);
+  const beats = sessions.map(() => 0);
   for (let r = 0; r < runs; ++r) {
-    for (let k = 0; k < 2; ++k) {
+    if (parent && parentGone()) process.exit(3);
+    // Each round in another order, so that no model always follows the same one.
+    const order = sessions.map((_, k) => (k + r) % sessions.length);
+    const round = [];
+    for (const k of order) {
       const t0 = performance.now();
       await sessions[k].run(feeds);
-      times[k].push(performance.now() - t0);
+      round[k] = performance.now() - t0;
     }
+    round.forEach((t, k) => { times[k].push(t); if (t < round[1]) ++beats[k]; });
   }
-  console.log(JSON.stringify({ threads, float_ms: median(times[0]), export_ms: median(times[1]) }));
+  console.log(JSON.stringify({ threads, ms: times.map(median), beats_second: beats }));
   for (const s of sessions) await s.release();
 }

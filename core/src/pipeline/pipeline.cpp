@@ -250,6 +250,17 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
     r.phase_seconds.emplace_back("parameters", r.calibration.parameter_seconds);
   }
   log_coverage(r.input_coverage);
+  const bool timed =
+      config.latency.enabled == "on" || (config.latency.enabled == "auto" && config.backend == "onnxruntime");
+  if (timed && config.latency.search && !config.weight_only) {
+    if (distributed()) {
+      r.latency_search.emplace().why_not = "a distributed run";
+    } else {
+      r.latency_search = search_latency(qm, config, job.model, job.calib);
+      if (r.latency_search->ran) phase("latency search");
+    }
+    log_latency_search(*r.latency_search);
+  }
   if (config.weight_only) {
     // Weight-only runs read no data (and hold one copy of the weights): the float and
     // quantized forwards of the check would break both.

@@ -55,6 +55,34 @@ std::string report_json(const QuantizeOutcome& r) {
                       {"export_bytes", r.latency->export_bytes},
                       {"rows", rows}};
   }
+  if (r.latency_search) {  // Note [Latency search]
+    const LatencySearch& ls = *r.latency_search;
+    json regions = json::array();
+    for (const auto& region : ls.timed)
+      regions.push_back({{"nodes", region.nodes},
+                         {"made_float", region.made_float},
+                         {"speedup_as_float", region.speedup_as_float},
+                         {"rounds_faster_as_float", region.rounds_faster_as_float}});
+    rep["latency"]["search"] = {{"ran", ls.ran},
+                                {"why_not", ls.why_not},
+                                {"regions", ls.regions},
+                                {"threads", ls.threads},
+                                {"runs", ls.runs},
+                                {"timed", regions},
+                                {"speedup_together", ls.speedup_together},
+                                {"reverted", ls.reverted},
+                                {"seconds", ls.seconds}};
+  }
+  // Which of the two searches kept each float layer float.
+  json kept_float = json::array();
+  if (r.target)
+    for (const auto& l : r.target->fallback_layers)
+      if (l.remedy == "float") kept_float.push_back({{"node", l.node}, {"why", "accuracy"}});
+  if (r.latency_search)
+    for (const auto& region : r.latency_search->timed)
+      if (region.made_float)
+        for (const auto& n : region.nodes) kept_float.push_back({{"node", n}, {"why", "latency"}});
+  if (r.target || r.latency_search) rep["kept_float"] = kept_float;
   json coverage = json::array();
   for (const auto& c : r.input_coverage)
     coverage.push_back({{"input", c.input}, {"min", c.min}, {"max", c.max}, {"open", c.open}});

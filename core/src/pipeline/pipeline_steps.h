@@ -93,6 +93,13 @@ LatencyReport time_export(const Config& config, const std::string& float_model, 
                           const std::string& external, const Graph& graph, const DataSource& calib);
 void log_latency(const LatencyReport& r);
 
+/// Note [Latency search]: the regions of quantized main-graph nodes (flat numbers, graph order).
+std::vector<std::vector<std::size_t>> quantized_regions(const QuantModel& qm);
+/// Times regions of the calibrated `qm` as float and switches off those that run faster so.
+LatencySearch search_latency(QuantModel& qm, const Config& config, const std::string& float_model,
+                             const DataSource& calib);
+void log_latency_search(const LatencySearch& r);
+
 /// Warns loudly when the backend and skip globs leave nothing quantized, saying why.
 void warn_if_nothing_quantized(QuantModel& qm, const Config& config);
 

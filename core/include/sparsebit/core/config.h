@@ -159,6 +159,8 @@ struct LatencyConfig {
   std::vector<std::int64_t> threads{1, 0};  ///< intra-op thread counts to time; 0: every core
   std::int64_t runs = 20;                   ///< timed runs per model and thread count (medians)
   std::string runtime;                      ///< the onnxruntime-node package folder ("": searched, Note [Latency step])
+  bool search = true;                       ///< time quantized regions as float (Note [Latency search])
+  std::int64_t regions = 12;                ///< at most this many regions timed, least compute first
 };
 
 /// `[[sparse.specific]]`: the ratio for the nodes matching `nodes`.

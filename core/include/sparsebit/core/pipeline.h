@@ -98,6 +98,29 @@ struct LatencyReport {
   std::int64_t float_bytes = 0, export_bytes = 0;  ///< the files' sizes
 };
 
+/// The latency search's result (Note [Latency search] in core/src/pipeline/latency.cpp).
+struct LatencySearch {
+  bool ran = false;
+  std::string why_not;                ///< when it did not run: why
+  std::size_t regions = 0;            ///< quantized regions of the main graph
+  std::vector<std::int64_t> threads;  ///< the thread counts timed
+  std::int64_t runs = 0;
+  struct Region {
+    std::vector<std::string> nodes;  ///< in graph order
+    bool made_float = false;
+    /// Per thread count: the export's time over the export's with this region float (above 1:
+    /// float is faster), and the rounds in which the region float ran faster.
+    std::vector<double> speedup_as_float;
+    std::vector<std::int64_t> rounds_faster_as_float;
+  };
+  std::vector<Region> timed;  ///< the regions timed, in the order they were chosen
+  /// Per thread count: the export's time over its time with every region that ran faster as
+  /// float made float (empty when none did); `reverted` when that was not faster after all.
+  std::vector<double> speedup_together;
+  bool reverted = false;
+  double seconds = 0;
+};
+
 /// Times `export_model` (the written export) against `float_model` in ONNX Runtime on the first
 /// sample of `calib` as `config` says; a run that cannot time them says why in the result.
 SPARSEBIT_API LatencyReport measure_latency(const LatencyConfig& config, const std::string& float_model,
@@ -129,7 +152,8 @@ struct QuantizeOutcome {
   std::optional<AgreementCheck> agreement;
   std::vector<InputCoverage> input_coverage;  ///< inputs with open dimensions
   bool external_data_written = false;
-  std::optional<LatencyReport> latency;  ///< unless [latency] enabled = false
+  std::optional<LatencyReport> latency;         ///< unless [latency] enabled = false
+  std::optional<LatencySearch> latency_search;  ///< where [latency] search asked for one
 };
 
 struct QatJob {
