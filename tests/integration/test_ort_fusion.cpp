@@ -103,7 +103,7 @@ TEST(OnnxRuntimeFusion, EveryConvolutionTheExportQuantizesRunsAsQLinearConv) {
   for (int i = 0; i < 8; ++i) write_npy(at::randn({3, 32, 32}), dir / ("calib/" + std::to_string(i) + ".npy"));
   const auto q = testing::run_cli("quantize " + dir / "float.onnx" + " -c " +
                                   testing::source_path("configs/w8a8_onnxruntime.toml") + " --calib " + dir / "calib" +
-                                  " -o " + dir / "q.onnx");
+                                  " -o " + dir / "q.onnx --no-latency");  // the static placement
   ASSERT_EQ(q.exit_code, 0) << q.output;
   const auto opt = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR +
                                         "/optimized_model.mjs " + dir / "q.onnx" + " " + dir / "optimized.onnx");
@@ -122,6 +122,59 @@ TEST(OnnxRuntimeFusion, EveryConvolutionTheExportQuantizesRunsAsQLinearConv) {
   // The Mul/Add after the stem fold into it and the written-out HardSwish becomes two ops.
   EXPECT_EQ(op_counts(exported).count("Div"), 0u);
   EXPECT_EQ(op_counts(exported).count("Clip"), 0u);
+}
+
+// Conv, Relu, MaxPool, Conv, Relu, global pooling, Flatten and a classifier, as torchvision's
+// CNNs end: the MaxPool and the Flatten move 8-bit data once the Q/DQ around each share a grid
+// (Note [ONNX Runtime placement], step 4), so ONNX Runtime dequantizes nothing before the
+// classifier, and its outputs match the simulation's.
+TEST(OnnxRuntimeFusion, MaxPoolAndFlattenRunOnTheIntegers) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  at::manual_seed(4);
+  Graph g;
+  g.opset_imports[""] = 13;
+  g.inputs = {{"x", 1, true, {{1, ""}, {3, ""}, {32, ""}, {32, ""}}, ""}};
+  g.outputs = {{"y", 1, true, {{1, ""}, {10, ""}}, ""}};
+  g.initializers["w1"] = at::randn({32, 3, 3, 3}) * 0.3;
+  g.initializers["w2"] = at::randn({32, 32, 3, 3}) * 0.08;
+  g.initializers["w_fc"] = at::randn({10, 32}) * 0.2;
+  g.initializers["b_fc"] = at::randn({10}) * 0.1;
+  using testing::make_node;
+  const auto pad1 = Attribute::of_ints({1, 1, 1, 1});
+  g.append(make_node("conv1", "Conv", {"x", "w1"}, {"c1"}, {{"pads", pad1}}));
+  g.append(make_node("relu1", "Relu", {"c1"}, {"r1"}));
+  g.append(make_node("pool", "MaxPool", {"r1"}, {"p"},
+                     {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}}));
+  g.append(make_node("conv2", "Conv", {"p", "w2"}, {"c2"}, {{"pads", pad1}}));
+  g.append(make_node("relu2", "Relu", {"c2"}, {"r2"}));
+  g.append(make_node("gap", "GlobalAveragePool", {"r2"}, {"a"}));
+  g.append(make_node("flat", "Flatten", {"a"}, {"f"}));
+  g.append(make_node("fc", "Gemm", {"f", "w_fc", "b_fc"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
+  save_onnx(g, ModelMeta{}, dir / "float.onnx");
+  std::filesystem::create_directories(dir / "calib");
+  for (int i = 0; i < 8; ++i) write_npy(at::randn({3, 32, 32}), dir / ("calib/" + std::to_string(i) + ".npy"));
+  write_npy(at::randn({1, 3, 32, 32}), dir / "eval.npy");
+  const auto q = testing::run_cli("quantize " + dir / "float.onnx" + " -c " +
+                                  testing::source_path("configs/w8a8_onnxruntime.toml") + " --calib " + dir / "calib" +
+                                  " -o " + dir / "q.onnx --no-latency --eval-data " + dir / "eval.npy" +
+                                  " --eval-outputs " + dir / "simulated.npy");
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  const auto opt = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR +
+                                        "/optimized_model.mjs " + dir / "q.onnx" + " " + dir / "optimized.onnx");
+  ASSERT_EQ(opt.exit_code, 0) << opt.output;
+  const auto counts = op_counts(read_model(dir / "optimized.onnx"));
+  auto count = [&](const std::string& op) { return counts.count(op) ? counts.at(op) : 0; };
+  EXPECT_EQ(count("QLinearConv"), 2);
+  EXPECT_EQ(count("DequantizeLinear"), 0) << "a DQ left before the MaxPool or the Flatten";
+  EXPECT_EQ(count("QuantizeLinear"), 1) << "the model's input only";
+  EXPECT_EQ(count("MaxPool") + count("NhwcMaxPool"), 1) << "on 8-bit data in the integer layout or not";
+  const auto run = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " +
+                                        dir / "q.onnx" + " --in x=" + dir / "eval.npy" + " --out y=" + dir / "ort.npy");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const at::Tensor ort = read_npy(dir / "ort.npy"), simulated = read_npy(dir / "simulated.npy");
+  EXPECT_LT((ort - simulated.reshape_as(ort)).abs().max().item<double>(),
+            1e-3 + 0.02 * simulated.abs().max().item<double>());
 }
 
 }  // namespace

@@ -388,6 +388,7 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
     stats.range_selection_seconds = chosen.seconds;
     stats.range_choices = chosen.chosen;
   }
+  slots_->tie_grids();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

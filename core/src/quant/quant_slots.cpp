@@ -102,6 +102,9 @@ class QuantSlots::State final : public QuantState {
     auto it = sizes_->find(value);
     return it == sizes_->end() ? -1 : it->second;
   }
+  void tie_grid(const Node& node, std::size_t input, const Node& source, std::size_t source_input) override {
+    slots_.ties_.push_back({{index_of(node), input}, {index_of(source), source_input}});
+  }
 
  private:
   std::size_t index_of(const Node& node) const {
@@ -517,6 +520,29 @@ QuantSlot* QuantSlots::finish_node(std::size_t node) {
     if (idx >= 0 && slots_[static_cast<std::size_t>(idx)].role == InputRole::kBias)
       finish_bias(slots_[static_cast<std::size_t>(idx)]);
   return reconstructed;
+}
+
+std::size_t QuantSlots::tie_grids() {
+  // In flat order of the readers, so that a chain (Reshape, then Transpose) passes one grid on.
+  std::vector<std::pair<Input, Input>> ties = ties_;
+  std::stable_sort(ties.begin(), ties.end());
+  std::size_t tied = 0;
+  for (const auto& [reader, source] : ties) {
+    QuantSlot* r = at(reader.first, reader.second);
+    const QuantSlot* s = at(source.first, source.second);
+    if (!r || !s || !r->active() || !s->active() || !r->calibrated || !s->calibrated || !r->quantizer ||
+        !s->quantizer || r->role != InputRole::kActivation || s->role != InputRole::kActivation)
+      continue;
+    const QSpec &a = r->spec, &b = s->spec;
+    if (a.bits != b.bits || a.symmetric != b.symmetric || a.per_channel || b.per_channel || a.group_size ||
+        b.group_size || a.narrow_range != b.narrow_range || a.element != b.element)
+      continue;
+    const QParams p = s->quantizer->qparams();
+    if (!p.defined() || p.scale.numel() != 1) continue;
+    r->quantizer->initialize(p);
+    ++tied;
+  }
+  return tied;
 }
 
 void QuantSlots::finish_all() {

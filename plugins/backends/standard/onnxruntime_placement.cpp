@@ -37,6 +37,11 @@
 //      (with Note [One grid per tensor], one grid for all of them); other activation quantizers
 //      go, and so do the weights of layers left float (ONNX Runtime does not fold a
 //      DequantizeLinear of a weight: it would run on every inference).
+//   4. The readers of a data movement op (MaxPool, Reshape, Transpose, Resize, ...) whose input
+//      is quantized take that input's grid (QuantState::tie_grid): ONNX Runtime drops a DQ/Q
+//      pair around such an op only when the two grids are one (DropQDQNodesRules,
+//      IsQDQPairSupported). Exact where the op only moves data (rounding onto one grid commutes
+//      with it); Resize's interpolation rounds onto the same grid either way.
 // saved_per_mac = 1/28 was measured with ONNX Runtime 1.30 on this project's 2-core machines
 // (bench/placement_cost.sh; bench/RESULTS.md, "Placement cost"): chains of 1x1 convolutions as
 // QLinearConv against float, and Q/DQ pairs around a float op, 1/25 to 1/49 with 128 to 32
@@ -60,6 +65,11 @@ const std::set<std::string> kQLinearOps = {"Add",       "Mul",     "Concat", "Av
                                            "LeakyRelu", "Sigmoid", "Softmax"};
 const std::set<std::string> kOnIntegers = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
                                            "Gather",  "Expand",    "Tile",    "MaxPool",   "Resize",  "Split"};
+// What ONNX Runtime's DropQDQNodesRules (and SplitQDQRules) run on the integers when the DQ
+// before and the Q after share one grid.
+const std::set<std::string> kDropsQdq = {"Reshape", "Transpose", "Squeeze",       "Unsqueeze", "Flatten",
+                                         "Slice",   "Gather",    "Expand",        "Tile",      "MaxPool",
+                                         "Resize",  "Split",     "GatherElements"};
 // Layers that read their input in float (the backend keeps them so): an op feeding one stays float.
 const std::set<std::string> kRecurrentOps = {"LSTM", "GRU", "RNN"};
 // Multiply-adds per output element assumed where the weights are computed (attention's products).
@@ -86,6 +96,7 @@ class Placement {
     demote_costly();
     while (!quantize_outputs()) demote_costly();
     drop_unneeded();
+    tie_data_movement();
   }
 
  private:
@@ -202,8 +213,6 @@ class Placement {
     return n >= 0 ? static_cast<double>(n) : fallback;
   }
 
-  /// Layers that read their input in float (the backend keeps them so): an op feeding one stays float.
-  const std::set<std::string> kRecurrentOps = {"LSTM", "GRU", "RNN"};
   // Multiply-adds per output element of a matrix op.
   double depth(const Node& n) const {
     const bool has_weight = n.has_input(1) && constant(n.inputs[1]);
@@ -295,6 +304,20 @@ class Placement {
         // A reader of an integer op's output keeps its DQ; so does data movement further on.
         if (!s || (out_value(*s) != n->inputs[i] && !is(*n, kOnIntegers))) state_.set_fake_fused(*n, i, true);
       }
+    }
+  }
+
+  /// Step 4: the readers of a data movement op whose input is quantized take that input's
+  /// grid, so that ONNX Runtime drops the DQ/Q pair around the op and runs it on the integers.
+  void tie_data_movement() {
+    const std::int64_t opset = g_.opset_imports.count("") ? g_.opset_imports.at("") : 0;
+    for (const Node* n : g_.nodes()) {
+      if (!is(*n, kDropsQdq) || !state_.is_quantized(*n, 0)) continue;
+      if (n->op_type == "MaxPool" && (opset < 12 || (n->outputs.size() > 1 && !n->outputs[1].empty())))
+        continue;  // MaxPool on 8 bits: opset 12 on, without indices
+      for (const auto& o : n->outputs)
+        for (const auto& [reader, k] : consumers(o))
+          if (state_.is_quantized(*reader, k)) state_.tie_grid(*reader, k, *n, 0);
     }
   }
 

@@ -122,6 +122,10 @@ class SPARSEBIT_API QuantSlots {
   /// reconstruction, if any.
   QuantSlot* finish_node(std::size_t node);
   void finish_all();
+  /// Gives the inputs the backend tied (QuantState::tie_grid) their source's grid, where both
+  /// are calibrated activations of one per-tensor scheme; returns how many. Calibration calls it
+  /// last, and so does anything that changes activation grids after it.
+  std::size_t tie_grids();
   /// apply: what node `node` sees at `input`: fake-quantized where quantization is on
   /// (`force`: as if weights and activations were both on).
   at::Tensor apply(std::size_t node, std::size_t input, const at::Tensor& x, bool force = false);
@@ -150,6 +154,8 @@ class SPARSEBIT_API QuantSlots {
   std::set<const QuantTableConfig*> used_tables_;                     // while building
   std::unique_ptr<State> state_;                                      // while building
   std::function<std::map<std::string, std::int64_t>()> value_sizes_;  // while building
+  using Input = std::pair<std::size_t, std::size_t>;                  // (flat node, input)
+  std::vector<std::pair<Input, Input>> ties_;                         // reader -> source (QuantState::tie_grid)
   bool w_on_ = false, a_on_ = false;
 };
 

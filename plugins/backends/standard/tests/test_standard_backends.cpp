@@ -171,11 +171,15 @@ class SlotState final : public QuantState {
     auto it = sizes.find(v);
     return it == sizes.end() ? -1 : it->second;
   }
+  void tie_grid(const Node& n, std::size_t i, const Node& source, std::size_t source_input) override {
+    ties[{n.name, i}] = {source.name, source_input};
+  }
   bool active(const std::string& node, std::size_t i) const {
     return slots.count({node, i}) && !fused.count({node, i});
   }
 
   std::set<P> slots, fused;
+  std::map<P, P> ties;  // reader -> the input whose grid it takes
   std::set<std::string> skipped;
   std::map<std::string, std::int64_t> sizes;
 
@@ -235,6 +239,29 @@ TEST(Backends, OnnxRuntimeLetsTheQuantizeLinearAfterAReluTakeTheRelu) {
   EXPECT_TRUE(s.active("pool", 0)) << "QLinearGlobalAveragePool between two integer ops";
   EXPECT_TRUE(s.active("flat", 0)) << "the pool's Q before the Flatten, which runs on 8-bit data";
   EXPECT_TRUE(s.active("fc", 0) && s.active("fc", 1)) << "a MatMul writing a graph output: MatMulIntegerToFloat";
+  EXPECT_EQ(s.ties, (std::map<SlotState::P, SlotState::P>{{{"fc", 0}, {"flat", 0}}}))
+      << "the Flatten's DQ and Q on one grid: ONNX Runtime drops them";
+}
+
+// Conv -> Relu -> MaxPool -> Conv: the second convolution's input takes the grid of the
+// MaxPool's, so that ONNX Runtime runs the MaxPool on 8-bit data (from opset 12, whose MaxPool
+// takes 8-bit tensors).
+TEST(Backends, OnnxRuntimeTiesTheGridsAroundAMaxPool) {
+  for (const std::int64_t opset : {11, 13}) {
+    Graph g = conv_graph({{"w1", {32, 16, 3, 3}}, {"w2", {32, 32, 3, 3}}});
+    g.opset_imports[""] = opset;
+    g.outputs = {{"y", 1, false, {}, ""}};
+    g.append(make_node("conv1", "Conv", {"x", "w1"}, {"h"}));
+    g.append(make_node("relu", "Relu", {"h"}, {"r"}));
+    g.append(make_node("pool", "MaxPool", {"r"}, {"p"}, {{"kernel_shape", Attribute::of_ints({2, 2})}}));
+    g.append(make_node("conv2", "Conv", {"p", "w2"}, {"h2"}));
+    g.append(make_node("out", "Tanh", {"h2"}, {"y"}));
+    SlotState s(g, {{"conv1", 0}, {"conv1", 1}, {"conv2", 0}, {"conv2", 1}});
+    backend("onnxruntime")->place(s);
+    EXPECT_TRUE(s.active("pool", 0) && s.active("conv2", 0)) << opset;
+    if (opset >= 12) EXPECT_EQ(s.ties, (std::map<SlotState::P, SlotState::P>{{{"conv2", 0}, {"pool", 0}}}));
+    else EXPECT_TRUE(s.ties.empty()) << "MaxPool before opset 12 takes no 8-bit tensors";
+  }
 }
 
 // A depthwise convolution between float ops saves 9 multiply-adds an output element, less than

@@ -28,7 +28,7 @@ namespace sparsebit::sdk {
 
 inline constexpr std::uint32_t kAbiVersion = 18;  // 18 = SDK 1: optional roles as capabilities
 inline constexpr std::uint32_t kSdkVersionMajor = 1;
-inline constexpr std::uint32_t kSdkVersionMinor = 3;  // 1.3: QuantState::value_elements
+inline constexpr std::uint32_t kSdkVersionMinor = 4;  // 1.4: QuantState::tie_grid
 
 }  // namespace sparsebit::sdk
 
