@@ -138,6 +138,7 @@ TEST(OnnxRuntimeFusion, MaxPoolAndFlattenRunOnTheIntegers) {
   g.outputs = {{"y", 1, true, {{1, ""}, {10, ""}}, ""}};
   g.initializers["w1"] = at::randn({32, 3, 3, 3}) * 0.3;
   g.initializers["w2"] = at::randn({32, 32, 3, 3}) * 0.08;
+  g.initializers["b2"] = at::randn({32}) * 0.1;  // its scale follows the tied input grid's
   g.initializers["w_fc"] = at::randn({10, 32}) * 0.2;
   g.initializers["b_fc"] = at::randn({10}) * 0.1;
   using testing::make_node;
@@ -146,7 +147,7 @@ TEST(OnnxRuntimeFusion, MaxPoolAndFlattenRunOnTheIntegers) {
   g.append(make_node("relu1", "Relu", {"c1"}, {"r1"}));
   g.append(make_node("pool", "MaxPool", {"r1"}, {"p"},
                      {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}}));
-  g.append(make_node("conv2", "Conv", {"p", "w2"}, {"c2"}, {{"pads", pad1}}));
+  g.append(make_node("conv2", "Conv", {"p", "w2", "b2"}, {"c2"}, {{"pads", pad1}}));
   g.append(make_node("relu2", "Relu", {"c2"}, {"r2"}));
   g.append(make_node("gap", "GlobalAveragePool", {"r2"}, {"a"}));
   g.append(make_node("flat", "Flatten", {"a"}, {"f"}));

@@ -542,6 +542,10 @@ std::size_t QuantSlots::tie_grids() {
     r->quantizer->initialize(p);
     ++tied;
   }
+  // A bias's scale is its activation's times its weight's: again for the activations retied.
+  if (tied)
+    for (auto& b : slots_)
+      if (b.role == InputRole::kBias) finish_bias(b);
   return tied;
 }
 
