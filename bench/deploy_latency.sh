@@ -2,7 +2,8 @@
 # Deployed speed: FP32 against INT8 exports in ONNX Runtime (npm onnxruntime-node, CPU, graph
 # optimizations 'all'), at one thread and at every core, on the published PP-OCRv4 detector,
 # recognizer and classifier (rendered data, tests/real_models), torchvision ResNet-50 and
-# MobileNetV2 and a Transformer text encoder (random weights, tests/models/make_models.py).
+# MobileNetV2, a small Transformer text encoder (128 wide, 2 layers, 64 tokens) and a
+# BERT-small-shaped one (512 wide, 4 layers, 128 tokens) (random weights, tests/models/make_models.py).
 # The exports: Sparsebit's with configs/w8a8_onnxruntime.toml, and ONNX Runtime's own
 # quantize_static (QDQ, per-channel, MinMax; bench/ort_quantize_static.py) where its Python
 # package is installed. Each model's variants are timed in one process, interleaved round by
@@ -22,6 +23,8 @@ mkdir -p "$work"
 "$root/tests/real_models/measure.sh" prepare "$work/ocr" small > /dev/null
 [[ -f "$work/zoo/text_encoder/model.onnx" ]] ||
   "$py" "$root/tests/models/make_models.py" "$work/zoo" resnet50 mobilenet_v2 text_encoder > /dev/null
+[[ -f "$work/zoo/bert_encoder/model.onnx" ]] ||
+  "$py" "$root/tests/models/make_models.py" "$work/zoo" bert_encoder > /dev/null
 "$py" - "$work" <<'PY'
 import sys, numpy as np
 w = sys.argv[1]
@@ -31,6 +34,7 @@ np.save(f"{w}/cls.npy", np.load(f"{w}/ocr/cls_test.npy")[:1])
 rng = np.random.default_rng(0)
 np.save(f"{w}/image.npy", rng.standard_normal((1, 3, 224, 224), dtype=np.float32))
 np.save(f"{w}/tokens.npy", rng.integers(0, 1000, (1, 64), dtype=np.int64))
+np.save(f"{w}/tokens128.npy", rng.integers(0, 8000, (1, 128), dtype=np.int64))
 PY
 ort_py=0
 "$py" -c "import onnxruntime.quantization" 2>/dev/null && ort_py=1
@@ -49,14 +53,15 @@ for spec in "PP-OCRv4 det:$assets/ch_PP-OCRv4_det_infer.onnx:x:det:$work/ocr/pag
             "PP-OCR cls:$assets/ch_ppocr_mobile_v2.0_cls_infer.onnx:x:cls:$work/ocr/cls_calib" \
             "ResNet-50:$work/zoo/resnet50/model.onnx:input:image:$work/zoo/resnet50/calib" \
             "MobileNetV2:$work/zoo/mobilenet_v2/model.onnx:input:image:$work/zoo/mobilenet_v2/calib" \
-            "Transformer encoder:$work/zoo/text_encoder/model.onnx:tokens:tokens:$work/zoo/text_encoder/calib"; do
+            "Transformer encoder:$work/zoo/text_encoder/model.onnx:tokens:tokens:$work/zoo/text_encoder/calib" \
+            "BERT-style encoder:$work/zoo/bert_encoder/model.onnx:tokens:tokens128:$work/zoo/bert_encoder/calib"; do
   IFS=: read -r name model input data calib <<< "$spec"
   key=$(tr ' /' '__' <<< "$name")
   ours="$work/${key}_sparsebit.onnx"
   "$bin" --quiet quantize "$model" -c "$root/configs/w8a8_onnxruntime.toml" --calib "$calib" -o "$ours" \
     --report "$work/${key}_sparsebit.json" 2> "$work/${key}_sparsebit.log"
   models=("$model")
-  if (( ort_py )) && [[ "$data" != tokens ]]; then
+  if (( ort_py )) && [[ "$data" != tokens* ]]; then
     "$py" "$here/ort_quantize_static.py" "$model" "$calib" "$work/${key}_ort.onnx" "$input" > /dev/null
     models+=("$work/${key}_ort.onnx")
   fi

@@ -81,6 +81,9 @@ VISION = {
     "unet": (lambda: UNet(), (3, 64, 64), (3, 96, 80)),
 }
 ALL = list(VISION) + ["text_encoder"]
+# Benchmark-only (bench/deploy_latency.sh), not in the test zoo: a BERT-small-shaped encoder
+# (512 wide, 8 heads, 4 layers, 128 tokens), where the matrix products dominate as in BERT.
+BENCH = {"bert_encoder": dict(vocab=8000, dim=512, heads=8, layers=4, max_len=128)}
 
 
 def randomize(model, gen):
@@ -115,6 +118,15 @@ def export(name, out_dir):
         calib = [torch.randint(0, 1000, (32,), generator=gen).numpy() for _ in range(8)]
         evaluation = [torch.randint(0, 1000, (2, 48), generator=gen).numpy()]
         in_name, out_name = "tokens", "logits"
+    elif name in BENCH:
+        shape = BENCH[name]
+        model = TextEncoder(**shape).eval()
+        tokens = shape["max_len"]
+        example = torch.randint(0, shape["vocab"], (1, tokens), generator=gen)
+        axes = {"tokens": {0: "batch"}, "logits": {0: "batch"}}
+        calib = [torch.randint(0, shape["vocab"], (tokens,), generator=gen).numpy() for _ in range(8)]
+        evaluation = [torch.randint(0, shape["vocab"], (2, tokens), generator=gen).numpy()]
+        in_name, out_name = "tokens", "logits"
     else:
         make, shape, eval_shape = VISION[name]
         model = make().eval()
@@ -148,8 +160,8 @@ def main():
         sys.exit(__doc__)
     names = sys.argv[2:] or ALL
     for n in names:
-        if n not in ALL:
-            sys.exit(f"unknown model {n}; known: {' '.join(ALL)}")
+        if n not in ALL and n not in BENCH:
+            sys.exit(f"unknown model {n}; known: {' '.join(ALL + list(BENCH))}")
         export(n, sys.argv[1])
 
 

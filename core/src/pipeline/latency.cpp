@@ -438,7 +438,12 @@ LatencySearch search_latency(QuantModel& qm, const Config& config, const std::st
   // A model of which every region runs faster in float is one quantizing cannot speed up: it
   // keeps its static placement, and the latency step says what the export gains instead.
   if (chosen.size() == regions.size()) chosen.clear();
-  for (std::size_t c : chosen) set(region_slots(order[c].second), false);
+  std::vector<std::size_t> switched;  // the slots the chosen regions switch off
+  for (std::size_t c : chosen) {
+    const auto off = region_slots(order[c].second);
+    switched.insert(switched.end(), off.begin(), off.end());
+  }
+  set(switched, false);
   if (!chosen.empty()) {
     // The regions were timed one at a time: the choice stands only if, all together, it runs faster.
     std::vector<std::string> both = {float_model, models[1]};
@@ -449,7 +454,7 @@ LatencySearch search_latency(QuantModel& qm, const Config& config, const std::st
     const std::vector<ThreadTimes> check = time_models(lc, runtime, both, g, calib, failure);
     for (const ThreadTimes& t : check) r.speedup_together.push_back(t.ms[1] / t.ms[2]);
     if (check.empty() || !runs_faster(check, 2, lc.runs)) {
-      for (std::size_t c : chosen) set(region_slots(order[c].second), true);
+      set(switched, true);
       chosen.clear();
       r.reverted = true;
     }
