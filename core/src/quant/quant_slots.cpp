@@ -523,30 +523,36 @@ QuantSlot* QuantSlots::finish_node(std::size_t node) {
 }
 
 std::size_t QuantSlots::tie_grids() {
-  // In flat order of the readers, so that a chain (Reshape, then Transpose) passes one grid on.
-  std::vector<std::pair<Input, Input>> ties = ties_;
-  std::stable_sort(ties.begin(), ties.end());
-  std::size_t tied = 0;
-  for (const auto& [reader, source] : ties) {
-    QuantSlot* r = at(reader.first, reader.second);
-    const QuantSlot* s = at(source.first, source.second);
-    if (!r || !s || !r->active() || !s->active() || !r->calibrated || !s->calibrated || !r->quantizer ||
-        !s->quantizer || r->role != InputRole::kActivation || s->role != InputRole::kActivation)
-      continue;
-    const QSpec &a = r->spec, &b = s->spec;
-    if (a.bits != b.bits || a.symmetric != b.symmetric || a.per_channel || b.per_channel || a.group_size ||
-        b.group_size || a.narrow_range != b.narrow_range || a.element != b.element)
-      continue;
-    const QParams p = s->quantizer->qparams();
-    if (!p.defined() || p.scale.numel() != 1) continue;
-    r->quantizer->initialize(p);
-    ++tied;
+  auto tieable = [](const QuantSlot* q) {
+    return q && q->active() && q->calibrated && q->quantizer && q->role == InputRole::kActivation &&
+           !q->spec.per_channel && q->spec.group_size == 0;
+  };
+  auto same_scheme = [](const QSpec& a, const QSpec& b) {
+    return a.bits == b.bits && a.symmetric == b.symmetric && a.narrow_range == b.narrow_range && a.element == b.element;
+  };
+  std::vector<std::pair<Input, Input>> ties;
+  for (const auto& [reader, source] : ties_) {
+    const QuantSlot *r = at(reader.first, reader.second), *s = at(source.first, source.second);
+    if (tieable(r) && tieable(s) && same_scheme(r->spec, s->spec)) ties.push_back({reader, source});
   }
+  if (ties.empty()) return 0;
+  // Every quantizer of `from`'s tensor (one grid per tensor) takes `to`'s grid.
+  auto give = [&](const QuantSlot& from, const QuantSlot& to) {
+    const QParams p = from.quantizer->qparams();
+    if (!p.defined() || p.scale.numel() != 1) return;
+    for (auto& q : slots_)
+      if (q.tensor == to.tensor && tieable(&q) && same_scheme(q.spec, to.spec)) q.quantizer->initialize(p);
+  };
+  // The grid the reader chose (for the layer that reads it) goes up the chain of data movement
+  // (readers last to first), then down again, so that every input of the chain has one grid.
+  std::stable_sort(ties.begin(), ties.end());
+  for (auto it = ties.rbegin(); it != ties.rend(); ++it)
+    give(*at(it->first.first, it->first.second), *at(it->second.first, it->second.second));
+  for (const auto& [reader, source] : ties) give(*at(source.first, source.second), *at(reader.first, reader.second));
   // A bias's scale is its activation's times its weight's: again for the activations retied.
-  if (tied)
-    for (auto& b : slots_)
-      if (b.role == InputRole::kBias) finish_bias(b);
-  return tied;
+  for (auto& bias : slots_)
+    if (bias.role == InputRole::kBias) finish_bias(bias);
+  return ties.size();
 }
 
 void QuantSlots::finish_all() {

@@ -38,10 +38,11 @@
 //      go, and so do the weights of layers left float (ONNX Runtime does not fold a
 //      DequantizeLinear of a weight: it would run on every inference).
 //   4. The readers of a data movement op (MaxPool, Reshape, Transpose, Resize, ...) whose input
-//      is quantized take that input's grid (QuantState::tie_grid): ONNX Runtime drops a DQ/Q
-//      pair around such an op only when the two grids are one (DropQDQNodesRules,
-//      IsQDQPairSupported). Exact where the op only moves data (rounding onto one grid commutes
-//      with it); Resize's interpolation rounds onto the same grid either way.
+//      is quantized share one grid with that input (QuantState::tie_grid; the readers', chosen
+//      for the layers that read it): ONNX Runtime drops a DQ/Q pair around such an op only when
+//      the two grids are one (DropQDQNodesRules, IsQDQPairSupported). Exact where the op only
+//      moves data (rounding onto one grid commutes with it); Resize's interpolation rounds onto
+//      the same grid either way.
 // saved_per_mac = 1/28 was measured with ONNX Runtime 1.30 on this project's 2-core machines
 // (bench/placement_cost.sh; bench/RESULTS.md, "Placement cost"): chains of 1x1 convolutions as
 // QLinearConv against float, and Q/DQ pairs around a float op, 1/25 to 1/49 with 128 to 32
@@ -307,8 +308,8 @@ class Placement {
     }
   }
 
-  /// Step 4: the readers of a data movement op whose input is quantized take that input's
-  /// grid, so that ONNX Runtime drops the DQ/Q pair around the op and runs it on the integers.
+  /// Step 4: the readers of a data movement op whose input is quantized share one grid with
+  /// it, so that ONNX Runtime drops the DQ/Q pair around the op and runs it on the integers.
   void tie_data_movement() {
     const std::int64_t opset = g_.opset_imports.count("") ? g_.opset_imports.at("") : 0;
     for (const Node* n : g_.nodes()) {

@@ -122,9 +122,9 @@ class SPARSEBIT_API QuantSlots {
   /// reconstruction, if any.
   QuantSlot* finish_node(std::size_t node);
   void finish_all();
-  /// Gives the inputs the backend tied (QuantState::tie_grid) their source's grid, where both
-  /// are calibrated activations of one per-tensor scheme; returns how many. Calibration calls it
-  /// last, and so does anything that changes activation grids after it.
+  /// Gives each input the backend tied (QuantState::tie_grid) and its source one grid, the
+  /// reader's (chosen for the layer that reads it), where both are calibrated activations of one
+  /// per-tensor scheme; returns how many ties held. Calibration calls it last.
   std::size_t tie_grids();
   /// apply: what node `node` sees at `input`: fake-quantized where quantization is on
   /// (`force`: as if weights and activations were both on).

@@ -89,12 +89,12 @@ class QuantState {
     (void)value;
     return -1;
   }
-  /// Asks that activation input `input` of `node` take, once calibrated, the grid (scale and
-  /// zero point) of activation input `source_input` of `source`: for an input that reads the
-  /// output of an op that only moves data (MaxPool, Reshape, Transpose, ...) whose input is
-  /// `source`'s, so that a runtime that drops a DequantizeLinear/QuantizeLinear pair of one
-  /// grid around such an op runs it on the integers. Ignored where the two schemes differ or
-  /// either input is not quantized when calibration ends (SDK 1.4).
+  /// Asks that activation input `input` of `node` and activation input `source_input` of
+  /// `source` share one grid (scale and zero point) once calibrated, the reader's: for an input
+  /// that reads the output of an op that only moves data (MaxPool, Reshape, Transpose, ...)
+  /// whose input is `source`'s, so that a runtime that drops a DequantizeLinear/QuantizeLinear
+  /// pair of one grid around such an op runs it on the integers. Ignored where the two schemes
+  /// differ or either input is not quantized when calibration ends (SDK 1.4).
   virtual void tie_grid(const Node& node, std::size_t input, const Node& source, std::size_t source_input) {
     (void)node, (void)input, (void)source, (void)source_input;
   }
