@@ -52,6 +52,10 @@ TEST(Quantizers, LsqModelTrainsThroughTheQuantModel) {
   c.w.quantizer = "lsq";
   c.a.quantizer = "lsq";
   c.calibration.count = 32;
+  // No deployment placement: under ONNX Runtime's, the input after a MaxPool shares the MaxPool
+  // input's grid (Note [ONNX Runtime placement]), reads values already on it, and its scale's
+  // gradient is exactly 0.
+  c.backend = "virtual";
   QuantModel qm(load_onnx(fixture_model()), c, shipped_registry());
   auto data = open_dataset(std::string(FASHION_MNIST_DIR) + "/t10k-images-idx3-ubyte.gz", qm.graph().inputs);
   qm.calibrate(*data);
