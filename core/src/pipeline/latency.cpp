@@ -356,7 +356,8 @@ LatencySearch search_latency(QuantModel& qm, const Config& config, const std::st
   r.regions = regions.size();
   const Runtime runtime = find_timer(lc);
   if (regions.size() < 2) {
-    r.why_not = regions.empty() ? "nothing is quantized" : "the quantized layers form one region";
+    r.why_not = regions.empty() ? "no layer of the main graph is quantized; control-flow bodies are not searched"
+                                : "the quantized layers form one region";
   } else if (lc.runs < kSearchRuns) {
     r.why_not = "[latency] runs = " + std::to_string(lc.runs) + ": fewer than " + std::to_string(kSearchRuns) +
                 " rounds cannot tell a region's time from noise";
