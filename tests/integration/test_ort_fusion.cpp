@@ -129,6 +129,8 @@ TEST(OnnxRuntimeFusion, EveryConvolutionTheExportQuantizesRunsAsQLinearConv) {
 // (Note [ONNX Runtime placement], step 4), so ONNX Runtime dequantizes nothing before the
 // classifier, and its outputs match the simulation's: with weights on a 7-bit grid, whose
 // integer sums are the same on x86 processors with and without VNNI (Note [u8s8 saturation]).
+// The first convolution's 3 input channels are padded to 4 on the 8-bit data (Note [ONNX
+// Runtime channel padding]), which leaves the sums as they are.
 TEST(OnnxRuntimeFusion, MaxPoolAndFlattenRunOnTheIntegers) {
   if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
   testing::TempDir dir;
@@ -171,6 +173,7 @@ TEST(OnnxRuntimeFusion, MaxPoolAndFlattenRunOnTheIntegers) {
   EXPECT_EQ(count("DequantizeLinear"), 0) << "a DQ left before the MaxPool or the Flatten";
   EXPECT_EQ(count("QuantizeLinear"), 1) << "the model's input only";
   EXPECT_EQ(count("MaxPool") + count("NhwcMaxPool"), 1) << "on 8-bit data in the integer layout or not";
+  EXPECT_EQ(count("Pad"), 1) << "the first convolution's input channels, 3 -> 4";
   const auto run = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " +
                                         dir / "q.onnx" + " --in x=" + dir / "eval.npy" + " --out y=" + dir / "ort.npy");
   ASSERT_EQ(run.exit_code, 0) << run.output;

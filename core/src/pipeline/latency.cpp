@@ -504,9 +504,10 @@ void log_latency(const LatencyReport& r) {
   if (!slower.empty())
     spdlog::warn(
         "the export runs slower than the float model in ONNX Runtime at {}: its Q/DQ cost more than its integer "
-        "kernels save on this processor; it gains size instead ({:.1f} MB -> {:.1f} MB). `sparsebit profile` and "
-        "ONNX Runtime's profiler show where the time goes; `skip` keeps layers float",
-        slower, r.float_bytes / 1e6, r.export_bytes / 1e6);
+        "kernels save on this processor; {} ({:.1f} MB -> {:.1f} MB). `sparsebit profile` and ONNX Runtime's "
+        "profiler show where the time goes; `skip` keeps layers float",
+        slower, r.export_bytes < r.float_bytes ? "it gains size instead" : "nor is it smaller", r.float_bytes / 1e6,
+        r.export_bytes / 1e6);
 }
 
 }  // namespace steps

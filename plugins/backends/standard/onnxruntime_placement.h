@@ -13,4 +13,8 @@ inline constexpr double kOnnxRuntimeSavedPerMac = 1.0 / 28;
 /// Adds and bypasses quantizers of the main graph of `state` for ONNX Runtime's QDQ fusions.
 void place_for_onnxruntime(QuantState& state, double saved_per_mac = kOnnxRuntimeSavedPerMac);
 
+/// Pads the input channels (1 to 3) of the exported QDQ convolutions that ONNX Runtime would otherwise
+/// run on its slow integer path (Note [ONNX Runtime channel padding] in onnxruntime_export.cpp).
+void pad_convolutions_for_onnxruntime(Graph& graph);
+
 }  // namespace sparsebit::backends

@@ -90,6 +90,9 @@ class OnnxRuntimeBackend final : public Backend {
     keep_recurrent_float(state, state.graph());
     place_for_onnxruntime(state);  // Note [ONNX Runtime placement]
   }
+  void adjust_export(Graph& graph) const override {
+    pad_convolutions_for_onnxruntime(graph);  // Note [ONNX Runtime channel padding]
+  }
 };
 
 class TensorRTBackend final : public Backend, public DeploysFloat8 {

@@ -309,5 +309,60 @@ TEST(Backends, OnnxRuntimeKeepsAProducerFloatWhoseReaderCannotTakeItsQuantizeLin
   }
 }
 
+// The export pads a shallow convolution's input (1 to 3 channels) for ONNX Runtime's fast integer kernel
+// (Note [ONNX Runtime channel padding]): a Pad of the 8-bit input by its zero point and zero
+// weights, the same sums; not where the kernel would not take the padded layer anyway (groups,
+// output channels not a multiple of 8, an int8 input, asymmetric weights).
+TEST(Backends, OnnxRuntimePadsAShallowConvolutionsInputChannels) {
+  struct Case {
+    std::string what;
+    std::int64_t in, out, group;
+    at::ScalarType x_type;
+    int w_zero;
+    bool padded;
+  };
+  for (const Case& c :
+       {Case{"RGB input", 3, 16, 1, at::kByte, 0, true}, Case{"grayscale input", 1, 32, 1, at::kByte, 0, true},
+        Case{"channels a multiple of 4", 8, 16, 1, at::kByte, 0, false},
+        Case{"6 channels, deep enough for the general kernel", 6, 16, 1, at::kByte, 0, false},
+        Case{"12 output channels", 3, 12, 1, at::kByte, 0, false}, Case{"grouped", 2, 16, 2, at::kByte, 0, false},
+        Case{"int8 input", 3, 16, 1, at::kChar, 0, false}, Case{"asymmetric weights", 3, 16, 1, at::kByte, 1, false}}) {
+    Graph g;
+    g.opset_imports[""] = 13;
+    g.inputs = {{"xq", c.x_type == at::kByte ? 2 : 3, false, {}, ""}};
+    g.outputs = {{"y", 1, false, {}, ""}};
+    const at::Tensor w = at::randint(-127, 128, {c.out, c.in / c.group, 3, 3}, at::kChar);
+    g.initializers["w"] = w;
+    g.initializers["ws"] = at::rand({c.out}) + 0.1;
+    g.initializers["wz"] = at::full({c.out}, c.w_zero, at::kChar);
+    g.initializers["xs"] = at::full({}, 0.02f);
+    g.initializers["xz"] = at::full({}, 7, c.x_type);
+    g.append(make_node("dqx", "DequantizeLinear", {"xq", "xs", "xz"}, {"x"}));
+    g.append(make_node("dqw", "DequantizeLinear", {"w", "ws", "wz"}, {"wf"}, {{"axis", Attribute::of_int(0)}}));
+    g.append(make_node("conv", "Conv", {"x", "wf"}, {"y"}, {{"group", Attribute::of_int(c.group)}}));
+    backend("onnxruntime")->adjust_export(g);
+    g.topological_sort();
+    g.validate();
+    const Node& conv = *g.find_node("conv");
+    const Node* pad = g.producer(g.producer(conv.inputs[0])->inputs[0]);
+    ASSERT_EQ(pad != nullptr && pad->op_type == "Pad", c.padded) << c.what;
+    if (!c.padded) {
+      EXPECT_EQ(conv.inputs[1], "wf") << c.what;
+      continue;
+    }
+    EXPECT_EQ(pad->inputs[0], "xq") << c.what;
+    EXPECT_TRUE(at::equal(g.initializers.at(pad->inputs[2]), g.initializers.at("xz"))) << "pads with the zero point";
+    const std::vector<std::int64_t> pads(g.initializers.at(pad->inputs[1]).data_ptr<std::int64_t>(),
+                                         g.initializers.at(pad->inputs[1]).data_ptr<std::int64_t>() + 8);
+    EXPECT_EQ(pads, (std::vector<std::int64_t>{0, 0, 0, 0, 0, 4 - c.in, 0, 0})) << c.what;
+    const at::Tensor padded_w = g.initializers.at(g.producer(conv.inputs[1])->inputs[0]);
+    ASSERT_EQ(padded_w.sizes().vec(), (std::vector<std::int64_t>{c.out, 4, 3, 3})) << c.what;
+    EXPECT_TRUE(at::equal(padded_w.narrow(1, 0, c.in), w)) << c.what;
+    EXPECT_EQ(padded_w.narrow(1, c.in, 4 - c.in).count_nonzero().item<std::int64_t>(), 0) << c.what;
+    EXPECT_EQ(g.find_node("dqx"), nullptr) << "the DequantizeLinear nobody reads any more goes";
+    EXPECT_EQ(g.initializers.count("w"), 0u) << c.what;
+  }
+}
+
 }  // namespace
 }  // namespace sparsebit::testing
