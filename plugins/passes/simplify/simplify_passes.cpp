@@ -28,6 +28,7 @@
 #include <cmath>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "sparsebit/sdk/batchnorm.h"
 #include "sparsebit/sdk/log.h"
@@ -97,36 +98,114 @@ class FoldConstants final : public Pass {
   Stage stage() const override { return Stage::kSimplify; }
   bool run(Graph& g, const PassContext& ctx) override {
     if (!ctx.evaluate) return false;
-    return fold(g, {}, ctx, ctx.options.get_int("max_elements", 1 << 24));
+    Folded folded;
+    return fold(g, {}, ctx, ctx.options.get_int("max_elements", 1 << 24), folded);
   }
 
  private:
+  // Per graph: what a node computed from constants -> the names of its folded outputs.
+  using Folded = std::map<const Graph*, std::map<std::string, std::vector<std::string>>>;
+
+  // Inputs of up to this many elements (axes, starts, shapes) are told apart by their values,
+  // larger ones (weights) by their names.
+  static constexpr std::int64_t kByValue = 64;
+
+  /// What node `n` computes from `inputs` (its constant inputs), for spotting two nodes that
+  /// compute the same; empty where an attribute is a tensor or a graph.
+  static std::string signature(const Node& n, const std::vector<at::Tensor>& inputs) {
+    std::ostringstream s;
+    s.precision(17);
+    s << n.op_type << "(";
+    for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+      if (!inputs[i].defined() || inputs[i].numel() > kByValue) {
+        s << n.inputs[i] << ",";
+        continue;
+      }
+      const at::Tensor v = inputs[i].to(at::kDouble).contiguous();
+      s << inputs[i].scalar_type() << inputs[i].sizes() << "[";
+      for (std::int64_t k = 0; k < v.numel(); ++k) s << v.data_ptr<double>()[k] << " ";
+      s << "],";
+    }
+    for (const auto& [key, a] : n.attributes) {
+      s << ";" << key << "=";
+      switch (a.kind) {
+        case Attribute::Kind::kInt: s << a.i; break;
+        case Attribute::Kind::kFloat: s << a.f; break;
+        case Attribute::Kind::kString: s << a.s.size() << ":" << a.s; break;
+        case Attribute::Kind::kInts:
+          for (auto v : a.ints) s << v << ",";
+          break;
+        case Attribute::Kind::kFloats:
+          for (auto v : a.floats) s << v << ",";
+          break;
+        default: return {};
+      }
+    }
+    s << ")";
+    return s.str();
+  }
+
   // Folds in `g` and, recursively, in its control-flow bodies, where the initializers of the
   // enclosing graphs (`outer`, innermost last) count as constants too: an exporter that writes
   // a body's weights as Constant -> Unsqueeze -> Concat leaves them computed otherwise.
-  static bool fold(Graph& g, std::vector<const Graph*> outer, const PassContext& ctx, std::int64_t limit) {
-    auto value = [&](const std::string& name) -> const at::Tensor* {
-      if (auto it = g.initializers.find(name); it != g.initializers.end()) return &it->second;
+  // Note [Folding in bodies]: a node of a body that computes from the weights of enclosing graphs
+  // (and small constants of its own: axes, starts, ends) is folded into the innermost graph
+  // holding those weights, once: sibling bodies often compute the same from the same weights
+  // (Silero VAD's two LSTM branches each slice, reorder and unsqueeze the enclosing branch's LSTM
+  // weights), and a copy per body would make the export larger than the model it came from.
+  static bool fold(Graph& g, std::vector<Graph*> outer, const PassContext& ctx, std::int64_t limit, Folded& folded) {
+    // The graph holding constant `name`: g, an enclosing graph, or nullptr.
+    auto holder = [&](const std::string& name) -> Graph* {
+      if (g.initializers.count(name)) return &g;
       for (auto o = outer.rbegin(); o != outer.rend(); ++o)
-        if (auto it = (*o)->initializers.find(name); it != (*o)->initializers.end()) return &it->second;
+        if ((*o)->initializers.count(name)) return *o;
       return nullptr;
     };
     bool changed = false;
     for (Node* n : g.nodes()) {
       if (!n->domain.empty() || n->outputs.empty()) continue;
       if (n->op_type == "If" || n->op_type == "Loop" || n->op_type == "Scan") {
-        std::vector<const Graph*> inner = outer;
+        std::vector<Graph*> inner = outer;
         inner.push_back(&g);
         for (auto& kv : n->attributes)
           if (kv.second.kind == Attribute::Kind::kGraph && kv.second.graph)
-            changed = fold(*kv.second.graph, inner, ctx, limit) || changed;
+            changed = fold(*kv.second.graph, inner, ctx, limit, folded) || changed;
         continue;
       }
-      bool all_constant = true;
-      for (const auto& in : n->inputs) all_constant = all_constant && (in.empty() || value(in));
-      if (!all_constant) continue;
+      // Where the folded outputs go: the innermost graph holding one of its weights.
+      std::size_t depth = 0;
+      bool all_constant = true, weights = false;
       std::vector<at::Tensor> inputs;
-      for (const auto& in : n->inputs) inputs.push_back(in.empty() ? at::Tensor() : *value(in));
+      for (const auto& in : n->inputs) {
+        if (in.empty()) {
+          inputs.emplace_back();
+          continue;
+        }
+        Graph* h = holder(in);
+        if (!h) {
+          all_constant = false;
+          break;
+        }
+        inputs.push_back(h->initializers.at(in));
+        if (inputs.back().numel() <= kByValue) continue;
+        weights = true;
+        depth = std::max(depth,
+                         h == &g ? outer.size()
+                                 : static_cast<std::size_t>(std::find(outer.begin(), outer.end(), h) - outer.begin()));
+      }
+      if (!all_constant) continue;
+      Graph& target = !weights || depth == outer.size() ? g : *outer[depth];
+      const std::string key = &target == &g ? std::string() : signature(*n, inputs);
+      if (!key.empty()) {
+        if (auto it = folded[&target].find(key);
+            it != folded[&target].end() && it->second.size() == n->outputs.size()) {
+          for (std::size_t i = 0; i < n->outputs.size(); ++i)
+            if (!n->outputs[i].empty()) g.replace_all_uses(n->outputs[i], it->second[i]);
+          g.erase(n);
+          changed = true;
+          continue;
+        }
+      }
       std::vector<at::Tensor> out;
       try {
         out = ctx.evaluate(*n, inputs);
@@ -142,7 +221,8 @@ class FoldConstants final : public Pass {
       for (const auto& o : n->outputs) fits = fits && !g.is_graph_output(o);
       if (!fits) continue;
       for (std::size_t i = 0; i < n->outputs.size(); ++i)
-        if (!n->outputs[i].empty()) g.initializers[n->outputs[i]] = out[i].detach().contiguous();
+        if (!n->outputs[i].empty()) target.initializers[n->outputs[i]] = out[i].detach().contiguous();
+      if (!key.empty()) folded[&target][key] = n->outputs;
       g.erase(n);
       changed = true;
     }

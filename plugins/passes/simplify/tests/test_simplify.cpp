@@ -62,6 +62,42 @@ TEST(Passes, FoldConstantsFoldsInsideControlFlowBodies) {
   EXPECT_FALSE(folded.initializers.count("axes")) << "a body's initializers nothing reads are dropped";
 }
 
+// Two branches that slice the same enclosing weight alike (each with its own starts, ends and
+// axes) share one folded copy, held where the weight was (Note [Folding in bodies]): a copy per
+// branch would make the export larger than the model.
+TEST(Passes, FoldConstantsFoldsWhatBranchesComputeFromOneWeightOnce) {
+  Builder b({2, 16});
+  b.constant("w", at::randn({16, 32}));
+  b.constant("c", at::ones({}, at::kBool));
+  auto branch = [&](const std::string& tag, bool negate) {
+    Graph body;
+    body.opset_imports = b.g.opset_imports;
+    body.outputs.push_back({"y" + tag, 1, false, {}, ""});
+    body.initializers["starts" + tag] = at::zeros({1}, at::kLong);
+    body.initializers["ends" + tag] = at::full({1}, 16, at::kLong);
+    body.initializers["axes" + tag] = at::ones({1}, at::kLong);
+    body.append(make_node("slice" + tag, "Slice", {"w", "starts" + tag, "ends" + tag, "axes" + tag}, {"w" + tag}));
+    body.append(make_node("mm" + tag, "MatMul", {"x", "w" + tag}, {negate ? "m" + tag : "y" + tag}));
+    if (negate) body.append(make_node("neg" + tag, "Neg", {"m" + tag}, {"y" + tag}));
+    return body;
+  };
+  b.add("if", "If", {"c"}, {"y"},
+        {{"then_branch", Attribute::of_graph(branch("t", false))},
+         {"else_branch", Attribute::of_graph(branch("e", true))}});
+  Graph g = apply_and_compare(b.g, "fold_constants", at::randn({2, 16}));
+  const Node& n = *g.find_node("if");
+  const Graph &then_branch = *n.attributes.at("then_branch").graph,
+              &else_branch = *n.attributes.at("else_branch").graph;
+  ASSERT_EQ(ops(then_branch), (std::vector<std::string>{"MatMul"}));
+  ASSERT_EQ(ops(else_branch), (std::vector<std::string>{"MatMul", "Neg"}));
+  const std::string sliced = then_branch.node(0).inputs[1];
+  EXPECT_EQ(else_branch.node(0).inputs[1], sliced) << "one folded copy for both branches";
+  ASSERT_TRUE(g.initializers.count(sliced)) << "held by the graph that holds the weight";
+  EXPECT_TRUE(at::equal(g.initializers.at(sliced), b.g.initializers.at("w").narrow(1, 0, 16)));
+  EXPECT_TRUE(then_branch.initializers.empty() && else_branch.initializers.empty());
+  EXPECT_FALSE(g.initializers.count("w"));
+}
+
 TEST(Passes, FuseBatchNormIntoConvConvTransposeAndGemm) {
   auto bn_params = [](Builder& b, std::int64_t c) {
     b.constant("gamma", at::rand({c}) + 0.5);
