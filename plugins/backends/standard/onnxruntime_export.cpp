@@ -40,8 +40,7 @@ void pad_input_channels(Graph& g, Node& conv) {
   Node* dqw = conv.inputs.size() > 1 ? g.producer(conv.inputs[1]) : nullptr;
   if (!plain_dequantize(dqx) || !plain_dequantize(dqw) || conv.attr_int("group", 1) != 1) return;
   const at::Tensor w = initializer(g, dqw->inputs[0]);
-  if (!w.defined() || w.scalar_type() != at::kChar || w.dim() < 3 || g.narrow_types.count(dqw->inputs[0]) != 0)
-    return;
+  if (!w.defined() || w.scalar_type() != at::kChar || w.dim() < 3 || g.narrow_types.count(dqw->inputs[0]) != 0) return;
   if (dqw->has_input(2)) {
     const at::Tensor wz = initializer(g, dqw->inputs[2]);
     if (!wz.defined() || wz.count_nonzero().item<std::int64_t>() != 0) return;
@@ -105,7 +104,7 @@ void pad_input_channels(Graph& g, Node& conv) {
 
 void pad_convolutions_for_onnxruntime(Graph& graph) {
   if (graph.default_opset() < 11) return;  // Pad takes its pads as an input from opset 11
-  std::vector<Node*> convs;  // first: padding erases the DequantizeLinear nodes it replaces
+  std::vector<Node*> convs;                // first: padding erases the DequantizeLinear nodes it replaces
   for (Node* n : graph.nodes())
     if (is_op(n, "Conv") && n->inputs.size() >= 2) convs.push_back(n);
   for (Node* conv : convs) pad_input_channels(graph, *conv);
