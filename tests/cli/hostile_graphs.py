@@ -32,7 +32,7 @@ def model(nodes, inits, outputs=None, opset=16, inputs=None):
     return m
 
 
-def loop_model(trips):
+def loop_model(trips, condition=True):
     body = helper.make_graph(
         [helper.make_node("Identity", ["c"], ["c_out"]), helper.make_node("Add", ["h", "one"], ["h_next"])],
         "body",
@@ -41,7 +41,8 @@ def loop_model(trips):
         [helper.make_tensor_value_info("c_out", B, []), helper.make_tensor_value_info("h_next", F, None)],
         [const("one", 1.0)])
     return model([helper.make_node("MatMul", ["x", "w"], ["m"]),
-                  helper.make_node("Loop", ["trips", "yes", "m"], ["y"], name="endless_loop", body=body)],
+                  helper.make_node("Loop", ["trips", "yes" if condition else "", "m"], ["y"], name="endless_loop",
+                                   body=body)],
                  [const("w", np.eye(4)), const("trips", trips, np.int64), const("yes", True, np.bool_)])
 
 
@@ -79,6 +80,8 @@ def cases():
     w = const("w", np.eye(4))
     yield "negative Loop trip count (runs zero times)", loop_model(-5), 0, []
     yield "Loop of 2^40 trips", loop_model(1 << 40), 1, ["endless_loop", "still running after 100000 iterations"]
+    yield "Loop of 10^12 trips and no condition (refused before the first)", loop_model(10**12, condition=False), 1, \
+        ["endless_loop", "trip count 1000000000000 is beyond the 100000 iterations"]
     yield "If branches of different element types", if_model(np.ones(1, np.float32), np.ones(1, np.int64)), 1, \
         ["branchy", "float", "int64"]
     yield "If nested 25 deep", nested_ifs(25), 0, []

@@ -395,5 +395,64 @@ TEST_F(Hardening, LabelsThatAreNotLabelsAndQdqModelsAreRefused) {
                         {"already quantized", "QuantizeLinear/DequantizeLinear"});
 }
 
+// A float model whose output is NaN on the calibration data: the bit allocation, which judges
+// widths by the output error they add, refuses it by name (it used to index an empty choice and
+// crash); the agreement check counts NaN instead of zeroing it into "cosine 1.0000" and says
+// when nothing is left to compare.
+TEST_F(Hardening, NanOutputsAreNeverJudgedAsAgreement) {
+  auto model = [&](const std::string& name, bool all_nan) {
+    Graph g;
+    g.opset_imports[""] = 13;
+    g.inputs = {{"x", 1, true, {{-1, "N"}, {16, ""}}, ""}};
+    g.outputs = {{"y", 1, true, {{-1, "N"}, {8, ""}}, ""}};
+    g.initializers["w"] = at::randn({8, 16});
+    g.initializers["one"] = at::ones({});
+    using testing::make_node;
+    g.append(make_node("fc", "Gemm", {"x", "w"}, {"h"}, {{"transB", Attribute::of_int(1)}}));
+    if (all_nan) {  // sqrt(-(|h| + 1)) everywhere
+      g.append(make_node("abs", "Abs", {"h"}, {"a"}));
+      g.append(make_node("add", "Add", {"a", "one"}, {"a1"}));
+      g.append(make_node("neg", "Neg", {"a1"}, {"n"}));
+      g.append(make_node("sqrt", "Sqrt", {"n"}, {"y"}));
+    } else {  // sqrt of a Gemm's output: NaN wherever it is negative
+      g.append(make_node("sqrt", "Sqrt", {"h"}, {"y"}));
+    }
+    const std::string path = (work_.path() / name).string();
+    save_onnx(g, ModelMeta{}, path);
+    return path;
+  };
+  const fs::path data = work_.path() / "data";
+  fs::create_directories(data);
+  for (int i = 0; i < 4; ++i) write_npy(at::randn({16}), (data / ("s" + std::to_string(i) + ".npy")).string());
+  testing::write_text(config_, "backend = \"virtual\"\n[bit_allocation]\navg_weight_bits = 6\n");
+  const std::string some_nan = model("some_nan.onnx", false), all_nan = model("all_nan.onnx", true);
+  expect_one_line_error(run_cli("quantize " + some_nan + " -c " + config_ + " --calib " + data.string() + " -o " +
+                                (work_.path() / "a.onnx").string()),
+                        {"[bit_allocation]", "output 'y'", "NaN or infinite"});
+  EXPECT_FALSE(fs::exists(work_.path() / "a.onnx"));
+
+  fs::copy_file(testing::source_path("configs/w8a8_tensorrt.toml"), config_, fs::copy_options::overwrite_existing);
+  const fs::path report = work_.path() / "r.json";
+  auto r = run_cli("quantize " + all_nan + " -c " + config_ + " --calib " + data.string() + " -o " +
+                   (work_.path() / "b.onnx").string() + " --report " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("cosine 1.0000"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no agreement can be measured"), std::string::npos) << r.output;
+  const auto a = nlohmann::json::parse(testing::read_text(report.string())).at("agreement");
+  EXPECT_TRUE(a.at("poor").get<bool>());
+  EXPECT_TRUE(a.at("outputs")[0].at("cosine").is_null());
+  EXPECT_EQ(a.at("outputs")[0].at("not_finite_float").get<std::int64_t>(), 4 * 8);
+
+  r = run_cli("quantize " + some_nan + " -c " + config_ + " --calib " + data.string() + " -o " +
+              (work_.path() / "c.onnx").string() + " --report " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto b = nlohmann::json::parse(testing::read_text(report.string())).at("agreement").at("outputs")[0];
+  const std::int64_t nan_float = b.at("not_finite_float").get<std::int64_t>();
+  EXPECT_GT(nan_float, 0);
+  EXPECT_LT(nan_float, 4 * 8);
+  EXPECT_NE(r.output.find("NaN or infinite at " + std::to_string(nan_float) + " of its 32 values"), std::string::npos)
+      << r.output;
+}
+
 }  // namespace
 }  // namespace sparsebit

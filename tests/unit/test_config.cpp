@@ -216,6 +216,17 @@ TEST(Config, GroupSizesBeyondAnyRowAreRefusedAtLoad) {
   EXPECT_NE(e.find("per-channel-symmetric"), std::string::npos) << e;
 }
 
+// Integers kept in 32 bits are range-checked at load: 2^32 + 2 samples used to calibrate on 2.
+TEST(Config, IntegersBeyondTheirFieldAreRefusedNotTruncated) {
+  std::string e = error_of("[calibration]\ncount = 4294967298\n");
+  EXPECT_NE(e.find("calibration.count must be 0 (all) to 2147483647, got 4294967298"), std::string::npos) << e;
+  e = error_of("[calibration]\nbatch_size = 4294967300\n");
+  EXPECT_NE(e.find("calibration.batch_size must be 1 to 1048576"), std::string::npos) << e;
+  e = error_of("[qat]\nepochs = 4294967297\n");
+  EXPECT_NE(e.find("qat.epochs must be 1 to"), std::string::npos) << e;
+  EXPECT_EQ(Config::from_string("[calibration]\ncount = 2147483647\n", "t.toml").calibration.count, 2147483647);
+}
+
 TEST(Config, BadValuesNameTheKey) {
   EXPECT_NE(error_of("[w]\nbits = \"eight\"\n").find("w.bits must be an integer"), std::string::npos);
   EXPECT_NE(error_of("[w]\nbits = 1\n").find("between 2 and 16"), std::string::npos);

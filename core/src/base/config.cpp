@@ -12,6 +12,7 @@
 #include <regex>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -76,6 +77,9 @@ Config::Config() {
 using config_detail::Reader;
 
 namespace {
+
+/// Samples in one calibration batch: more than a million could never fit in memory anyway.
+constexpr std::int64_t kMaxBatch = 1 << 20;
 
 /// Refuses a key of more than kMaxKeyParts dotted parts (`a.b.c = 1`, `[a.b.c]`) before toml++
 /// sees it: the parser nests one table per part and recurses through them, so a key of 100,000
@@ -194,11 +198,16 @@ void read_passes(const Reader& r, const toml::table* t, Config& c) {
 
 void read_calibration(const Reader& r, const toml::table* t, Config& c) {
   r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode", "cuda_graph", "range_samples"});
+  // Checked against the int they are kept in: 2^32 + 2 must not become 2.
   std::int64_t bs = r.get<std::int64_t>(*t, "calibration", "batch_size", c.calibration.batch_size, "an integer");
-  if (bs < 1) throw Error(r.key_path("calibration", "batch_size") + " must be at least 1");
+  if (bs < 1 || bs > kMaxBatch)
+    throw Error(r.key_path("calibration", "batch_size") + " must be 1 to " + std::to_string(kMaxBatch) + ", got " +
+                std::to_string(bs));
   c.calibration.batch_size = static_cast<int>(bs);
   std::int64_t count = r.get<std::int64_t>(*t, "calibration", "count", c.calibration.count, "an integer");
-  if (count < 0) throw Error(r.key_path("calibration", "count") + " must be 0 (all) or more");
+  if (count < 0 || count > std::numeric_limits<int>::max())
+    throw Error(r.key_path("calibration", "count") + " must be 0 (all) to " +
+                std::to_string(std::numeric_limits<int>::max()) + ", got " + std::to_string(count));
   c.calibration.count = static_cast<int>(count);
   c.calibration.device = r.get<std::string>(*t, "calibration", "device", c.calibration.device, "a string");
   if (!std::regex_match(c.calibration.device, std::regex("cpu|cuda(:[0-9]{1,3})?")))
@@ -263,7 +272,9 @@ void read_qat(const Reader& r, const toml::table* t, Config& c) {
                 "cache_teacher", "cuda_graph", "deterministic"});
   auto positive_int = [&](const char* key, int current, std::int64_t min) {
     const std::int64_t v = r.get<std::int64_t>(*t, "qat", key, current, "an integer");
-    if (v < min || v > (1 << 30)) throw Error(r.key_path("qat", key) + " must be at least " + std::to_string(min));
+    if (v < min || v > (1 << 30))
+      throw Error(r.key_path("qat", key) + " must be " + std::to_string(min) + " to " + std::to_string(1 << 30) +
+                  ", got " + std::to_string(v));
     return static_cast<int>(v);
   };
   c.qat.epochs = positive_int("epochs", c.qat.epochs, 1);

@@ -107,6 +107,11 @@ std::vector<at::Tensor> run_loop(const BodyRun& r) {
   const std::size_t scan_count = bg.outputs.size() - 1 - carried_count;
   std::vector<at::Tensor> carried(inputs.begin() + 2, inputs.end());
   std::vector<std::vector<at::Tensor>> scans(scan_count);
+  if (has_trips && !has_cond && trips > max_loop_iterations())  // it would run to the bound, then fail
+    throw Error(n.describe() + ": trip count " + std::to_string(trips) + " is beyond the " +
+                std::to_string(max_loop_iterations()) +
+                " iterations a Loop may run; check the data that feeds the trip count, or allow more with "
+                "SPARSEBIT_MAX_LOOP_ITERATIONS");
   at::Tensor cond = has_cond ? r.input(1) : at::ones({}, at::kBool);
   bool going = scalar_of(cond, n, "the condition") != 0;
   for (std::int64_t i = 0; going && i < trips; ++i) {

@@ -34,8 +34,10 @@ std::string report_json(const QuantizeOutcome& r) {
     json outs = json::array();
     for (const auto& o : r.agreement->outputs)
       outs.push_back({{"output", o.name},
-                      {"cosine", o.cosine},
-                      {"sqnr_db", std::isfinite(o.sqnr_db) ? json(o.sqnr_db) : json(nullptr)}});
+                      {"cosine", std::isnan(o.cosine) ? json(nullptr) : json(o.cosine)},
+                      {"sqnr_db", std::isfinite(o.sqnr_db) ? json(o.sqnr_db) : json(nullptr)},
+                      {"not_finite_float", o.not_finite_float},
+                      {"not_finite_quantized", o.not_finite_quantized}});
     rep["agreement"] = {{"samples", r.agreement->samples},
                         {"held_out", r.agreement->held_out},
                         {"poor", r.agreement->poor},

@@ -108,6 +108,7 @@ AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int6
   const at::Device device(config.calibration.device);
   const auto& outs = qm.graph().outputs;
   std::vector<double> ff(outs.size(), 0), qq(outs.size(), 0), fq(outs.size(), 0), ee(outs.size(), 0);
+  std::vector<std::int64_t> elements(outs.size(), 0), bad_float(outs.size(), 0), bad_quantized(outs.size(), 0);
   std::vector<bool> floating(outs.size(), false);
   while (auto b = batches.next()) {
     std::vector<at::Tensor> in;
@@ -119,7 +120,13 @@ AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int6
     for (std::size_t i = 0; i < outs.size() && i < f.size() && i < q.size(); ++i) {
       if (!f[i].defined() || f[i].is_nested() || !f[i].is_floating_point() || f[i].sizes() != q[i].sizes()) continue;
       floating[i] = true;
-      const at::Tensor a = f[i].to(at::kDouble).nan_to_num(0, 0, 0), c = q[i].to(at::kDouble).nan_to_num(0, 0, 0);
+      // Scored where both are finite; a NaN or infinity counted, never zeroed into agreement.
+      const at::Tensor finite_f = at::isfinite(f[i]), finite_q = at::isfinite(q[i]), both = finite_f & finite_q;
+      elements[i] += f[i].numel();
+      bad_float[i] += f[i].numel() - finite_f.sum().item<std::int64_t>();
+      bad_quantized[i] += (finite_f & finite_q.logical_not()).sum().item<std::int64_t>();
+      const at::Tensor a = f[i].to(at::kDouble).masked_fill(both.logical_not(), 0),
+                       c = q[i].to(at::kDouble).masked_fill(both.logical_not(), 0);
       ff[i] += a.mul(a).sum().item<double>();
       qq[i] += c.mul(c).sum().item<double>();
       fq[i] += a.mul(c).sum().item<double>();
@@ -132,9 +139,17 @@ AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int6
     if (!floating[i]) continue;
     AgreementCheck::Output o;
     o.name = outs[i].name;
-    o.cosine = ff[i] > 0 && qq[i] > 0 ? fq[i] / std::sqrt(ff[i] * qq[i]) : (ee[i] == 0 ? 1.0 : 0.0);
-    o.sqnr_db = ee[i] > 0 ? 10 * std::log10(std::max(ff[i], 1e-300) / ee[i]) : std::numeric_limits<double>::infinity();
-    r.poor = r.poor || o.cosine < AgreementCheck::kPoorCosine;
+    o.elements = elements[i];
+    o.not_finite_float = bad_float[i];
+    o.not_finite_quantized = bad_quantized[i];
+    if (o.not_finite_float + o.not_finite_quantized >= o.elements) {  // nothing left to compare
+      o.cosine = o.sqnr_db = std::numeric_limits<double>::quiet_NaN();
+    } else {
+      o.cosine = ff[i] > 0 && qq[i] > 0 ? fq[i] / std::sqrt(ff[i] * qq[i]) : (ee[i] == 0 ? 1.0 : 0.0);
+      o.sqnr_db =
+          ee[i] > 0 ? 10 * std::log10(std::max(ff[i], 1e-300) / ee[i]) : std::numeric_limits<double>::infinity();
+    }
+    r.poor = r.poor || !(o.cosine >= AgreementCheck::kPoorCosine) || o.not_finite_quantized > 0;
     r.outputs.push_back(o);
   }
   return r;
@@ -142,9 +157,26 @@ AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int6
 
 void log_agreement(const AgreementCheck& a) {
   const std::string on = std::to_string(a.samples) + (a.held_out ? " held-out samples" : " calibration samples");
-  for (const auto& o : a.outputs)
-    spdlog::info("quantized vs float on {}: output '{}' cosine {:.4f}, SQNR {:.1f} dB", on, o.name, o.cosine,
-                 o.sqnr_db);
+  for (const auto& o : a.outputs) {
+    if (std::isnan(o.cosine))
+      spdlog::warn(
+          "quantized vs float on {}: output '{}' is NaN or infinite on every element ({} in float, {} "
+          "quantized only): no agreement can be measured; check that the data is what the model expects",
+          on, o.name, o.not_finite_float, o.not_finite_quantized);
+    else
+      spdlog::info("quantized vs float on {}: output '{}' cosine {:.4f}, SQNR {:.1f} dB", on, o.name, o.cosine,
+                   o.sqnr_db);
+    if (!std::isnan(o.cosine) && o.not_finite_float > 0)
+      spdlog::warn(
+          "output '{}' of the float model is NaN or infinite at {} of its {} values on {}; the agreement "
+          "above leaves them out",
+          o.name, o.not_finite_float, o.elements, on);
+    if (!std::isnan(o.cosine) && o.not_finite_quantized > 0)
+      spdlog::warn(
+          "output '{}' of the quantized model is NaN or infinite at {} of its {} values on {} where the "
+          "float model's is finite: a layer overflows its quantized range (`sparsebit profile` names it)",
+          o.name, o.not_finite_quantized, o.elements, on);
+  }
   if (a.poor)
     spdlog::warn(
         "the quantized model agrees poorly with float (cosine below {} on {}): `sparsebit profile` shows which "

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -22,6 +23,9 @@ namespace {
 
 /// Measurements and choices: around the budget's width, then around what that chose.
 constexpr int kRounds = 2;
+
+/// A floating-point tensor (not a sequence, not indices): what an output error is measured on.
+bool measurable(const at::Tensor& t) { return t.defined() && !t.is_nested() && at::isFloatingType(t.scalar_type()); }
 
 /// The inputs one budget covers, their costs and errors, and the widths chosen for them.
 struct Budget {
@@ -143,12 +147,23 @@ const BitAllocation& QuantModel::allocate_bits(const DataSource& calib, const Pr
     at::NoGradGuard no_grad;
     set_quant(false, false);
     const ValueFn shape_of = [&](const std::string& name, const at::Tensor& v) {
-      shapes.emplace(name, v.sizes().vec());
+      if (v.defined() && !v.is_nested()) shapes.emplace(name, v.sizes().vec());
     };
     for (std::size_t b = 0; b < batches.size(); ++b) reference.push_back(forward(batches[b], b ? ValueFn{} : shape_of));
     for (std::size_t o = 0; o < reference[0].size() && o < model_->graph.outputs.size(); ++o)
-      shapes.emplace(model_->graph.outputs[o].name, reference[0][o].sizes().vec());
+      if (measurable(reference[0][o])) shapes.emplace(model_->graph.outputs[o].name, reference[0][o].sizes().vec());
   }
+  // The sensitivities are changes of the output's error: a float output that is NaN or infinite
+  // has none to measure (every comparison would fail and no width would ever be chosen).
+  for (std::size_t b = 0; b < reference.size(); ++b)
+    for (std::size_t o = 0; o < reference[b].size(); ++o)
+      if (measurable(reference[b][o]) && !at::isfinite(reference[b][o]).all().item<bool>())
+        throw Error("[bit_allocation]: the float model's output '" +
+                    (o < model_->graph.outputs.size() ? model_->graph.outputs[o].name : std::to_string(o)) +
+                    "' is NaN or infinite on the first " + std::to_string(out.samples) + " calibration samples of " +
+                    calib.name() +
+                    ", so no width can be judged by the error it adds; check that the data is what the model "
+                    "expects (its scale and layout), or remove [bit_allocation]");
   auto numel = [&](const std::string& name) -> std::int64_t {
     auto it = shapes.find(name);
     if (it == shapes.end()) return 1;
@@ -205,12 +220,13 @@ const BitAllocation& QuantModel::allocate_bits(const DataSource& calib, const Pr
     for (std::size_t b = 0; b < batches.size(); ++b) {
       const auto q = forward(batches[b]);
       for (std::size_t o = 0; o < q.size(); ++o) {
-        if (!at::isFloatingType(q[o].scalar_type())) continue;  // indices carry no error to measure
+        if (!measurable(q[o])) continue;
         sse += (q[o].to(at::kDouble) - reference[b][o].to(at::kDouble)).pow(2).sum().item<double>();
         ff += reference[b][o].to(at::kDouble).pow(2).sum().item<double>();
       }
     }
-    return ff > 0 ? sse / ff : sse;
+    const double e = ff > 0 ? sse / ff : sse;
+    return std::isnan(e) ? std::numeric_limits<double>::infinity() : e;  // NaN would win no comparison
   };
   const std::int64_t total_runs = std::int64_t(kRounds * (cfg.choices.size() - 1) * out.inputs.size());
   std::int64_t runs = 0;
@@ -258,6 +274,10 @@ const BitAllocation& QuantModel::allocate_bits(const DataSource& calib, const Pr
     move_to(chosen);
   }
   set_quant(false, false);
+  if (!std::isfinite(best_error))
+    throw Error("[bit_allocation]: the quantized model's output is NaN or infinite on the calibration samples of " +
+                calib.name() + " at every choice of widths tried, so none can be judged; quantize without " +
+                "[bit_allocation] and look at `sparsebit profile`'s per-layer error for the layer that overflows");
   for (std::size_t k = 0; k < out.inputs.size(); ++k) {
     out.inputs[k].bits = best[k];
     out.inputs[k].error = best_errors[k];

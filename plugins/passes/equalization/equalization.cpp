@@ -28,6 +28,8 @@ class CrossLayerEqualization final : public Pass {
   Stage stage() const override { return Stage::kSimplify; }
   bool run(Graph& g, const PassContext& ctx) override {
     const std::int64_t iterations = ctx.options.get_int("iterations", 8);
+    if (iterations < 1 || iterations > 1000)  // each sweep rescales every pair; 8 converge
+      throw Error(ctx.options.where() + ": iterations must be 1 to 1000, got " + std::to_string(iterations));
     Pattern with_act, direct;
     for (Pattern* p : {&with_act, &direct}) {
       p->node("conv1", {"Conv"}, {}, Pattern::Inputs::kOrdered, constant_weight);

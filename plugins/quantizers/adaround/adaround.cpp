@@ -46,8 +46,9 @@ class AdaRoundQuantizer final : public Quantizer, public ReconstructedByLayer, p
     auto require = [&](bool ok, const char* what) {
       if (!ok) throw Error(c.options.where() + ": " + what);
     };
-    require(settings_.iterations >= 1, "iterations must be >= 1");
-    require(settings_.batch_size >= 1, "batch_size must be >= 1");
+    // Bounded so that a typo cannot start a run that never ends (the paper's 20,000 is the default).
+    require(settings_.iterations >= 1 && settings_.iterations <= 10'000'000, "iterations must be 1 to 10000000");
+    require(settings_.batch_size >= 1 && settings_.batch_size <= 1 << 20, "batch_size must be 1 to 1048576");
     require(settings_.learning_rate > 0, "learning_rate must be > 0");
     require(warm_up_ >= 0 && warm_up_ < 1, "warm_up must be in [0, 1)");
     require(lambda_ >= 0, "lambda must be >= 0");

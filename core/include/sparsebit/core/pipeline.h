@@ -70,10 +70,13 @@ struct AgreementCheck {
   bool held_out = false;  ///< the samples were not used for calibration
   struct Output {
     std::string name;
-    double cosine = 1, sqnr_db = 0;
+    double cosine = 1, sqnr_db = 0;  ///< over the elements finite in both models; NaN where none is
+    std::int64_t elements = 0;
+    std::int64_t not_finite_float = 0;      ///< NaN or infinite in the float model
+    std::int64_t not_finite_quantized = 0;  ///< NaN or infinite quantized only: a disagreement
   };
   std::vector<Output> outputs;
-  bool poor = false;  ///< some output's cosine is below kPoorCosine
+  bool poor = false;  ///< some output's cosine is below kPoorCosine, unmeasurable, or not finite quantized
   static constexpr double kPoorCosine = 0.99;
 };
 

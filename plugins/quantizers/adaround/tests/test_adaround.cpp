@@ -147,6 +147,10 @@ TEST(AdaRound, RefusesActivationsAndBadOptions) {
   Options bad("[w.quantizer_options]");
   bad.set("warm_up", 1.5);
   EXPECT_NE(error_of([&] { make_adaround(int4_weight(), bad); }).find("warm_up"), std::string::npos);
+  Options endless("[w.quantizer_options]");  // a run that would never end
+  endless.set("iterations", std::int64_t{9223372036854775807});
+  EXPECT_NE(error_of([&] { make_adaround(int4_weight(), endless); }).find("iterations must be 1 to 10000000"),
+            std::string::npos);
 }
 
 TEST(AdaRound, SingleLayerReconstructionBeatsRoundToNearestAndExportsItsIntegers) {
