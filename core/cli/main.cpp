@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
     std::string command = "sparsebit";
     for (int i = 1; i < argc && command.size() < 300; ++i) command += std::string(" ") + argv[i];
     sb::install_interrupt_cleanup(command);  // Note [Interrupted runs]
+    const sb::FilesReadScope run;            // Note [Files a run read]: the command is the run
     for (const auto& c : commands)
       if (c.app->parsed()) {
         const int status = c.run();

@@ -84,6 +84,39 @@ TEST_F(Hardening, OutputsThatAreInputsOrEachOtherAreRefusedBeforeAnyWork) {
   expect_one_line_error(run_cli(quantize("-o \"\"")), {"-o", "empty"});
 }
 
+// Files known only once read (Note [Files a run read]): a sample inside the --calib folder is
+// refused before any work; the input model's own external-data file, which `--external-data`
+// would write over, after the work and before anything is replaced.
+TEST_F(Hardening, FilesInsideInputFoldersAndExternalDataAreInputsToo) {
+  const fs::path data = work_.path() / "data";
+  fs::create_directories(data);
+  for (int i = 0; i < 4; ++i) write_npy(at::rand({1, 28, 28}), (data / ("s" + std::to_string(i) + ".npy")).string());
+  const std::string sample = (data / "s2.npy").string(), sample_bytes = testing::read_text(sample);
+  const std::string with_data = model_ + " -c " + config_ + " --calib " + data.string();
+  expect_one_line_error(run_cli("quantize " + with_data + " -o " + sample), {"-o", "inside --calib", "another path"});
+  expect_one_line_error(
+      run_cli("quantize " + with_data + " -o " + (work_.path() / "q.onnx").string() + " --report " + sample),
+      {"--report", "inside --calib"});
+  EXPECT_EQ(testing::read_text(sample), sample_bytes);
+
+  // The model with its weights in q.onnx.data, exported to q.onnx with external data.
+  Model m = load_onnx(model_);
+  const fs::path external = work_.path() / "ext";
+  fs::create_directories(external);
+  ExportOptions options;
+  options.external_data = true;
+  std::string weights;
+  testing::write_text((external / "in.onnx").string(),
+                      serialize_onnx(m.graph, m.meta, options, &weights, "q.onnx.data"));
+  ASSERT_FALSE(weights.empty());
+  testing::write_text((external / "q.onnx.data").string(), weights);
+  expect_one_line_error(run_cli("quantize " + (external / "in.onnx").string() + " -c " + config_ + " --calib " +
+                                data.string() + " -o " + (external / "q.onnx").string() + " --external-data"),
+                        {"q.onnx.data", "read that file as input"});
+  EXPECT_EQ(testing::read_text((external / "q.onnx.data").string()), weights);
+  EXPECT_FALSE(fs::exists(external / "q.onnx"));
+}
+
 // Note [What an output path may name]: a link's target is replaced and the link kept; a link to
 // nothing is refused; a FIFO (like /dev/null or /dev/stdout) is written through, not replaced;
 // a name near the file system's 255-byte limit still gets its temporary.

@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 #include <vector>
 
@@ -173,7 +175,50 @@ void AtomicFile::write(const std::string& bytes) {
   }
 }
 
+namespace {
+
+// Note [Files a run read]: (device, inode) -> change time of the version read, while a run lasts.
+struct ReadFiles {
+  std::mutex mutex;
+  int runs = 0;
+  std::map<std::pair<dev_t, ino_t>, std::pair<time_t, long>> files;
+};
+ReadFiles& read_files() {
+  static ReadFiles r;
+  return r;
+}
+
+}  // namespace
+
+FilesReadScope::FilesReadScope() {
+  std::lock_guard<std::mutex> lock(read_files().mutex);
+  ++read_files().runs;
+}
+
+FilesReadScope::~FilesReadScope() {
+  std::lock_guard<std::mutex> lock(read_files().mutex);
+  if (--read_files().runs == 0) read_files().files.clear();
+}
+
+void note_file_read(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+  std::lock_guard<std::mutex> lock(read_files().mutex);
+  if (read_files().runs > 0) read_files().files[{st.st_dev, st.st_ino}] = {st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
+}
+
 void AtomicFile::commit() {
+  if (!through_) {  // Note [Files a run read]
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) == 0) {
+      std::lock_guard<std::mutex> lock(read_files().mutex);
+      const auto it = read_files().files.find({st.st_dev, st.st_ino});
+      if (it != read_files().files.end() && it->second == std::make_pair(st.st_ctim.tv_sec, st.st_ctim.tv_nsec))
+        throw Error("cannot write " + printable(path_) +
+                    ": this run read that file as input (a model, its external data, a config or a data sample); "
+                    "writing it would destroy it, so choose another path");
+    }
+  }
   if (fd_ < 0) open_temporary();  // an empty file
   if (through_) {
     const bool closed = ::close(fd_) == 0;
@@ -215,11 +260,29 @@ void check_distinct_paths(const std::vector<PathRole>& inputs, const std::vector
       if (std::string id = identity(in.path); !id.empty()) seen.emplace(id, in.name);
   std::set<std::string> input_ids;
   for (const auto& [id, name] : seen) input_ids.insert(id);
+  // Input folders (--calib DIR, test-data folders): a file already inside one is a sample.
+  std::vector<std::pair<fs::path, std::string>> folders;
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    if (!in.path.empty() && fs::is_directory(in.path, ec))
+      folders.emplace_back(fs::weakly_canonical(fs::absolute(in.path, ec), ec), in.name);
+  }
   for (const auto& out : outputs) {
     if (out.path.empty() && !out.required) continue;
     if (out.path.empty()) throw Error(out.name + ": the output path is empty");
     const std::string id = identity(out.path);
     if (id.empty()) continue;
+    std::error_code ec;
+    if (fs::is_regular_file(out.path, ec)) {
+      const fs::path file = fs::weakly_canonical(fs::absolute(out.path, ec), ec);
+      for (const auto& [folder, name] : folders) {
+        const auto [end, rest] = std::mismatch(folder.begin(), folder.end(), file.begin(), file.end());
+        if (end == folder.end() && rest != file.end())
+          throw Error(out.name + " " + printable(out.path) + " is a file inside " + name + " " +
+                      printable(folder.string()) + ", a folder the run reads: writing it would replace an input; " +
+                      "choose another path");
+      }
+    }
     auto [it, fresh] = seen.emplace(id, out.name);
     if (!fresh) {
       throw Error(out.name + " " + printable(out.path) + " is the same file as " + it->second +

@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 
+#include "sparsebit/core/atomic_file.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit {
@@ -508,6 +509,7 @@ Config Config::from_file(const std::string& path) {
   if (!fs::is_regular_file(path, ec)) throw Error(path + ": is a device, pipe or socket, not a TOML file");
   std::ifstream in(path);
   if (!in) throw Error(path + ": config file cannot be read");
+  note_file_read(path);  // Note [Files a run read]
   std::stringstream ss;
   ss << in.rdbuf();
   if (is_yaml_config(path)) return from_string(yaml_config_to_toml(ss.str(), path), path);

@@ -106,6 +106,7 @@ NpyLayout read_npy_header(std::ifstream& in, const std::string& path) {
 }  // namespace
 
 at::Tensor read_npy(const std::string& path) {
+  note_file_read(path);  // Note [Files a run read]
   std::ifstream in(path, std::ios::binary);
   const NpyLayout layout = read_npy_header(in, path);
   at::Tensor out = at::empty(layout.shape, at::TensorOptions().dtype(layout.dtype));
@@ -120,6 +121,7 @@ namespace {
 /// weights]): a batch's pages are read when first touched, so samples a process skips or
 /// another process takes are never read (Note [Distributed runs]).
 at::Tensor map_npy(const std::string& path) {
+  note_file_read(path);
   std::ifstream in(path, std::ios::binary);
   const NpyLayout layout = read_npy_header(in, path);
   const std::int64_t numel = c10::multiply_integers(layout.shape);
@@ -166,7 +168,10 @@ struct GzClose {
 };
 using GzFile = std::unique_ptr<gzFile_s, GzClose>;
 
-GzFile open_gz(const std::string& path) { return GzFile(gzopen(path.c_str(), "rb")); }
+GzFile open_gz(const std::string& path) {
+  note_file_read(path);
+  return GzFile(gzopen(path.c_str(), "rb"));
+}
 
 }  // namespace
 

@@ -383,6 +383,7 @@ Model load_onnx(const std::string& path, const ImportOptions& options) {
   if (fs::is_directory(path, ec)) throw Error(path + ": is a folder, expected an .onnx file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot be opened for reading");
+  note_file_read(path);  // Note [Files a run read]
   if (fs::file_size(path, ec) == 0) throw Error(path + ": the file is empty, not an ONNX model");
   Model model;
   {
@@ -402,6 +403,7 @@ Model load_onnx(const std::string& path, const ImportOptions& options) {
 at::Tensor load_tensor_pb(const std::string& path, std::string* name) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot be opened");
+  note_file_read(path);
   std::string bytes = read_all(in);
   onnx::TensorProto p;
   if (!p.ParseFromString(bytes)) throw Error(path + ": not a serialized onnx.TensorProto");
@@ -415,6 +417,7 @@ at::Tensor load_value_pb(const std::string& path, const std::string& type) {
     return load_tensor_pb(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot be opened");
+  note_file_read(path);
   const std::string bytes = read_all(in);
   const fs::path base = fs::path(path).parent_path();
   auto sequence = [&](const onnx::SequenceProto& s, const onnx::TypeProto& of) {

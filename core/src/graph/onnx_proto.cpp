@@ -14,6 +14,7 @@
 
 #include "base/limits.h"
 #include "base/mapped_file.h"
+#include "sparsebit/core/atomic_file.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
@@ -217,6 +218,7 @@ at::Tensor external_tensor(const onnx::TensorProto& p, const fs::path& base_dir,
                            std::int64_t numel, at::ScalarType st, const std::string& what) {
   const ExternalSpan span =
       locate_external_data(p, base_dir, numel * static_cast<std::int64_t>(c10::elementSize(st)), what);
+  note_file_read(span.file.string());  // Note [Files a run read]
   if (span.length >= kMapBytes)
     if (at::Tensor t = map_tensor(span.file, span.offset, shape, st); t.defined()) return t;
   at::Tensor t = at::empty(shape, at::TensorOptions().dtype(st));

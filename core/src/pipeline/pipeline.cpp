@@ -190,6 +190,7 @@ std::string config_file(const Config& c) {
 }  // namespace
 
 QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progress) {
+  const FilesReadScope run;  // Note [Files a run read]
   const Config& config = job.config;
   if (config.target && !config.target->has_value)
     throw Error(
@@ -298,6 +299,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
 }
 
 QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
+  const FilesReadScope run;  // Note [Files a run read]
   const Config& config = job.config;
   QatOutcome r;
   r.checkpoint = job.checkpoint.empty() ? job.output + ".ckpt" : job.checkpoint;
@@ -347,6 +349,7 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
 }
 
 PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
+  const FilesReadScope run;  // Note [Files a run read]
   Config config = job.config;
   if (!config.sparse)
     throw Error(config.source + ": no [sparse] table; add one, e.g. [sparse] sparser = \"l1_structured\", ratio = 0.5");

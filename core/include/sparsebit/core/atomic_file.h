@@ -57,6 +57,27 @@ struct PathRole {
 /// and FIFOs may be named more than once (two reports to /dev/null).
 SPARSEBIT_API void check_distinct_paths(const std::vector<PathRole>& inputs, const std::vector<PathRole>& outputs);
 
+/// Note [Files a run read]
+/// While a run is going (a FilesReadScope lives: a `sparsebit` command, run_quantize, run_qat,
+/// run_prune), every reader of input files (models, their external data, calibration and
+/// evaluation samples, configs, ONNX test-data files) notes each regular file it opens, and
+/// AtomicFile::commit() refuses to rename over one that is still the version read (same device,
+/// inode and change time). check_distinct_paths() compares the paths a command is given before
+/// any work, but the files inside a data folder and the external data of a model are only known
+/// once read: this catches those (an `-o` into the --calib folder, `--external-data` over the
+/// input's own weights file), after the work but before anything is destroyed. Outside a run
+/// (a library user loading a model, then exporting over it on purpose) nothing is noted.
+SPARSEBIT_API void note_file_read(const std::string& path);
+
+/// Marks a run for Note [Files a run read]; runs may nest, the notes go when the outermost ends.
+class SPARSEBIT_API FilesReadScope {
+ public:
+  FilesReadScope();
+  ~FilesReadScope();
+  FilesReadScope(const FilesReadScope&) = delete;
+  FilesReadScope& operator=(const FilesReadScope&) = delete;
+};
+
 /// Installs the handlers of Note [Interrupted runs]; `what` ("quantize model.onnx") goes into
 /// the message. Call once, early, from a program's main thread.
 SPARSEBIT_API void install_interrupt_cleanup(const std::string& what);
