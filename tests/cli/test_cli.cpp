@@ -309,6 +309,23 @@ TEST(CliDrawings, DotAndMermaidShowNodesEdgesAndQuantizers) {
   EXPECT_EQ(testing::read_text(dot).find("minmax"), std::string::npos);
 }
 
+// A learning rate far too high: the loss runs away from where training started; the run stops
+// with the epoch and the loss, and writes neither the model nor a checkpoint of the diverged weights.
+TEST_F(Cli, QatThatDivergesStopsAndWritesNothing) {
+  const std::string cfg = work_ / "qat.toml", ckpt = work_ / "qat.ckpt";
+  testing::write_text(cfg,
+                      "backend = \"virtual\"\n[w]\nqscheme = \"per-channel-symmetric\"\nbits = 4\nquantizer = \"lsq\"\n"
+                      "[a]\nqscheme = \"per-tensor-affine\"\nbits = 4\nquantizer = \"lsq\"\n"
+                      "[calibration]\nbatch_size = 8\n[qat]\nbatch_size = 8\n");
+  const auto r = run_cli("qat " + testing::fixture_model() + " -c " + cfg + " --calib " + calib_ + " --train " +
+                         calib_ + " -o " + out_ + "/qat.onnx --checkpoint " + ckpt + " --epochs 2 --lr 1000");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("QAT diverged: epoch 1's mean loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lower [qat] lr (now 1000)"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out_ + "/qat.onnx"));
+  EXPECT_FALSE(fs::exists(ckpt));
+}
+
 TEST_F(Cli, QatTrainsResumesFromItsCheckpointAndExports) {
   const std::string cfg = work_ / "qat.toml", ckpt = work_ / "qat.ckpt";
   testing::write_text(cfg,

@@ -376,6 +376,20 @@ def test_training_without_init_qat_is_refused():
         qm.parameters()
 
 
+def test_export_of_nan_parameters_is_refused(tmp_path):
+    # A parameter that training (or the user) filled with NaN would export as saturated integers.
+    net = small_cnn()
+    qm = sparsebit.QuantModel(net, {"backend": "virtual", "w": {"quantizer": "lsq"}, "a": {"quantizer": "lsq"}},
+                              example_inputs=torch.randn(1, 1, 16, 16))
+    qm.init_qat(samples(16, seed=1))
+    name, p = next((n, p) for n, p in qm.named_parameters() if n.startswith("weight "))
+    with torch.no_grad():
+        p.fill_(float("nan"))
+    with pytest.raises(sparsebit.Error, match="NaN or infinite"):
+        qm.export(str(tmp_path / "q.onnx"))
+    assert not (tmp_path / "q.onnx").exists()
+
+
 def test_bit_allocation_is_the_best_choice_under_the_budget(tmp_path):
     net = small_cnn()
     config = dict(W8A8, bit_allocation={"avg_weight_bits": 6, "avg_activation_bits": 6, "choices": [4, 8],

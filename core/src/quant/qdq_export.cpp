@@ -351,8 +351,13 @@ class SlotExport {
 
 Graph export_qdq(const QdqExportInput& in) {
   Graph g = in.graph.clone();
-  for (const auto& name : in.trained)  // Note [QAT]: the trained values
+  for (const auto& name : in.trained) {  // Note [QAT]: the trained values
     g.initializers[name] = in.executor.constants().at(name).detach().to(at::kCPU).clone();
+    if (g.initializers[name].is_floating_point() && !at::isfinite(g.initializers[name]).all().item<bool>())
+      throw Error("trained parameter '" + printable(name) +
+                  "' holds NaN or infinite values (training diverged, or they were set so): the export would " +
+                  "saturate its integers; retrain with a lower learning rate, or calibrate again");
+  }
   for (const auto& [name, t] : in.states)  // running statistics
     g.initializers[name.substr(6)] = t.detach().to(at::kCPU).clone();
   lift_for_export(g, in);

@@ -5,6 +5,7 @@
 #include "train/distill_epoch.h"
 
 #include <ATen/ATen.h>
+#include <spdlog/fmt/fmt.h>
 #include <ATen/record_function.h>
 #include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
@@ -391,8 +392,9 @@ QatEpoch distill_epoch(const DistillStep& step, int epoch, const std::function<s
     if (!std::isfinite(value)) {
       throw Error(step.what + ": the loss became " + std::to_string(value) + " in step " +
                   std::to_string(reported + 1) + " of epoch " + std::to_string(epoch) + "; lower [qat] lr (now " +
-                  std::to_string(s.lr) + ")");
+                  fmt::format("{:g}", s.lr) + ")");
     }
+    if (reported == 0) e.first_loss = value;
     loss_sum += value;
     e.samples += rows[static_cast<std::size_t>(reported)];
     ++reported;

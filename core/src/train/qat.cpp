@@ -3,6 +3,7 @@
 #include "sparsebit/core/qat.h"
 
 #include <ATen/ATen.h>
+#include <spdlog/fmt/fmt.h>
 #include <c10/core/GradMode.h>
 #include <torch/optim/adam.h>
 #include <torch/serialize/input-archive.h>
@@ -220,6 +221,14 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
     sdk::log_info("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs) + ": loss " +
                   std::to_string(e.loss) + " over " + std::to_string(e.samples) + " samples, " +
                   std::to_string(e.seconds) + " s");
+    // Diverged: the loss ran away from where training started (a learning rate far too high
+    // saturates every weight); stop before the epoch's checkpoint and the model are written.
+    constexpr double kDiverged = 1000;
+    if (const double start = result.epochs.front().first_loss; start > 0 && e.loss > kDiverged * start)
+      throw Error("QAT diverged: epoch " + std::to_string(epoch) + "'s mean loss " + std::to_string(e.loss) +
+                  " is more than " + std::to_string(int(kDiverged)) + " times its first step's (" +
+                  std::to_string(start) + "); nothing was written: lower [qat] lr (now " + fmt::format("{:g}", s.lr) +
+                  ")" + (options.checkpoint.empty() ? "" : ", or resume from the last checkpoint with a lower one"));
     if (!options.checkpoint.empty() && writes_outputs()) {
       std::string bytes = checkpoint_bytes(options.fingerprint, epoch, params, adam);
       if (writing.valid()) writing.get();

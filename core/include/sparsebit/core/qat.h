@@ -42,8 +42,9 @@ struct QatOptions {
 };
 
 struct QatEpoch {
-  int epoch = 0;    ///< 1-based
-  double loss = 0;  ///< mean distillation loss over the epoch's batches
+  int epoch = 0;          ///< 1-based
+  double loss = 0;        ///< mean distillation loss over the epoch's batches
+  double first_loss = 0;  ///< the loss of its first step
   std::int64_t samples = 0;
   double seconds = 0;
   std::int64_t graphed_steps = 0;  ///< steps replayed from CUDA graphs ([qat] cuda_graph)
