@@ -159,10 +159,21 @@ class PyQuantModel {
   }
 
   /// Quantization-aware training from Python: calibrates on `data`, makes weights and quantizer
-  /// parameters trainable leaves (QuantModel::init_qat) and turns training mode on.
+  /// parameters trainable leaves (QuantModel::init_qat) and turns training mode on. Without
+  /// data it starts from the calibration calibrate() did (the original toolkit's calibrate()
+  /// then init_QAT()).
   py::dict init_qat(py::handle data, const py::object& progress) {
     InUse in_use(busy_);
     require_linked_torch("init_qat()");
+    if (data.is_none()) {
+      if (!calibrated_)
+        throw sb::Error(
+            "init_qat() without data starts from a calibration: call calibrate() first, or pass "
+            "init_qat() the calibration data");
+      without_gil([&] { qm_->init_qat(); });
+      qat_ = torch_out_ = true;
+      return stats_dict();
+    }
     const sb::DataSource source = data_source(data, "python calibration data");
     if (source.empty()) throw sb::Error("init_qat() needs calibration data: an iterable of arrays, or a data path");
     const auto inputs = qm_->graph().inputs;
@@ -418,7 +429,8 @@ PYBIND11_MODULE(_sparsebit, m) {
            py::arg("calib") = py::none())
       .def("calibrate", &PyQuantModel::calibrate, py::arg("data"), py::kw_only(), py::arg("progress") = py::none())
       .def("forward", &PyQuantModel::forward, py::kw_only(), py::arg("quantized") = true)
-      .def("init_qat", &PyQuantModel::init_qat, py::arg("data"), py::kw_only(), py::arg("progress") = py::none())
+      .def("init_qat", &PyQuantModel::init_qat, py::arg("data") = py::none(), py::kw_only(),
+           py::arg("progress") = py::none())
       .def("named_parameters", &PyQuantModel::named_parameters)
       .def("_train", &PyQuantModel::train, py::arg("mode"))
       .def("_return_torch", &PyQuantModel::return_torch, py::arg("on"))

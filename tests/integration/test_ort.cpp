@@ -171,6 +171,39 @@ std::int64_t mismatches(const at::Tensor& a, const at::Tensor& b) {
       .item<std::int64_t>();
 }
 
+// A float8 export of a CNN (configs/fp8_tensorrt.toml) says how ONNX Runtime must load it, and
+// that is true: at its default level ONNX Runtime fuses the float8 Q/DQ around a Conv into a
+// QLinearConv that takes no float8 and refuses the model; at 'basic' it runs it like the
+// simulation (Note [Float8 exports in ONNX Runtime]).
+TEST(OnnxRuntime, Float8ExportsSayHowOnnxRuntimeLoadsThem) {
+  if (!SPARSEBIT_HAVE_ORT) GTEST_SKIP() << "ONNX Runtime not installed (npm ci --ignore-scripts in tests/ort)";
+  testing::TempDir dir;
+  const std::string images = std::string(FASHION_MNIST_DIR) + "/train-images-idx3-ubyte.gz";
+  write_npy(test_images(4), dir / "x.npy");
+  const auto q = testing::run_cli("quantize " + testing::fixture_model() + " -c " +
+                                  testing::source_path("configs/fp8_tensorrt.toml") + " --calib " + images +
+                                  " --calib-count 64 -o " + dir / "fp8.onnx --report " + dir / "r.json --eval-data " +
+                                  dir / "x.npy --eval-outputs " + dir / "sim.npy");
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  EXPECT_NE(q.output.find("ONNX Runtime loads it only at graph optimization level 'basic'"), std::string::npos)
+      << q.output;
+  const auto report = nlohmann::json::parse(testing::read_text(dir / "r.json"));
+  ASSERT_EQ(report.at("notes").size(), 1u);
+  auto run = [&](const std::string& level) {
+    return testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " +
+                                dir / "fp8.onnx --optimization " + level + " --in image=" + dir / "x.npy" +
+                                " --out logits=" + dir / ("ort_" + level + ".npy"));
+  };
+  EXPECT_NE(run("all").exit_code, 0) << "ONNX Runtime now loads float8 exports at its default level: drop the note";
+  const auto basic = run("basic");
+  ASSERT_EQ(basic.exit_code, 0) << basic.output;
+  // Float sums in another order can round an activation that sits on a tie the other way, one
+  // float8 step (1/8 of its value for E4M3): the logits then move by a fraction of that.
+  const at::Tensor ort = read_npy(dir / "ort_basic.npy"), sim = read_npy(dir / "sim.npy").reshape_as(ort);
+  EXPECT_LT((ort - sim).abs().max().item<double>(), 0.02 * sim.abs().max().item<double>());
+  EXPECT_TRUE(at::equal(ort.argmax(1), sim.argmax(1)));
+}
+
 // Float8 Q/DQ (opset 19, FLOAT8E4M3FN / FLOAT8E5M2 zero points) against ONNX Runtime's CPU
 // kernels, bit for bit: values across and beyond the range, exact ties between neighbouring float8
 // values, per tensor and per channel; and our executor running the same model, with and without

@@ -114,15 +114,10 @@ class QuantModel(_sparsebit.QuantModel):
         if not self._recorded:
             raise Error("calc_qparams() needs prepare_calibration() and at least one forward() after it")
         data, self._recorded = self._recorded, None
-        self._calibration = data  # init_QAT() without data calibrates on them again
         return self.calibrate(data, progress=progress)
 
     def init_QAT(self, data=None, progress=None):  # noqa: N802 (the original's name)
-        """init_qat() on `data`, or on the inputs calc_qparams() calibrated on."""
-        data = data if data is not None else getattr(self, "_calibration", None)
-        if data is None:
-            raise Error("init_QAT() needs calibration data: pass it, or calibrate with prepare_calibration(), "
-                        "forward passes and calc_qparams() first")
+        """init_qat(): on `data`, or from the calibration calibrate() or calc_qparams() did."""
         return self.init_qat(data, progress=progress)
 
     def export_onnx(self, dummy_input=None, name="qmodel.onnx", **kwargs):

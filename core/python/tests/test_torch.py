@@ -376,6 +376,28 @@ def test_training_without_init_qat_is_refused():
         qm.parameters()
 
 
+def test_calibrate_then_init_qat_without_data_as_the_original_toolkit():
+    # The original toolkit's calibrate(...) then init_QAT(): QAT starts from that calibration, the
+    # same start as init_qat(data) gives.
+    net = small_cnn()
+    config = {"backend": "virtual", "w": {"bits": 4, "quantizer": "lsq"}, "a": {"bits": 4, "quantizer": "lsq"}}
+    qm = sparsebit.QuantModel(net, config, example_inputs=torch.randn(1, 1, 16, 16))
+    with pytest.raises(sparsebit.Error, match=r"calibrate\(\) first"):
+        qm.init_qat()
+    qm.calibrate(samples(16, seed=1))
+    qm.init_qat()
+    reference = sparsebit.QuantModel(net, config, example_inputs=torch.randn(1, 1, 16, 16))
+    reference.init_qat(samples(16, seed=1))
+    ours, theirs = qm.named_parameters(), reference.named_parameters()
+    assert [n for n, _ in ours] == [n for n, _ in theirs] and len(ours) > 0
+    for (name, a), (_, b) in zip(ours, theirs):
+        assert torch.equal(a, b), name
+    x = torch.stack(samples(8, seed=2))
+    loss = qm(x).square().mean()
+    loss.backward()
+    assert all(p.grad is not None for _, p in ours if _.startswith("weight "))
+
+
 def test_export_of_nan_parameters_is_refused(tmp_path):
     # A parameter that training (or the user) filled with NaN would export as saturated integers.
     net = small_cnn()

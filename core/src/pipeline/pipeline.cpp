@@ -189,6 +189,28 @@ std::string config_file(const Config& c) {
 }
 }  // namespace
 
+namespace {
+
+/// Note [Float8 exports in ONNX Runtime]
+/// An export with float8 Q/DQ (for TensorRT, Hopper and later) is valid ONNX, and ONNX Runtime's
+/// CPU provider runs float8 QuantizeLinear/DequantizeLinear; but at its default optimization
+/// level ('all') its QDQ fusions turn a float8 DQ -> Conv -> Q into QLinearConv, which takes no
+/// float8, and loading fails ("Type 'tensor(float8e4m3fn)' of input parameter ... of operator
+/// (QLinearConv) ... is invalid", ONNX Runtime 1.30). A placement that avoided that fusion would
+/// change what TensorRT sees, so the export stays as TensorRT wants it and says how to check it
+/// in ONNX Runtime: at graph optimization level 'basic' (tests/ort/run_model.mjs --optimization
+/// basic; the check is in tests/integration/test_ort.cpp).
+std::string float8_load_note(const QuantModel& qm) {
+  for (const auto& s : qm.slots())
+    if (s.active() && s.spec.is_float8())
+      return "the export has float8 Q/DQ: TensorRT runs it as written; ONNX Runtime loads it only at graph "
+             "optimization level 'basic' (graphOptimizationLevel / GraphOptimizationLevel.ORT_ENABLE_BASIC), as its "
+             "default level fuses float8 Q/DQ into integer kernels that take no float8";
+  return "";
+}
+
+}  // namespace
+
 QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progress) {
   const FilesReadScope run;  // Note [Files a run read]
   const Config& config = job.config;
@@ -286,6 +308,10 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
     r.latency = time_export(config, job.model, bytes, external, qm.graph(), job.calib);
     log_latency(*r.latency);
     if (r.latency->measured) phase("latency");
+  }
+  if (const std::string note = float8_load_note(qm); !note.empty()) {
+    spdlog::warn("{}", note);
+    r.notes.push_back(note);
   }
   files.set_model(std::move(bytes));
   r.external_data_written = files.commit(external, job.report.empty() ? "" : report_json(r));

@@ -30,6 +30,7 @@ std::string report_json(const QuantizeOutcome& r) {
     rep["evaluation"] = ev;
   }
   if (r.target) rep["target"] = json::parse(target_report_json(*r.target));
+  if (!r.notes.empty()) rep["notes"] = r.notes;
   if (r.agreement) {
     json outs = json::array();
     for (const auto& o : r.agreement->outputs)

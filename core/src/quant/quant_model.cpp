@@ -217,6 +217,17 @@ void QuantModel::set_slot_enabled(std::size_t slot, bool enabled) { slots_->all(
 
 CalibrationStats QuantModel::init_qat(Dataset& data, const ProgressFn& progress) {
   CalibrationStats stats = calibrate(data, progress);
+  init_qat();
+  return stats;
+}
+
+void QuantModel::init_qat() {
+  bool calibrated = false;
+  for (const auto& s : slots_->all()) calibrated = calibrated || (s.active() && s.calibrated);
+  if (!calibrated)
+    throw Error(
+        "init_qat() without data starts from a calibration: call calibrate() first, or pass init_qat() "
+        "the calibration data");
   set_quant(true, true);
   trainable_.clear();
   std::set<std::string> seen;
@@ -244,7 +255,6 @@ CalibrationStats QuantModel::init_qat(Dataset& data, const ProgressFn& progress)
   train(true);
   sdk::log_info("QAT: " + std::to_string(trainable_.size()) + " weight and bias tensors trainable, " +
                 std::to_string(named_parameters().size() - trainable_.size()) + " quantizer parameters");
-  return stats;
 }
 
 void QuantModel::train(bool on) {

@@ -157,6 +157,9 @@ struct QuantizeOutcome {
   bool external_data_written = false;
   std::optional<LatencyReport> latency;         ///< unless [latency] enabled = false
   std::optional<LatencySearch> latency_search;  ///< where [latency] search asked for one
+  /// What a user should know before deploying the export (how a runtime must load it), also
+  /// printed; the report's "notes".
+  std::vector<std::string> notes;
 };
 
 struct QatJob {

@@ -158,6 +158,9 @@ class SPARSEBIT_API QuantModel {
   /// trainable. Train parameters() with any LibTorch optimizer through forward(); export
   /// writes the trained values.
   CalibrationStats init_qat(Dataset& data, const ProgressFn& progress = {});
+  /// The same from the calibration already done (calibrate() first, as the original toolkit's
+  /// calibrate() then init_QAT()); an Error before any calibration.
+  void init_qat();
   /// Every trainable tensor after init_qat(), named ("weight NAME" for the model's float
   /// constants, "quantizer NODE#INPUT/k" for quantizer parameters), in a fixed order.
   std::vector<std::pair<std::string, at::Tensor>> named_parameters();
