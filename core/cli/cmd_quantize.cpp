@@ -15,6 +15,7 @@ struct QuantizeArgs {
   int nproc = 1;
   std::string model, config, calib, output, report, device, mode, eval_data, eval_labels, eval_outputs,
       eval_fp32_outputs, target;
+  std::vector<std::string> target_outputs;
   bool external_data = false, target_strict = false, latency = false, no_latency = false;
   int batch_size = 0, calib_count = -1;
 };
@@ -30,6 +31,10 @@ int cmd_quantize(const QuantizeArgs& a, const GlobalOptions& g) {
     sb::TargetConfig t = config.target.value_or(sb::TargetConfig{});
     t.parse_expression(a.target, "--target");
     config.target = t;
+  }
+  if (!a.target_outputs.empty()) {
+    if (!config.target) throw sb::Error("--target-outputs needs a target (--target \"maxabs<=0.02\" or [target])");
+    config.target->outputs = a.target_outputs;
   }
   if (a.target_strict) {
     if (!config.target) throw sb::Error("--target-strict needs a target (--target \"cosine>=0.99\" or [target])");
@@ -115,8 +120,14 @@ Command add_quantize(CLI::App& app, const GlobalOptions& g) {
   quantize->add_option("--eval-fp32-outputs", a->eval_fp32_outputs,
                        "Write the FP32 first output on --eval-data as .npy");
   quantize->add_option("--target", a->target,
-                       "Accuracy to keep, e.g. \"cosine>=0.99\", \"sqnr>=30\", \"mse<=1e-4\", \"top1-drop<=0.5\" (with "
+                       "Accuracy to keep, e.g. \"cosine>=0.99\", \"sqnr>=30\", \"mse<=1e-4\", \"maxabs<=0.02\", "
+                       "\"top1-drop<=0.5\" (with "
                        "--eval-data/--eval-labels): the most sensitive layers fall back to int16/float until it holds");
+  quantize
+      ->add_option("--target-outputs", a->target_outputs,
+                   "Graph outputs the target is measured on, comma-separated (default: every floating-point "
+                   "output), e.g. a probability and not a recurrent state returned beside it")
+      ->delimiter(',');
   quantize->add_flag("--target-strict", a->target_strict,
                      "A target not reached is an error (exit 1, nothing written) instead of a warning");
   quantize->add_flag("--external-data", a->external_data,

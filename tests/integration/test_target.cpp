@@ -121,6 +121,57 @@ TEST(Target, PicksTheSensitiveLayersAndStopsWhenTheTargetHolds) {
   EXPECT_TRUE(met.precision.empty());
 }
 
+// maxabs is the largest |quantized - float| of any output element over the held-out samples,
+// recomputed here outside the search; a tolerance that only both sabotaged layers in float
+// meet is met with them, and the search's figures are those measured independently.
+double largest_difference_with(QuantModel& qm, const TargetData& d, const std::set<std::string>& floats) {
+  for (const auto& n : floats) qm.set_enabled(n, false);
+  double largest = 0;
+  for (const auto& x : d.holdout) {
+    qm.set_quant(false, false);
+    at::Tensor f = qm.forward(x)[0].to(at::kDouble);
+    qm.set_quant(true, true);
+    at::Tensor q = qm.forward(x)[0].to(at::kDouble);
+    largest = std::max(largest, (q - f).abs().max().item<double>());
+  }
+  qm.set_quant(false, false);
+  for (const auto& n : floats) qm.set_enabled(n, true);
+  return largest;
+}
+
+TEST(Target, MaxAbsIsTheLargestOutputDifference) {
+  Fixture f = calibrated(kSabotaged);
+  const double none = largest_difference_with(f.qm, f.data, {});
+  const double both = largest_difference_with(f.qm, f.data, {"/dw3/Conv", "/fc1/Gemm"});
+  const double dw3 = largest_difference_with(f.qm, f.data, {"/dw3/Conv"});
+  const double fc1 = largest_difference_with(f.qm, f.data, {"/fc1/Gemm"});
+  ASSERT_LT(both, std::min(dw3, fc1) * 0.9) << "the fixture needs both sabotaged layers to matter";
+  const double goal = (both + std::min(dw3, fc1)) / 2;
+  char expr[64];
+  std::snprintf(expr, sizeof expr, "maxabs<=%.9f", goal);
+  TargetReport r = meet_target(f.qm, target(expr, {"float"}, 4), f.data);
+  EXPECT_NEAR(r.before, none, 1e-9 * none);
+  EXPECT_TRUE(r.reached);
+  EXPECT_LE(r.after, goal);
+  std::set<std::string> chosen;
+  for (const auto& l : r.fallback_layers) chosen.insert(l.node);
+  EXPECT_EQ(chosen, (std::set<std::string>{"/dw3/Conv", "/fc1/Gemm"}));
+  EXPECT_NEAR(r.after, both, 1e-9 * both);
+
+  // Measured on the outputs named (here the only one, by name): the same figure; a name the model
+  // does not have is refused with the names it has.
+  Fixture named = calibrated(kSabotaged);
+  TargetConfig on_output = target("maxabs<=1e9", {"float"}, 4);
+  on_output.outputs = {named.qm.graph().outputs.at(0).name};
+  TargetReport by_name = meet_target(named.qm, on_output, named.data);
+  EXPECT_NEAR(by_name.before, none, 1e-9 * none);
+  EXPECT_NE(by_name.measured_on.find(on_output.outputs[0]), std::string::npos) << by_name.measured_on;
+  on_output.outputs = {"no_such_output"};
+  const std::string msg = testing::error_of([&] { meet_target(named.qm, on_output, named.data); });
+  EXPECT_NE(msg.find("no output 'no_such_output'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(named.qm.graph().outputs.at(0).name), std::string::npos) << msg;
+}
+
 // Note [Quantization arithmetic], written out: clamp(round_half_even(x / s) + zp) - zp, times s.
 at::Tensor by_hand(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point, const QSpec& spec) {
   return (at::clamp(at::round(x / scale) + zero_point, static_cast<double>(spec.qmin()),
@@ -291,6 +342,11 @@ TEST(Target, ConfigAndExpressionsAreChecked) {
   EXPECT_NE(err("[target]\nvalue = 1.5\n").find("can never hold"), std::string::npos);
   EXPECT_NE(err("[target]\nvalue = 0.9\nfallback = [\"int4\"]\n").find("'int4' is not a precision"), std::string::npos);
   EXPECT_NE(err("[target]\nvalue = 0.9\nholdouts = 3\n").find("did you mean 'holdout'"), std::string::npos);
+  const Config on_one =
+      Config::from_string("[target]\nmetric = \"maxabs\"\nvalue = 0.02\noutputs = [\"output\"]\n", "t.toml");
+  EXPECT_EQ(on_one.target->describe(), "maxabs<=0.02");
+  EXPECT_EQ(on_one.target->outputs, std::vector<std::string>{"output"});
+  EXPECT_NE(err("[target]\nvalue = 0.9\noutputs = \"output\"\n").find("target.outputs"), std::string::npos);
 
   TargetConfig t;
   t.parse_expression(" mse <= 1e-4 ", "--target");
@@ -309,6 +365,8 @@ TEST(Target, ConfigAndExpressionsAreChecked) {
   EXPECT_NE(bad("accuracy>=0.9").find("not a target"), std::string::npos);
   EXPECT_NE(bad("cosine>=0.9.9").find("not a number"), std::string::npos);
   EXPECT_NE(bad("mse<=-1").find("can never hold"), std::string::npos);
+  EXPECT_NE(bad("maxabs<=-0.1").find("can never hold"), std::string::npos);
+  EXPECT_NE(bad("maxabs>=0.1").find("maxabs takes <="), std::string::npos);
   // Bounds that always hold are bounds all the same (a script's loosest setting).
   for (const char* always : {"cosine>=-1", "cosine>=-2", "top1-drop<=-0.5", "sqnr>=-10"}) {
     TargetConfig x;

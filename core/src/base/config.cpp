@@ -297,11 +297,13 @@ void read_qat(const Reader& r, const toml::table* t, Config& c) {
 }
 
 void read_target(const Reader& r, const toml::table* t, Config& c) {
-  r.check_keys(*t, "target", {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict"});
+  r.check_keys(*t, "target", {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict", "outputs"});
   TargetConfig& tc = c.target.emplace();
   tc.metric = r.get<std::string>(*t, "target", "metric", tc.metric, "a string");
-  if (tc.metric != "cosine" && tc.metric != "sqnr" && tc.metric != "mse" && tc.metric != "top1-drop")
-    throw Error(r.key_path("target", "metric") + " must be \"cosine\", \"sqnr\", \"mse\" or \"top1-drop\", got '" +
+  if (tc.metric != "cosine" && tc.metric != "sqnr" && tc.metric != "mse" && tc.metric != "maxabs" &&
+      tc.metric != "top1-drop")
+    throw Error(r.key_path("target", "metric") +
+                " must be \"cosine\", \"sqnr\", \"mse\", \"maxabs\" or \"top1-drop\", got '" +
                 printable(tc.metric, 40) + "'");
   tc.has_value = t->get("value") != nullptr;
   tc.value = r.get<double>(*t, "target", "value", tc.value, "a number");
@@ -320,6 +322,7 @@ void read_target(const Reader& r, const toml::table* t, Config& c) {
   tc.holdout = r.get<std::int64_t>(*t, "target", "holdout", tc.holdout, "an integer");
   if (tc.holdout < 0 || tc.holdout > 100000) throw Error(r.key_path("target", "holdout") + " must be 0 to 100000");
   tc.strict = r.get<bool>(*t, "target", "strict", tc.strict, "true or false");
+  if (t->get("outputs")) tc.outputs = r.strings(*t, "target", "outputs");
   if (tc.has_value) tc.check_value(r.key_path("target", "value"));
 }
 
@@ -436,12 +439,12 @@ std::string TargetConfig::describe() const {
 }
 
 void TargetConfig::parse_expression(const std::string& text, const std::string& where) {
-  static const std::regex form(R"(\s*(cosine|sqnr|mse|top1-drop)\s*(>=|<=)\s*([-+0-9.eE]+)\s*)");
+  static const std::regex form(R"(\s*(cosine|sqnr|mse|maxabs|top1-drop)\s*(>=|<=)\s*([-+0-9.eE]+)\s*)");
   std::smatch m;
   if (!std::regex_match(text, m, form))
     throw Error(where + ": '" + printable(text, 60) +
                 "' is not a target; write METRIC>=VALUE or METRIC<=VALUE: cosine>=0.99, sqnr>=30, mse<=1e-4, "
-                "top1-drop<=0.5");
+                "maxabs<=0.02, top1-drop<=0.5");
   metric = m[1];
   const std::string want = higher_is_better() ? ">=" : "<=";
   if (m[2] != want) throw Error(where + ": " + metric + " takes " + want + " (" + metric + want + m[3].str() + ")");
@@ -463,7 +466,8 @@ void TargetConfig::check_value(const std::string& where) const {
   // top-1 drop may be negative (the quantized model ahead), an SQNR anything.
   if (metric == "cosine" && value > 1)
     throw Error(where + ": " + describe() + " can never hold (cosine lies in [-1, 1])");
-  if (metric == "mse" && value < 0) throw Error(where + ": " + describe() + " can never hold (it is never negative)");
+  if ((metric == "mse" || metric == "maxabs") && value < 0)
+    throw Error(where + ": " + describe() + " can never hold (it is never negative)");
 }
 
 std::string one_line_message(const std::string& text, std::size_t max) {

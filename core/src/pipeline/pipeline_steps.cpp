@@ -234,6 +234,18 @@ CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, 
       chosen += (chosen.empty() ? "" : ", ") + name + " " + std::to_string(n);
     spdlog::info("  ranges chosen by their layer's error on {} samples for {} inputs in {:.2f} s: {}",
                  stats.range_selection_samples, stats.range_selected_inputs, stats.range_selection_seconds, chosen);
+    // Note [Choices judged at the output]
+    if (stats.range_departures > 0 && stats.range_judged_samples == 0)
+      spdlog::info(
+          "  {} inputs whose layer preferred another range keep their observer's own: no held-out "
+          "samples to judge them on (the calibration data has no more than [calibration] range_samples)",
+          stats.range_departures);
+    else if (stats.range_departures > 0)
+      spdlog::info(
+          "  judged at the model's output on {} held-out samples: {} of {} inputs keep their layer's "
+          "choice over their observer's own range (output error {:.3g} -> {:.3g})",
+          stats.range_judged_samples, stats.range_kept_departures, stats.range_departures,
+          stats.range_output_error_default, stats.range_output_error_kept);
   }
   if (timing) {
     log_op_times(qm.executor().op_times(), stats.seconds);

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
@@ -92,6 +93,32 @@ std::function<std::optional<PassContext::WeightGrid>(const Node&, std::size_t, s
                                      return fake_quantize(value, observer->compute(), spec);
                                    }};
   };
+}
+
+/// Note [Choosing ranges by the consuming layer]: a calibration batch of `held` samples adds its
+/// first samples to the choosing set until it holds `choose_on`, the next to the judging set
+/// until it holds `judge_on`. A batch the Batcher stacked along dim 0 is cut; one it could not
+/// cut (inputs not all stacked) goes whole to the set it starts.
+void keep_range_samples(const detail::Feeds& feeds, std::int64_t held, std::int64_t choose_on, std::int64_t judge_on,
+                        std::vector<detail::Feeds>& choose, std::int64_t& chosen, std::vector<detail::Feeds>& judge,
+                        std::int64_t& judged) {
+  const bool stacked = std::all_of(feeds.begin(), feeds.end(),
+                                   [&](const auto& f) { return f.second.dim() > 0 && f.second.size(0) == held; });
+  std::int64_t from = 0;
+  for (auto [set, count, each] : {std::tuple{&choose, &chosen, choose_on}, std::tuple{&judge, &judged, judge_on}}) {
+    if (*count >= each || from >= held) continue;
+    const std::int64_t take = std::min(held - from, each - *count);
+    if (!stacked) {
+      set->push_back(feeds);
+      *count += held;
+      return;
+    }
+    detail::Feeds part;
+    for (const auto& [name, t] : feeds) part[name] = take == held ? t : t.narrow(0, from, take);
+    set->push_back(std::move(part));
+    *count += take;
+    from += take;
+  }
 }
 
 }  // namespace
@@ -332,13 +359,15 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   Distributed* group = reads_data ? dividing_group(*slots_, false, false) : nullptr;
   std::int64_t index = -1;
   // Note [Choosing ranges by the consuming layer]: the first samples are kept for the range
-  // selection; they are few and bounded whatever the data's size. Every process reads the
+  // selection, and as many after them to judge its choices at the output (Note [Choices judged
+  // at the output]); they are few and bounded whatever the data's size. Every process reads the
   // batches that hold them (only their owner observes them), so that all choose on the samples
   // one process would.
-  const std::int64_t keep_for_ranges = config_.calibration.range_samples;
+  const std::int64_t choose_on = config_.calibration.range_samples, judge_on = 2 * choose_on;
+  const std::int64_t keep_for_ranges = choose_on + judge_on;
   const std::int64_t batch_size = config_.calibration.batch_size;
-  std::vector<std::map<std::string, at::Tensor>> range_batches;
-  std::int64_t range_samples = 0;
+  std::vector<detail::Feeds> range_batches, judge_batches;
+  std::int64_t range_samples = 0, judge_samples = 0;
   auto mine = [group](std::int64_t i) { return !group || i % group->world_size() == group->rank(); };
   // Memory is independent of the sample count: one batch in flight (and two read ahead),
   // observers stream.
@@ -361,18 +390,9 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
         slots_->observe(n, k, x);
         return x;
       });
-    if (range_samples < keep_for_ranges) {
-      // The first samples of a batch the Batcher stacked along dim 0; a batch it could not cut
-      // (inputs not all stacked) is kept whole.
-      const std::int64_t take = std::min(b->held, keep_for_ranges - range_samples);
-      const bool cut = take < b->held && std::all_of(feeds.begin(), feeds.end(), [&](const auto& f) {
-                         return f.second.dim() > 0 && f.second.size(0) == b->held;
-                       });
-      if (cut)
-        for (auto& [name, t] : feeds) t = t.narrow(0, 0, take);
-      range_samples += cut ? take : b->held;
-      range_batches.push_back(std::move(feeds));
-    }
+    if (judge_samples < judge_on)
+      keep_range_samples(feeds, b->held, choose_on, judge_on, range_batches, range_samples, judge_batches,
+                         judge_samples);
     stats.samples += b->rows;
     ++stats.batches;
     if (progress) progress(stats.samples, total);
@@ -391,12 +411,19 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   }
   stats.parameter_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - params_start).count();
   if (!range_batches.empty()) {
-    const auto chosen = detail::select_ranges(*executor_, *slots_, range_batches, range_samples, group);
+    const auto chosen =
+        detail::select_ranges(*executor_, *slots_, range_batches, range_samples, &judge_batches, judge_samples, group);
     range_batches.clear();
+    judge_batches.clear();
     stats.range_selected_inputs = chosen.inputs;
     stats.range_selection_samples = chosen.samples;
     stats.range_selection_seconds = chosen.seconds;
     stats.range_choices = chosen.chosen;
+    stats.range_judged_samples = chosen.judged_samples;
+    stats.range_departures = chosen.departures;
+    stats.range_kept_departures = chosen.kept;
+    stats.range_output_error_default = chosen.output_error_default;
+    stats.range_output_error_kept = chosen.output_error_kept;
   }
   slots_->tie_grids();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

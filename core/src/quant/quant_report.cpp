@@ -124,7 +124,12 @@ nlohmann::json quantization_report_value(const QuantizationReport& r) {
       j["calibration"]["range_selection"] = {{"inputs", c.range_selected_inputs},
                                              {"samples", c.range_selection_samples},
                                              {"seconds", c.range_selection_seconds},
-                                             {"chosen", c.range_choices}};
+                                             {"chosen", c.range_choices},
+                                             {"judged_samples", c.range_judged_samples},
+                                             {"departures", c.range_departures},
+                                             {"kept_departures", c.range_kept_departures},
+                                             {"output_error_default", c.range_output_error_default},
+                                             {"output_error_kept", c.range_output_error_kept}};
     auto& rec = j["calibration"]["reconstructions"] = json::array();
     for (const auto& x : c.reconstructions)
       rec.push_back({{"node", x.node},

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <optional>
 
 #include "quant/layer_error.h"
@@ -29,26 +31,28 @@ void sum_over_processes(std::vector<std::vector<double>>& errors, Distributed& g
     for (double& v : e) v = all.data_ptr<double>()[o++];
 }
 
-/// Slot `i` takes the candidate of least error, and the biases that wait on it are finished.
-void choose(QuantSlots& slots, std::size_t i, const std::vector<double>& errors, RangeSelection& r) {
+/// Slot `i` takes candidate `c` (quantizer and the biases that wait on it); nothing is recorded.
+void take(QuantSlots& slots, std::size_t i, std::size_t c) {
   QuantSlot& s = slots.all()[i];
-  std::size_t best = 0;
-  for (std::size_t c = 1; c < errors.size(); ++c)
-    if (errors[c] < errors[best]) best = c;
-  const RangeCandidate& chosen = s.range_candidates[best];
-  if (spdlog::should_log(spdlog::level::debug)) {
-    std::string all;
-    for (std::size_t c = 0; c < errors.size(); ++c)
-      all += (c ? ", " : "") + s.range_candidates[c].name + " " + std::to_string(errors[c]);
-    spdlog::debug("{}: relative layer errors {}; chose {}", s.where(), all, chosen.name);
-  }
-  plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(chosen.params); });
-  s.range = chosen.name;
-  ++r.chosen[chosen.name];
-  ++r.inputs;
-  s.range_candidates.clear();
+  plugin_call(s, false, "initialize", [&] { s.quantizer->initialize(s.range_candidates[c].params); });
   for (auto& b : slots.all())
     if (b.role == InputRole::kBias && b.bias_activation == static_cast<int>(i)) slots.finish_bias(b);
+}
+
+/// Slot `i` keeps candidate `c` for good: recorded and its candidates cleared.
+void choose(QuantSlots& slots, std::size_t i, std::size_t c, const std::vector<double>& errors, RangeSelection& r) {
+  QuantSlot& s = slots.all()[i];
+  if (spdlog::should_log(spdlog::level::debug)) {
+    std::string all;
+    for (std::size_t k = 0; k < errors.size(); ++k)
+      all += (k ? ", " : "") + s.range_candidates[k].name + " " + std::to_string(errors[k]);
+    spdlog::debug("{}: relative layer errors {}; chose {}", s.where(), all, s.range_candidates[c].name);
+  }
+  take(slots, i, c);
+  s.range = s.range_candidates[c].name;
+  ++r.chosen[s.range];
+  ++r.inputs;
+  s.range_candidates.clear();
 }
 
 /// Whether slots `a` and `b` were offered the same candidates (same names and grids).
@@ -61,6 +65,29 @@ bool same_candidates(const QuantSlot& a, const QuantSlot& b) {
       return false;
   }
   return true;
+}
+
+/// Whether two parameter sets give the same grid.
+bool same_params(const QParams& a, const QParams& b) {
+  return a.scale.sizes() == b.scale.sizes() && a.scale.cpu().equal(b.scale.cpu()) &&
+         a.zero_point.cpu().to(at::kLong).equal(b.zero_point.cpu().to(at::kLong));
+}
+
+/// Squared error of the quantized float outputs and energy of the float ones, added to `sums`
+/// ({error, energy}); anything not finite, or an output that changed shape, makes the error
+/// infinite.
+void add_output_error(const std::vector<at::Tensor>& f, const std::vector<at::Tensor>& q, std::vector<double>& sums) {
+  for (std::size_t o = 0; o < f.size(); ++o) {
+    if (!f[o].defined() || !f[o].is_floating_point()) continue;
+    if (o >= q.size() || !q[o].defined() || q[o].sizes() != f[o].sizes()) {
+      sums[0] = std::numeric_limits<double>::infinity();
+      continue;
+    }
+    const at::Tensor fd = f[o].to(at::kCPU, at::kDouble);
+    const double e = (q[o].to(at::kCPU, at::kDouble) - fd).pow(2).sum().item<double>();
+    sums[0] += std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
+    sums[1] += fd.pow(2).sum().item<double>();
+  }
 }
 
 /// The slots that choose (non-empty `errors`), grouped: readers of one tensor that were offered
@@ -87,8 +114,8 @@ std::vector<std::vector<std::size_t>> readers_of_one_tensor(const QuantSlots& sl
 
 }  // namespace
 
-RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
-                             const std::vector<std::map<std::string, at::Tensor>>& batches, std::int64_t samples,
+RangeSelection select_ranges(Executor& executor, QuantSlots& slots, const std::vector<Feeds>& batches,
+                             std::int64_t samples, const std::vector<Feeds>* judge, std::int64_t judged,
                              Distributed* group) {
   const auto start = std::chrono::steady_clock::now();
   RangeSelection r;
@@ -174,12 +201,90 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots,
       for (std::size_t c = 0; c < errors[i].size() && c < out.error.size(); ++c) errors[i][c] += out.relative(c);
   }
   if (group) sum_over_processes(errors, *group);  // every process chooses from the sum of all errors
-  for (const auto& readers : readers_of_one_tensor(slots, errors)) {
-    std::vector<double> sum(errors[readers.front()].size(), 0.0);
-    for (std::size_t i : readers)
-      for (std::size_t c = 0; c < sum.size(); ++c) sum[c] += errors[i][c];
-    for (std::size_t i : readers) choose(slots, i, sum, r);
+  // Each group: its candidates' summed errors, the layer's choice and the observer's own range.
+  struct Choice {
+    std::vector<std::size_t> readers;
+    std::vector<double> error;
+    std::size_t best = 0, own = 0;
+  };
+  std::vector<Choice> choices;
+  for (auto& readers : readers_of_one_tensor(slots, errors)) {
+    const std::size_t candidates = errors[readers.front()].size();
+    Choice c{std::move(readers), std::vector<double>(candidates, 0.0)};
+    for (std::size_t i : c.readers)
+      for (std::size_t k = 0; k < c.error.size(); ++k) c.error[k] += errors[i][k];
+    for (std::size_t k = 1; k < c.error.size(); ++k)
+      if (c.error[k] < c.error[c.best]) c.best = k;
+    const QuantSlot& s = slots.all()[c.readers.front()];
+    const QParams own = s.quantizer->qparams();
+    c.own = c.best;  // an observer whose own range is none of its candidates: its layer decides
+    for (std::size_t k = 0; k < s.range_candidates.size(); ++k)
+      if (same_params(s.range_candidates[k].params, own)) {
+        c.own = k;
+        break;
+      }
+    choices.push_back(std::move(c));
   }
+  // Note [Choices judged at the output]: departures most helpful to their layer first.
+  std::vector<std::size_t> departures;
+  for (std::size_t g = 0; g < choices.size(); ++g)
+    if (choices[g].best != choices[g].own) departures.push_back(g);
+  std::stable_sort(departures.begin(), departures.end(), [&](std::size_t a, std::size_t b) {
+    return choices[a].error[choices[a].own] - choices[a].error[choices[a].best] >
+           choices[b].error[choices[b].own] - choices[b].error[choices[b].best];
+  });
+  for (std::size_t g : departures) r.departures += choices[g].readers.size();
+  std::size_t keep = departures.size();  // how many of them stand
+  if (judge && judged > 0 && !departures.empty()) {
+    auto set_prefix = [&](std::size_t k) {
+      for (std::size_t d = 0; d < departures.size(); ++d)
+        for (std::size_t i : choices[departures[d]].readers)
+          take(slots, i, d < k ? choices[departures[d]].best : choices[departures[d]].own);
+    };
+    std::vector<std::vector<at::Tensor>> reference;
+    for (const auto& feeds : *judge) reference.push_back(executor.run(feeds));
+    const bool w_on = slots.weights_on(), a_on = slots.activations_on();
+    slots.set_quant(true, true);
+    auto output_error = [&](std::size_t k) {
+      set_prefix(k);
+      std::vector<double> sums{0.0, 0.0};
+      for (std::size_t b = 0; b < judge->size(); ++b)
+        add_output_error(reference[b],
+                         executor.run((*judge)[b], [&](std::size_t n, std::size_t in,
+                                                       const at::Tensor& x) { return slots.apply(n, in, x); }),
+                         sums);
+      return sums;
+    };
+    std::vector<std::size_t> prefixes{0};
+    for (std::size_t quarter = 1; quarter <= 4; ++quarter) {
+      const std::size_t k = (departures.size() * quarter + 3) / 4;
+      if (k != prefixes.back()) prefixes.push_back(k);
+    }
+    std::vector<std::vector<double>> sums;
+    for (std::size_t k : prefixes) sums.push_back(output_error(k));
+    slots.set_quant(w_on, a_on);
+    if (group) sum_over_processes(sums, *group);  // every process decides on the same sums
+    auto relative = [](const std::vector<double>& e) { return e[1] > 0 ? e[0] / e[1] : (e[0] > 0 ? 1.0 : 0.0); };
+    std::size_t best = 0;  // the first of least error: the default on ties
+    for (std::size_t p = 1; p < prefixes.size(); ++p)
+      if (relative(sums[p]) < relative(sums[best])) best = p;
+    if (spdlog::should_log(spdlog::level::debug))
+      for (std::size_t p = 0; p < prefixes.size(); ++p)
+        spdlog::debug("range selection: {} of {} departures kept: output error {:.4g}", prefixes[p], departures.size(),
+                      relative(sums[p]));
+    keep = prefixes[best];
+    r.judged_samples = judged;
+    r.output_error_default = relative(sums[0]);
+    r.output_error_kept = relative(sums[best]);
+  } else if (judge) {
+    keep = 0;  // nothing to judge on: the observers' own ranges stay
+  }
+  std::vector<std::size_t> final_choice(choices.size());
+  for (std::size_t g = 0; g < choices.size(); ++g) final_choice[g] = choices[g].best;
+  for (std::size_t d = keep; d < departures.size(); ++d) final_choice[departures[d]] = choices[departures[d]].own;
+  for (std::size_t d = 0; d < keep; ++d) r.kept += choices[departures[d]].readers.size();
+  for (std::size_t g = 0; g < choices.size(); ++g)
+    for (std::size_t i : choices[g].readers) choose(slots, i, final_choice[g], choices[g].error, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }

@@ -119,12 +119,35 @@ void TargetSearch::collect_layers() {
     for (auto s : l.biases) bias_enabled_[s] = slots[s].enabled;
 }
 
+std::vector<at::Tensor> TargetSearch::measured(const std::vector<at::Tensor>& outs) const {
+  std::vector<at::Tensor> kept;
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    if (i >= measured_.size() || measured_[i]) kept.push_back(outs[i]);
+  return float_outputs(kept);
+}
+
 void TargetSearch::cache_references() {
   if (d_.holdout.empty()) throw Error("target: no held-out samples to measure " + t_.metric + " on");
   report_.measured_on = d_.holdout_description;
+  const auto& outputs = qm_.graph().outputs;
+  measured_.assign(outputs.size(), t_.outputs.empty());
+  for (const auto& name : t_.outputs) {
+    auto it = std::find_if(outputs.begin(), outputs.end(), [&](const ValueInfo& v) { return v.name == name; });
+    if (it == outputs.end()) {
+      std::string names;
+      for (const auto& v : outputs) names += (names.empty() ? "'" : ", '") + v.name + "'";
+      throw Error("target outputs: the model has no output '" + name + "'; its outputs are " + names);
+    }
+    measured_[static_cast<std::size_t>(it - outputs.begin())] = true;
+  }
+  if (!t_.outputs.empty()) {
+    std::string names;
+    for (const auto& n : t_.outputs) names += (names.empty() ? "'" : ", '") + n + "'";
+    report_.measured_on += ", output" + std::string(t_.outputs.size() > 1 ? "s " : " ") + names;
+  }
   report_.samples = static_cast<std::int64_t>(d_.holdout.size());
   qm_.set_quant(false, false);
-  for (const auto& x : d_.holdout) reference_.push_back(float_outputs(qm_.forward(x)));
+  for (const auto& x : d_.holdout) reference_.push_back(measured(qm_.forward(x)));
   if (t_.metric == "top1-drop") {
     if (d_.eval.empty() || !d_.eval_labels.defined())
       throw Error("target top1-drop needs evaluation data with labels (--eval-data and --eval-labels)");
@@ -165,7 +188,7 @@ double TargetSearch::measure() {
     return fp32_accuracy_ - 100.0 * static_cast<double>(correct) / static_cast<double>(n);
   }
   Agreement a;
-  for (std::size_t i = 0; i < d_.holdout.size(); ++i) a.add(reference_[i], float_outputs(qm_.forward(d_.holdout[i])));
+  for (std::size_t i = 0; i < d_.holdout.size(); ++i) a.add(reference_[i], measured(qm_.forward(d_.holdout[i])));
   return a.metric(t_.metric);
 }
 

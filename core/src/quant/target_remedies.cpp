@@ -67,7 +67,7 @@ void TargetSearch::prepare_ranges() {
   }
   std::vector<std::map<std::string, at::Tensor>> batches;
   for (const auto& x : d_.holdout) batches.push_back(feeds(x));
-  detail::select_ranges(qm_.executor(), qs, batches, static_cast<std::int64_t>(batches.size()), nullptr);
+  detail::select_ranges(qm_.executor(), qs, batches, static_cast<std::int64_t>(batches.size()), nullptr, 0, nullptr);
   for (auto& [i, o] : parked) {
     QuantSlot& s = qs.all()[i];
     s.range_candidates.clear();

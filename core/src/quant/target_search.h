@@ -35,14 +35,18 @@ std::vector<at::Tensor> float_outputs(const std::vector<at::Tensor>& outs);
 
 /// Error sums of quantized against float outputs, sample by sample.
 struct Agreement {
-  double sse = 0, ff = 0, worst_cosine = 1;
+  double sse = 0, ff = 0, worst_cosine = 1, maxabs = 0;
   std::int64_t n = 0;
   void add(const std::vector<at::Tensor>& f, const std::vector<at::Tensor>& q) {
     if (f.size() != q.size()) throw Error("target: the quantized model gave other outputs than the float one");
     double s_sse = 0, s_ff = 0, s_qq = 0, s_fq = 0;
     for (std::size_t i = 0; i < f.size(); ++i) {
       if (f[i].sizes() != q[i].sizes()) throw Error("target: an output changed shape between float and quantized runs");
-      s_sse += (q[i] - f[i]).pow(2).sum().item<double>();
+      const at::Tensor d = q[i] - f[i];
+      s_sse += d.pow(2).sum().item<double>();
+      // NaN anywhere counts as the largest difference, never as none.
+      if (d.numel() > 0)
+        maxabs = std::max(maxabs, d.isnan().any().item<bool>() ? kUnknown : d.abs().max().item<double>());
       s_ff += f[i].pow(2).sum().item<double>();
       s_qq += q[i].pow(2).sum().item<double>();
       s_fq += (f[i] * q[i]).sum().item<double>();
@@ -57,6 +61,7 @@ struct Agreement {
   double metric(const std::string& m) const {
     if (m == "cosine") return worst_cosine;
     if (m == "sqnr") return sqnr_db();
+    if (m == "maxabs") return maxabs;
     return n > 0 ? sse / static_cast<double>(n) : 0;  // mse
   }
 };
@@ -149,6 +154,8 @@ class TargetSearch {
   std::vector<std::size_t> ranked_;
   std::vector<int> state_;
   std::vector<std::vector<at::Tensor>> reference_;
+  std::vector<bool> measured_;  // per graph output: whether the metric reads it (TargetConfig::outputs)
+  std::vector<at::Tensor> measured(const std::vector<at::Tensor>& outs) const;
   double fp32_accuracy_ = 0;
   std::map<std::size_t, bool> bias_enabled_;
   std::array<std::map<std::size_t, SlotObjects>, kRemedies> objects_;  // [remedy][slot]: its objects

@@ -34,7 +34,8 @@
 ///     count = 512                     # samples used (0: all)
 ///     device = "cpu"
 ///     mode = "streaming"              # streaming | layerwise | asym (Note [Layerwise runner])
-///     range_samples = 8               # samples the auto observer's ranges are chosen on (0: off)
+///     range_samples = 8               # samples the auto observer's ranges are chosen on (0: off);
+///                                     # the next 2 x range_samples judge them at the output
 ///     [qat]                           # `sparsebit qat` (sparsebit/core/qat.h)
 ///     epochs = 1
 ///     lr = 1e-4
@@ -214,7 +215,7 @@ struct BitAllocationConfig {
 /// `[target]` (or `--target "cosine>=0.99"`): the accuracy the quantized model must keep, and
 /// what may be given up to reach it (sparsebit/core/target.h).
 struct SPARSEBIT_API TargetConfig {
-  std::string metric = "cosine";  ///< cosine | sqnr | mse | top1-drop
+  std::string metric = "cosine";  ///< cosine | sqnr | mse | maxabs | top1-drop
   double value = 0.99;
   /// False for a [target] table that sets only the search (fallback, budget, holdout) and
   /// leaves metric and value to --target; quantize refuses it without one.
@@ -224,14 +225,17 @@ struct SPARSEBIT_API TargetConfig {
   std::int64_t max_fallback_layers = -1;  ///< int16 + float layers; -1: 10% of the quantized layers, at least 1
   std::int64_t holdout = 16;
   bool strict = false;
+  /// Graph outputs the metric is measured on (empty: every floating-point output), e.g. a voice
+  /// detector's probability and not the recurrent state it also returns.
+  std::vector<std::string> outputs;
   /// Whether larger values of the metric are better (cosine, sqnr).
   bool higher_is_better() const { return metric == "cosine" || metric == "sqnr"; }
   /// "cosine>=0.99"
   std::string describe() const;
-  /// Parses "cosine>=0.99", "sqnr>=30", "mse<=1e-3", "top1-drop<=0.5" into metric and value
+  /// Parses "cosine>=0.99", "sqnr>=30", "mse<=1e-3", "maxabs<=0.02", "top1-drop<=0.5" into metric and value
   /// (the comparison must be the one the metric takes); `where` names the source in errors.
   void parse_expression(const std::string& text, const std::string& where);
-  /// Refuses a value the metric can never reach (cosine above 1, a negative mse).
+  /// Refuses a value the metric can never reach (cosine above 1, a negative mse or maxabs).
   void check_value(const std::string& where) const;
 };
 

@@ -101,6 +101,12 @@ struct CalibrationStats {
   std::int64_t range_selection_samples = 0;
   double range_selection_seconds = 0;
   std::map<std::string, std::size_t> range_choices;
+  /// Note [Choices judged at the output]: held-out samples, inputs whose layer preferred another
+  /// range than their observer's own and how many kept it, and the output error (relative, mean
+  /// over those samples) with the observers' own ranges and as kept.
+  std::int64_t range_judged_samples = 0;
+  std::size_t range_departures = 0, range_kept_departures = 0;
+  double range_output_error_default = 0, range_output_error_kept = 0;
 };
 
 /// One quantized input in the report: where, the scheme, and the parameters once calibrated.

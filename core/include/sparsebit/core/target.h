@@ -10,6 +10,8 @@
 ///        cosine     the worst sample's cosine similarity to the float output
 ///        sqnr       10 log10(sum f^2 / sum (q - f)^2) over all samples, in dB
 ///        mse        mean of (q - f)^2 over all elements
+///        maxabs     the largest |q - f| of any element: the tolerance of outputs read as
+///                   values (a probability compared with a threshold, a regressed box)
 ///        top1-drop  FP32 minus simulated top-1 accuracy on --eval-data/--eval-labels, in points
 ///   2. Remedies, cheapest first (`fallback`): "range" (another range for the layer's
 ///      activations: the candidates of the `auto` observer's histogram, streamed once over the

@@ -58,9 +58,10 @@ class MergeableObserver {
 /// from OffersRanges: candidates() is called after the last observe() and before compute().
 /// When it returns two or more, the host (in streaming calibration) runs each consuming layer
 /// on a few calibration batches with the input quantized on each candidate's grid and keeps the
-/// candidate whose layer output is closest to the float layer's (least squared error);
-/// compute() is its choice where the host does not select (layerwise modes, weights) and must
-/// be one of the candidates. Without it, compute() alone decides.
+/// candidate whose layer output is closest to the float layer's (least squared error), where
+/// the model's output on held-out samples confirms it; compute() is the default that stands
+/// otherwise, and the choice where the host does not select (layerwise modes, weights), and
+/// must be one of the candidates. Without it, compute() alone decides.
 class OffersRanges {
  public:
   virtual ~OffersRanges() = default;
