@@ -10,7 +10,8 @@
 #
 #   bench/real_models.sh [SPARSEBIT_BINARY] [WORK_DIR] [MODELS (default "rec det cls vad")]
 # BASES (default "w8a8_tensorrt w8a8_onnxruntime"), OBSERVERS (default "minmax percentile mse
-# kl_histogram aciq") and TARGETS=0 (no --target rows) choose fewer rows.
+# kl_histogram aciq") and TARGETS=0 (no --target rows) choose fewer rows; CALIB (print, scan or
+# photo: the rendering calibrated on) and TESTS (those scored on) as in tests/real_models/measure.sh.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${1:-$root/build/bin/sparsebit}"
