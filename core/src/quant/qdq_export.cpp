@@ -240,6 +240,13 @@ class SlotExport {
                   "-bit quantization is simulated only; Q/DQ stores 2-8 or 16 bits (use one of those to export)");
     }
     const bool is_bias = s.role == InputRole::kBias;
+    // ONNX's QuantizeLinear reads and DequantizeLinear writes float32, float16 or bfloat16 only:
+    // Q/DQ on a float64 tensor is an invalid model that no runtime loads.
+    const at::ScalarType element = s.role == InputRole::kActivation ? s.observed_type : constant(s).scalar_type();
+    if (element == at::kDouble)
+      throw Error(s.where() + ": '" + printable(s.tensor) +
+                  "' is float64, which ONNX's QuantizeLinear and DequantizeLinear do not take; convert the model "
+                  "to float32 (its initializers, inputs and outputs) and quantize that");
     if (!is_bias && !s.quantizer->affine_grid()) return bake(s);
     const QParams p = is_bias ? s.bias_params : s.quantizer->qparams();
     const at::Tensor scale = p.scale.detach().to(at::kCPU, at::kFloat).contiguous();

@@ -362,6 +362,9 @@ bool QuantSlots::usable(const QuantSlot& s) const {
 }
 
 std::vector<QuantSlot*> QuantSlots::matching(const std::string& node_glob, std::optional<InputRole> role) {
+  // The same globs as the config's: one it refuses is refused here too, not matched as written.
+  if (auto why = glob_error(node_glob); !why.empty())
+    throw Error("node glob '" + printable(node_glob, 80) + "': " + why);
   std::vector<QuantSlot*> out;
   for (auto& s : slots_)
     if (s.role != InputRole::kBias && (!role || *role == s.role) && node_matches_any(s.node_name, {node_glob}))
@@ -431,6 +434,7 @@ void QuantSlots::observe(std::size_t node, std::size_t input, const at::Tensor& 
   }
   plugin_call(s, true, "observe", [&] { s.observer->observe(x); });
   ++s.observed;
+  s.observed_type = x.scalar_type();
 }
 
 void QuantSlots::reset_observers() {

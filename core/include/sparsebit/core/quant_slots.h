@@ -47,8 +47,9 @@ struct SPARSEBIT_API QuantSlot {
   std::vector<RangeCandidate> range_candidates;
   std::string range;          ///< the candidate a range selection chose (empty: none ran)
   std::int64_t observed = 0;  ///< tensors observed since the last reset (activations)
-  bool fake_fused = false;    ///< bypassed by a fuse pass: neither simulated nor exported
-  bool enabled = true;        ///< switched off by the user (QuantModel::set_enabled)
+  at::ScalarType observed_type = at::ScalarType::Undefined;  ///< element type of the data observed (activations)
+  bool fake_fused = false;  ///< bypassed by a fuse pass: neither simulated nor exported
+  bool enabled = true;      ///< switched off by the user (QuantModel::set_enabled)
   bool active() const { return enabled && !fake_fused; }
   /// The optional roles of its quantizer and observer (Note [Capabilities]), null without.
   ReconstructedByLayer* reconstructed() const { return dynamic_cast<ReconstructedByLayer*>(quantizer.get()); }
