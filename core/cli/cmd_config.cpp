@@ -32,7 +32,7 @@ int cmd_config_convert(const std::string& in, const std::string& out) {
   sb::AtomicFile file_out(out);
   file_out.write(toml);
   file_out.commit();
-  spdlog::info("wrote {}", out);
+  spdlog::info("wrote {}", sb::displayed(out));
   return 0;
 }
 

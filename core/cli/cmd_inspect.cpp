@@ -38,12 +38,12 @@ void write_drawings(const sb::Model& model, const sb::Registry& registry, const 
   if (dot_out) {
     dot_out->write(sb::graph_to_dot(g, notes));
     dot_out->commit();
-    spdlog::info("wrote {}", dot);
+    spdlog::info("wrote {}", sb::displayed(dot));
   }
   if (mermaid_out) {
     mermaid_out->write(sb::graph_to_mermaid(g, notes));
     mermaid_out->commit();
-    spdlog::info("wrote {}", mermaid);
+    spdlog::info("wrote {}", sb::displayed(mermaid));
   }
 }
 
@@ -125,8 +125,8 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
-  std::cout << model_path << ": opset " << model.graph.default_opset() << ", " << model.graph.num_nodes() << " nodes, "
-            << model.graph.initializers.size() << " initializers\n";
+  std::cout << sb::displayed(model_path) << ": opset " << model.graph.default_opset() << ", " << model.graph.num_nodes()
+            << " nodes, " << model.graph.initializers.size() << " initializers\n";
   for (const auto& v : model.graph.inputs)
     std::cout << "  input  " << v.name << ": " << sb::onnx_type_name(v.elem_type) << " " << dims_text(v) << "\n";
   for (const auto& v : model.graph.outputs)
@@ -143,8 +143,9 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     std::cout << "\n  node (op) <- torch module, which skip and [[specific]] globs match as well\n";
     for (const auto& n : node_list(model.graph)) {
       const std::string module = n["module"];
-      std::cout << "  " << n["name"].get<std::string>() << " (" << n["op"].get<std::string>() << ")"
-                << (module.empty() ? "" : " <- " + module) << "\n";
+      std::cout << "  " << sb::displayed(n["name"].get<std::string>()) << " ("
+                << sb::displayed(n["op"].get<std::string>()) << ")"
+                << (module.empty() ? "" : " <- " + sb::displayed(module)) << "\n";
     }
   }
   if (qdq) {

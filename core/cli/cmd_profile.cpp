@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
@@ -30,6 +31,11 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   sb::Config config = sb::Config::from_file(a.config);
   if (a.calib_count >= 0) config.calibration.count = static_cast<int>(a.calib_count);
   if (!a.device.empty()) config.calibration.device = a.device;
+  // -o is a path without extension: an empty one (or a folder) would write hidden ".json" files.
+  const std::string stem = std::filesystem::path(a.output).filename().string();
+  if (stem.empty() || stem == "." || stem == "..")
+    throw sb::Error("-o '" + sb::printable(a.output) +
+                    "' names no file: give a path without extension (profile writes PATH.json and PATH.html)");
   check_distinct_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}},
                        {{"-o (.json)", a.output + ".json", true}, {"-o (.html)", a.output + ".html"}});
   sb::AtomicFile json_out(a.output + ".json"), html_out(a.output + ".html");
@@ -66,7 +72,7 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   for (std::size_t i = 0; i < worst.size() && i < 10; ++i)
     std::printf("  %-40s %-18s %12.4g %10.6f %10.2f\n", worst[i].node.c_str(), worst[i].op_type.c_str(), worst[i].mse,
                 worst[i].cosine, worst[i].sqnr_db);
-  spdlog::info("wrote {}.json and {}.html", a.output, a.output);
+  spdlog::info("wrote {}.json and {}.html", sb::displayed(a.output), sb::displayed(a.output));
   return 0;
 }
 

@@ -113,12 +113,18 @@ Command add_quantize(CLI::App& app, const GlobalOptions& g) {
   quantize->add_option(
       "--mode", a->mode,
       "calibration: streaming (default), layerwise, or asym (layerwise on the quantized model's own activations)");
-  quantize->add_option("--eval-data", a->eval_data, "Also evaluate FP32 vs simulated quantized on this data");
-  quantize->add_option("--eval-labels", a->eval_labels, "IDX labels for --eval-data (prints accuracies)");
-  quantize->add_option("--eval-outputs", a->eval_outputs,
-                       "Write the simulated quantized first output on --eval-data as .npy");
-  quantize->add_option("--eval-fp32-outputs", a->eval_fp32_outputs,
-                       "Write the FP32 first output on --eval-data as .npy");
+  auto* eval_data =
+      quantize->add_option("--eval-data", a->eval_data, "Also evaluate FP32 vs simulated quantized on this data");
+  // Without the data they describe these would be ignored: refused instead.
+  quantize->add_option("--eval-labels", a->eval_labels, "IDX labels for --eval-data (prints accuracies)")
+      ->needs(eval_data);
+  quantize
+      ->add_option("--eval-outputs", a->eval_outputs,
+                   "Write the simulated quantized first output on --eval-data as .npy")
+      ->needs(eval_data);
+  quantize
+      ->add_option("--eval-fp32-outputs", a->eval_fp32_outputs, "Write the FP32 first output on --eval-data as .npy")
+      ->needs(eval_data);
   quantize->add_option("--target", a->target,
                        "Accuracy to keep, e.g. \"cosine>=0.99\", \"sqnr>=30\", \"mse<=1e-4\", \"maxabs<=0.02\", "
                        "\"top1-drop<=0.5\" (with "

@@ -21,6 +21,7 @@ namespace sparsebit::cli {
 void setup_logging(const GlobalOptions& g) {
   using sparsebit::sdk::LogLevel;
   sparsebit::sdk::log_to_stderr(g.quiet ? LogLevel::kWarn : g.verbose > 0 ? LogLevel::kDebug : LogLevel::kInfo);
+  sb::escape_log_messages();
   const sb::ThreadChoice t = sb::choose_threads(g.threads);  // Note [Threads per process]
   if (t.capped) spdlog::warn("--threads {}: this machine has {} cores; using {}", g.threads, t.cores, t.threads);
   at::set_num_threads(t.threads);

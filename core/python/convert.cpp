@@ -113,9 +113,10 @@ std::vector<at::Tensor> inputs_of(py::handle item, const std::vector<ValueInfo>&
       const std::string key = py::str(kv.first).cast<std::string>();
       if (std::find(names.begin(), names.end(), key) == names.end()) {
         const std::string near = nearest(key, names);
-        throw Error(where + ": '" + key +
-                    "' is not an input of the model (its inputs: " + py::str(py::cast(names)).cast<std::string>() +
-                    ")" + (near.empty() ? "" : "; did you mean '" + near + "'?"));
+        std::string listed;
+        for (const auto& n : names) listed += (listed.empty() ? "'" : ", '") + printable(n, 80) + "'";
+        throw Error(where + ": '" + printable(key, 80) + "' is not an input of the model (its inputs: " + listed + ")" +
+                    (near.empty() ? "" : "; did you mean '" + near + "'?"));
       }
     }
     for (const auto& v : inputs) {

@@ -336,12 +336,14 @@ void set_log_level(const std::string& level) {
   auto it = levels.find(level);
   if (it == levels.end()) throw sb::Error("log level '" + level + "' is none of debug, info, warning, error");
   sb::sdk::log_to_stderr(it->second);
+  sb::escape_log_messages();
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_sparsebit, m) {
   m.doc() = "Sparsebit: quantize ONNX models to low-bit QDQ ONNX (the C++ library's pipeline)";
+  sb::escape_log_messages();                        // until set_log_level() chooses a logger, the default one's too
   pthread_atfork(nullptr, nullptr, on_fork_child);  // Note [Forked after a run]
   // Workers started by torchrun share the host's cores from the start (Note [Threads per process]).
   if (const char* local = std::getenv("LOCAL_WORLD_SIZE"); local && std::atoi(local) > 1)

@@ -244,17 +244,21 @@ TEST_F(Hardening, ArgumentErrorsAreOneLineNamingTheFlagAndExitOne) {
   const std::string q = " -o " + (work_.path() / "q.onnx").string();
   const std::string profile = "profile " + model_ + " -c " + config_ + " --calib " + kImages;
   const std::string qat = "qat " + model_ + " -c " + config_ + " --calib " + kImages + " --train " + kImages + q;
-  for (const auto& [args, flag] :
-       std::vector<std::pair<std::string, std::string>>{{"--threads 0 plugins", "--threads"},
-                                                        {quantize(q + " --batch-size 0"), "--batch-size"},
-                                                        {quantize(q + " --calib-count -5"), "--calib-count"},
-                                                        {profile + " --samples 0", "--samples"},
-                                                        {qat + " --lr 0", "--lr"},
-                                                        {qat + " --lr nan", "--lr"},
-                                                        {qat + " --lr inf", "--lr"},
-                                                        {quantize(q + " --device meta"), "--device"},
-                                                        {"quantize " + model_, "required"},
-                                                        {"frobnicate", "subcommand"}}) {
+  for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"--threads 0 plugins", "--threads"},
+           {quantize(q + " --batch-size 0"), "--batch-size"},
+           {quantize(q + " --calib-count -5"), "--calib-count"},
+           {profile + " --samples 0", "--samples"},
+           {qat + " --lr 0", "--lr"},
+           {qat + " --lr nan", "--lr"},
+           {qat + " --lr inf", "--lr"},
+           {quantize(q + " --device meta"), "--device"},
+           {"quantize " + model_, "required"},
+           {quantize(q + " --eval-labels " + kImages), "--eval-data"},
+           {quantize(q + " --eval-outputs e.npy"), "--eval-data"},
+           {profile + " -o ''", "names no file"},
+           {profile + " -o " + work_.path().string() + "/", "names no file"},
+           {"frobnicate", "subcommand"}}) {
     expect_one_line_error(run_cli(args), {flag});
   }
   // Global flags after the subcommand, and a thread count above the cores is cut to them.
@@ -264,6 +268,54 @@ TEST_F(Hardening, ArgumentErrorsAreOneLineNamingTheFlagAndExitOne) {
   // NaN in a config is refused too.
   testing::write_text(config_, testing::read_text(config_) + "\n[qat]\nlr = nan\n");
   expect_one_line_error(run_cli(quantize(q)), {"lr", "finite"});
+}
+
+// Node names with ESC, CR, NUL and bytes that are not UTF-8 reach no file and no terminal raw:
+// the node listing, the Graphviz and Mermaid drawings, the profile's HTML and the "wrote" line of
+// an output path with the same bytes show them escaped.
+TEST_F(Hardening, ControlBytesInNamesAreEscapedInEveryFileAndOnTheTerminal) {
+  const std::string hostile = std::string("fc\x1b[31m\r", 8) + std::string(1, '\0') + "\xff\xfe_end";
+  Graph g;
+  g.opset_imports[""] = 13;
+  g.inputs = {{"x", 1, true, {{-1, "N"}, {16, ""}}, ""}};
+  g.outputs = {{"y", 1, true, {{-1, "N"}, {8, ""}}, ""}};
+  g.initializers["w1"] = at::randn({16, 16});
+  g.initializers["w2"] = at::randn({8, 16});
+  g.append(testing::make_node(hostile, "Gemm", {"x", "w1"}, {"h"}, {{"transB", Attribute::of_int(1)}}));
+  g.append(testing::make_node("relu", "Relu", {"h"}, {"r"}));
+  g.append(testing::make_node("fc2", "Gemm", {"r", "w2"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
+  const std::string model = (work_.path() / "hostile.onnx").string();
+  save_onnx(g, ModelMeta{}, model);
+  const fs::path data = work_.path() / "data";
+  fs::create_directories(data);
+  for (int i = 0; i < 4; ++i) write_npy(at::randn({16}), (data / ("s" + std::to_string(i) + ".npy")).string());
+  auto raw = [](const std::string& text) {
+    return text.find('\x1b') != std::string::npos || text.find('\r') != std::string::npos ||
+           text.find('\0') != std::string::npos || text.find('\xff') != std::string::npos;
+  };
+  const fs::path dot = work_.path() / "g.dot", mmd = work_.path() / "g.mmd";
+  auto r = run_cli("inspect " + model + " --nodes --dot " + dot.string() + " --mermaid " + mmd.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(raw(r.output)) << r.output;
+  EXPECT_NE(r.output.find("fc\\x1b[31m\\r\\x00\\xff\\xfe_end"), std::string::npos) << r.output;
+  for (const auto& f : {dot, mmd}) {
+    const std::string text = testing::read_text(f.string());
+    EXPECT_FALSE(raw(text)) << f;
+    EXPECT_NE(text.find("_end"), std::string::npos) << f;
+  }
+  fs::copy_file(testing::source_path("configs/w8a8_onnxruntime.toml"), config_, fs::copy_options::overwrite_existing);
+  const fs::path prof = work_.path() / "p";
+  r = run_cli("profile " + model + " -c " + config_ + " --calib " + data.string() + " -o " + prof.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string html = testing::read_text(prof.string() + ".html");
+  EXPECT_FALSE(raw(html));
+  EXPECT_NE(html.find("_end"), std::string::npos);
+  // An output path with an escape sequence in it: written as named, echoed escaped.
+  const std::string out = (work_.path() / "q\x1b[2J.onnx").string();
+  r = run_cli("quantize " + model + " -c " + config_ + " --calib " + data.string() + " --no-latency -o '" + out + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out));
+  EXPECT_FALSE(raw(r.output)) << r.output;
 }
 
 TEST_F(Hardening, UntrustedStringsAreBoundedAndEscapedInMessages) {
@@ -302,7 +354,14 @@ TEST_F(Hardening, NpyHeadersAreParsedStrictly) {
            {"{'descr': '<f4', 'fortran_order': False, 'shape': (-4, -1, 28, 28), }", 1, "'-4'"},
            {"{'descr': '<f4', 'fortran_order': False, 'shape': (4.0, 1, 28, 28), }", 1, "'4.0'"},
            {"{'descr': '<f4', 'fortran_order': False, 'shape': (4,, 28), }", 1, "not a non-negative integer"},
-           {"{'descr': '<f4', 'fortran_order': False, 'shape': (4, 1, 28, 28), }", 9, "version 9"}}) {
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (4, 1, 28, 28), }", 9, "version 9"},
+           // What numpy's own reader refuses: a key twice, a fortran_order that is not a bool,
+           // another key, a missing one, text after the dict.
+           {"{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (4, 1, 28, 28), }", 1, "'descr' twice"},
+           {"{'descr': '<f4', 'fortran_order': Maybe, 'shape': (4, 1, 28, 28), }", 1, "neither True nor False"},
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (4, 1, 28, 28), 'x': 1}", 1, "the key 'x'"},
+           {"{'descr': '<f4', 'shape': (4, 1, 28, 28), }", 1, "no 'fortran_order'"},
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (4, 1, 28, 28), } junk", 1, "more after its dict"}}) {
     write_npy_header(p, dict, version, 4 * 4 * 28 * 28);
     const std::string why = testing::error_of([&] { read_npy(p.string()); });
     EXPECT_NE(why.find("x.npy"), std::string::npos) << why;
@@ -407,6 +466,16 @@ TEST_F(Hardening, GlobsThatMatchNothingWarnAndInvalidGlobsFail) {
   testing::write_text(config_, base + "\n[[specific]]\nnodes = \"/fc9/*\"\nw = { observer = \"minmax\" }\n");
   r = run_cli(quantize("-o " + (work_.path() / "q3.onnx").string()));
   EXPECT_NE(r.output.find("[[specific]] #1 nodes glob '/fc9/*' matches no node"), std::string::npos) << r.output;
+  // Thousands of them: ten named, one line for the rest (it was one line each).
+  std::string many = "skip = [";
+  for (int i = 0; i < 5000; ++i) many += "\"/none" + std::to_string(i) + "/*\", ";
+  testing::write_text(config_, many + "]\n" + base);
+  r = run_cli(quantize("-o " + (work_.path() / "q4.onnx").string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output.substr(0, 400);
+  std::size_t named = 0;
+  for (std::size_t at = 0; (at = r.output.find("matches no node", at)) != std::string::npos; ++at) ++named;
+  EXPECT_EQ(named, 10u);
+  EXPECT_NE(r.output.find("4990 more globs match no node"), std::string::npos) << r.output.substr(0, 400);
 }
 
 TEST_F(Hardening, LabelsThatAreNotLabelsAndQdqModelsAreRefused) {
@@ -485,6 +554,35 @@ TEST_F(Hardening, NanOutputsAreNeverJudgedAsAgreement) {
   EXPECT_LT(nan_float, 4 * 8);
   EXPECT_NE(r.output.find("NaN or infinite at " + std::to_string(nan_float) + " of its 32 values"), std::string::npos)
       << r.output;
+}
+
+// A float64 model: ONNX's QuantizeLinear and DequantizeLinear take no float64, so its Q/DQ export
+// would be a file no runtime loads (it used to be written, exit 0). Refused naming the node and
+// the tensor, with the way out, and nothing written; with every config the same.
+TEST_F(Hardening, Float64ModelsAreRefusedAtExportNotWrittenInvalid) {
+  Graph g;
+  g.opset_imports[""] = 13;
+  g.inputs = {{"x", 11, true, {{-1, "N"}, {16, ""}}, ""}};
+  g.outputs = {{"y", 11, true, {{-1, "N"}, {8, ""}}, ""}};
+  g.initializers["w1"] = at::randn({16, 16}, at::kDouble);
+  g.initializers["w2"] = at::randn({8, 16}, at::kDouble);
+  g.append(testing::make_node("fc1", "Gemm", {"x", "w1"}, {"h"}, {{"transB", Attribute::of_int(1)}}));
+  g.append(testing::make_node("relu", "Relu", {"h"}, {"r"}));
+  g.append(testing::make_node("fc2", "Gemm", {"r", "w2"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
+  const std::string model = (work_.path() / "double.onnx").string();
+  save_onnx(g, ModelMeta{}, model);
+  const fs::path data = work_.path() / "data";
+  fs::create_directories(data);
+  for (int i = 0; i < 4; ++i)
+    write_npy(at::randn({16}, at::kDouble), (data / ("s" + std::to_string(i) + ".npy")).string());
+  for (const char* config : {"configs/w8a8_onnxruntime.toml", "configs/w8a8_tensorrt.toml"}) {
+    fs::copy_file(testing::source_path(config), config_, fs::copy_options::overwrite_existing);
+    const fs::path out = work_.path() / "q.onnx";
+    expect_one_line_error(
+        run_cli("quantize " + model + " -c " + config_ + " --calib " + data.string() + " -o " + out.string()),
+        {"of node 'fc", "float64", "convert the model to float32"});
+    EXPECT_FALSE(fs::exists(out)) << config;
+  }
 }
 
 }  // namespace

@@ -211,6 +211,9 @@ def test_forward_is_the_simulated_model(images):
     # Other layouts and dtypes are converted once and give the same numbers.
     assert np.array_equal(qm.forward(np.asfortranarray(x)), q)
     assert np.array_equal(qm.forward(x.astype(np.float64)), q)
+    # A dict by name; a name the model lacks is refused with the names it has.
+    with pytest.raises(sparsebit.Error, match=r"'nope' is not an input of the model \(its inputs: '"):
+        qm.forward({"nope": x})
 
 
 def test_torch_tensors_come_in_through_dlpack(images):
@@ -442,6 +445,9 @@ def test_set_bits_and_set_enabled(images):
     assert conv1 and conv1[0]["bits"] == 4
     with pytest.raises(sparsebit.Error, match="role"):
         qm.set_bits("*", 8, role="weights")
+    # The config's globs and these are one language: one it refuses is refused here too.
+    with pytest.raises(sparsebit.Error, match="never closed"):
+        qm.set_bits("[", 8)
 
 
 def test_profile_prune_qat_and_plugins(tmp_path, images):

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <set>
 #include <sstream>
 
 #include "base/mapped_file.h"
@@ -32,6 +32,71 @@ struct NpyLayout {
   at::ScalarType dtype;
   std::uint64_t data_start = 0;
 };
+
+/// The fields of a .npy header: numpy writes a Python dict literal of exactly these three keys,
+/// and its own reader refuses anything else (a key twice or missing, another key, a fortran_order
+/// that is not True or False), so this does too.
+struct NpyHeaderFields {
+  std::string descr, shape;  ///< shape: what lies between the tuple's parentheses
+  bool fortran_order = false;
+};
+
+NpyHeaderFields parse_npy_header(const std::string& h, const std::string& path) {
+  auto fail = [&](const std::string& why) -> Error {
+    return Error(path + ": .npy header " + why + " (header: " + printable(h, 120) + "); the file is corrupt");
+  };
+  std::size_t i = 0;
+  auto space = [&] {
+    while (i < h.size() && (h[i] == ' ' || h[i] == '\t' || h[i] == '\n')) ++i;
+  };
+  auto quoted = [&]() -> std::string {
+    if (i >= h.size() || (h[i] != '\'' && h[i] != '"'))
+      throw fail("expects a quoted string at offset " + std::to_string(i));
+    const char q = h[i++];
+    const std::size_t end = h.find(q, i);
+    if (end == std::string::npos) throw fail("has a string that is never closed");
+    std::string v = h.substr(i, end - i);
+    i = end + 1;
+    return v;
+  };
+  NpyHeaderFields f;
+  std::set<std::string> seen;
+  space();
+  if (i >= h.size() || h[i++] != '{') throw fail("is not a dict");
+  for (;;) {
+    space();
+    if (i < h.size() && h[i] == '}') break;
+    const std::string key = quoted();
+    if (!seen.insert(key).second) throw fail("has '" + printable(key, 40) + "' twice");
+    space();
+    if (i >= h.size() || h[i++] != ':') throw fail("lacks ':' after '" + printable(key, 40) + "'");
+    space();
+    if (key == "descr") {
+      f.descr = quoted();
+    } else if (key == "fortran_order") {
+      if (h.compare(i, 4, "True") == 0) f.fortran_order = true, i += 4;
+      else if (h.compare(i, 5, "False") == 0) i += 5;
+      else throw fail("has a fortran_order that is neither True nor False");
+    } else if (key == "shape") {
+      if (i >= h.size() || h[i] != '(') throw fail("has a shape that is not a tuple");
+      const std::size_t end = h.find(')', i);
+      if (end == std::string::npos) throw fail("has a shape tuple that is never closed");
+      f.shape = h.substr(i + 1, end - i - 1);
+      i = end + 1;
+    } else {
+      throw fail("has the key '" + printable(key, 40) + "', not one of descr, fortran_order, shape");
+    }
+    space();
+    if (i < h.size() && h[i] == ',') ++i;
+    else if (i >= h.size() || h[i] != '}') throw fail("lacks ',' or '}' after '" + printable(key, 40) + "'");
+  }
+  ++i;  // the '}'
+  space();
+  if (i != h.size()) throw fail("has more after its dict");
+  for (const char* k : {"descr", "fortran_order", "shape"})
+    if (!seen.count(k)) throw fail(std::string("has no '") + k + "'");
+  return f;
+}
 
 /// The header of a .npy file, checked against the file's size; `in` is left at the data.
 NpyLayout read_npy_header(std::ifstream& in, const std::string& path) {
@@ -58,17 +123,13 @@ NpyLayout read_npy_header(std::ifstream& in, const std::string& path) {
   in.read(header.data(), header_len);
   if (!in) throw Error(path + ": truncated .npy header");
 
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex("'descr'\\s*:\\s*'([^']*)'")))
-    throw Error(path + ": .npy header has no dtype");
-  const std::string descr = m[1];
-  if (std::regex_search(header, std::regex("'fortran_order'\\s*:\\s*True")))
+  const NpyHeaderFields fields = parse_npy_header(header, path);
+  const std::string descr = fields.descr;
+  if (fields.fortran_order)
     throw Error(path + ": Fortran-ordered arrays are not supported; save with numpy.ascontiguousarray");
-  if (!std::regex_search(header, m, std::regex("'shape'\\s*:\\s*\\(([^)]*)\\)")))
-    throw Error(path + ": .npy header has no shape");
   // The shape is a Python tuple of non-negative integers: "()", "(5,)", "(4, 1, 28, 28)".
   std::vector<std::int64_t> shape;
-  const std::string dims = m[1];
+  const std::string dims = fields.shape;
   std::stringstream items(dims);
   std::vector<std::string> parts;
   for (std::string item; std::getline(items, item, ',');) parts.push_back(item);

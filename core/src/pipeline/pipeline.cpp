@@ -316,7 +316,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   files.set_model(std::move(bytes));
   r.external_data_written = files.commit(external, job.report.empty() ? "" : report_json(r));
   phase("write");
-  spdlog::info("wrote {}", job.output);
+  spdlog::info("wrote {}", displayed(job.output));
   std::string times;
   for (const auto& [name, seconds] : r.phase_seconds)
     times += (times.empty() ? "" : ", ") + fmt::format("{} {:.2f} s", name, seconds);
@@ -370,7 +370,7 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   files.set_model(qm.serialize(&external, files.external_location()));
   files.commit(external, job.report.empty() ? "" : report_json(r, job));
   spdlog::info("wrote {} (checkpoint {} kept: rerun with more --epochs to continue, --restart to start over)",
-               job.output, r.checkpoint);
+               displayed(job.output), displayed(r.checkpoint));
   return r;
 }
 
@@ -447,7 +447,7 @@ PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
   }
   files.set_model(bytes);
   files.commit(external, job.report.empty() ? "" : report_json(r, job));
-  spdlog::info("wrote {}{}", job.output, r.quantized ? " (pruned, then quantized)" : "");
+  spdlog::info("wrote {}{}", displayed(job.output), r.quantized ? " (pruned, then quantized)" : "");
   return r;
 }
 

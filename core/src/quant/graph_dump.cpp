@@ -1,4 +1,5 @@
 #include "sparsebit/core/graph_dump.h"
+#include "sparsebit/core/config.h"
 
 #include <set>
 #include <sstream>
@@ -72,7 +73,7 @@ struct Drawing {
 
 std::string escape_dot(const std::string& s) {
   std::string out;
-  for (char c : s) {
+  for (char c : displayed(s)) {
     if (c == '"' || c == '\\') out += '\\';
     out += c;
   }
@@ -82,7 +83,7 @@ std::string escape_dot(const std::string& s) {
 // Mermaid labels are quoted; quotes and angle brackets become entity codes.
 std::string escape_mermaid(const std::string& s) {
   std::string out;
-  for (char c : s) {
+  for (char c : displayed(s)) {
     if (c == '"') out += "#quot;";
     else if (c == '<') out += "#lt;";
     else if (c == '>') out += "#gt;";

@@ -1,4 +1,5 @@
 #include "sparsebit/core/profiler.h"
+#include "sparsebit/core/config.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -180,7 +181,7 @@ namespace {
 
 std::string html_escape(const std::string& s) {
   std::string out;
-  for (char c : s) {
+  for (char c : displayed(s)) {
     if (c == '<') out += "&lt;";
     else if (c == '>') out += "&gt;";
     else if (c == '&') out += "&amp;";

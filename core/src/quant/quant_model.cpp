@@ -165,11 +165,15 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
   }
 
   const auto nodes = model_->graph.nodes();
-  // A glob that matches nothing is almost always a typo or a model other than the one meant.
+  // A glob that matches nothing is almost always a typo or a model other than the one meant. The
+  // first few are named; a config of thousands of them gets one line for the rest.
+  constexpr std::size_t kNamedUnmatched = 10;
+  std::size_t unmatched = 0;
   auto warn_unmatched = [&](const std::vector<std::string>& globs, const std::string& key) {
     for (const auto& glob : globs) {
       if (std::any_of(nodes.begin(), nodes.end(), [&](const Node* n) { return node_matches_any(n->name, {glob}); }))
         continue;
+      if (++unmatched > kNamedUnmatched) continue;
       sdk::log_warn(config_.source + ": " + key + " glob '" + printable(glob, 80) + "' matches no node of " +
                     printable(model_->meta.source_path) + " (" + std::to_string(nodes.size()) + " nodes" +
                     (nodes.empty() ? std::string() : ", e.g. '" + printable(nodes.front()->name, 80) + "'") +
@@ -178,6 +182,9 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
   };
   warn_unmatched(config_.skip, "skip");
   for (const auto& e : config_.specific) warn_unmatched(e.nodes, e.name + " nodes");
+  if (unmatched > kNamedUnmatched)
+    sdk::log_warn(config_.source + ": " + std::to_string(unmatched - kNamedUnmatched) +
+                  " more globs match no node of " + printable(model_->meta.source_path));
   slots_ = std::make_unique<QuantSlots>(model_->graph, *executor_, config_, *backend_, backend_plugin_, registry);
   // A backend that weighs a layer's cost against its Q/DQ asks for sizes per sample: from one
   // calibration sample, else (no data yet, as from Python) from the declared shapes and ONNX's

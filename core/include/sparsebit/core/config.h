@@ -310,6 +310,16 @@ SPARSEBIT_API std::string yaml_config_to_toml(const std::string& text, const std
 /// goes rather than the end, which says what went wrong after a path that may be long.
 SPARSEBIT_API std::string one_line_message(const std::string& text, std::size_t max = 4000);
 
+/// A name from a model or a path, made safe to write into a text file or onto the terminal:
+/// control characters escaped as printable() does (but line feeds and tabs with `keep_lines`),
+/// and bytes that are not UTF-8 as \xNN (a drawing, an HTML page or a log line then neither
+/// breaks nor steers anything). Not cut short.
+SPARSEBIT_API std::string displayed(const std::string& text, bool keep_lines = false);
+
+/// Passes every log message (the host's and every plugin's) through displayed(.., true) on its
+/// way to the default logger's sinks; the CLI and the Python module call it once.
+SPARSEBIT_API void escape_log_messages();
+
 /// Closest string to `key` among `candidates` by edit distance ("" if none is close).
 SPARSEBIT_API std::string nearest(const std::string& key, const std::vector<std::string>& candidates);
 
