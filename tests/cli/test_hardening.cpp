@@ -55,6 +55,29 @@ class Hardening : public ::testing::Test {
     for (const auto& n : needles)
       EXPECT_NE(error.find(n), std::string::npos) << "missing '" << n << "' in " << r.output;
   }
+  // x [N, 16] -> Gemm `first` -> Relu -> Gemm -> y [N, 8], every tensor of `type`; its path.
+  std::string two_gemms(const std::string& file, const std::string& first, at::ScalarType type) {
+    const std::int32_t onnx_type = type == at::kDouble ? 11 : 1;
+    Graph g;
+    g.opset_imports[""] = 13;
+    g.inputs = {{"x", onnx_type, true, {{-1, "N"}, {16, ""}}, ""}};
+    g.outputs = {{"y", onnx_type, true, {{-1, "N"}, {8, ""}}, ""}};
+    g.initializers["w1"] = at::randn({16, 16}, type);
+    g.initializers["w2"] = at::randn({8, 16}, type);
+    g.append(testing::make_node(first, "Gemm", {"x", "w1"}, {"h"}, {{"transB", Attribute::of_int(1)}}));
+    g.append(testing::make_node("relu", "Relu", {"h"}, {"r"}));
+    g.append(testing::make_node("fc2", "Gemm", {"r", "w2"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
+    const std::string path = (work_.path() / file).string();
+    save_onnx(g, ModelMeta{}, path);
+    return path;
+  }
+  // A folder of four samples [16] of `type`.
+  fs::path samples(at::ScalarType type) {
+    const fs::path data = work_.path() / "data";
+    fs::create_directories(data);
+    for (int i = 0; i < 4; ++i) write_npy(at::randn({16}, type), (data / ("s" + std::to_string(i) + ".npy")).string());
+    return data;
+  }
   testing::TempDir work_;
   std::string model_, config_;
 };
@@ -275,20 +298,8 @@ TEST_F(Hardening, ArgumentErrorsAreOneLineNamingTheFlagAndExitOne) {
 // an output path with the same bytes show them escaped.
 TEST_F(Hardening, ControlBytesInNamesAreEscapedInEveryFileAndOnTheTerminal) {
   const std::string hostile = std::string("fc\x1b[31m\r", 8) + std::string(1, '\0') + "\xff\xfe_end";
-  Graph g;
-  g.opset_imports[""] = 13;
-  g.inputs = {{"x", 1, true, {{-1, "N"}, {16, ""}}, ""}};
-  g.outputs = {{"y", 1, true, {{-1, "N"}, {8, ""}}, ""}};
-  g.initializers["w1"] = at::randn({16, 16});
-  g.initializers["w2"] = at::randn({8, 16});
-  g.append(testing::make_node(hostile, "Gemm", {"x", "w1"}, {"h"}, {{"transB", Attribute::of_int(1)}}));
-  g.append(testing::make_node("relu", "Relu", {"h"}, {"r"}));
-  g.append(testing::make_node("fc2", "Gemm", {"r", "w2"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
-  const std::string model = (work_.path() / "hostile.onnx").string();
-  save_onnx(g, ModelMeta{}, model);
-  const fs::path data = work_.path() / "data";
-  fs::create_directories(data);
-  for (int i = 0; i < 4; ++i) write_npy(at::randn({16}), (data / ("s" + std::to_string(i) + ".npy")).string());
+  const std::string model = two_gemms("hostile.onnx", hostile, at::kFloat);
+  const fs::path data = samples(at::kFloat);
   auto raw = [](const std::string& text) {
     return text.find('\x1b') != std::string::npos || text.find('\r') != std::string::npos ||
            text.find('\0') != std::string::npos || text.find('\xff') != std::string::npos;
@@ -523,9 +534,7 @@ TEST_F(Hardening, NanOutputsAreNeverJudgedAsAgreement) {
     save_onnx(g, ModelMeta{}, path);
     return path;
   };
-  const fs::path data = work_.path() / "data";
-  fs::create_directories(data);
-  for (int i = 0; i < 4; ++i) write_npy(at::randn({16}), (data / ("s" + std::to_string(i) + ".npy")).string());
+  const fs::path data = samples(at::kFloat);
   testing::write_text(config_, "backend = \"virtual\"\n[bit_allocation]\navg_weight_bits = 6\n");
   const std::string some_nan = model("some_nan.onnx", false), all_nan = model("all_nan.onnx", true);
   expect_one_line_error(run_cli("quantize " + some_nan + " -c " + config_ + " --calib " + data.string() + " -o " +
@@ -560,21 +569,8 @@ TEST_F(Hardening, NanOutputsAreNeverJudgedAsAgreement) {
 // would be a file no runtime loads (it used to be written, exit 0). Refused naming the node and
 // the tensor, with the way out, and nothing written; with every config the same.
 TEST_F(Hardening, Float64ModelsAreRefusedAtExportNotWrittenInvalid) {
-  Graph g;
-  g.opset_imports[""] = 13;
-  g.inputs = {{"x", 11, true, {{-1, "N"}, {16, ""}}, ""}};
-  g.outputs = {{"y", 11, true, {{-1, "N"}, {8, ""}}, ""}};
-  g.initializers["w1"] = at::randn({16, 16}, at::kDouble);
-  g.initializers["w2"] = at::randn({8, 16}, at::kDouble);
-  g.append(testing::make_node("fc1", "Gemm", {"x", "w1"}, {"h"}, {{"transB", Attribute::of_int(1)}}));
-  g.append(testing::make_node("relu", "Relu", {"h"}, {"r"}));
-  g.append(testing::make_node("fc2", "Gemm", {"r", "w2"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
-  const std::string model = (work_.path() / "double.onnx").string();
-  save_onnx(g, ModelMeta{}, model);
-  const fs::path data = work_.path() / "data";
-  fs::create_directories(data);
-  for (int i = 0; i < 4; ++i)
-    write_npy(at::randn({16}, at::kDouble), (data / ("s" + std::to_string(i) + ".npy")).string());
+  const std::string model = two_gemms("double.onnx", "fc1", at::kDouble);
+  const fs::path data = samples(at::kDouble);
   for (const char* config : {"configs/w8a8_onnxruntime.toml", "configs/w8a8_tensorrt.toml"}) {
     fs::copy_file(testing::source_path(config), config_, fs::copy_options::overwrite_existing);
     const fs::path out = work_.path() / "q.onnx";
