@@ -151,7 +151,10 @@ TEST_F(LatencySearch, ARegionThatRunsSlowerQuantizedIsLeftFloat) {
             (std::map<std::string, bool>{{R"(["a1","a2","a_tanh"])", false}, {R"(["b1","b2","b_tanh"])", true}}))
       << search.dump();
   EXPECT_FALSE(search.at("reverted").get<bool>());
-  EXPECT_NEAR(search.at("speedup_together")[0].get<double>(), 22.0 / 2.0, 3.0);
+  // 22 ms against 2 per run, plus the harness's own time in both (a few ms under the sanitizers):
+  // (22 + d) / (2 + d) stays above 3 for any d up to 8 ms.
+  EXPECT_GT(search.at("speedup_together")[0].get<double>(), 3.0);
+  EXPECT_LT(search.at("speedup_together")[0].get<double>(), 22.0 / 2.0 + 3.0);
   std::set<std::string> kept;
   const auto rep = report();
   for (const auto& k : rep.at("kept_float")) {
@@ -166,7 +169,9 @@ TEST_F(LatencySearch, ARegionThatRunsSlowerQuantizedIsLeftFloat) {
   EXPECT_NE(exported.find("w_a1_quantized"), std::string::npos);
   EXPECT_EQ(exported.find("w_b1_quantized"), std::string::npos) << "region b's weights stay float";
   const auto& row = rep.at("latency").at("rows")[0];
-  EXPECT_NEAR(row.at("float_ms").get<double>() / row.at("export_ms").get<double>(), 22.0 / 2.0, 3.0);
+  const double speedup = row.at("float_ms").get<double>() / row.at("export_ms").get<double>();
+  EXPECT_GT(speedup, 3.0);
+  EXPECT_LT(speedup, 22.0 / 2.0 + 3.0);
 }
 
 // Regions a and b each run faster float alone (2 ms against 22) but slower float together
