@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds Sparsebit on a GPU machine against the CUDA LibTorch of its PyTorch, where no package
-# registry is reachable. The libraries that machine lacks (ONNX's C++ library and TOML++) come
+# registry is reachable. The libraries that machine lacks (ONNX's C++ library, TOML++, stb) come
 # as Debian 12 .deb files fetched beforehand on a machine that has the registry:
 #
 #   mkdir -p .device-debs && (cd .device-debs && apt-get download \
-#       libonnx-dev libonnx1 libonnxifi libtomlplusplus-dev libtomlplusplus3 libgloo-dev)
+#       libonnx-dev libonnx1 libonnxifi libtomlplusplus-dev libtomlplusplus3 libgloo-dev libstb-dev libstb0)
 #
 # and are unpacked (not installed) into BUILD_DIR/deps. See docs/GPU.md.
 #

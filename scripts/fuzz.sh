@@ -16,7 +16,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 target="${1:?usage: scripts/fuzz.sh TARGET SECONDS}"
 seconds="${2:?usage: scripts/fuzz.sh TARGET SECONDS}"
 build="${SPARSEBIT_FUZZ_BUILD:-$root/build-fuzz}"
-targets=(onnx_import config yaml_config npy idx tensor_pb)
+targets=(onnx_import config yaml_config npy idx tensor_pb image)
 if [[ "$target" == all ]]; then
   for t in "${targets[@]}"; do "$0" "$t" "$seconds"; done
   exit 0
@@ -64,6 +64,17 @@ import gzip, sys
 for name, file, size in (("labels_plain", "t10k-labels-idx1-ubyte.gz", 200), ("images_plain", "t10k-images-idx3-ubyte.gz", 4000)):
     with gzip.open(f"/usr/share/datasets/fashion-mnist/{file}") as f:
         open(f"{sys.argv[1]}/{name}", "wb").write(f.read(size))
+PY
+      ;;
+    image)  # small images of each format, as PIL writes them
+      /usr/bin/python3 - "$corpus" <<'PY'
+import sys
+from PIL import Image
+for i, (mode, size) in enumerate((("RGB", (7, 5)), ("L", (16, 3)), ("RGBA", (4, 9)))):
+    im = Image.new(mode, size, (30, 120, 200, 255)[: len(mode)] if mode != "L" else 90)
+    for ext in ("png", "bmp", "jpg"):
+        if not (ext == "jpg" and mode == "RGBA"):
+            im.save(f"{sys.argv[1]}/seed{i}.{ext}")
 PY
       ;;
     tensor_pb)

@@ -8,6 +8,7 @@ packages=(
   libtorch-dev libonnx-dev libprotobuf-dev protobuf-compiler
   libgloo-dev  # the headers of LibTorch's Gloo process group (runs over several processes)
   libboost-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev
+  libstb-dev  # stb_image: JPEG, PNG and BMP calibration images
   nlohmann-json3-dev zlib1g-dev libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist libonnx-testdata
   python3-torch python3-torchvision python3-onnx python3-numpy

@@ -42,7 +42,7 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   sb::Registry registry;
   registry.load(config.plugins);
   // Prepared and given its data as `sparsebit quantize` does (Note [One preparation for every host]).
-  const sb::DataSource calib(a.calib);
+  const sb::DataSource calib = sb::DataSource(a.calib).with_images(config.data);
   sb::Model model = sb::prepare_model(sb::load_float_model(a.model, registry, calib), config, registry, calib);
   sb::QuantModel qm(std::move(model), config, registry, calib);
   {

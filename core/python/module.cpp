@@ -101,7 +101,7 @@ class PyQuantModel {
     config_ = config_of(config);
     registry_ = std::make_shared<sb::Registry>();
     registry_->load(config_.plugins);
-    calib_ = data_source(calib, "python calib");
+    calib_ = data_source(calib, "python calib").with_images(config_.data);
     if (py::isinstance<PyModel>(model)) {
       source_ = model.cast<PyModel>();
     } else {
@@ -119,7 +119,7 @@ class PyQuantModel {
 
   py::dict calibrate(py::handle data, const py::object& progress) {
     InUse in_use(busy_);
-    const sb::DataSource source = data_source(data, "python calibration data");
+    const sb::DataSource source = data_source(data, "python calibration data").with_images(config_.data);
     if (source.empty()) throw sb::Error("calibrate() needs data: an iterable of arrays, or a data path");
     const auto inputs = qm_->graph().inputs;
     stats_ = without_gil([&] {
@@ -174,7 +174,7 @@ class PyQuantModel {
       qat_ = torch_out_ = true;
       return stats_dict();
     }
-    const sb::DataSource source = data_source(data, "python calibration data");
+    const sb::DataSource source = data_source(data, "python calibration data").with_images(config_.data);
     if (source.empty()) throw sb::Error("init_qat() needs calibration data: an iterable of arrays, or a data path");
     const auto inputs = qm_->graph().inputs;
     stats_ = without_gil([&] {
@@ -250,7 +250,7 @@ class PyQuantModel {
       throw sb::Error("mode must be both, accumulated or single");
     if (!calibrated_) throw sb::Error("profile() needs calibrate() first");
     if (samples < 1) throw sb::Error("samples must be at least 1");
-    const sb::DataSource source = data_source(data, "python profiling data");
+    const sb::DataSource source = data_source(data, "python profiling data").with_images(config_.data);
     if (source.empty()) throw sb::Error("profile() needs data: an iterable of arrays, or a data path");
     const std::string out = output.is_none() ? "" : path_of(output);
     if (!out.empty())
@@ -391,6 +391,37 @@ PYBIND11_MODULE(_sparsebit, m) {
                                for (const auto& v : m.model->graph.inputs) l.append(value_info_dict(v));
                                return l;
                              })
+      .def(
+          "samples",
+          [](const PyModel& m, py::handle data, py::handle config, std::int64_t count) {
+            // The samples the model receives from `data` (images preprocessed as config's [data]
+            // says), one array per input, each with its batch dimension of 1.
+            std::optional<sb::DataConfig> images;
+            if (!config.is_none()) images = config_of(config).data;
+            const sb::DataSource source = data_source(data, "python data").with_images(images);
+            if (source.empty()) throw sb::Error("samples() needs data: an iterable of arrays, or a data path");
+            if (count < 0) throw sb::Error("count must be 0 (all) or more, got " + std::to_string(count));
+            const auto& inputs = m.model->graph.inputs;
+            std::vector<std::vector<at::Tensor>> got = without_gil([&] {
+              auto dataset = source.open(inputs);
+              sb::Batcher batches(*dataset, inputs, 1, count);
+              std::vector<std::vector<at::Tensor>> out;
+              while (auto b = batches.next()) out.push_back(b->inputs);
+              return out;
+            });
+            py::list l;
+            for (auto& sample : got) {
+              if (sample.size() == 1) {
+                l.append(to_numpy(sample[0]));
+              } else {
+                py::tuple t(sample.size());
+                for (std::size_t i = 0; i < sample.size(); ++i) t[i] = to_numpy(sample[i]);
+                l.append(t);
+              }
+            }
+            return l;
+          },
+          py::arg("data"), py::kw_only(), py::arg("config") = py::none(), py::arg("count") = 0)
       .def_property_readonly("outputs",
                              [](const PyModel& m) {
                                py::list l;
@@ -415,8 +446,13 @@ PYBIND11_MODULE(_sparsebit, m) {
       [](py::handle path, py::handle calib, py::handle config) {
         const std::string p = path_of(path);
         sb::PluginSearch search;
-        if (!config.is_none()) search = config_of(config).plugins;
-        const sb::DataSource data = data_source(calib, "python calib");
+        std::optional<sb::DataConfig> images;
+        if (!config.is_none()) {
+          const sb::Config c = config_of(config);
+          search = c.plugins;
+          images = c.data;
+        }
+        const sb::DataSource data = data_source(calib, "python calib").with_images(images);
         auto model = without_gil([&] {
           sb::Registry registry;
           registry.load(search);

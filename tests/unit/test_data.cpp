@@ -14,6 +14,8 @@ namespace sparsebit {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_of;
+using testing::TempDir;
 
 std::vector<ValueInfo> image_input() {
   ValueInfo v;
@@ -344,6 +346,56 @@ TEST(Data, MismatchedShapeTypeEmptyAndNanAreClearErrors) {
   testing::write_text(dir / "notes.txt", "hello");
   e = expect_error([&] { open_dataset(dir / "notes.txt", image_input()); });
   EXPECT_NE(e.find("not a calibration format"), std::string::npos) << e;
+}
+
+// Note [Image data]: what the reader refuses, before any pixel is allocated, and the config's words.
+TEST(Data, ImagesNeedADataTableAndHugeOrBrokenOnesAreRefusedByName) {
+  TempDir dir;
+  // A PNG header declaring 16 million x 16 million pixels, in 33 bytes.
+  std::string png("\x89PNG\r\n\x1a\n", 8);
+  png += std::string("\0\0\0\x0dIHDR", 8) + std::string("\x00\xff\xff\xff\x00\xff\xff\xff\x08\x02\x00\x00\x00", 13);
+  png += std::string("\0\0\0\0", 4);
+  std::ofstream(dir / "huge.png", std::ios::binary) << png;
+  std::ofstream(dir / "text.jpg", std::ios::binary) << "just words";
+  ValueInfo rgb = image_input()[0];
+  rgb.shape[1] = {3, ""};
+  const std::string missing = error_of([&] { open_dataset(dir.path().string(), {rgb}); });
+  EXPECT_NE(missing.find("no [data] table"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("preset = \"imagenet\""), std::string::npos) << missing;
+  const Config c = Config::from_string("[data]\npreset = \"imagenet\"\n", "data.toml");
+  for (const char* name : {"huge.png", "text.jpg"}) {
+    const std::string e = error_of([&] { read_image(dir / name, *c.data, image_input(*c.data, rgb)); });
+    EXPECT_NE(e.find(name), std::string::npos) << e;
+  }
+  const std::string gray = error_of([&] { image_input(*c.data, image_input()[0]); });
+  EXPECT_NE(gray.find("channels = \"GRAY\""), std::string::npos) << gray;
+  const Config skip = Config::from_string("[data]\npreset = \"imagenet\"\nundecodable = \"skip\"\n", "data.toml");
+  auto data = open_dataset(dir.path().string(), {rgb}, &*skip.data);
+  const std::string none = error_of([&] { drain(*data, {rgb}, 4, 0); });
+  EXPECT_NE(none.find("none of its 2 image(s) could be decoded"), std::string::npos) << none;
+}
+
+TEST(Data, DataTableKeysAreCheckedAndPresetsFillTheRest) {
+  const Config rec = Config::from_string("[data]\npreset = \"paddleocr_rec\"\nresize = [32, 100]\n", "d.toml");
+  EXPECT_EQ(rec.data->fit, "height");
+  EXPECT_EQ(rec.data->resize, (std::vector<std::int64_t>{32, 100}));
+  EXPECT_EQ(rec.data->channels, "BGR");
+  const Config own = Config::from_string("[data]\nresize = 96\ncenter_crop = 80\n", "d.toml");
+  EXPECT_EQ(own.data->fit, "shorter");
+  EXPECT_EQ(own.data->center_crop, (std::vector<std::int64_t>{80, 80}));
+  const std::pair<const char*, const char*> bad[] = {
+      {"[data]\nmean = [0.1, 0.2]\n", "mean has 2 values for 3 channel(s)"},
+      {"[data]\nstd = 0\n", "std must not hold 0"},
+      {"[data]\nfit = \"exact\"\n", "needs resize"},
+      {"[data]\nfit = \"longer\"\nresize = [3, 4]\n", "is one side (N)"},
+      {"[data]\nresize = 0\n", "sizes 1 to 65536"},
+      {"[data]\nchannels = \"RGBA\"\n", "must be one of RGB, BGR, GRAY"},
+      {"[data]\nlayuot = \"NHWC\"\n", "did you mean 'layout'"},
+      {"[data]\nscale = 0\n", "scale must not be 0"}};
+  for (const auto& [text, want] : bad) {
+    const std::string e = error_of([&] { Config::from_string(text, "d.toml"); });
+    EXPECT_NE(e.find(want), std::string::npos) << text << " -> " << e;
+  }
 }
 
 }  // namespace

@@ -267,6 +267,121 @@ void read_latency(const Reader& r, const toml::table* t, Config& c) {
   if (l.regions < 1 || l.regions > 1000) throw Error(r.key_path("latency", "regions") + " must be 1 to 1000");
 }
 
+// The presets: the preprocessing each family's own inference code applies (Note [Image data]).
+DataConfig data_preset(const std::string& name, const std::string& where) {
+  DataConfig d;
+  d.preset = name;
+  if (name == "imagenet") {  // torchvision's reference evaluation: Resize(256), CenterCrop(224)
+    d.fit = "shorter", d.resize = {256}, d.center_crop = {224, 224};
+    d.mean = {0.485, 0.456, 0.406}, d.std = {0.229, 0.224, 0.225};
+  } else if (name == "paddleocr_rec") {  // height 48, width up to 320, normalized to [-1, 1], OpenCV's BGR
+    d.fit = "height", d.resize = {48, 320}, d.antialias = false, d.channels = "BGR";
+    d.mean = {0.5}, d.std = {0.5}, d.pad_value = 127.5;  // pads with 0 after normalizing
+  } else if (name == "paddleocr_det") {                  // longer side at most 960, sides multiples of 32
+    d.fit = "longer", d.resize = {960}, d.multiple = 32, d.antialias = false, d.channels = "BGR";
+    d.mean = {0.485, 0.456, 0.406}, d.std = {0.229, 0.224, 0.225};
+  } else if (name == "yolo") {  // letterboxed into 640 x 640 on grey 114, [0, 1]
+    d.fit = "letterbox", d.resize = {640, 640}, d.antialias = false, d.pad_value = 114;
+  } else {
+    const std::vector<std::string> known{"imagenet", "paddleocr_rec", "paddleocr_det", "yolo"};
+    const std::string hint = nearest(name, known);
+    throw Error(where + ": unknown preset '" + printable(name) + "'" +
+                (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
+                " (imagenet, paddleocr_rec, paddleocr_det, yolo; or set fit, resize, mean, std... yourself)");
+  }
+  return d;
+}
+
+void read_data(const Reader& r, const toml::table* t, Config& c) {
+  r.check_keys(*t, "data",
+               {"preset", "fit", "resize", "center_crop", "multiple", "pad_value", "antialias", "channels", "layout",
+                "scale", "mean", "std", "undecodable"});
+  const std::string preset = r.get<std::string>(*t, "data", "preset", "", "a string");
+  DataConfig d = preset.empty() ? DataConfig{} : data_preset(preset, r.key_path("data", "preset"));
+  auto one_of = [&](const char* key, const std::string& value, const std::vector<std::string>& allowed) {
+    const std::string v = r.get<std::string>(*t, "data", key, value, "a string");
+    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + (a.empty() ? "\"\"" : a);
+      throw Error(r.key_path("data", key) + " must be one of " + list + ", got '" + printable(v) + "'");
+    }
+    return v;
+  };
+  // A size: N or [H, W], each 1 to 65536.
+  auto sizes = [&](const char* key, std::vector<std::int64_t> value, bool pair_only) {
+    const toml::node* n = t->get(key);
+    if (!n) return value;
+    const std::string form = r.key_path("data", key) + " must be N or [height, width] with sizes 1 to 65536";
+    value.clear();
+    if (const auto* a = n->as_array()) {
+      for (const auto& e : *a)
+        if (auto v = e.value<std::int64_t>(); v && e.is_integer()) value.push_back(*v);
+        else throw Error(form);
+      if (value.size() != 2) throw Error(form);
+    } else if (auto v = n->value<std::int64_t>(); v && n->is_integer()) {
+      value = {*v};
+    } else {
+      throw Error(form);
+    }
+    for (auto v : value)
+      if (v < 1 || v > 65536) throw Error(form);
+    if (pair_only && value.size() == 1) value = {value[0], value[0]};
+    return value;
+  };
+  auto numbers = [&](const char* key, std::vector<double> value) {
+    const toml::node* n = t->get(key);
+    if (!n) return value;
+    const std::string form = r.key_path("data", key) + " must be a number or a list of one number per channel";
+    value.clear();
+    if (const auto* a = n->as_array()) {
+      for (const auto& e : *a)
+        if (auto v = e.value<double>(); v && std::isfinite(*v) && (e.is_floating_point() || e.is_integer()))
+          value.push_back(*v);
+        else throw Error(form);
+    } else if (auto v = n->value<double>(); v && std::isfinite(*v) && (n->is_floating_point() || n->is_integer())) {
+      value = {*v};
+    } else {
+      throw Error(form);
+    }
+    if (value.empty() || value.size() > 4) throw Error(form);
+    return value;
+  };
+  d.fit = one_of("fit", d.fit, {"", "shorter", "exact", "height", "longer", "letterbox"});
+  d.resize = sizes("resize", d.resize, false);
+  d.center_crop = sizes("center_crop", d.center_crop, true);
+  if (t->get("resize") && !t->get("fit") && preset.empty()) d.fit = d.resize.size() == 1 ? "shorter" : "exact";
+  if (!d.fit.empty() && d.resize.empty())
+    throw Error(r.key_path("data", "fit") + " = \"" + d.fit + "\" needs resize (N or [height, width])");
+  if (d.resize.size() == 1 && (d.fit == "exact" || d.fit == "height" || d.fit == "letterbox"))
+    d.resize = {d.resize[0], d.resize[0]};
+  if (d.resize.size() == 2 && (d.fit == "shorter" || d.fit == "longer"))
+    throw Error(r.key_path("data", "resize") + " is one side (N) with fit = \"" + d.fit + "\"");
+  if (d.fit.empty() && !d.resize.empty())
+    throw Error(r.key_path("data", "resize") + " needs fit (shorter, exact, height, longer or letterbox)");
+  d.multiple = r.get<std::int64_t>(*t, "data", "multiple", d.multiple, "an integer");
+  if (d.multiple < 1 || d.multiple > 4096) throw Error(r.key_path("data", "multiple") + " must be 1 to 4096");
+  d.pad_value = r.get<double>(*t, "data", "pad_value", d.pad_value, "a number (a pixel value, 0 to 255)");
+  d.antialias = r.get<bool>(*t, "data", "antialias", d.antialias, "true or false");
+  d.channels = one_of("channels", d.channels, {"RGB", "BGR", "GRAY"});
+  d.layout = one_of("layout", d.layout, {"auto", "NCHW", "NHWC"});
+  d.scale = r.get<double>(*t, "data", "scale", d.scale, "a number (1/255 maps pixels to [0, 1])");
+  if (d.scale == 0) throw Error(r.key_path("data", "scale") + " must not be 0 (every sample would be the mean)");
+  d.mean = numbers("mean", d.mean);
+  d.std = numbers("std", d.std);
+  for (double s : d.std)
+    if (s == 0) throw Error(r.key_path("data", "std") + " must not hold 0 (samples are divided by it)");
+  const std::size_t channels = d.channels == "GRAY" ? 1 : 3;
+  for (const auto* key : {"mean", "std"}) {
+    const auto& v = std::string(key) == "mean" ? d.mean : d.std;
+    if (v.size() != 1 && v.size() != channels)
+      throw Error(r.key_path("data", key) + " has " + std::to_string(v.size()) + " values for " +
+                  std::to_string(channels) + " channel(s) (channels = \"" + d.channels + "\"): give one or " +
+                  std::to_string(channels));
+  }
+  d.undecodable = one_of("undecodable", d.undecodable, {"error", "skip"});
+  c.data = d;
+}
+
 void read_qat(const Reader& r, const toml::table* t, Config& c) {
   r.check_keys(*t, "qat",
                {"epochs", "lr", "weight_decay", "batch_size", "count", "loss", "temperature", "seed", "tf32",
@@ -390,7 +505,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   Reader r{c.source};
   r.check_keys(root, "",
                {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "target",
-                "export", "plugins", "bit_allocation", "latency"});
+                "export", "plugins", "bit_allocation", "latency", "data"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
   // Folding the arithmetic around convolutions serves ONNX Runtime's integer kernels (and its
   // accuracy); under TensorRT's symmetric activations it cost the PP-OCRv4 recognizer 12 points
@@ -429,6 +544,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   if (auto* t = table("target")) read_target(r, t, c);
   if (auto* t = table("plugins")) read_plugins(r, t, source_name, c);
   if (auto* t = table("bit_allocation")) read_bit_allocation(r, t, c);
+  if (auto* t = table("data")) read_data(r, t, c);
   return c;
 }
 

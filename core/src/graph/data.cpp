@@ -435,14 +435,39 @@ std::string DataSource::identity() const {
 }
 
 std::unique_ptr<Dataset> DataSource::open(const std::vector<ValueInfo>& inputs) const {
-  if (!opener_) return open_dataset(path_, inputs);
+  if (!opener_) return open_dataset(path_, inputs, images_.get());
   if (inputs.empty()) throw Error("the model has no inputs to feed " + name() + " to");
   auto data = opener_(inputs);
   if (!data) throw Error(name() + ": the data source opened no dataset");
   return data;
 }
 
-std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs) {
+DataSource DataSource::with_images(const std::optional<DataConfig>& images) const {
+  DataSource d = *this;
+  if (images && !opener_ && !images_) d.images_ = std::make_shared<const DataConfig>(*images);
+  return d;
+}
+
+namespace {
+
+std::unique_ptr<Dataset> open_images(std::vector<std::string> files, const std::string& where,
+                                     const std::vector<ValueInfo>& inputs, const DataConfig* images) {
+  if (!images)
+    throw Error(where +
+                " holds images, and the config has no [data] table saying how the model takes them: add one, "
+                "e.g. [data] preset = \"imagenet\" (presets: imagenet, paddleocr_rec, paddleocr_det, yolo), "
+                "or fit, resize, center_crop, channels, mean, std (README: --calib DATA)");
+  if (inputs.size() != 1)
+    throw Error(where + ": images serve single-input models; this model has " + std::to_string(inputs.size()) +
+                " inputs: use the ONNX test-data layout");
+  std::sort(files.begin(), files.end());
+  return std::make_unique<ImageDataset>(std::move(files), where, *images, image_input(*images, inputs[0]));
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs,
+                                      const DataConfig* images) {
   if (path.empty()) throw Error("no data given: pass a folder of samples, an ONNX test-data folder or an IDX file");
   std::error_code ec;
   if (!fs::exists(path, ec))
@@ -459,6 +484,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector
                     " inputs: use the ONNX test-data layout");
       return std::make_unique<NpyDataset>(std::vector<fs::path>{path}, fs::path(path).parent_path().string());
     }
+    if (is_image_file(path)) return open_images({path}, path, inputs, images);
     if (is_idx(path)) {
       if (inputs.size() != 1)
         throw Error(path + ": IDX data serves single-input models; this model has " + std::to_string(inputs.size()) +
@@ -466,16 +492,18 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector
       return std::make_unique<IdxDataset>(path);
     }
     throw Error(path +
-                ": not a calibration format (expected a folder of .npy files, an ONNX test-data folder, "
-                "a .npy file or an IDX file)");
+                ": not a calibration format (expected a folder of .npy files or images, an ONNX test-data folder, "
+                "a .npy file, an image or an IDX file)");
   }
   std::vector<fs::path> npy, sets;
+  std::vector<std::string> pictures;
   bool has_pb = false;
   for (const auto& e : fs::directory_iterator(path, ec)) {
     const std::string name = e.path().filename().string();
     if (e.is_regular_file() && e.path().extension() == ".npy") npy.push_back(e.path());
     else if (e.is_directory() && name.rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
     else if (e.is_regular_file() && name.rfind("input_", 0) == 0 && e.path().extension() == ".pb") has_pb = true;
+    else if (e.is_regular_file() && is_image_file(name)) pictures.push_back(e.path().string());
   }
   if (!sets.empty()) {
     std::sort(sets.begin(), sets.end());
@@ -490,7 +518,9 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector
     std::sort(npy.begin(), npy.end());
     return std::make_unique<NpyDataset>(npy, path);
   }
-  throw Error("calibration folder " + path + " is empty: it holds no .npy files and no test_data_set_* folders");
+  if (!pictures.empty()) return open_images(std::move(pictures), path, inputs, images);
+  throw Error("calibration folder " + path +
+              " is empty: it holds no .npy files, no images and no test_data_set_* folders");
 }
 
 }  // namespace sparsebit

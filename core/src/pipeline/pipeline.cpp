@@ -209,10 +209,24 @@ std::string float8_load_note(const QuantModel& qm) {
   return "";
 }
 
+// Every data source of a job reads images as its config's [data] says (Note [Image data]).
+QuantizeJob images_as_configured(QuantizeJob job) {
+  job.calib = job.calib.with_images(job.config.data);
+  if (job.evaluation) job.evaluation->data = job.evaluation->data.with_images(job.config.data);
+  return job;
+}
+template <class Job>
+Job images_as_configured(Job job) {
+  job.calib = job.calib.with_images(job.config.data);
+  job.train = job.train.with_images(job.config.data);
+  return job;
+}
+
 }  // namespace
 
-QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progress) {
+QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& progress) {
   const FilesReadScope run;  // Note [Files a run read]
+  const QuantizeJob job = images_as_configured(given);
   const Config& config = job.config;
   if (config.target && !config.target->has_value)
     throw Error(
@@ -324,8 +338,9 @@ QuantizeOutcome run_quantize(const QuantizeJob& job, const StepProgressFn& progr
   return r;
 }
 
-QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
+QatOutcome run_qat(const QatJob& given, const StepProgressFn& progress) {
   const FilesReadScope run;  // Note [Files a run read]
+  const QatJob job = images_as_configured(given);
   const Config& config = job.config;
   QatOutcome r;
   r.checkpoint = job.checkpoint.empty() ? job.output + ".ckpt" : job.checkpoint;
@@ -374,8 +389,9 @@ QatOutcome run_qat(const QatJob& job, const StepProgressFn& progress) {
   return r;
 }
 
-PruneOutcome run_prune(const PruneJob& job, const StepProgressFn& progress) {
+PruneOutcome run_prune(const PruneJob& given, const StepProgressFn& progress) {
   const FilesReadScope run;  // Note [Files a run read]
+  const PruneJob job = images_as_configured(given);
   Config config = job.config;
   if (!config.sparse)
     throw Error(config.source + ": no [sparse] table; add one, e.g. [sparse] sparser = \"l1_structured\", ratio = 0.5");

@@ -68,6 +68,7 @@
 ///     enable = []
 ///     disable = []
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -239,6 +240,34 @@ struct SPARSEBIT_API TargetConfig {
   void check_value(const std::string& where) const;
 };
 
+/// Note [Image data]
+/// `[data]`: how a folder of images (JPEG, PNG, BMP, decoded by stb_image) becomes model input,
+/// read for calibration, evaluation and training data alike. A preset fills every key; keys set
+/// beside it override it. Pixels are 0..255; a sample is ((pixel * scale) - mean) / std per
+/// channel, after the resize and the crop.
+///   fit = "shorter"  resize = N: the shorter side to N, aspect kept (torchvision's Resize(N))
+///   fit = "exact"    resize = [H, W]
+///   fit = "height"   resize = [H, W]: height H, aspect kept up to width W, padded on the right
+///                    to W with pad_value (PaddleOCR's recognizer)
+///   fit = "longer"   resize = N: the longer side shrunk to at most N, each side then rounded to
+///                    a multiple of `multiple` (PaddleOCR's detector)
+///   fit = "letterbox" resize = [H, W]: scaled to fit inside, centred, padded with pad_value (YOLO)
+/// Without `resize`, a model input of fixed height and width gets an exact resize to them.
+struct DataConfig {
+  std::string preset;                     ///< "" or imagenet | paddleocr_rec | paddleocr_det | yolo
+  std::string fit;                        ///< "" (none), shorter, exact, height, longer, letterbox
+  std::vector<std::int64_t> resize;       ///< {N} or {H, W}
+  std::vector<std::int64_t> center_crop;  ///< {} or {H, W}
+  std::int64_t multiple = 1;              ///< fit = "longer": sides rounded to a multiple of this
+  double pad_value = 0;                   ///< pixel value (0..255) of padding
+  bool antialias = true;                  ///< bilinear with antialiasing (PIL, torchvision); false: OpenCV's
+  std::string channels = "RGB";           ///< RGB | BGR | GRAY
+  std::string layout = "auto";            ///< NCHW | NHWC | auto (from the model's input)
+  double scale = 1.0 / 255;
+  std::vector<double> mean{0}, std{1};  ///< one value, or one per channel
+  std::string undecodable = "error";    ///< error | skip (named in a warning)
+};
+
 /// Passes switched on or off in `[schedule]`, in the order they run. Simplify-stage passes
 /// run before conversion, fuse-stage passes after it, each group in this order.
 struct ScheduleEntry {
@@ -263,6 +292,7 @@ struct SPARSEBIT_API Config {
   bool quantization_given = false;                    ///< the file has [w] or [a] (a prune run then quantizes too)
   ExportConfig export_options;                        ///< [export]
   LatencyConfig latency;                              ///< [latency]
+  std::optional<DataConfig> data;                     ///< [data]: how image files become input
   bool weight_only = false;  ///< [w] without [a]: activations stay float (Note [Weight-only quantization])
   PluginSearch plugins;
   std::vector<ScheduleEntry> schedule{{"remove_identity", true},

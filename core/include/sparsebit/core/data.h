@@ -4,7 +4,9 @@
 ///   - a folder of .npy files, each one sample or one batch for a single-input model;
 ///   - the ONNX test-data layout: a folder of test_data_set_*/input_<i>.pb (or one such set),
 ///     for models with several inputs;
-///   - an IDX file (MNIST format, plain or gzip), scaled from uint8 to [0, 1].
+///   - an IDX file (MNIST format, plain or gzip), scaled from uint8 to [0, 1];
+///   - a folder of JPEG, PNG or BMP images (or one such file), made into samples as the
+///     config's [data] table says (Note [Image data]).
 /// Every sample is checked against the model's inputs (element type, rank, fixed dims) and for
 /// NaN/Inf, and errors name the file.
 
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsebit/core/config.h"
 #include "sparsebit/sdk/graph.h"
 
 namespace sparsebit {
@@ -59,8 +62,39 @@ class SPARSEBIT_API Dataset {
   virtual std::optional<Batch> next() = 0;
 };
 
-/// Opens PATH in whichever of the layouts above it is, for a model with `inputs`.
-SPARSEBIT_API std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs);
+/// Opens PATH in whichever of the layouts above it is, for a model with `inputs`; images are read
+/// as `images` says (none: a folder of images is refused with a word on [data]).
+SPARSEBIT_API std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::vector<ValueInfo>& inputs,
+                                                    const DataConfig* images = nullptr);
+
+/// Whether PATH names an image file (.jpg, .jpeg, .png, .bmp in any case).
+SPARSEBIT_API bool is_image_file(const std::string& path);
+
+/// What a model input asks of its images: the layout, and the exact size when [data] sets no fit.
+struct ImageInput {
+  bool nhwc = false;
+  std::vector<std::int64_t> model_hw;  ///< {H, W}, or empty: the fit (or the image) decides
+};
+/// The layout and size for `input` (rank 4); refuses channels the input cannot take.
+SPARSEBIT_API ImageInput image_input(const DataConfig& data, const ValueInfo& input);
+/// One image file as a [1, C, H, W] (or [1, H, W, C]) float sample; errors name the file.
+SPARSEBIT_API at::Tensor read_image(const std::string& path, const DataConfig& data, const ImageInput& input);
+
+/// Image files, one sample each, in the order given.
+class SPARSEBIT_API ImageDataset final : public Dataset {
+ public:
+  ImageDataset(std::vector<std::string> files, std::string folder, DataConfig data, ImageInput input);
+  std::string describe() const override;
+  std::optional<std::int64_t> num_samples() const override { return std::nullopt; }
+  std::optional<Batch> next() override;
+
+ private:
+  std::vector<std::string> files_;
+  std::string folder_;
+  DataConfig data_;
+  ImageInput input_;
+  std::size_t pos_ = 0, skipped_ = 0;
+};
 
 /// Opens a dataset afresh (from its first sample) for a model with `inputs`.
 using DatasetOpener = std::function<std::unique_ptr<Dataset>(const std::vector<ValueInfo>& inputs)>;
@@ -89,10 +123,14 @@ class SPARSEBIT_API DataSource {
   std::string identity() const;
   /// A fresh dataset from the first sample; errors name the source.
   std::unique_ptr<Dataset> open(const std::vector<ValueInfo>& inputs) const;
+  /// This source with images read as `images` says (a config's [data]); an application's
+  /// opener, or a source that already has its [data], is returned as it is.
+  DataSource with_images(const std::optional<DataConfig>& images) const;
 
  private:
   std::string path_, name_;
   DatasetOpener opener_;
+  std::shared_ptr<const DataConfig> images_;
 };
 
 /// Inputs for one sample: the first sample of `calib` when given, else drawn from the model's
