@@ -221,3 +221,8 @@ def test_fashion_mnist_as_png_calibrates_as_its_idx_file(tmp_path):
     assert len(scales["idx"]) > 5
     assert scales["png"] == scales["idx"]
     assert (tmp_path / "png.onnx").read_bytes() == (tmp_path / "idx.onnx").read_bytes()
+    # The Python package reads the folder through the same [data] table.
+    qm = sparsebit.QuantModel(CNN, str(cfg))
+    qm.calibrate(str(tmp_path / "png"))
+    qm.export(str(tmp_path / "python.onnx"))
+    assert (tmp_path / "python.onnx").read_bytes() == (tmp_path / "idx.onnx").read_bytes()
