@@ -452,6 +452,49 @@ TEST_F(Hardening, ModelsNewerThanTheExecutorOrInconsistentAreRefusedAtLoad) {
   EXPECT_NE(why.find("graph output '"), std::string::npos) << why;
 }
 
+// Note [Declarations checked at import]: impossible dimensions and declarations that contradict
+// each other are refused with the value named; -1, older exporters' open dimension, is read.
+TEST_F(Hardening, DeclarationsThatContradictThemselvesAreRefusedAtLoad) {
+  auto load = [&](const onnx::ModelProto& m) {
+    const std::string path = (work_.path() / "declared.onnx").string();
+    std::ofstream(path, std::ios::binary) << m.SerializeAsString();
+    return testing::error_of([&] { load_onnx(path, ImportOptions{0, &testing::shipped_registry()}); });
+  };
+  onnx::ModelProto m = fixture_proto();
+  const std::string input = m.graph().input(0).name();
+  auto* dim =
+      m.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(2);
+  dim->set_dim_value(-5);
+  std::string why = load(m);
+  EXPECT_NE(why.find("graph input '" + input + "' declares dimension 2 as -5"), std::string::npos) << why;
+  dim->set_dim_value(-1);  // read as open: loads
+  const std::string path = (work_.path() / "open.onnx").string();
+  std::ofstream(path, std::ios::binary) << m.SerializeAsString();
+  EXPECT_NO_THROW(load_onnx(path, ImportOptions{0, &testing::shipped_registry()}));
+  m = fixture_proto();
+  auto* info = m.mutable_graph()->add_value_info();
+  *info = m.graph().output(0);
+  info->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+  why = load(m);
+  EXPECT_NE(why.find("value_info '" + m.graph().output(0).name() + "' contradicts its declaration as graph output"),
+            std::string::npos)
+      << why;
+  // A fixed batch of 0 takes no sample: refused before calibrating, not fed batches of 1 to 4.
+  m = fixture_proto();
+  m.mutable_graph()
+      ->mutable_input(0)
+      ->mutable_type()
+      ->mutable_tensor_type()
+      ->mutable_shape()
+      ->mutable_dim(0)
+      ->set_dim_value(0);
+  const std::string zero = (work_.path() / "zero_batch.onnx").string();
+  std::ofstream(zero, std::ios::binary) << m.SerializeAsString();
+  expect_one_line_error(run_cli("quantize " + zero + " -c " + config_ + " --calib " + kImages + " --calib-count 8 -o " +
+                                (work_.path() / "q.onnx").string()),
+                        {"declares a batch dimension of 0"});
+}
+
 TEST_F(Hardening, MessagesSayWhatIsWrongWhereItIs) {
   const std::string q = " -o " + (work_.path() / "q.onnx").string();
   expect_one_line_error(run_cli("quantize " + model_ + " -c " + config_ + " --calib /dev/zero" + q),

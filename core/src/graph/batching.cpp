@@ -42,6 +42,10 @@ Batcher::Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const ValueInfo& in = inputs[i];
     if (other_axis_[i]) continue;
+    if (in.has_shape && !in.shape.empty() && in.shape[0].value == 0)
+      throw Error("model input '" + in.name +
+                  "' declares a batch dimension of 0: no sample fits it (re-export the model with a batch of 1 "
+                  "or a named, open batch dimension)");
     // A model exported with a fixed batch (1 for most detectors with NonMaxSuppression, TF and
     // Paddle exports) cannot take larger batches: its Reshapes name the batch size.
     if (in.has_shape && !in.shape.empty() && in.shape[0].value > 0 && in.shape[0].value < batch_size_) {

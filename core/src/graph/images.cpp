@@ -27,7 +27,8 @@ std::vector<unsigned char> read_file(const std::string& path) {
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
   if (ec) throw Error(path + ": cannot be read: " + ec.message());
-  if (size > kMaxImageFileBytes) throw Error(path + ": " + std::to_string(size) + " bytes is larger than an image may be (1 GiB)");
+  if (size > kMaxImageFileBytes)
+    throw Error(path + ": " + std::to_string(size) + " bytes is larger than an image may be (1 GiB)");
   std::vector<unsigned char> bytes(size);
   std::ifstream in(path, std::ios::binary);
   if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)))
@@ -96,8 +97,7 @@ at::Tensor fit(const at::Tensor& x, const DataConfig& d, const std::vector<std::
     return padded(resized(x, r[0], width, d.antialias), 0, r[1] - width, 0, 0, d.pad_value);
   }
   if (d.fit == "longer") {  // PaddleOCR's detector: shrunk to the limit, sides rounded to the multiple
-    const double ratio =
-        std::max(h, w) > r[0] ? static_cast<double>(r[0]) / static_cast<double>(std::max(h, w)) : 1.0;
+    const double ratio = std::max(h, w) > r[0] ? static_cast<double>(r[0]) / static_cast<double>(std::max(h, w)) : 1.0;
     auto side = [&](std::int64_t s) {
       const auto scaled = static_cast<std::int64_t>(static_cast<double>(s) * ratio);
       return std::max(round_half_even(static_cast<double>(scaled) / static_cast<double>(d.multiple)) * d.multiple,
@@ -106,8 +106,8 @@ at::Tensor fit(const at::Tensor& x, const DataConfig& d, const std::vector<std::
     return resized(x, side(h), side(w), d.antialias);
   }
   // letterbox (YOLO): scaled to fit, centred, the margin split with the odd pixel below and right
-  const double scale = std::min(static_cast<double>(r[0]) / static_cast<double>(h),
-                                static_cast<double>(r[1]) / static_cast<double>(w));
+  const double scale =
+      std::min(static_cast<double>(r[0]) / static_cast<double>(h), static_cast<double>(r[1]) / static_cast<double>(w));
   const std::int64_t nh = std::clamp<std::int64_t>(round_half_even(static_cast<double>(h) * scale), 1, r[0]);
   const std::int64_t nw = std::clamp<std::int64_t>(round_half_even(static_cast<double>(w) * scale), 1, r[1]);
   const double dh = static_cast<double>(r[0] - nh) / 2, dw = static_cast<double>(r[1] - nw) / 2;
@@ -150,8 +150,8 @@ ImageInput image_input(const DataConfig& data, const ValueInfo& input) {
   if (input.has_shape && input.shape.size() != 4)
     throw Error("[data] makes images into [N, C, H, W] or [N, H, W, C] samples; the model's input '" + input.name +
                 "' has rank " + std::to_string(input.shape.size()));
-  in.nhwc = data.layout == "NHWC" ||
-            (data.layout == "auto" && !(dim(1) == 1 || dim(1) == 3) && (dim(3) == 1 || dim(3) == 3));
+  in.nhwc =
+      data.layout == "NHWC" || (data.layout == "auto" && !(dim(1) == 1 || dim(1) == 3) && (dim(3) == 1 || dim(3) == 3));
   const std::int64_t channels = data.channels == "GRAY" ? 1 : 3;
   const std::int64_t declared = dim(in.nhwc ? 3 : 1);
   if (declared > 0 && declared != channels)
@@ -194,7 +194,8 @@ std::optional<Batch> ImageDataset::next() {
       ++skipped_;
     }
   }
-  if (skipped_ == files_.size()) throw Error(folder_ + ": none of its " + std::to_string(files_.size()) + " image(s) could be decoded");
+  if (skipped_ == files_.size())
+    throw Error(folder_ + ": none of its " + std::to_string(files_.size()) + " image(s) could be decoded");
   return std::nullopt;
 }
 

@@ -249,6 +249,51 @@ void check_float8_readers(const Graph& g) {
                   "' holds float8 values, which the executor does not return; end the graph with a DequantizeLinear");
 }
 
+/// Note [Declarations checked at import]
+/// The main graph's declared inputs, outputs and value_info are checked before anything is built
+/// from them: a dimension below -1 (-1 is older exporters' word for an open dimension, read so)
+/// and two declarations of one value that disagree on its element type or on a fixed dimension
+/// are refused with the value named, rather than written into the export for a runtime to trip
+/// over.
+void check_declarations(const onnx::GraphProto& gp, const std::string& name) {
+  std::map<std::string, std::pair<const onnx::ValueInfoProto*, const char*>> seen;
+  auto check = [&](const onnx::ValueInfoProto& v, const char* what) {
+    if (!v.type().has_tensor_type()) return;
+    const auto& tt = v.type().tensor_type();
+    for (int d = 0; d < tt.shape().dim_size(); ++d)
+      if (tt.shape().dim(d).has_dim_value() && tt.shape().dim(d).dim_value() < -1)
+        throw Error(name + ": " + what + " '" + printable(v.name()) + "' declares dimension " + std::to_string(d) +
+                    " as " + std::to_string(tt.shape().dim(d).dim_value()) +
+                    "; a dimension is a size (0 or more) or a name (-1 is read as open)");
+    auto [it, fresh] = seen.try_emplace(v.name(), &v, what);
+    if (fresh || !it->second.first->type().has_tensor_type()) return;
+    const auto& before = it->second.first->type().tensor_type();
+    const auto contradiction = [&](const std::string& why) {
+      throw Error(name + ": " + what + " '" + printable(v.name()) + "' contradicts its declaration as " +
+                  it->second.second + ": " + why +
+                  " (fix or drop one of them; onnx.shape_inference rewrites value_info)");
+    };
+    if (before.elem_type() != 0 && tt.elem_type() != 0 && before.elem_type() != tt.elem_type())
+      contradiction("element type " + std::to_string(tt.elem_type()) + " against " +
+                    std::to_string(before.elem_type()));
+    if (before.has_shape() && tt.has_shape()) {
+      if (before.shape().dim_size() != tt.shape().dim_size())
+        contradiction("rank " + std::to_string(tt.shape().dim_size()) + " against " +
+                      std::to_string(before.shape().dim_size()));
+      for (int d = 0; d < tt.shape().dim_size(); ++d) {
+        const auto &a = tt.shape().dim(d), &b = before.shape().dim(d);
+        if (a.has_dim_value() && b.has_dim_value() && a.dim_value() >= 0 && b.dim_value() >= 0 &&
+            a.dim_value() != b.dim_value())
+          contradiction("dimension " + std::to_string(d) + " of " + std::to_string(a.dim_value()) + " against " +
+                        std::to_string(b.dim_value()));
+      }
+    }
+  };
+  for (const auto& v : gp.input()) check(v, "graph input");
+  for (const auto& v : gp.output()) check(v, "graph output");
+  for (const auto& v : gp.value_info()) check(v, "value_info");
+}
+
 Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const ImportOptions& options) {
   if (!proto.has_graph()) throw Error(name + ": the ONNX model has no graph");
   Model model;
@@ -274,6 +319,7 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
                   std::to_string(kMinLiftableOpset) + " with ONNX's version converter");
     proto = convert_isolated(proto, kMinLiftableOpset, name, model.meta.source_opset);
   }
+  check_declarations(proto.graph(), name);
   for (const auto& v : proto.graph().value_info()) model.meta.value_info.push_back(value_info_from_proto(v));
 
   const fs::path base = fs::path(name).parent_path();
