@@ -13,8 +13,10 @@ and measures them in ONNX Runtime (bench/llm/ort_perplexity.mjs). Prints a Markd
 --group sets the group size (128); --methods keeps the methods whose names contain one of the
 given strings (e.g. "INT4 g128 RTN,GPTQ"). --check (the CI run on the small model) fails unless
 GPTQ at most halves RTN's perplexity increase and both ONNX Runtime formats reproduce the
-simulated perplexity within 0.5%; with --check-awq AWQ must halve it too (symmetric against
-symmetric RTN, with zero points against RTN with zero points).
+simulated perplexity within 0.5%, and every GPTQ and AWQ method stay at least as close to FP32's
+predictions on the held-out text (KL divergence per byte) as RTN on the same grid; with
+--check-awq AWQ must halve RTN's perplexity increase too (symmetric against symmetric RTN, with
+zero points against RTN with zero points).
 """
 import argparse
 import glob
@@ -51,12 +53,22 @@ def methods(group):
     ]]
 
 
-def perplexity(logits, tokens):
+def log_probs(logits):
     z = logits[:, :-1].astype(np.float64)
     z = z - z.max(-1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-    nll = -np.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def perplexity(logits, tokens):
+    nll = -np.take_along_axis(log_probs(logits), tokens[:, 1:, None], -1).mean()
     return float(np.exp(nll))
+
+
+def divergence(fp32_log_probs, logits):
+    """Mean KL(FP32 || quantized) per predicted byte: how far the quantized model's predictions
+    moved from the float model's on the held-out text, whatever the text's next byte is."""
+    q = log_probs(logits)
+    return float((np.exp(fp32_log_probs) * (fp32_log_probs - q)).sum(-1).mean())
 
 
 def ort_perplexity(model, eval_dir, optimization="all"):
@@ -80,7 +92,9 @@ class LanguageModel:
         self.tokens = np.stack([np.load(f) for f in sorted(glob.glob(os.path.join(self.eval_dir, "*.npy")))])
         self.model = sparsebit.load(self.model_path)
         fp = sparsebit.QuantModel(self.model, sparsebit.Config({"w": {"bits": 8}}), calib=self.calib)
-        self.fp32_perplexity = perplexity(np.asarray(fp.forward(self.tokens, quantized=False)), self.tokens)
+        fp32_logits = np.asarray(fp.forward(self.tokens, quantized=False))
+        self.fp32_perplexity = perplexity(fp32_logits, self.tokens)
+        self.fp32_log_probs = log_probs(fp32_logits)
 
 
 def main():
@@ -102,7 +116,7 @@ def main():
                                                              lm.eval_dir, lm.tokens)
     rows = []
     fp_ppl = lm.fp32_perplexity
-    rows.append({"method": "FP32", "sparsebit": fp_ppl, "ort_dq": ort_perplexity(model_path, eval_dir),
+    rows.append({"method": "FP32", "sparsebit": fp_ppl, "kl": 0.0, "ort_dq": ort_perplexity(model_path, eval_dir),
                  "ort_nbits": None, "seconds": 0.0})
     work = os.path.join(a.lm_dir, "quantized")
     os.makedirs(work, exist_ok=True)
@@ -112,11 +126,14 @@ def main():
         qm = sparsebit.QuantModel(model, sparsebit.Config(cfg), calib=calib)
         qm.calibrate(calib)
         seconds = time.time() - start
-        sim = perplexity(np.asarray(qm.forward(tokens, quantized=True)), tokens)
+        logits = np.asarray(qm.forward(tokens, quantized=True))
+        sim = perplexity(logits, tokens)
+        kl = divergence(lm.fp32_log_probs, logits)
         tag = name.replace(" ", "_").replace("+", "").replace("__", "_").lower()
         dq_path = os.path.join(work, tag + "_dq.onnx")
         qm.export(dq_path)
-        row = {"method": name, "sparsebit": sim, "ort_dq": ort_perplexity(dq_path, eval_dir), "seconds": seconds}
+        row = {"method": name, "sparsebit": sim, "kl": kl, "ort_dq": ort_perplexity(dq_path, eval_dir),
+               "seconds": seconds}
         nbits = sparsebit.QuantModel(model, sparsebit.Config(dict(cfg, export={"weight_format": "matmul_nbits"})),
                                      calib=calib)
         nbits.calibrate(calib)
@@ -128,12 +145,12 @@ def main():
     print(f"model: {info['parameters']} parameters (d {info['d_model']}, {info['layers']} layers), "
           f"{len(tokens)} held-out windows of {tokens.shape[1]} bytes")
     print("| method | Sparsebit simulation | ONNX Runtime, DequantizeLinear | ONNX Runtime, MatMulNBits | "
-          "increase over FP32 | calibration s |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "increase over FP32 | KL to FP32 (1e-3 nats/byte) | calibration s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         nb = "" if r["ort_nbits"] is None else f"{r['ort_nbits']:.4f}"
         print(f"| {r['method']} | {r['sparsebit']:.4f} | {r['ort_dq']:.4f} | {nb} | "
-              f"{r['sparsebit'] - fp_ppl:+.4f} | {r['seconds']:.2f} |")
+              f"{r['sparsebit'] - fp_ppl:+.4f} | {1e3 * r['kl']:.3f} | {r['seconds']:.2f} |")
     if a.out:
         json.dump({"info": info, "rows": rows}, open(a.out, "w"), indent=1)
     if a.check or a.check_awq:
@@ -146,6 +163,14 @@ def main():
         for method, baseline in pairs:
             if not by[method] <= 0.5 * by[baseline]:
                 failures.append(f"{method}'s increase {by[method]:.4f} is more than half of {baseline}'s {by[baseline]:.4f}")
+        # Every method that searches (GPTQ, AWQ) stays at least as close to FP32's predictions on
+        # the held-out text as round to nearest on the same grid.
+        kl = {r["method"]: r["kl"] for r in rows}
+        for method in kl:
+            rtn = method.split(" g")[0] + f" g{g} RTN"
+            if ("GPTQ" in method or "AWQ" in method) and "embedding" not in method and rtn in kl:
+                if not kl[method] <= kl[rtn]:
+                    failures.append(f"{method}: KL to FP32 {kl[method]:.3e} is above {rtn}'s {kl[rtn]:.3e}")
         for r in rows[1:]:
             for key in ("ort_dq", "ort_nbits"):
                 if abs(r[key] / r["sparsebit"] - 1) > 0.005:
