@@ -307,44 +307,46 @@ void read_data(const Reader& r, const toml::table* t, Config& c) {
     }
     return v;
   };
+  // A key given as one value or a list of them, each taken by `take` (false: refused with `form`);
+  // false when the key is absent.
+  auto one_or_list = [&](const char* key, const std::string& form, const auto& take) {
+    const toml::node* n = t->get(key);
+    if (!n) return false;
+    if (const auto* a = n->as_array()) {
+      for (const auto& e : *a)
+        if (!take(e)) throw Error(form);
+    } else if (!take(*n)) {
+      throw Error(form);
+    }
+    return true;
+  };
   // A size: N or [H, W], each 1 to 65536.
   auto sizes = [&](const char* key, std::vector<std::int64_t> value, bool pair_only) {
-    const toml::node* n = t->get(key);
-    if (!n) return value;
     const std::string form = r.key_path("data", key) + " must be N or [height, width] with sizes 1 to 65536";
-    value.clear();
-    if (const auto* a = n->as_array()) {
-      for (const auto& e : *a)
-        if (auto v = e.value<std::int64_t>(); v && e.is_integer()) value.push_back(*v);
-        else throw Error(form);
-      if (value.size() != 2) throw Error(form);
-    } else if (auto v = n->value<std::int64_t>(); v && n->is_integer()) {
-      value = {*v};
-    } else {
-      throw Error(form);
-    }
-    for (auto v : value)
-      if (v < 1 || v > 65536) throw Error(form);
-    if (pair_only && value.size() == 1) value = {value[0], value[0]};
-    return value;
+    std::vector<std::int64_t> got;
+    const bool given = one_or_list(key, form, [&](const toml::node& e) {
+      const auto v = e.value<std::int64_t>();
+      if (!v || !e.is_integer() || *v < 1 || *v > 65536) return false;
+      got.push_back(*v);
+      return true;
+    });
+    if (!given) return value;
+    if (t->get(key)->is_array() ? got.size() != 2 : got.size() != 1) throw Error(form);
+    if (pair_only && got.size() == 1) got = {got[0], got[0]};
+    return got;
   };
   auto numbers = [&](const char* key, std::vector<double> value) {
-    const toml::node* n = t->get(key);
-    if (!n) return value;
     const std::string form = r.key_path("data", key) + " must be a number or a list of one number per channel";
-    value.clear();
-    if (const auto* a = n->as_array()) {
-      for (const auto& e : *a)
-        if (auto v = e.value<double>(); v && std::isfinite(*v) && (e.is_floating_point() || e.is_integer()))
-          value.push_back(*v);
-        else throw Error(form);
-    } else if (auto v = n->value<double>(); v && std::isfinite(*v) && (n->is_floating_point() || n->is_integer())) {
-      value = {*v};
-    } else {
-      throw Error(form);
-    }
-    if (value.empty() || value.size() > 4) throw Error(form);
-    return value;
+    std::vector<double> got;
+    const bool given = one_or_list(key, form, [&](const toml::node& e) {
+      const auto v = e.value<double>();
+      if (!v || !std::isfinite(*v) || !(e.is_floating_point() || e.is_integer())) return false;
+      got.push_back(*v);
+      return true;
+    });
+    if (!given) return value;
+    if (got.empty() || got.size() > 4) throw Error(form);
+    return got;
   };
   d.fit = one_of("fit", d.fit, {"", "shorter", "exact", "height", "longer", "letterbox"});
   d.resize = sizes("resize", d.resize, false);
