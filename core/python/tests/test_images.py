@@ -93,8 +93,10 @@ def test_jpeg_differs_from_pils_decoding_only_by_the_decoders_rounding(tmp_path,
     got = model.samples(str(pictures / "jpg"), config=config(tmp_path, '[data]\npreset = "imagenet"\n'))
     for g, f in zip(got, files(pictures / "jpg")):
         diff = np.abs(g - imagenet_reference(f)) * np.array(IMAGENET_STD).reshape(1, 3, 1, 1) * 255
-        assert diff.mean() < 1.0  # pixel levels: two JPEG decoders' IDCTs and chroma upsampling differ
-        assert diff.max() < 12
+        # Pixel levels: two JPEG decoders' IDCTs and chroma upsampling differ (measured: mean 0.07,
+        # largest 2.8 on these images).
+        assert diff.mean() < 0.3
+        assert diff.max() < 5
 
 
 def paddle_rec_reference(path):
