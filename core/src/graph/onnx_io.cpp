@@ -265,8 +265,9 @@ void check_declarations(const onnx::GraphProto& gp, const std::string& name) {
         throw Error(name + ": " + what + " '" + printable(v.name()) + "' declares dimension " + std::to_string(d) +
                     " as " + std::to_string(tt.shape().dim(d).dim_value()) +
                     "; a dimension is a size (0 or more) or a name (-1 is read as open)");
-    auto [it, fresh] = seen.try_emplace(v.name(), &v, what);
-    if (fresh || !it->second.first->type().has_tensor_type()) return;
+    const auto emplaced = seen.try_emplace(v.name(), &v, what);
+    const auto it = emplaced.first;  // not a structured binding: the lambda below uses it
+    if (emplaced.second || !it->second.first->type().has_tensor_type()) return;
     const auto& before = it->second.first->type().tensor_type();
     const auto contradiction = [&](const std::string& why) {
       throw Error(name + ": " + what + " '" + printable(v.name()) + "' contradicts its declaration as " +
