@@ -392,9 +392,9 @@ TEST(Data, DataTableKeysAreCheckedAndPresetsFillTheRest) {
       {"[data]\nchannels = \"RGBA\"\n", "must be one of RGB, BGR, GRAY"},
       {"[data]\nlayuot = \"NHWC\"\n", "did you mean 'layout'"},
       {"[data]\nscale = 0\n", "scale must not be 0"}};
-  for (const auto& [text, want] : bad) {
-    const std::string e = error_of([&] { Config::from_string(text, "d.toml"); });
-    EXPECT_NE(e.find(want), std::string::npos) << text << " -> " << e;
+  for (const auto& entry : bad) {
+    const std::string e = error_of([&] { Config::from_string(entry.first, "d.toml"); });
+    EXPECT_NE(e.find(entry.second), std::string::npos) << entry.first << " -> " << e;
   }
 }
 
