@@ -348,6 +348,18 @@ TEST(Data, MismatchedShapeTypeEmptyAndNanAreClearErrors) {
   EXPECT_NE(e.find("not a calibration format"), std::string::npos) << e;
 }
 
+// A record of no samples among others is skipped (and named in a warning), not joined.
+TEST(Data, RecordsOfNoSamplesAreSkipped) {
+  TempDir dir;
+  write_npy(at::rand({0, 1, 28, 28}), dir / "a_empty.npy");
+  write_npy(at::rand({3, 1, 28, 28}), dir / "b.npy");
+  write_npy(at::rand({0, 1, 28, 28}), dir / "c_empty.npy");
+  auto data = open_dataset(dir.path().string(), image_input());
+  std::vector<std::int64_t> sizes;
+  EXPECT_EQ(drain(*data, image_input(), 8, 0, &sizes), 3);
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{3}));
+}
+
 // Note [Image data]: what the reader refuses, before any pixel is allocated, and the config's words.
 TEST(Data, ImagesNeedADataTableAndHugeOrBrokenOnesAreRefusedByName) {
   TempDir dir;

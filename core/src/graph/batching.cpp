@@ -171,6 +171,10 @@ std::optional<Batch> Batcher::next(const BatchShare& share) {
         if (!scalar_[i] && !other_axis_[i] && part.inputs[i].size(0) != part.inputs[lead_].size(0))
           throw Error(rec->source + ": inputs have different batch sizes");
       part.source = rec->source;
+      if (lead_ != std::string::npos && !whole_records_ && part.inputs[lead_].size(0) == 0) {
+        sdk::log_warn(rec->source + ": holds no samples (shape " + c10::str(part.inputs[lead_].sizes()) + "); skipped");
+        continue;
+      }
     }
     if (!pending_.empty() && (whole_records_ || !same_sizes(pending_.front().inputs, part.inputs))) {
       held_ = std::move(part);
