@@ -26,6 +26,7 @@ struct GlobalOptions {
   int verbose = 0;
   bool quiet = false;
   int threads = 0;
+  std::string memory_limit;  // Note [Memory limit]; empty: the default
 };
 
 /// A subcommand and what runs when it was given (its arguments live in the closure).

@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", g.quiet, "Only warnings and errors");
   app.add_option("--threads", g.threads, "Intra-op threads for LibTorch (default and most: all cores)")
       ->check(kPositiveInt);
+  app.add_option("--memory-limit", g.memory_limit,
+                 "Largest CPU memory the run's tensors may take, as 8GiB, 512MiB or 75% (default: 90% of this "
+                 "machine's memory); a node that would pass it is refused by name");
 
   const std::vector<Command> commands = {add_quantize(app, g), add_plugins(app), add_inspect(app),  add_simplify(app),
                                          add_profile(app, g),  add_qat(app, g),  add_prune(app, g), add_config(app)};
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
   try {
     setup_logging(g);
     sb::install_caching_cpu_allocator();  // Note [Caching CPU allocator]
+    if (!g.memory_limit.empty()) sb::set_memory_limit(sb::parse_memory_size(g.memory_limit, "--memory-limit"));
     std::string command = "sparsebit";
     for (int i = 1; i < argc && command.size() < 300; ++i) command += std::string(" ") + argv[i];
     sb::install_interrupt_cleanup(command);  // Note [Interrupted runs]
@@ -64,6 +68,9 @@ int main(int argc, char** argv) {
     return fail(e.what());
   } catch (const c10::Error& e) {
     return fail(e.what_without_backtrace());
+  } catch (const sb::MemoryLimitExceeded& e) {
+    return fail(e.what() +
+                std::string("; try a smaller --batch-size, or raise the limit if the machine has the memory"));
   } catch (const std::bad_alloc&) {
     return fail("out of memory; try a smaller --batch-size");
   } catch (const std::exception& e) {

@@ -34,6 +34,7 @@
 #include "torch_bridge.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
+#include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/distributed.h"
 #include "sparsebit/core/onnx_io.h"
@@ -82,6 +83,23 @@ std::optional<sb::InputRole> role_of(const std::optional<std::string>& role) {
   if (*role == "weight") return sb::InputRole::kWeight;
   if (*role == "bias") return sb::InputRole::kBias;
   throw sb::Error("role '" + *role + "' is none of activation, weight, bias");
+}
+
+/// forward() runs what the model computes for inputs it can take: the exported model is
+/// refused by a runtime for a tensor of another rank or fixed dimension, so the simulation is too.
+void check_declared_shape(const at::Tensor& x, const sb::ValueInfo& in) {
+  if (!in.has_shape || x.is_nested()) return;
+  std::string declared;
+  for (const auto& d : in.shape)
+    declared += (declared.empty() ? "" : ", ") + (d.value >= 0      ? std::to_string(d.value)
+                                                  : d.param.empty() ? "?"
+                                                                    : d.param);
+  bool fits = x.dim() == static_cast<std::int64_t>(in.shape.size());
+  for (std::size_t i = 0; fits && i < in.shape.size(); ++i)
+    fits = in.shape[i].value < 0 || x.size(static_cast<std::int64_t>(i)) == in.shape[i].value;
+  if (!fits)
+    throw sb::Error("forward(): the input '" + sb::printable(in.name, 80) + "' has shape " + c10::str(x.sizes()) +
+                    ", the model declares [" + declared + "]; a runtime refuses it too");
 }
 
 class PyQuantModel {
@@ -144,6 +162,7 @@ class PyQuantModel {
       if (args.size() == 1) xs = inputs_of(args[0], inputs, "forward()");
       else xs = inputs_of(py::tuple(args), inputs, "forward()");
     }
+    for (std::size_t i = 0; i < xs.size() && i < inputs.size(); ++i) check_declared_shape(xs[i], inputs[i]);
     if (quantized && !calibrated_) throw sb::Error("forward(quantized=True) needs calibrate() first");
     const bool autograd = qat_ && at::GradMode::is_enabled();
     std::vector<at::Tensor> ys = without_gil([&] {
@@ -345,6 +364,7 @@ PYBIND11_MODULE(_sparsebit, m) {
   m.doc() = "Sparsebit: quantize ONNX models to low-bit QDQ ONNX (the C++ library's pipeline)";
   sb::escape_log_messages();                        // until set_log_level() chooses a logger, the default one's too
   pthread_atfork(nullptr, nullptr, on_fork_child);  // Note [Forked after a run]
+  sb::install_memory_limit();                       // Note [Memory limit]; the cache stays the command's
   // Workers started by torchrun share the host's cores from the start (Note [Threads per process]).
   if (const char* local = std::getenv("LOCAL_WORLD_SIZE"); local && std::atoi(local) > 1)
     at::set_num_threads(sb::choose_threads(0).threads);
@@ -361,6 +381,10 @@ PYBIND11_MODULE(_sparsebit, m) {
       error(sb::one_line_message(e.what()).c_str());
     } catch (const c10::Error& e) {
       error(sb::printable(e.what_without_backtrace(), 4000).c_str());
+    } catch (const sb::MemoryLimitExceeded& e) {
+      error((e.what() + std::string("; try a smaller batch size, or sparsebit.set_memory_limit() if the machine "
+                                    "has the memory"))
+                .c_str());
     } catch (const std::bad_alloc&) {
       error("out of memory; try a smaller batch size");
     } catch (const std::exception& e) {
@@ -499,4 +523,22 @@ PYBIND11_MODULE(_sparsebit, m) {
   m.def(
       "threads", [] { return at::get_num_threads(); }, "The LibTorch threads calibration and training use");
   m.def("set_log_level", &set_log_level, py::arg("level"));
+  m.def(
+      "set_memory_limit",
+      [](const py::object& size) {
+        if (size.is_none()) return sb::set_memory_limit(0);
+        if (py::isinstance<py::bool_>(size)) throw sb::Error("set_memory_limit: give bytes or a size such as '8GiB'");
+        if (py::isinstance<py::int_>(size)) {
+          const long long bytes = size.cast<long long>();
+          if (bytes < (1LL << 20))
+            throw sb::Error("set_memory_limit: " + std::to_string(bytes) +
+                            " bytes is less than 1 MiB; no run fits in it");
+          return sb::set_memory_limit(static_cast<std::size_t>(bytes));
+        }
+        sb::set_memory_limit(sb::parse_memory_size(size.cast<std::string>(), "set_memory_limit"));
+      },
+      py::arg("size"),
+      "Largest CPU memory tensors may take: bytes, or '8GiB', '512MiB', '75%'; None restores the default "
+      "(90% of this machine's memory). A node that would pass it is refused by name");
+  m.def("memory_limit", &sb::memory_limit, "The memory limit in force, in bytes");
 }

@@ -11,6 +11,7 @@
 
 #include <csignal>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -622,6 +623,119 @@ TEST_F(Hardening, Float64ModelsAreRefusedAtExportNotWrittenInvalid) {
         {"of node 'fc", "float64", "convert the model to float32"});
     EXPECT_FALSE(fs::exists(out)) << config;
   }
+}
+
+// Sizes a model computes at run time (Note [Memory limit]): each op below asks for about 10^12
+// elements from a tiny file, more than any machine's memory. Every one is refused before it is
+// allocated, naming the node and the limit's flag (they used to allocate until the machine ran
+// out, or stop at a bare std::bad_alloc). A modest size passes the default limit and is refused
+// under a lower --memory-limit, so the check is the limit and not a size rule.
+TEST_F(Hardening, SizesComputedAtRunTimeAreCheckedAgainstTheMemoryLimitBeforeAllocation) {
+  using testing::make_node;
+  const std::int64_t M = 1000000;
+  auto i64 = [](std::vector<std::int64_t> v) { return at::tensor(v, at::kLong); };
+  struct Case {
+    std::string op;
+    std::int64_t opset;
+    std::function<void(Graph&)> build;  // from h4 [N, 8, 1, 1] (or anything) to `big`
+  };
+  const std::vector<Case> cases = {
+      {"ConstantOfShape", 13,
+       [&](Graph& g) {
+         g.initializers["shape"] = i64({M, M});
+         g.append(make_node("huge", "ConstantOfShape", {"shape"}, {"big"}));
+       }},
+      {"Expand", 13,
+       [&](Graph& g) {
+         g.initializers["shape"] = i64({M, M, 1, 8, 1, 1});
+         g.append(make_node("huge", "Expand", {"h4", "shape"}, {"e"}));
+         g.append(make_node("after", "Relu", {"e"}, {"big"}));
+       }},
+      {"Tile", 13,
+       [&](Graph& g) {
+         g.initializers["repeats"] = i64({1, 1, M, M});
+         g.append(make_node("huge", "Tile", {"h4", "repeats"}, {"big"}));
+       }},
+      {"Pad", 13,
+       [&](Graph& g) {
+         g.initializers["pads"] = i64({0, 0, M, M, 0, 0, M, M});
+         g.append(make_node("huge", "Pad", {"h4", "pads"}, {"big"}));
+       }},
+      {"Resize", 13,
+       [&](Graph& g) {
+         g.initializers["scales"] = at::tensor({1.0f, 1.0f, 1e6f, 1e6f});
+         g.append(make_node("huge", "Resize", {"h4", "", "scales"}, {"big"}));
+       }},
+      {"Upsample", 9,
+       [&](Graph& g) {
+         g.initializers["scales"] = at::tensor({1.0f, 1.0f, 1e6f, 1e6f});
+         g.append(make_node("huge", "Upsample", {"h4", "scales"}, {"big"}));
+       }},
+      {"OneHot", 13,
+       [&](Graph& g) {
+         g.initializers["indices"] = i64({0, 1});
+         g.initializers["depth"] = i64({M * M});
+         g.initializers["values"] = at::tensor({0.0f, 1.0f});
+         g.append(make_node("huge", "OneHot", {"indices", "depth", "values"}, {"big"}));
+       }},
+      {"ConvTranspose", 13,
+       [&](Graph& g) {
+         g.initializers["wt"] = at::randn({8, 1, 2, 2});
+         g.append(
+             make_node("huge", "ConvTranspose", {"h4", "wt"}, {"big"}, {{"dilations", Attribute::of_ints({M, M})}}));
+       }},
+      {"Conv", 13,
+       [&](Graph& g) {
+         g.initializers["wc"] = at::randn({1, 8, 1, 1});
+         g.append(make_node("huge", "Conv", {"h4", "wc"}, {"big"}, {{"pads", Attribute::of_ints({M, M, M, M})}}));
+       }},
+  };
+  const fs::path data = samples(at::kFloat);
+  fs::copy_file(testing::source_path("configs/w8a8_onnxruntime.toml"), config_, fs::copy_options::overwrite_existing);
+  auto model = [&](const Case& c) {
+    Graph g;
+    g.opset_imports[""] = c.opset;
+    g.inputs = {{"x", 1, true, {{-1, "N"}, {16, ""}}, ""}};
+    const bool two_dims = c.op == "ConstantOfShape" || c.op == "OneHot";
+    const std::vector<Dim> big(two_dims ? 2 : c.op == "Expand" ? 6 : 4, Dim{-1, ""});
+    g.outputs = {{"y", 1, true, {{-1, "N"}, {8, ""}}, ""}, {"big", 1, true, big, ""}};
+    g.initializers["w"] = at::randn({8, 16});
+    g.initializers["b"] = at::zeros({8});
+    g.initializers["to4"] = i64({-1, 8, 1, 1});
+    g.append(make_node("fc", "Gemm", {"x", "w", "b"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
+    g.append(make_node("to4", "Reshape", {"y", "to4"}, {"h4"}));
+    c.build(g);
+    const std::string path = (work_.path() / (c.op + ".onnx")).string();
+    save_onnx(g, ModelMeta{}, path);
+    return path;
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.op);
+    const fs::path out = work_.path() / "q.onnx";
+    const auto r =
+        run_cli("quantize " + model(c) + " -c " + config_ + " --calib " + data.string() + " -o " + out.string());
+    expect_one_line_error(r, {"node 'huge'", c.op, "memory limit", "--memory-limit", "GiB"});
+    EXPECT_FALSE(fs::exists(out));
+  }
+
+  // 4096 x 4096 floats: 64 MiB, within any test machine's default limit, not within 16 MiB.
+  const Case modest{"ConstantOfShape", 13, [&](Graph& g) {
+                      g.initializers["shape"] = i64({4096, 4096});
+                      g.append(make_node("huge", "ConstantOfShape", {"shape"}, {"big"}));
+                    }};
+  const std::string path = model(modest);
+  const fs::path out = work_.path() / "q.onnx";
+  auto r = run_cli("--memory-limit 16MiB quantize " + path + " -c " + config_ + " --calib " + data.string() + " -o " +
+                   out.string());
+  expect_one_line_error(r, {"node 'huge'", "64.0 MiB", "memory limit of 16.0 MiB", "--memory-limit"});
+  EXPECT_FALSE(fs::exists(out));
+  r = run_cli("quantize " + path + " -c " + config_ + " --calib " + data.string() + " -o " + out.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out));
+
+  expect_one_line_error(run_cli("--memory-limit 12parsecs quantize " + path + " -c " + config_ + " --calib " +
+                                data.string() + " -o " + out.string()),
+                        {"--memory-limit", "'12parsecs' is not a memory size"});
 }
 
 }  // namespace

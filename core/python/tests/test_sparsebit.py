@@ -214,6 +214,32 @@ def test_forward_is_the_simulated_model(images):
     # A dict by name; a name the model lacks is refused with the names it has.
     with pytest.raises(sparsebit.Error, match=r"'nope' is not an input of the model \(its inputs: '"):
         qm.forward({"nope": x})
+    # A shape the model does not declare is refused, as a runtime refuses it.
+    with pytest.raises(sparsebit.Error, match=r"has shape \[2, 1, 27, 28\], the model declares \[.*, 1, 28, 28\]"):
+        qm.forward(np.zeros((2, 1, 27, 28), np.float32))
+    with pytest.raises(sparsebit.Error, match=r"has shape \[2, 28, 28\]"):
+        qm.forward(np.zeros((2, 28, 28), np.float32))
+
+
+def test_memory_limit_refuses_the_node_that_would_pass_it(images):
+    qm = sparsebit.QuantModel(CNN, W8A8)
+    qm.calibrate(images[:64])
+    default = sparsebit.memory_limit()
+    assert default > 0
+    expected = qm.forward(images[:512])  # activations of tens of MiB
+    try:
+        sparsebit.set_memory_limit("2MiB")
+        assert sparsebit.memory_limit() == 2 << 20
+        with pytest.raises(sparsebit.Error, match=r"node '[^']+' \(\w+\) on inputs of shapes .* memory limit of 2\.0 MiB"):
+            qm.forward(images[:512])
+    finally:
+        sparsebit.set_memory_limit(None)
+    assert sparsebit.memory_limit() == default
+    np.testing.assert_array_equal(qm.forward(images[:512]), expected)  # nothing left half-done
+    with pytest.raises(sparsebit.Error, match="'lots' is not a memory size"):
+        sparsebit.set_memory_limit("lots")
+    with pytest.raises(sparsebit.Error, match="less than 1 MiB"):
+        sparsebit.set_memory_limit(1000)
 
 
 def test_torch_tensors_come_in_through_dlpack(images):

@@ -5,8 +5,12 @@
 #include <malloc.h>
 #include <sys/mman.h>
 
+#include <atomic>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <list>
 #include <map>
 #include <mutex>
@@ -14,6 +18,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "base/limits.h"
+#include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/version.h"
 
 namespace sparsebit {
@@ -39,12 +45,17 @@ struct Block {
   std::size_t size;
 };
 
+struct InUse {
+  std::size_t size;
+  bool mapped;  // ours (cached on free), or the fallback's (handed back to it)
+};
+
 // The context of every block is its data pointer (LibTorch's raw_allocate requires it), so
 // the deleter finds the size in a map of blocks in use.
 
 class CachingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CachingCpuAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
+  CachingCpuAllocator(c10::Allocator* fallback, bool caching) : fallback_(fallback), caching_(caching) {}
 
   // LibTorch 2.3 made allocate() non-const and added copy_data().
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
@@ -56,19 +67,45 @@ class CachingCpuAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate_block(std::size_t n) const {
     if (n < kMinCached) return fallback_->allocate(n);
+    if (n > std::numeric_limits<std::size_t>::max() - kPage) throw MemoryLimitExceeded(n, in_use_bytes(), limit());
     std::size_t size = (n + kPage - 1) / kPage * kPage;
-    void* p = take(size);  // may enlarge size to the cached block's
+    reserve(size);
+    void* p = nullptr;
+    if (!caching_) {
+      try {
+        p = fallback_->raw_allocate(size);
+      } catch (...) {
+        unreserve(size);
+        throw;
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_use_.emplace(p, InUse{size, false});
+      return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
+    }
+    const std::size_t reserved = size;
+    p = take(size);  // may enlarge size to the cached block's
     if (!p) {
       p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
+      if (p == MAP_FAILED) {
+        unreserve(size);
+        throw std::bad_alloc();
+      }
       madvise(p, size, MADV_HUGEPAGE);  // 512 times fewer page faults on first touch, where allowed
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      in_use_.emplace(p, size);
+      in_use_bytes_ += size - reserved;  // a cached block larger than asked for
+      in_use_.emplace(p, InUse{size, true});
     }
     return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
   }
+
+  std::size_t in_use_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return in_use_bytes_;
+  }
+  std::size_t limit() const { return limit_.load(); }
+  void set_limit(std::size_t bytes) { limit_.store(bytes); }
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
@@ -88,6 +125,18 @@ class CachingCpuAllocator final : public c10::Allocator {
   static CachingCpuAllocator* instance;
 
  private:
+  // Counts `size` as in use, or refuses it before anything is allocated (Note [Memory limit]).
+  void reserve(std::size_t size) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const std::size_t cap = limit_.load();
+    if (size > cap || in_use_bytes_ > cap - size) throw MemoryLimitExceeded(size, in_use_bytes_, cap);
+    in_use_bytes_ += size;
+  }
+  void unreserve(std::size_t size) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_use_bytes_ -= size;
+  }
+
   // Also raw_deallocate's deleter, for the fallback's small blocks too.
   static void release(void* p) {
     if (!instance->give_back(p)) instance->fallback_->raw_deleter()(p);
@@ -128,49 +177,147 @@ class CachingCpuAllocator final : public c10::Allocator {
     return nullptr;
   }
 
+  // False for a block the fallback allocated: its deleter frees it.
   bool give_back(void* p) const {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = in_use_.find(p);
     if (it == in_use_.end()) return false;
-    order_.push_back({p, it->second});
-    by_size_.emplace(it->second, std::prev(order_.end()));
-    cached_bytes_ += it->second;
+    const InUse block = it->second;
     in_use_.erase(it);
+    in_use_bytes_ -= block.size;
+    if (!block.mapped) return false;
+    order_.push_back({p, block.size});
+    by_size_.emplace(block.size, std::prev(order_.end()));
+    cached_bytes_ += block.size;
     return true;
   }
 
   c10::Allocator* fallback_;
+  const bool caching_;
+  std::atomic<std::size_t> limit_{default_memory_limit()};
   mutable std::mutex mutex_;
   mutable std::list<Block> order_;  // free blocks, least recently freed first
   mutable std::multimap<std::size_t, std::list<Block>::iterator> by_size_;
-  mutable std::unordered_map<void*, std::size_t> in_use_;
-  mutable std::size_t cached_bytes_ = 0, hits_ = 0, misses_ = 0;
+  mutable std::unordered_map<void*, InUse> in_use_;
+  mutable std::size_t in_use_bytes_ = 0, cached_bytes_ = 0, hits_ = 0, misses_ = 0;
 };
 
 CachingCpuAllocator* CachingCpuAllocator::instance = nullptr;
 
 }  // namespace
 
+namespace {
+CachingCpuAllocator* install(bool caching) {
+  // Never destroyed: tensors freed during static destruction still return their blocks.
+  CachingCpuAllocator::instance = new CachingCpuAllocator(c10::GetDefaultCPUAllocator(), caching);
+  c10::SetCPUAllocator(CachingCpuAllocator::instance, /*priority=*/1);
+  return CachingCpuAllocator::instance;
+}
+std::mutex install_mutex;
+}  // namespace
+
 bool install_caching_cpu_allocator() {
+  std::lock_guard<std::mutex> lock(install_mutex);
   static const bool installed = [] {
-    if (kSanitized) return false;
     const char* v = std::getenv("SPARSEBIT_CPU_CACHE");
-    if (v && std::string(v) == "0") return false;
-    // Never destroyed: tensors freed during static destruction still return their blocks.
-    CachingCpuAllocator::instance = new CachingCpuAllocator(c10::GetDefaultCPUAllocator());
-    c10::SetCPUAllocator(CachingCpuAllocator::instance, /*priority=*/1);
+    const bool caching = !kSanitized && !(v && std::string(v) == "0");
+    if (CachingCpuAllocator::instance) return false;  // the limit alone came first
+    install(caching);
 #if defined(__GLIBC__)
     // Small blocks (and oneDNN's scratch buffers) live in the malloc heap: trimming its top on
     // every free and faulting it back on the next batch cost a third of the remaining op time.
     // Setting it fixes the mmap threshold too (glibc stops adapting it): put it at the largest
     // value glibc would adapt to, so that such buffers stay in the heap.
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    if (caching) {
+      mallopt(M_TRIM_THRESHOLD, 1 << 30);
+      mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    }
 #endif
-    return true;
+    return caching;
   }();
   return installed;
 }
+
+void install_memory_limit() {
+  std::lock_guard<std::mutex> lock(install_mutex);
+  if (!CachingCpuAllocator::instance) install(false);
+}
+
+namespace {
+std::size_t cgroup_memory_max() {
+  // cgroup v2, then v1: a container's limit is below the host's memory that sysconf reports.
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream f(path);
+    unsigned long long v = 0;
+    if (f >> v && v > 0) return static_cast<std::size_t>(v);
+  }
+  return std::numeric_limits<std::size_t>::max();
+}
+}  // namespace
+
+std::size_t default_memory_limit() {
+  const std::uint64_t machine = std::min<std::uint64_t>(limits::physical_memory(), cgroup_memory_max());
+  return static_cast<std::size_t>(machine / 10 * 9);
+}
+
+void set_memory_limit(std::size_t bytes) {
+  install_memory_limit();
+  CachingCpuAllocator::instance->set_limit(bytes == 0 ? default_memory_limit() : bytes);
+}
+
+std::size_t memory_limit() { return CachingCpuAllocator::instance ? CachingCpuAllocator::instance->limit() : 0; }
+
+std::size_t parse_memory_size(const std::string& text, const std::string& what) {
+  std::size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))
+    ++digits;
+  const std::string number = text.substr(0, digits), unit = text.substr(digits);
+  static const std::map<std::string, double> units = {{"", 1.0},
+                                                      {"B", 1.0},
+                                                      {"K", 1024.0},
+                                                      {"KB", 1e3},
+                                                      {"KiB", 1024.0},
+                                                      {"M", 1048576.0},
+                                                      {"MB", 1e6},
+                                                      {"MiB", 1048576.0},
+                                                      {"G", 1073741824.0},
+                                                      {"GB", 1e9},
+                                                      {"GiB", 1073741824.0},
+                                                      {"T", 1099511627776.0},
+                                                      {"TB", 1e12},
+                                                      {"TiB", 1099511627776.0},
+                                                      {"%", 0.0}};
+  const auto u = units.find(unit);
+  char* end = nullptr;
+  const double x = number.empty() ? -1.0 : std::strtod(number.c_str(), &end);
+  if (u == units.end() || number.empty() || *end || !(x > 0.0))
+    throw Error(what + ": '" + printable(text, 40) +
+                "' is not a memory size; write bytes or a number with KiB, MiB, GiB, TiB (or KB, MB, GB, TB), or "
+                "a share of this machine's memory such as 80%");
+  const double machine = static_cast<double>(std::min<std::uint64_t>(limits::physical_memory(), cgroup_memory_max()));
+  if (unit == "%" && x > 100.0) throw Error(what + ": " + printable(text, 40) + " is more than all of the memory");
+  const double bytes = unit == "%" ? machine * x / 100.0 : x * u->second;
+  if (bytes < static_cast<double>(kMinCached))
+    throw Error(what + ": " + printable(text, 40) + " is less than 1 MiB; no run fits in it");
+  if (bytes >= 1.8e19) throw Error(what + ": " + printable(text, 40) + " is beyond any machine");
+  return static_cast<std::size_t>(bytes);
+}
+
+std::string memory_size_text(std::size_t bytes) {
+  char buf[64];
+  if (bytes >= (std::size_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / 1073741824.0);
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
+  return buf;
+}
+
+MemoryLimitExceeded::MemoryLimitExceeded(std::size_t requested, std::size_t in_use, std::size_t limit)
+    : requested_(requested),
+      in_use_(in_use),
+      limit_(limit),
+      message_("a tensor of " + memory_size_text(requested) + " with " + memory_size_text(in_use) +
+               " already in use would pass the memory limit of " + memory_size_text(limit) +
+               " (--memory-limit; by default 90% of this machine's memory)") {}
 
 void release_free_memory() {
   if (CachingCpuAllocator::instance) CachingCpuAllocator::instance->release_cached();

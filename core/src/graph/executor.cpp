@@ -13,6 +13,7 @@
 #include <set>
 
 #include "base/mapped_file.h"
+#include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/version.h"
 #include "sparsebit/core/registry.h"
@@ -265,6 +266,17 @@ const std::vector<std::string>& Executor::implicit_inputs(std::size_t index) con
   return it == control_.end() ? none : it->second->implicit;
 }
 
+namespace {
+std::string shapes_of(const std::vector<at::Tensor>& inputs) {
+  std::string shapes;
+  for (auto& t : inputs)
+    shapes += (shapes.empty() ? "" : ", ") + (!t.defined()    ? std::string("none")
+                                              : t.is_nested() ? std::string("a sequence")
+                                                              : c10::str(t.sizes()));
+  return shapes;
+}
+}  // namespace
+
 std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<at::Tensor>& inputs,
                                            const std::map<std::string, at::Tensor>& scope, const InputHook& hook) {
   if (control_.count(index)) return run_control_flow(index, inputs, scope, hook);
@@ -275,16 +287,19 @@ std::vector<at::Tensor> Executor::run_node(std::size_t index, const std::vector<
     out = bound.module->forward(inputs);
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " [plugin '" + bound.plugin + "']");
+  } catch (const MemoryLimitExceeded& e) {
+    // Note [Memory limit]: the sizes come from the inputs' values or the node's attributes.
+    throw Error(n.describe() + " on inputs of shapes (" + shapes_of(inputs) + ") needs a tensor of " +
+                memory_size_text(e.requested()) + "; with " + memory_size_text(e.in_use()) +
+                " in use that passes the memory limit of " + memory_size_text(e.limit()) +
+                " (--memory-limit; by default 90% of this machine's memory). Check the values that set its "
+                "output's size (a shape input, repeats, pads, scales, a batch size); if the machine has the "
+                "memory, raise the limit");
   } catch (const std::exception& e) {
     // ATen's errors carry a C++ backtrace that means nothing to users.
     const auto* c10e = dynamic_cast<const c10::Error*>(&e);
     const std::string what = c10e ? c10e->what_without_backtrace() : e.what();
-    std::string shapes;
-    for (auto& t : inputs)
-      shapes += (shapes.empty() ? "" : ", ") + (!t.defined()    ? std::string("none")
-                                                : t.is_nested() ? std::string("a sequence")
-                                                                : c10::str(t.sizes()));
-    throw Error(n.describe() + " failed in plugin '" + bound.plugin + "' on inputs of shapes (" + shapes +
+    throw Error(n.describe() + " failed in plugin '" + bound.plugin + "' on inputs of shapes (" + shapes_of(inputs) +
                 "): " + what);
   }
   if (out.size() < n.outputs.size()) {
