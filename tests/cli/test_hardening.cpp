@@ -496,6 +496,53 @@ TEST_F(Hardening, DeclarationsThatContradictThemselvesAreRefusedAtLoad) {
                         {"declares a batch dimension of 0"});
 }
 
+// Note [Declared outputs]: what a model declares of an output against what its graph computes.
+// Type, rank and tensor-or-sequence that differ are refused at the first run, naming the output
+// (the export would be a file ONNX Runtime refuses); a fixed dimension that differs is warned of.
+TEST_F(Hardening, DeclaredOutputsAreCheckedAgainstWhatTheGraphComputes) {
+  const std::string out = (work_.path() / "q.onnx").string();
+  auto quantize_proto = [&](const onnx::ModelProto& m) {
+    const std::string path = (work_.path() / "declared.onnx").string();
+    std::ofstream(path, std::ios::binary) << m.SerializeAsString();
+    return run_cli("quantize " + path + " -c " + config_ + " --calib " + kImages + " --calib-count 8 -o " + out);
+  };
+  onnx::ModelProto m = fixture_proto();
+  const std::string y = m.graph().output(0).name();
+  auto* type = m.mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type();
+  type->set_elem_type(onnx::TensorProto::INT64);
+  expect_one_line_error(quantize_proto(m), {"graph output '" + y + "' is declared int64", "the graph computes float [",
+                                            "correct the declaration"});
+  EXPECT_FALSE(fs::exists(out));
+
+  type->set_elem_type(onnx::TensorProto::FLOAT);
+  type->mutable_shape()->add_dim()->set_dim_value(1);  // [N, 10, 1]: a rank the graph does not compute
+  expect_one_line_error(quantize_proto(m), {"graph output '" + y + "' is declared float [", ", 10, 1]",
+                                            "the graph computes float [8, 10]"});
+  EXPECT_FALSE(fs::exists(out));
+
+  m = fixture_proto();
+  m.mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_value(7);
+  const auto r = quantize_proto(m);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(", 7], the graph computes float [8, 10] for this data"), std::string::npos) << r.output;
+  fs::remove(out);
+
+  // A sequence where the model declares a tensor.
+  Graph g;
+  g.opset_imports[""] = 13;
+  g.inputs = {{"x", 1, true, {{-1, "N"}, {16, ""}}, ""}};
+  g.outputs = {{"y", 1, true, {{-1, "N"}, {8, ""}}, ""}, {"s", 1, true, {{-1, "N"}, {16, ""}}, ""}};
+  g.initializers["w"] = at::randn({8, 16});
+  g.append(testing::make_node("fc", "Gemm", {"x", "w"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
+  g.append(testing::make_node("seq", "SequenceConstruct", {"x", "x"}, {"s"}));
+  const std::string seq = (work_.path() / "seq.onnx").string();
+  save_onnx(g, ModelMeta{}, seq);  // ONNX's checker lets it through
+  expect_one_line_error(
+      run_cli("quantize " + seq + " -c " + config_ + " --calib " + samples(at::kFloat).string() + " -o " + out),
+      {"graph output 's' is declared a tensor (float [N, 16]) but the graph computes a sequence"});
+  EXPECT_FALSE(fs::exists(out));
+}
+
 TEST_F(Hardening, MessagesSayWhatIsWrongWhereItIs) {
   const std::string q = " -o " + (work_.path() / "q.onnx").string();
   expect_one_line_error(run_cli("quantize " + model_ + " -c " + config_ + " --calib /dev/zero" + q),

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "base/mapped_file.h"
+#include "sparsebit/sdk/log.h"
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/version.h"
@@ -319,6 +320,47 @@ bool Executor::reads_on_host(std::size_t index, std::size_t input) const {
   return input < specs.size() && specs[input].host;
 }
 
+// Note [Declared outputs]
+// A model's declaration of an output is what its export declares too, and what a runtime checks
+// the graph against when it loads the file: an element type, tensor-or-sequence or rank that the
+// graph does not compute makes the export a file ONNX Runtime refuses, so the first run refuses
+// it, naming the output, the declaration and what the graph computes. A fixed dimension that
+// differs (an exporter that fixed the batch of an output but not of its input) is what ONNX
+// Runtime itself only warns about at run time: a warning here, and the export keeps it.
+namespace {
+std::string declared_text(const ValueInfo& v) {
+  std::string dims;
+  for (const auto& d : v.shape)
+    dims += (dims.empty() ? "" : ", ") + (d.value >= 0 ? std::to_string(d.value) : d.param.empty() ? "?" : d.param);
+  return onnx_type_name(v.elem_type) + (v.has_shape ? " [" + dims + "]" : "");
+}
+
+void check_declared_outputs(const std::vector<ValueInfo>& declared, const std::vector<at::Tensor>& computed) {
+  for (std::size_t i = 0; i < declared.size() && i < computed.size(); ++i) {
+    const ValueInfo& v = declared[i];
+    const at::Tensor& t = computed[i];
+    if (!t.defined() || v.elem_type == 0) continue;  // undeclared, or a sequence or optional declared
+    const std::string name = "graph output '" + printable(v.name, 80) + "'";
+    const std::string fix = "; correct the declaration (ONNX's shape inference writes what the graph computes) or "
+                            "re-export the model";
+    if (t.is_nested())
+      throw Error(name + " is declared a tensor (" + declared_text(v) + ") but the graph computes a sequence" + fix);
+    const std::string got = dtype_name(t) + " " + c10::str(t.sizes());
+    if (onnx_type_of(t.scalar_type()) != v.elem_type)
+      throw Error(name + " is declared " + declared_text(v) + ", the graph computes " + got + fix);
+    if (!v.has_shape) continue;
+    if (static_cast<std::int64_t>(v.shape.size()) != t.dim())
+      throw Error(name + " is declared " + declared_text(v) + ", the graph computes " + got + fix);
+    for (std::size_t d = 0; d < v.shape.size(); ++d)
+      if (v.shape[d].value >= 0 && v.shape[d].value != t.size(static_cast<std::int64_t>(d))) {
+        sdk::log_warn(name + " is declared " + declared_text(v) + ", the graph computes " + got +
+                      " for this data; the export keeps the declaration (ONNX Runtime warns of it at run time)");
+        break;
+      }
+  }
+}
+}  // namespace
+
 std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& feeds, const InputHook& hook,
                                       const std::map<std::string, at::Tensor>* outer) {
   std::map<std::string, at::Tensor> live;
@@ -401,6 +443,10 @@ std::vector<at::Tensor> Executor::run(const std::map<std::string, at::Tensor>& f
         continue;
       }
     throw Error("graph output '" + o.name + "' was not computed");
+  }
+  if (!outer && !outputs_checked_) {
+    check_declared_outputs(graph_.outputs, result);
+    outputs_checked_ = true;
   }
   return result;
 }

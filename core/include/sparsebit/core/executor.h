@@ -79,7 +79,8 @@ class SPARSEBIT_API Executor {
   ~Executor();
 
   /// Runs the graph on `feeds` (graph input name -> tensor), returns the graph outputs in order.
-  /// `outer`: values of enclosing scopes a subgraph reads (Note [Control flow]).
+  /// `outer`: values of enclosing scopes a subgraph reads (Note [Control flow]). The first run
+  /// of a top-level graph checks its outputs against their declarations (Note [Declared outputs]).
   std::vector<at::Tensor> run(const std::map<std::string, at::Tensor>& feeds, const InputHook& hook = {},
                               const std::map<std::string, at::Tensor>* outer = nullptr);
 
@@ -159,6 +160,7 @@ class SPARSEBIT_API Executor {
   std::map<std::string, at::Tensor> host_constants_;
   std::size_t last_peak_live_ = 0;
   bool op_timing_ = false;
+  bool outputs_checked_ = false;  ///< Note [Declared outputs]: the first run's outputs were compared
   std::map<std::string, OpTime> op_times_;
 };
 
