@@ -79,6 +79,8 @@ at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source,
                 ": holds a 0-d array (one scalar); a sample needs the model input's dimensions, at least a "
                 "batch dimension (numpy.reshape(x, (1,)))");
   }
+  // Half precision widens to float32 exactly: the data of a float16 model (Note [Half-precision models]).
+  if (in.elem_type == 1 && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)) t = t.to(at::kFloat);
   if (in.elem_type != 0 && onnx_type_of(t.scalar_type()) != in.elem_type) {
     throw Error(what + ": data is " + dtype_name(t) + ", the model input is " + onnx_type_name(in.elem_type) +
                 "; convert the data (e.g. numpy .astype) before calibrating");

@@ -341,8 +341,9 @@ void check_declared_outputs(const std::vector<ValueInfo>& declared, const std::v
     const at::Tensor& t = computed[i];
     if (!t.defined() || v.elem_type == 0) continue;  // undeclared, or a sequence or optional declared
     const std::string name = "graph output '" + printable(v.name, 80) + "'";
-    const std::string fix = "; correct the declaration (ONNX's shape inference writes what the graph computes) or "
-                            "re-export the model";
+    const std::string fix =
+        "; correct the declaration (ONNX's shape inference writes what the graph computes) or "
+        "re-export the model";
     if (t.is_nested())
       throw Error(name + " is declared a tensor (" + declared_text(v) + ") but the graph computes a sequence" + fix);
     const std::string got = dtype_name(t) + " " + c10::str(t.sizes());

@@ -16,6 +16,7 @@
 
 #include "base/limits.h"
 #include "base/mapped_file.h"
+#include "graph/half_precision.h"
 #include "graph/onnx_proto.h"
 #include "graph/run_isolated.h"
 #include "sparsebit/core/atomic_file.h"
@@ -231,6 +232,13 @@ void register_runtime_schemas() {
 
 std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const ExportOptions& options,
                            std::string* external, const std::string& external_location) {
+  if (!meta.interface_types.empty()) {  // Note [Half-precision models]
+    Graph wrapped = graph.clone();
+    restore_half_precision_interface(wrapped, meta);
+    ModelMeta plain = meta;
+    plain.interface_types.clear();
+    return serialize_onnx(wrapped, plain, options, external, external_location);
+  }
   onnx::ModelProto proto;
   if (!meta.skeleton.empty() && !proto.ParseFromString(meta.skeleton)) throw Error("internal: bad model skeleton");
   if (proto.ir_version() == 0) proto.set_ir_version(7);

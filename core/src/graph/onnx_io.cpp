@@ -31,6 +31,7 @@
 
 #include "base/limits.h"
 #include "base/mapped_file.h"
+#include "graph/half_precision.h"
 #include "graph/onnx_proto.h"
 #include "graph/run_isolated.h"
 #include "sparsebit/core/atomic_file.h"
@@ -360,6 +361,7 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
       throw Error(name + ": " + e.what());
     }
   }
+  if (options.half_in_float) compute_half_precision_in_float(model, *proto.mutable_graph(), name);
   for (const auto& kv : proto.metadata_props()) model.meta.metadata_props[kv.key()] = kv.value();
   // Keep model-level fields; nodes and tensors live in the IR from now on.
   // The graph's bulk moves out first, so that the copy is of the small remainder only.

@@ -298,7 +298,7 @@ void give_io_ranks(Model& model, const Registry& registry, const std::vector<at:
 }  // namespace
 
 Model load_and_lift(const std::string& path, const Registry& registry, const DataSource& calib, std::int64_t target) {
-  Model model = load_onnx(path, ImportOptions{0, &registry});
+  Model model = load_onnx(path, ImportOptions{0, &registry, /*half_in_float=*/true});
   const bool lift = model.graph.default_opset() < target;
   if (!lift && shapeless_io(model.graph).empty()) return model;
   Executor check(model.graph, registry);  // an op without a QModule is named before the data is read

@@ -29,6 +29,9 @@ struct ModelMeta {
   /// Serialized TypeProto of the sequence- and optional-typed inputs and outputs of the graph and
   /// its bodies, by name (ValueInfo describes tensors only); written back on export.
   std::map<std::string, std::string> value_types;
+  /// Inputs and outputs the model declared float16 or bfloat16 (ONNX element type, by name):
+  /// computed in float32, written back in their own type (Note [Half-precision models]).
+  std::map<std::string, std::int32_t> interface_types;
 };
 
 struct Model {
@@ -45,6 +48,10 @@ struct ImportOptions {
   /// The ops' plugins, which also check their nodes at import (ChecksAtImport: a Conv's
   /// attributes against its weight); without it, only ONNX's schemas check the nodes.
   const Registry* registry = nullptr;
+  /// Computes float16 and bfloat16 values in float32, exported back to the model's input and
+  /// output types (Note [Half-precision models]): what quantizing needs. Off, a model is read
+  /// as it is (to run an export as a runtime would).
+  bool half_in_float = false;
 };
 
 SPARSEBIT_API Model load_onnx(const std::string& path, const ImportOptions& options = {});
