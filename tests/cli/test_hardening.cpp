@@ -662,6 +662,45 @@ TEST_F(Hardening, NanOutputsAreNeverJudgedAsAgreement) {
       << r.output;
 }
 
+// A model with a sequence output: calibration's output judgment (Note [Choices judged at the
+// output]) and [bit_allocation] compare tensors only; a sequence is left out of the comparison
+// instead of reaching LibTorch's "NestedTensorImpl doesn't support sizes".
+TEST_F(Hardening, SequenceOutputsAreLeftOutOfEveryJudgment) {
+  Graph g;
+  g.opset_imports[""] = 13;
+  g.inputs = {{"x", 1, true, {{-1, "N"}, {16, ""}}, ""}};
+  g.outputs = {{"y", 1, true, {{-1, "N"}, {8, ""}}, ""}, {"s", 1, true, {{-1, "N"}, {16, ""}}, ""}};
+  g.initializers["w"] = at::randn({8, 16});
+  g.initializers["w2"] = at::randn({8, 8});
+  g.append(testing::make_node("fc", "Gemm", {"x", "w"}, {"h"}, {{"transB", Attribute::of_int(1)}}));
+  g.append(testing::make_node("relu", "Relu", {"h"}, {"r"}));
+  g.append(testing::make_node("fc2", "Gemm", {"r", "w2"}, {"y"}, {{"transB", Attribute::of_int(1)}}));
+  g.append(testing::make_node("seq", "SequenceConstruct", {"y", "h"}, {"s"}));
+  const std::string path = (work_.path() / "seq.onnx").string();
+  save_onnx(g, ModelMeta{}, path);
+  onnx::ModelProto m;
+  {
+    std::ifstream in(path, std::ios::binary);
+    ASSERT_TRUE(m.ParseFromIstream(&in));
+  }
+  auto* type = m.mutable_graph()->mutable_output(1)->mutable_type();
+  type->Clear();
+  type->mutable_sequence_type()->mutable_elem_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << m.SerializeAsString();
+
+  const fs::path data = work_.path() / "many";  // more than range_samples: held-out samples judge
+  fs::create_directories(data);
+  at::manual_seed(3);  // heavy tails: the layers choose ranges of their own
+  for (int i = 0; i < 24; ++i) write_npy(at::randn({16}).pow(3), (data / ("s" + std::to_string(i) + ".npy")).string());
+  const std::string out = (work_.path() / "q.onnx").string();
+  auto r = run_cli("quantize " + path + " -c " + config_ + " --calib " + data.string() + " -o " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ranges chosen by their layer's error"), std::string::npos) << r.output;
+  testing::write_text(config_, "backend = \"virtual\"\n[bit_allocation]\navg_weight_bits = 6\n");
+  r = run_cli("quantize " + path + " -c " + config_ + " --calib " + data.string() + " -o " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 // Note [Half-precision models]: a float16 model is quantized (computed in float32 inside, where
 // the Q/DQ pairs are) and its export still takes and gives float16 (it used to stop at
 // "aminmax_cpu not implemented for 'Half'"). The reference is the same model and data widened

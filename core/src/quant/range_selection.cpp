@@ -78,8 +78,8 @@ bool same_params(const QParams& a, const QParams& b) {
 /// infinite.
 void add_output_error(const std::vector<at::Tensor>& f, const std::vector<at::Tensor>& q, std::vector<double>& sums) {
   for (std::size_t o = 0; o < f.size(); ++o) {
-    if (!f[o].defined() || !f[o].is_floating_point()) continue;
-    if (o >= q.size() || !q[o].defined() || q[o].sizes() != f[o].sizes()) {
+    if (!f[o].defined() || f[o].is_nested() || !f[o].is_floating_point()) continue;  // sequences are not judged
+    if (o >= q.size() || !q[o].defined() || q[o].is_nested() || q[o].sizes() != f[o].sizes()) {
       sums[0] = std::numeric_limits<double>::infinity();
       continue;
     }
@@ -162,7 +162,8 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots, const std::v
         for (std::size_t o = 0; o < reference.outputs.size(); ++o) {
           const at::Tensor& e = reference.energy[o];
           if (!e.defined()) continue;
-          const bool comparable = o < got.size() && got[o].defined() && got[o].sizes() == reference.outputs[o].sizes();
+          const bool comparable = o < got.size() && got[o].defined() && !got[o].is_nested() &&
+                                  got[o].sizes() == reference.outputs[o].sizes();
           // An output the candidate cannot produce alike counts as all error.
           errs[o].push_back(comparable ? slice_error(got[o], reference.outputs[o]) : e.clone());
         }
