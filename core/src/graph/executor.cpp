@@ -13,6 +13,7 @@
 #include <set>
 
 #include "base/mapped_file.h"
+#include "graph/onnx_proto.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/onnx_io.h"
@@ -347,7 +348,13 @@ void check_declared_outputs(const std::vector<ValueInfo>& declared, const std::v
     if (t.is_nested())
       throw Error(name + " is declared a tensor (" + declared_text(v) + ") but the graph computes a sequence" + fix);
     const std::string got = dtype_name(t) + " " + c10::str(t.sizes());
-    if (onnx_type_of(t.scalar_type()) != v.elem_type)
+    // Types LibTorch has no dtype for (uint16, int4, float8) are held in a wider one.
+    std::int32_t type = 0;
+    try {
+      type = onnx_type_of(t.scalar_type());
+    } catch (const Error&) {
+    }
+    if (type != 0 && !proto::is_narrow_type(v.elem_type) && type != v.elem_type)
       throw Error(name + " is declared " + declared_text(v) + ", the graph computes " + got + fix);
     if (!v.has_shape) continue;
     if (static_cast<std::int64_t>(v.shape.size()) != t.dim())
