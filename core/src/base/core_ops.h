@@ -24,6 +24,10 @@ inline constexpr std::string_view kMatMulNBits = "MatMulNBits";
 // A ReLU6 folded into its quantized range is written back as the Clip it stands for.
 inline constexpr std::string_view kClip = "Clip";
 
+// A float16 or bfloat16 model is computed in float32 and exported with Casts at its inputs and
+// outputs (Note [Half-precision models]).
+inline constexpr std::string_view kCast = "Cast";
+
 // ONNX's Constant node is a value, not a computation: the importer and the pruner read it as one.
 inline constexpr std::string_view kConstant = "Constant";
 

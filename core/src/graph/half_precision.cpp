@@ -4,6 +4,7 @@
 
 #include <functional>
 
+#include "base/core_ops.h"
 #include "sparsebit/sdk/graph.h"
 #include "sparsebit/sdk/log.h"
 
@@ -92,7 +93,7 @@ void restore_half_precision_interface(Graph& g, const ModelMeta& meta) {
     g.replace_all_uses(v.name, inside);
     Node cast;
     cast.name = g.unique_name(v.name + "_to_float32");
-    cast.op_type = "Cast";
+    cast.op_type = std::string(core_ops::kCast);
     cast.inputs = {v.name};
     cast.outputs = {inside};
     cast.attributes["to"] = Attribute::of_int(kFloat32);
@@ -110,7 +111,7 @@ void restore_half_precision_interface(Graph& g, const ModelMeta& meta) {
     v.name = output;
     Node cast;
     cast.name = g.unique_name(output + "_to_model_type");
-    cast.op_type = "Cast";
+    cast.op_type = std::string(core_ops::kCast);
     cast.inputs = {inside};
     cast.outputs = {output};
     cast.attributes["to"] = Attribute::of_int(t->second);

@@ -37,6 +37,7 @@ struct Candidate {
   Node* dq;
   std::int64_t k, n, bits, block;
   bool weight_kn;  // the integers are [K, N] (else [N, K])
+  bool gemm;       // else a MatMul
 };
 
 std::string why_not(Graph& g, Node* layer, Candidate& c) {
@@ -52,6 +53,7 @@ std::string why_not(Graph& g, Node* layer, Candidate& c) {
   if (!g.initializers.count(dq->inputs[1]) || (dq->has_input(2) && !g.initializers.count(dq->inputs[2])))
     return "its weight's scale or zero point is not a constant";
   c.layer = layer;
+  c.gemm = gemm;
   c.dq = dq;
   c.weight_kn = !(gemm && layer->attr_int("transB", 0) != 0);
   const std::int64_t axis = dq->attr_int("axis", 1);
@@ -110,7 +112,7 @@ void rewrite(Graph& g, const Candidate& c, std::int64_t accuracy_level) {
     g.initializers[z_name] = pack(z, c.bits).reshape({-1});
     m.inputs.push_back(z_name);
   }
-  if (c.layer->op_type == "Gemm" && c.layer->has_input(2)) {
+  if (c.gemm && c.layer->has_input(2)) {
     m.inputs.resize(5);  // zero_points and g_idx may stay empty
     m.inputs.push_back(c.layer->inputs[2]);
   }
