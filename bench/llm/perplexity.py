@@ -151,6 +151,13 @@ def main():
         nb = "" if r["ort_nbits"] is None else f"{r['ort_nbits']:.4f}"
         print(f"| {r['method']} | {r['sparsebit']:.4f} | {r['ort_dq']:.4f} | {nb} | "
               f"{r['sparsebit'] - fp_ppl:+.4f} | {1e3 * r['kl']:.3f} | {r['seconds']:.2f} |")
+    # AWQ's time against GPTQ's on the same grid (the target: at most 2x; printed, not checked:
+    # timings belong to benchmarks).
+    seconds = {r["method"]: r["seconds"] for r in rows}
+    ratios = [f"{m} {seconds[m] / seconds[m.replace('AWQ', 'GPTQ')]:.2f}x" for m in seconds
+              if m.endswith(" AWQ") and m.replace("AWQ", "GPTQ") in seconds and seconds[m.replace("AWQ", "GPTQ")] > 0]
+    if ratios:
+        print("calibration time against GPTQ's on the same grid: " + ", ".join(ratios))
     if a.out:
         json.dump({"info": info, "rows": rows}, open(a.out, "w"), indent=1)
     if a.check or a.check_awq:
