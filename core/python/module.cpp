@@ -89,17 +89,12 @@ std::optional<sb::InputRole> role_of(const std::optional<std::string>& role) {
 /// refused by a runtime for a tensor of another rank or fixed dimension, so the simulation is too.
 void check_declared_shape(const at::Tensor& x, const sb::ValueInfo& in) {
   if (!in.has_shape || x.is_nested()) return;
-  std::string declared;
-  for (const auto& d : in.shape)
-    declared += (declared.empty() ? "" : ", ") + (d.value >= 0      ? std::to_string(d.value)
-                                                  : d.param.empty() ? "?"
-                                                                    : d.param);
   bool fits = x.dim() == static_cast<std::int64_t>(in.shape.size());
   for (std::size_t i = 0; fits && i < in.shape.size(); ++i)
     fits = in.shape[i].value < 0 || x.size(static_cast<std::int64_t>(i)) == in.shape[i].value;
   if (!fits)
     throw sb::Error("forward(): the input '" + sb::printable(in.name, 80) + "' has shape " + c10::str(x.sizes()) +
-                    ", the model declares [" + declared + "]; a runtime refuses it too");
+                    ", the model declares " + sb::shape_text(in.shape) + "; a runtime refuses it too");
 }
 
 class PyQuantModel {

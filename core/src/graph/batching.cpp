@@ -102,13 +102,8 @@ at::Tensor conform(at::Tensor t, const ValueInfo& in, const std::string& source,
         for (std::size_t i = 1; i < in.shape.size(); ++i) shape.push_back(in.shape[i].value);
         t = t.reshape(shape);
       } else {
-        std::string expected;
-        for (auto& d : in.shape)
-          expected += (expected.empty() ? "" : ", ") + (d.value >= 0      ? std::to_string(d.value)
-                                                        : d.param.empty() ? "?"
-                                                                          : d.param);
-        throw Error(what + ": data of shape " + c10::str(t.sizes()) + " does not fit the model input shape [" +
-                    expected + "]");
+        throw Error(what + ": data of shape " + c10::str(t.sizes()) + " does not fit the model input shape " +
+                    shape_text(in.shape));
       }
     }
     for (std::size_t i = 1; i < in.shape.size(); ++i) {

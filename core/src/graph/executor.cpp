@@ -330,10 +330,7 @@ bool Executor::reads_on_host(std::size_t index, std::size_t input) const {
 // Runtime itself only warns about at run time: a warning here, and the export keeps it.
 namespace {
 std::string declared_text(const ValueInfo& v) {
-  std::string dims;
-  for (const auto& d : v.shape)
-    dims += (dims.empty() ? "" : ", ") + (d.value >= 0 ? std::to_string(d.value) : d.param.empty() ? "?" : d.param);
-  return onnx_type_name(v.elem_type) + (v.has_shape ? " [" + dims + "]" : "");
+  return onnx_type_name(v.elem_type) + (v.has_shape ? " " + shape_text(v.shape) : "");
 }
 
 void check_declared_outputs(const std::vector<ValueInfo>& declared, const std::vector<at::Tensor>& computed) {

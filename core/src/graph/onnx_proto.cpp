@@ -24,6 +24,13 @@ namespace fs = std::filesystem;
 using proto::kInt4;
 using proto::kUint4;
 
+std::string shape_text(const std::vector<Dim>& shape) {
+  std::string dims;
+  for (const auto& d : shape)
+    dims += (dims.empty() ? "" : ", ") + (d.value >= 0 ? std::to_string(d.value) : d.param.empty() ? "?" : d.param);
+  return "[" + dims + "]";
+}
+
 std::string onnx_type_name(std::int32_t t) {
   switch (t) {
     case onnx::TensorProto::FLOAT: return "float";

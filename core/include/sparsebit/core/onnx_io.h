@@ -108,6 +108,9 @@ SPARSEBIT_API at::Tensor load_value_pb(const std::string& path, const std::strin
 
 /// ONNX element type name ("float", "int64", ...) for messages.
 SPARSEBIT_API std::string onnx_type_name(std::int32_t elem_type);
+/// A declared shape as messages show it: "[N, 3, 224, 224]" (a symbolic dimension by its name,
+/// an unknown one as "?").
+SPARSEBIT_API std::string shape_text(const std::vector<Dim>& shape);
 SPARSEBIT_API std::int32_t onnx_type_of(at::ScalarType t);
 
 }  // namespace sparsebit
