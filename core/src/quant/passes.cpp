@@ -37,12 +37,14 @@ void scan_requests(const Graph& graph, const Registry& registry, const PassData&
   std::map<std::string, std::vector<std::size_t>> wanted;
   for (std::size_t i = 0; i < requests.size(); ++i) wanted[requests[i].first].push_back(i);
   Executor executor(graph, registry);
+  const at::Device device(data.device);
+  if (!device.is_cpu()) executor.to(data.device);
   auto samples = data.open();
   Batcher batcher(*samples, graph.inputs, data.batch_size, data.count);
   std::int64_t seen = 0;
   while (auto b = batcher.next()) {
     std::map<std::string, at::Tensor> feeds;
-    for (std::size_t k = 0; k < b->inputs.size(); ++k) feeds[graph.inputs[k].name] = b->inputs[k];
+    for (std::size_t k = 0; k < b->inputs.size(); ++k) feeds[graph.inputs[k].name] = b->inputs[k].to(device);
     std::set<std::string> done;  // a value read by several nodes is reduced once per batch
     executor.run(feeds, [&](std::size_t n, std::size_t k, const at::Tensor& x) {
       const std::string& name = executor.flat_node(n).inputs[k];
@@ -73,6 +75,8 @@ std::vector<at::Tensor> channel_absmax(const Graph& graph, const Registry& regis
     same_channels(result[i], m, name);
     result[i] = result[i].defined() ? at::maximum(result[i], m) : m;
   });
+  for (auto& r : result)
+    if (r.defined()) r = r.cpu();
   return result;
 }
 

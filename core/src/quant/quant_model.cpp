@@ -142,14 +142,6 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
   backend_plugin_ = backend->plugin;
   check_backend_rules(config_, *backend_);
 
-  // Simplify-stage passes rewrite the float graph before anything is bound to its nodes.
-  const auto weight_grid = weight_grids(config_, registry, *model_);
-  std::function<std::unique_ptr<Dataset>()> open_calibration;
-  if (!calibration.empty())
-    open_calibration = [calibration, inputs = model_->graph.inputs] { return calibration.open(inputs); };
-  run_passes(config_.schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source,
-             PassData{open_calibration, config_.calibration.batch_size, config_.calibration.count, weight_grid});
-  executor_ = std::make_unique<Executor>(model_->graph, registry);
   if (config_.calibration.device != "cpu") {
     at::Device dev(at::kCPU);
     try {
@@ -161,8 +153,18 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
       throw Error("device '" + config_.calibration.device +
                   "' requested, but this build of LibTorch has no CUDA support or no GPU is visible; use --device cpu");
     }
-    executor_->to(config_.calibration.device);
   }
+  // Simplify-stage passes rewrite the float graph before anything is bound to its nodes; those
+  // that measure activations run the float model on the calibration device.
+  const auto weight_grid = weight_grids(config_, registry, *model_);
+  std::function<std::unique_ptr<Dataset>()> open_calibration;
+  if (!calibration.empty())
+    open_calibration = [calibration, inputs = model_->graph.inputs] { return calibration.open(inputs); };
+  run_passes(config_.schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source,
+             PassData{open_calibration, config_.calibration.batch_size, config_.calibration.count, weight_grid,
+                      config_.calibration.device});
+  executor_ = std::make_unique<Executor>(model_->graph, registry);
+  if (config_.calibration.device != "cpu") executor_->to(config_.calibration.device);
 
   const auto nodes = model_->graph.nodes();
   // A glob that matches nothing is almost always a typo or a model other than the one meant. The

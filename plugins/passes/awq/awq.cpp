@@ -47,10 +47,10 @@ struct Reader {
   std::optional<PassContext::WeightGrid> grid;
 };
 
-/// The weight of `r` laid out [K, N], float32.
-at::Tensor weight_kn(const Graph& g, const ScaledReader& r) {
+/// The weight of `r` laid out [K, N], float32, on `device` (where the statistics are).
+at::Tensor weight_kn(const Graph& g, const ScaledReader& r, const at::Device& device) {
   const at::Tensor& w = g.initializers.at(r.node->inputs[1]);
-  return (r.weight_axis == 0 ? w : w.t()).to(at::kFloat);
+  return (r.weight_axis == 0 ? w : w.t()).to(device, at::kFloat);
 }
 
 /// Rounds a [K, N] candidate with the reader's grid (which takes the weight's own layout).
@@ -121,7 +121,7 @@ struct ClipOptions {
 
 /// The scales searched for one X: s (a 1-D double tensor), whether it differs from 1, and each
 /// quantized reader's weight [K, N] as it is to be stored (scaled, and clipped with clip_search;
-/// undefined for readers left float).
+/// undefined for readers left float), all on the host.
 struct Scaling {
   at::Tensor s;
   bool scaled = false;
@@ -139,7 +139,7 @@ Scaling search_scales(const Graph& g, const std::vector<Reader>& readers, const 
                       std::int64_t grid, const ClipOptions& clip) {
   const at::Tensor mean = m.mean_abs.to(at::kDouble);
   std::vector<at::Tensor> weights;
-  for (const auto& r : readers) weights.push_back(r.grid ? weight_kn(g, r.reader) : at::Tensor());
+  for (const auto& r : readers) weights.push_back(r.grid ? weight_kn(g, r.reader, m.gram.device()) : at::Tensor());
   auto scales = [&](std::int64_t i) {
     const double alpha = static_cast<double>(i) / static_cast<double>(grid);
     // Channels never active keep s = 1: scaling them is free in float but would move their
@@ -167,11 +167,17 @@ Scaling search_scales(const Graph& g, const std::vector<Reader>& readers, const 
   std::vector<std::pair<double, std::int64_t>> ranked;
   Scaling result;
   std::vector<at::Tensor> stored;
+  auto on_host = [](Scaling s) {
+    s.s = s.s.cpu();
+    for (auto& w : s.weights)
+      if (w.defined()) w = w.cpu();
+    return s;
+  };
   for (std::int64_t i = 0; i < grid; ++i) {
     ranked.emplace_back(judge(i, ranking_steps, stored), i);
     if (ranked.back() <= *std::min_element(ranked.begin(), ranked.end())) result = {scales(i), i != 0, stored};
   }
-  if (!clip.on || clip.steps == ranking_steps) return result;
+  if (!clip.on || clip.steps == ranking_steps) return on_host(std::move(result));
   std::sort(ranked.begin(), ranked.end());
   std::set<std::int64_t> finalists = {0};
   for (std::size_t r = 0; r < ranked.size() && r < kFinalists; ++r) finalists.insert(ranked[r].second);
@@ -180,7 +186,7 @@ Scaling search_scales(const Graph& g, const std::vector<Reader>& readers, const 
     const double err = judge(i, clip.steps, stored);
     if (err < best) best = err, result = {scales(i), i != 0, stored};
   }
-  return result;
+  return on_host(std::move(result));
 }
 
 /// Replaces constant input 1 of `n` with `value` given [K, N], laid out as the reader's weight,
@@ -264,7 +270,7 @@ class Awq final : public Pass {
         if (!clip) continue;
         for (std::size_t k = 0; k < readers.size(); ++k) {
           if (!readers[k].grid) continue;
-          const at::Tensor w = weight_kn(g, readers[k].reader);  // as scale_channels left it
+          const at::Tensor w = weight_kn(g, readers[k].reader, at::kCPU);  // as scale_channels left it
           if (at::equal(best.weights[k], w)) continue;
           set_weight(g, readers[k].reader, best.weights[k]);
           ++clipped;

@@ -22,6 +22,9 @@ struct PassData {
   int count = 0;  ///< samples read (0: all)
   /// PassContext::weight_grid; empty without a quantization config.
   std::function<std::optional<PassContext::WeightGrid>(const Node&, std::size_t, std::int64_t)> weight_grid;
+  /// Where the float model runs for those statistics (a copy of its weights goes there for each
+  /// pass over the data); ChannelMoments come back on it, channel_absmax on the host.
+  std::string device = "cpu";
 };
 
 /// Runs, in schedule order, every enabled pass whose stage is `stage`: simplify passes on

@@ -44,7 +44,8 @@ struct PassContext {
   /// samples (the channel axis moved last, the rest flattened into n rows x), the mean |x| of
   /// each channel [C] and the Gram matrix (1/n) sum x x^T [C, C], float32. One pass over the
   /// data serves all requests; the caller bounds memory by asking for a few values at a time.
-  /// Empty where the host has no calibration data.
+  /// The tensors are on the device the host calibrates on (`--device`; the graph's weights stay
+  /// on the host), so a pass can search on the GPU. Empty where the host has no calibration data.
   struct ChannelMoments {
     at::Tensor mean_abs;
     at::Tensor gram;
