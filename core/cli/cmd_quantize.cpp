@@ -125,10 +125,13 @@ Command add_quantize(CLI::App& app, const GlobalOptions& g) {
   quantize
       ->add_option("--eval-fp32-outputs", a->eval_fp32_outputs, "Write the FP32 first output on --eval-data as .npy")
       ->needs(eval_data);
-  quantize->add_option("--target", a->target,
-                       "Accuracy to keep, e.g. \"cosine>=0.99\", \"sqnr>=30\", \"mse<=1e-4\", \"maxabs<=0.02\", "
-                       "\"top1-drop<=0.5\" (with "
-                       "--eval-data/--eval-labels): the most sensitive layers fall back to int16/float until it holds");
+  quantize->add_option(
+      "--target", a->target,
+      "Accuracy to keep, e.g. \"cosine>=0.99\", \"sqnr>=30\", \"mse<=1e-4\", \"maxabs<=0.02\", "
+      "\"argmax-agreement>=0.99\" (the class chosen along each output's last axis), \"ctc-agreement>=0.99\" "
+      "(a CTC recognizer's greedy decoding, [target] ctc_blank), "
+      "\"top1-drop<=0.5\" (with "
+      "--eval-data/--eval-labels): the most sensitive layers fall back to int16/float until it holds");
   quantize
       ->add_option("--target-outputs", a->target_outputs,
                    "Graph outputs the target is measured on, comma-separated (default: every floating-point "

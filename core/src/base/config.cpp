@@ -414,13 +414,16 @@ void read_qat(const Reader& r, const toml::table* t, Config& c) {
 }
 
 void read_target(const Reader& r, const toml::table* t, Config& c) {
-  r.check_keys(*t, "target", {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict", "outputs"});
+  r.check_keys(*t, "target",
+               {"metric", "value", "fallback", "max_fallback_layers", "holdout", "strict", "outputs", "ctc_blank"});
   TargetConfig& tc = c.target.emplace();
   tc.metric = r.get<std::string>(*t, "target", "metric", tc.metric, "a string");
   if (tc.metric != "cosine" && tc.metric != "sqnr" && tc.metric != "mse" && tc.metric != "maxabs" &&
-      tc.metric != "top1-drop")
+      tc.metric != "argmax-agreement" && tc.metric != "ctc-agreement" && tc.metric != "top1-drop")
     throw Error(r.key_path("target", "metric") +
-                " must be \"cosine\", \"sqnr\", \"mse\", \"maxabs\" or \"top1-drop\", got '" +
+                " must be \"cosine\", \"sqnr\", \"mse\", \"maxabs\", \"argmax-agreement\", \"ctc-agreement\" or "
+                "\"top1-drop\", "
+                "got '" +
                 printable(tc.metric, 40) + "'");
   tc.has_value = t->get("value") != nullptr;
   tc.value = r.get<double>(*t, "target", "value", tc.value, "a number");
@@ -440,6 +443,7 @@ void read_target(const Reader& r, const toml::table* t, Config& c) {
   if (tc.holdout < 0 || tc.holdout > 100000) throw Error(r.key_path("target", "holdout") + " must be 0 to 100000");
   tc.strict = r.get<bool>(*t, "target", "strict", tc.strict, "true or false");
   if (t->get("outputs")) tc.outputs = r.strings(*t, "target", "outputs");
+  tc.ctc_blank = r.get<std::int64_t>(*t, "target", "ctc_blank", tc.ctc_blank, "an integer");
   if (tc.has_value) tc.check_value(r.key_path("target", "value"));
 }
 
@@ -557,12 +561,13 @@ std::string TargetConfig::describe() const {
 }
 
 void TargetConfig::parse_expression(const std::string& text, const std::string& where) {
-  static const std::regex form(R"(\s*(cosine|sqnr|mse|maxabs|top1-drop)\s*(>=|<=)\s*([-+0-9.eE]+)\s*)");
+  static const std::regex form(
+      R"(\s*(cosine|sqnr|mse|maxabs|argmax-agreement|ctc-agreement|top1-drop)\s*(>=|<=)\s*([-+0-9.eE]+)\s*)");
   std::smatch m;
   if (!std::regex_match(text, m, form))
     throw Error(where + ": '" + printable(text, 60) +
                 "' is not a target; write METRIC>=VALUE or METRIC<=VALUE: cosine>=0.99, sqnr>=30, mse<=1e-4, "
-                "maxabs<=0.02, top1-drop<=0.5");
+                "maxabs<=0.02, argmax-agreement>=0.99, ctc-agreement>=0.99, top1-drop<=0.5");
   metric = m[1];
   const std::string want = higher_is_better() ? ">=" : "<=";
   if (m[2] != want) throw Error(where + ": " + metric + " takes " + want + " (" + metric + want + m[3].str() + ")");
@@ -586,6 +591,8 @@ void TargetConfig::check_value(const std::string& where) const {
     throw Error(where + ": " + describe() + " can never hold (cosine lies in [-1, 1])");
   if ((metric == "mse" || metric == "maxabs") && value < 0)
     throw Error(where + ": " + describe() + " can never hold (it is never negative)");
+  if ((metric == "argmax-agreement" || metric == "ctc-agreement") && value > 1)
+    throw Error(where + ": " + describe() + " can never hold (it is a share, at most 1)");
 }
 
 std::string one_line_message(const std::string& text, std::size_t max) {

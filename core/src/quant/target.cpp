@@ -30,12 +30,6 @@ int remedy_of(const std::string& name) {
   throw Error("target: unknown remedy '" + name + "'");
 }
 double sqnr_db(double relative_error) { return relative_error > 0 ? -10 * std::log10(relative_error) : 999.0; }
-std::vector<at::Tensor> float_outputs(const std::vector<at::Tensor>& outs) {
-  std::vector<at::Tensor> r;
-  for (const auto& o : outs)
-    if (o.defined() && o.is_floating_point()) r.push_back(o.detach().to(at::kDouble).reshape({-1}));
-  return r;
-}
 void swap_objects(QuantSlot& s, SlotObjects& o) {
   std::swap(s.spec, o.spec);
   std::swap(s.observer, o.observer);
@@ -188,6 +182,7 @@ double TargetSearch::measure() {
     return fp32_accuracy_ - 100.0 * static_cast<double>(correct) / static_cast<double>(n);
   }
   Agreement a;
+  if (t_.metric == "ctc-agreement") a.ctc_blank = t_.ctc_blank;
   for (std::size_t i = 0; i < d_.holdout.size(); ++i) a.add(reference_[i], measured(qm_.forward(d_.holdout[i])));
   return a.metric(t_.metric);
 }

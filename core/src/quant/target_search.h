@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,12 +32,21 @@ inline constexpr double kUnknown = std::numeric_limits<double>::infinity();
 double sqnr_db(double relative_error);
 
 /// Float outputs only: integer outputs (indices, lengths) carry no quantization error to measure.
-std::vector<at::Tensor> float_outputs(const std::vector<at::Tensor>& outs);
+/// Kept in their shapes: argmax-agreement reads the last axis.
+inline std::vector<at::Tensor> float_outputs(const std::vector<at::Tensor>& outs) {
+  std::vector<at::Tensor> r;
+  for (const auto& o : outs)
+    if (o.defined() && o.is_floating_point()) r.push_back(o.detach().to(at::kDouble));
+  return r;
+}
 
 /// Error sums of quantized against float outputs, sample by sample.
 struct Agreement {
   double sse = 0, ff = 0, worst_cosine = 1, maxabs = 0;
   std::int64_t n = 0;
+  std::int64_t positions = 0, agreeing = 0;   // argmax-agreement: class positions, and those that agree
+  std::optional<std::int64_t> ctc_blank;      // ctc-agreement, when measured: the blank's class
+  std::int64_t sequences = 0, same_text = 0;  // ctc-agreement: sequences, and those decoded alike
   void add(const std::vector<at::Tensor>& f, const std::vector<at::Tensor>& q) {
     if (f.size() != q.size()) throw Error("target: the quantized model gave other outputs than the float one");
     double s_sse = 0, s_ff = 0, s_qq = 0, s_fq = 0;
@@ -51,17 +61,65 @@ struct Agreement {
       s_qq += q[i].pow(2).sum().item<double>();
       s_fq += (f[i] * q[i]).sum().item<double>();
       n += f[i].numel();
+      if (f[i].dim() > 0 && f[i].size(-1) >= 2) {
+        // A position with NaN among its entries never agrees (argmax would pick the NaN).
+        const at::Tensor same = (q[i].argmax(-1) == f[i].argmax(-1)).logical_and_(q[i].isnan().any(-1).logical_not());
+        agreeing += same.sum().item<std::int64_t>();
+        positions += same.numel();
+        if (ctc_blank) add_ctc(f[i], q[i]);
+      }
     }
     const double cosine = s_ff > 0 && s_qq > 0 ? s_fq / std::sqrt(s_ff * s_qq) : (s_sse == 0 ? 1.0 : 0.0);
     worst_cosine = std::min(worst_cosine, cosine);
     sse += s_sse;
     ff += s_ff;
   }
+  /// Greedy CTC decodings of f and q compared sequence by sequence (Note [Accuracy target]).
+  void add_ctc(const at::Tensor& f, const at::Tensor& q) {
+    const std::int64_t classes = f.size(-1);
+    const std::int64_t blank = *ctc_blank < 0 ? classes + *ctc_blank : *ctc_blank;
+    if (blank < 0 || blank >= classes)
+      throw Error("target ctc-agreement: ctc_blank " + std::to_string(*ctc_blank) + " is not a class of an output of " +
+                  std::to_string(classes) + " classes");
+    std::vector<std::int64_t> outer;  // the axes before the classes that are longer than 1
+    for (std::int64_t d = 0; d + 1 < f.dim(); ++d)
+      if (f.size(d) > 1) outer.push_back(f.size(d));
+    const std::int64_t steps = outer.empty() ? 1 : outer.back();
+    const std::int64_t n = f.numel() / (steps * classes);
+    const at::Tensor fs = f.reshape({n, steps, classes}).argmax(-1).cpu(), qs = q.reshape({n, steps, classes});
+    const at::Tensor qa = qs.argmax(-1).cpu(), q_nan = qs.isnan().any(-1).any(-1).cpu();
+    auto decode = [blank](const std::int64_t* p, std::int64_t len) {
+      std::vector<std::int64_t> text;
+      for (std::int64_t t = 0; t < len; ++t)
+        if (p[t] != blank && (t == 0 || p[t] != p[t - 1])) text.push_back(p[t]);
+      return text;
+    };
+    for (std::int64_t s = 0; s < n; ++s) {
+      const bool same = !q_nan[s].item<bool>() &&
+                        decode(fs[s].data_ptr<std::int64_t>(), steps) == decode(qa[s].data_ptr<std::int64_t>(), steps);
+      same_text += same ? 1 : 0;
+    }
+    sequences += n;
+  }
   double sqnr_db() const { return sse > 0 ? 10 * std::log10(ff / sse) : 999.0; }
   double metric(const std::string& m) const {
     if (m == "cosine") return worst_cosine;
     if (m == "sqnr") return sqnr_db();
     if (m == "maxabs") return maxabs;
+    if (m == "argmax-agreement") {
+      if (positions == 0)
+        throw Error(
+            "target argmax-agreement: no measured output has a class axis (a last dimension of 2 or more); "
+            "choose the outputs with --target-outputs, or use maxabs or cosine");
+      return static_cast<double>(agreeing) / static_cast<double>(positions);
+    }
+    if (m == "ctc-agreement") {
+      if (sequences == 0)
+        throw Error(
+            "target ctc-agreement: no measured output has a class axis (a last dimension of 2 or more); "
+            "choose the outputs with --target-outputs");
+      return static_cast<double>(same_text) / static_cast<double>(sequences);
+    }
     return n > 0 ? sse / static_cast<double>(n) : 0;  // mse
   }
 };

@@ -52,8 +52,10 @@
 ///     nodes = ["layer4*"]             #   `sparse = { ratio = 0.3 }` in a top-level [[specific]])
 ///     ratio = 0.3
 ///     [target]                        # accuracy target (sparsebit/core/target.h)
-///     metric = "cosine"               #   cosine | sqnr | mse | top1-drop (needs --eval-data/--eval-labels)
-///     value = 0.99                    #   cosine, sqnr: at least; mse, top1-drop: at most
+///     metric = "cosine"               #   cosine | sqnr | mse | maxabs | argmax-agreement |
+///                                     #   ctc-agreement | top1-drop (needs --eval-data/--eval-labels)
+///     value = 0.99                    #   cosine, sqnr, *-agreement: at least; the rest: at most
+///     ctc_blank = 0                   #   ctc-agreement: the blank's class (-1: the last)
 ///     fallback = ["range", "per-channel", "int16", "float"]  # remedies, cheapest first, for the
 ///                                     #   layers whose output strays most (default: all four)
 ///     max_fallback_layers = 8         #   layers in int16 or float: default 10% of the quantized
@@ -216,7 +218,7 @@ struct BitAllocationConfig {
 /// `[target]` (or `--target "cosine>=0.99"`): the accuracy the quantized model must keep, and
 /// what may be given up to reach it (sparsebit/core/target.h).
 struct SPARSEBIT_API TargetConfig {
-  std::string metric = "cosine";  ///< cosine | sqnr | mse | maxabs | top1-drop
+  std::string metric = "cosine";  ///< cosine | sqnr | mse | maxabs | argmax-agreement | ctc-agreement | top1-drop
   double value = 0.99;
   /// False for a [target] table that sets only the search (fallback, budget, holdout) and
   /// leaves metric and value to --target; quantize refuses it without one.
@@ -229,14 +231,20 @@ struct SPARSEBIT_API TargetConfig {
   /// Graph outputs the metric is measured on (empty: every floating-point output), e.g. a voice
   /// detector's probability and not the recurrent state it also returns.
   std::vector<std::string> outputs;
-  /// Whether larger values of the metric are better (cosine, sqnr).
-  bool higher_is_better() const { return metric == "cosine" || metric == "sqnr"; }
+  /// ctc-agreement: the class of the blank (negative: from the end; TensorFlow's CTC uses the last).
+  std::int64_t ctc_blank = 0;
+  /// Whether larger values of the metric are better (cosine, sqnr, the agreements).
+  bool higher_is_better() const {
+    return metric == "cosine" || metric == "sqnr" || metric == "argmax-agreement" || metric == "ctc-agreement";
+  }
   /// "cosine>=0.99"
   std::string describe() const;
-  /// Parses "cosine>=0.99", "sqnr>=30", "mse<=1e-3", "maxabs<=0.02", "top1-drop<=0.5" into metric and value
+  /// Parses "cosine>=0.99", "sqnr>=30", "mse<=1e-3", "maxabs<=0.02", "argmax-agreement>=0.99",
+  /// "ctc-agreement>=0.99", "top1-drop<=0.5" into metric and value
   /// (the comparison must be the one the metric takes); `where` names the source in errors.
   void parse_expression(const std::string& text, const std::string& where);
-  /// Refuses a value the metric can never reach (cosine above 1, a negative mse or maxabs).
+  /// Refuses a value the metric can never reach (cosine or an agreement above 1, a negative
+  /// mse or maxabs).
   void check_value(const std::string& where) const;
 };
 

@@ -12,6 +12,17 @@
 ///        mse        mean of (q - f)^2 over all elements
 ///        maxabs     the largest |q - f| of any element: the tolerance of outputs read as
 ///                   values (a probability compared with a threshold, a regressed box)
+///        argmax-agreement  the share of positions (every index but the last axis) where the
+///                   largest entry along an output's last axis is the same as float's: the
+///                   tolerance of outputs read as classes (a classifier, a CTC recognizer's
+///                   time steps, a segmentation's pixels with classes last); outputs whose
+///                   last axis has fewer than 2 entries are left out
+///        ctc-agreement  the share of sequences whose greedy CTC decoding (the largest class
+///                   at each step, repeats merged, the blank `ctc_blank` dropped) is float's:
+///                   the tolerance of a recognizer read as text, which per-step argmax
+///                   overstates (a step moving between a character and the blank beside it
+///                   leaves the text as it was). Classes on the last axis, time on the last
+///                   axis before it longer than 1 ([1, T, C] and [T, 1, C] alike)
 ///        top1-drop  FP32 minus simulated top-1 accuracy on --eval-data/--eval-labels, in points
 ///   2. Remedies, cheapest first (`fallback`): "range" (another range for the layer's
 ///      activations: the candidates of the `auto` observer's histogram, streamed once over the
