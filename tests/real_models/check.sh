@@ -6,7 +6,8 @@
 # observers that once collapsed on it (kl_histogram, aciq), held to minmax; the recognizer and
 # detector in FP8 (configs/fp8_tensorrt.toml); and the Silero
 # voice-activity detector (its network four Ifs deep) with the shipped ONNX Runtime and TensorRT
-# configs, streamed in ONNX Runtime with its state fed back.
+# configs and with the ONNX Runtime config held to maxabs<=0.02, streamed in ONNX Runtime with its
+# state fed back, calibrated on clean speech and scored on clean and telephone renderings.
 #   check.sh SPARSEBIT WORK_DIR
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,7 +18,7 @@ measure="$here/measure.sh"
 # kernels add u8 x s8 pairs in 16 bits on x86 processors without VNNI and give other numbers
 # there, and these bounds must hold on every processor CI may run on.
 export ORT_OPTIMIZATION=basic
-RENDERINGS="print scan" "$measure" prepare "$work" small >/dev/null
+RENDERINGS="print scan" VAD_RENDERINGS="clean phone" "$measure" prepare "$work" small >/dev/null
 fail=0
 check() {  # check ROW FIELD OP BOUND: the number after FIELD in ROW, compared with BOUND
   local value
@@ -81,9 +82,19 @@ check "$(grep 'print->scan' <<<"$rows")" agreement ">=" 94
 # the goal (within 0.02 of float everywhere, not met: docs/MODELS.md). On this data: 71% of
 # decisions kept while the returned LSTM state was rounded to 8 bits, 98.1% (mean difference
 # 0.020) since it and the LSTM stay float.
-row=$("$measure" "$bin" "$work" vad "$root/configs/w8a8_onnxruntime.toml" ort); echo "$row"
-check "$row" decisions ">=" 95
-check "$row" mean-diff "<=" 0.04
+# Calibrated on clean speech, scored on it and on a telephone rendering of other speech.
+rows=$(VAD_TESTS="clean phone" "$measure" "$bin" "$work" vad "$root/configs/w8a8_onnxruntime.toml" ort); echo "$rows"
+check "$(grep 'clean->clean' <<<"$rows")" decisions ">=" 95
+check "$(grep 'clean->clean' <<<"$rows")" mean-diff "<=" 0.04
+check "$(grep 'clean->phone' <<<"$rows")" decisions ">=" 94
+check "$(grep 'clean->phone' <<<"$rows")" mean-diff "<=" 0.06
+# The task's tolerance as the target: the speech probability within 0.02 of float, held to 128
+# chunks with every layer of the 16 kHz branch allowed to fall back; it must hold on both renderings.
+printf '\n[target]\nmax_fallback_layers = 13\nholdout = 128\n' | cat "$root/configs/w8a8_onnxruntime.toml" - > "$work/vad_target.toml"
+rows=$(VAD_TESTS="clean phone" "$measure" "$bin" "$work" vad "$work/vad_target.toml" maxabs --target "maxabs<=0.02" \
+  --target-outputs output); echo "$rows"
+check "$(grep 'clean->clean' <<<"$rows")" worst-diff "<=" 0.02
+check "$(grep 'clean->phone' <<<"$rows")" worst-diff "<=" 0.02
 # TensorRT keeps If bodies float: nothing is quantized, loudly, and the export equals float.
 row=$("$measure" "$bin" "$work" vad "$trt" trt); echo "$row"
 check "$row" worst-diff "<=" 0.00001

@@ -11,7 +11,9 @@
 # WORK must hold the data `prepare` wrote (measure.sh prepare WORK [SMALL]). The OCR data comes in
 # three renderings (tests/real_models/ppocr.py: print, scan, photo); CALIB (default print) names the
 # one the calibration reads, TESTS (default print) those the export is scored on; prepare renders
-# RENDERINGS (default all three). ORT_OPTIMIZATION (default all) is ONNX Runtime's graph
+# RENDERINGS (default all three; set and empty: none). The speech comes in three renderings too
+# (tests/real_models/vad.py: clean, phone, room), chosen by VAD_CALIB and VAD_TESTS (default clean)
+# and rendered by prepare for VAD_RENDERINGS (default all three). ORT_OPTIMIZATION (default all) is ONNX Runtime's graph
 # optimization level for the exports.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,7 +32,7 @@ if [[ "$1" == prepare ]]; then  # prepare WORK [small]: render the data, FP32 ou
   fi
   n_lines=200 n_pages=16 n_cls=100
   [[ -n "$small" ]] && n_lines=100 n_pages=6 n_cls=50
-  for r in ${RENDERINGS:-print scan photo}; do
+  for r in ${RENDERINGS-print scan photo}; do  # set and empty: none
     x=""  # print keeps the unsuffixed names
     [[ $r == print ]] || x=_$r
     "$py" "$here/ppocr.py" lines "$work/lines_calib$x" --count 64 --seed 1 --rendering "$r"
@@ -48,27 +50,31 @@ if [[ "$1" == prepare ]]; then  # prepare WORK [small]: render the data, FP32 ou
   # Speech synthesized with espeak-ng; calibration chunks carry the states the float model passed on.
   vad_seconds=30
   [[ -n "$small" ]] && vad_seconds=12
-  "$py" "$here/vad.py" render "$work/vad_calib.npy" --seconds 12 --seed 1
-  "$py" "$here/vad.py" render "$work/vad_test.npy" --seconds "$vad_seconds" --seed 2
-  node "$ort/vad_stream.mjs" "$vad_model" "$work/vad_calib.npy" "$work/vad_calib_probs.npy" \
-    --states "$work/vad_calib_states.npy"
-  rm -rf "$work/vad_calib"
-  "$py" "$here/vad.py" records "$work/vad_calib.npy" "$work/vad_calib_states.npy" "$work/vad_calib"
-  node "$ort/vad_stream.mjs" "$vad_model" "$work/vad_test.npy" "$work/vad_fp32.npy"
+  for r in ${VAD_RENDERINGS-clean phone room}; do
+    x=""  # clean keeps the unsuffixed names
+    [[ $r == clean ]] || x=_$r
+    "$py" "$here/vad.py" render "$work/vad_calib$x.npy" --seconds 12 --seed 1 --rendering "$r"
+    "$py" "$here/vad.py" render "$work/vad_test$x.npy" --seconds "$vad_seconds" --seed 2 --rendering "$r"
+    node "$ort/vad_stream.mjs" "$vad_model" "$work/vad_calib$x.npy" "$work/vad_calib_probs$x.npy" \
+      --states "$work/vad_calib_states$x.npy"
+    rm -rf "$work/vad_calib$x"
+    "$py" "$here/vad.py" records "$work/vad_calib$x.npy" "$work/vad_calib_states$x.npy" "$work/vad_calib$x"
+    node "$ort/vad_stream.mjs" "$vad_model" "$work/vad_test$x.npy" "$work/vad_fp32$x.npy"
+  done
   exit 0
 fi
 
 bin=$1 work=$2 model=$3 config=$4 name=$5
 shift 5
-suffix() { [[ $1 == print ]] && echo "" || echo "_$1"; }  # prepare's names for a rendering
+suffix() { [[ $1 == print || $1 == clean ]] && echo "" || echo "_$1"; }  # prepare's names for a rendering
 calib_r=${CALIB:-print} tests=${TESTS:-print}
-[[ $model == vad ]] && calib_r=print tests=print  # the speech has one rendering
+[[ $model == vad ]] && calib_r=${VAD_CALIB:-clean} tests=${VAD_TESTS:-clean}
 cx=$(suffix "$calib_r")
 case $model in
   rec) onnx=ch_PP-OCRv4_rec_infer.onnx calib=lines_calib$cx infer=(--argmax) ;;
   det) onnx=ch_PP-OCRv4_det_infer.onnx calib=pages_calib$cx infer=(--batch 4) ;;
   cls) onnx=ch_ppocr_mobile_v2.0_cls_infer.onnx calib=cls_calib$cx infer=() ;;
-  vad) onnx=$vad_model calib=vad_calib ;;
+  vad) onnx=$vad_model calib=vad_calib$cx ;;
   *) echo "model must be rec, det, cls or vad" >&2; exit 2 ;;
 esac
 if [[ ! -d "$work/$calib" ]]; then
@@ -77,7 +83,7 @@ if [[ ! -d "$work/$calib" ]]; then
 fi
 [[ "$onnx" == /* ]] || onnx="$assets/$onnx"
 out="$work/${model}_${name}"
-[[ $calib_r == print ]] || out="$work/${model}_${name}_from_$calib_r"
+[[ -z $cx ]] || out="$work/${model}_${name}_from_$calib_r"
 /usr/bin/time -f "%e %M" -o "$out.time" "$bin" --quiet quantize "$onnx" -c "$config" --calib "$work/$calib" \
   -o "$out.onnx" --report "$out.json" "$@" 2> "$out.log" || { cat "$out.log" >&2; exit 1; }
 read -r seconds kib < "$out.time"
@@ -88,7 +94,7 @@ for t in $tests; do
     rec) test=lines_test$tx.npy fp32=rec_fp32$tx.npy ;;
     det) test=pages_test$tx.npy fp32=det_fp32$tx.npy ;;
     cls) test=cls_test$tx.npy fp32=cls_fp32$tx.npy ;;
-    vad) test=vad_test.npy fp32=vad_fp32.npy ;;
+    vad) test=vad_test$tx.npy fp32=vad_fp32$tx.npy ;;
   esac
   if [[ ! -f "$work/$test" ]]; then
     echo "$work/$test is missing: run measure.sh prepare $work (RENDERINGS=\"... $t\")" >&2

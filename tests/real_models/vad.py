@@ -4,8 +4,14 @@ ships (dist/silero_vad_v5.onnx: inputs `input` [batch, 512] at 16 kHz, `state` [
 `sr`; outputs the speech probability and the next state).
 
 The speech is synthesized here with Debian's espeak-ng (several voices and speeds), never taken
-from anyone's recordings, and mixed with silence and background noise at several levels:
-  render   AUDIO.npy --seconds S --seed N     a float32 16 kHz recording
+from anyone's recordings, and mixed with silence and background noise, in one of three renderings
+that differ in every respect a recording can (--rendering):
+  clean  close microphone: white noise at a level that changes every second, a 50 Hz hum
+  phone  a telephone line: band-limited to 300-3400 Hz through an 8 kHz channel, mu-law
+         companded, louder speech with clipping, babble of other synthesized voices underneath
+  room   far field: reverberation (an exponentially decaying noise tail of 0.2-0.6 s), quiet
+         speech, pink noise and a passing tone (a fan, a machine) that rises and falls
+  render   AUDIO.npy --seconds S --seed N [--rendering R]   a float32 16 kHz recording
   records  AUDIO.npy STATES.npy OUT_DIR       calibration samples in ONNX's test-data layout, one
                                              per 512-sample chunk, with the state the float
                                              model carried into it (STATES from vad_stream.mjs)
@@ -52,18 +58,36 @@ def speak(text, voice, speed, pitch):
     return y / max(np.abs(y).max(), 1.0)
 
 
-def render(out, seconds, seed):
-    rng = np.random.default_rng(seed)
-    total = int(seconds * RATE)
+def speech_track(rng, total, gains, pauses):
+    """Sentences at random voices, speeds and pitches, with pauses between them."""
     audio = np.zeros(total)
     at = int(rng.uniform(0.3, 1.0) * RATE)
     while at < total:
         s = speak(SENTENCES[rng.integers(len(SENTENCES))], VOICES[rng.integers(len(VOICES))],
                   int(rng.integers(120, 200)), int(rng.integers(30, 70)))
-        gain = rng.uniform(0.1, 0.8)
         end = min(total, at + len(s))
-        audio[at:end] += gain * s[:end - at]
-        at = end + int(rng.uniform(0.4, 1.5) * RATE)  # a pause
+        audio[at:end] += rng.uniform(*gains) * s[:end - at]
+        at = end + int(rng.uniform(*pauses) * RATE)
+    return audio
+
+
+def band_pass(x, low, high):
+    """Zeroes the spectrum outside [low, high] Hz."""
+    spectrum = np.fft.rfft(x)
+    freqs = np.fft.rfftfreq(len(x), 1 / RATE)
+    spectrum[(freqs < low) | (freqs > high)] = 0
+    return np.fft.irfft(spectrum, len(x))
+
+
+def pink_noise(rng, n):
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    spectrum /= np.sqrt(np.maximum(np.fft.rfftfreq(n, 1 / RATE), 20.0))
+    x = np.fft.irfft(spectrum, n)
+    return x / np.abs(x).max()
+
+
+def render_clean(rng, total):
+    audio = speech_track(rng, total, (0.1, 0.8), (0.4, 1.5))
     # Background: white noise whose level changes every second, and a low hum in some seconds.
     for start in range(0, total, RATE):
         n = min(RATE, total - start)
@@ -71,6 +95,43 @@ def render(out, seconds, seed):
         audio[start:start + n] += level * rng.standard_normal(n)
         if rng.random() < 0.3:
             audio[start:start + n] += 0.02 * np.sin(2 * np.pi * 50 * np.arange(n) / RATE)
+    return audio
+
+
+def render_phone(rng, total):
+    audio = speech_track(rng, total, (0.6, 1.4), (0.2, 1.0))
+    # Babble: other voices, quiet and continuous, as in a call from a busy place.
+    audio += rng.uniform(0.03, 0.1) * speech_track(rng, total, (0.5, 1.0), (0.0, 0.3))
+    audio += 0.002 * rng.standard_normal(total)
+    # The line: 8 kHz channel (every other sample, held), 300-3400 Hz, mu-law at 8 bits, clipping.
+    audio = band_pass(np.clip(audio, -1, 1), 300, 3400)
+    audio[1::2] = audio[0::2][:len(audio[1::2])]
+    mu = 255.0
+    coded = np.round(np.sign(audio) * np.log1p(mu * np.minimum(np.abs(audio), 1)) / np.log1p(mu) * 127) / 127
+    return np.sign(coded) * np.expm1(np.abs(coded) * np.log1p(mu)) / mu
+
+
+def render_room(rng, total):
+    dry = speech_track(rng, total, (0.05, 0.3), (0.6, 2.0))
+    tail = rng.uniform(0.2, 0.6)
+    t = np.arange(int(tail * RATE)) / RATE
+    impulse = rng.standard_normal(len(t)) * np.exp(-6.9 * t / tail)  # -60 dB at the tail's end
+    impulse[0] = 1.0
+    n = 1 << int(np.ceil(np.log2(total + len(impulse))))
+    wet = np.fft.irfft(np.fft.rfft(dry, n) * np.fft.rfft(impulse, n), n)[:total]
+    audio = wet / max(np.abs(wet).max(), 1e-9) * np.abs(dry).max()
+    audio += rng.uniform(0.005, 0.03) * pink_noise(rng, total)
+    hum = rng.uniform(80, 400)
+    envelope = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(total) / total)
+    return audio + 0.01 * envelope * np.sin(2 * np.pi * hum * np.arange(total) / RATE)
+
+
+RENDERINGS = {"clean": render_clean, "phone": render_phone, "room": render_room}
+
+
+def render(out, seconds, seed, rendering="clean"):
+    rng = np.random.default_rng(seed)
+    audio = RENDERINGS[rendering](rng, int(seconds * RATE))
     np.save(out, np.clip(audio, -1, 1).astype(np.float32))
 
 
@@ -104,6 +165,7 @@ def main():
     r.add_argument("out")
     r.add_argument("--seconds", type=float, default=12)
     r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--rendering", choices=sorted(RENDERINGS), default="clean")
     c = sub.add_parser("records")
     c.add_argument("audio")
     c.add_argument("states")
@@ -113,7 +175,7 @@ def main():
     s.add_argument("fp32")
     a = ap.parse_args()
     if a.cmd == "render":
-        render(a.out, a.seconds, a.seed)
+        render(a.out, a.seconds, a.seed, a.rendering)
     elif a.cmd == "records":
         records(a.audio, a.states, a.out)
     else:
