@@ -11,7 +11,10 @@
 #   bench/real_models.sh [SPARSEBIT_BINARY] [WORK_DIR] [MODELS (default "rec det cls vad")]
 # BASES (default "w8a8_tensorrt w8a8_onnxruntime"), OBSERVERS (default "minmax percentile mse
 # kl_histogram aciq") and TARGETS=0 (no --target rows) choose fewer rows; CALIB (print, scan or
-# photo: the rendering calibrated on) and TESTS (those scored on) as in tests/real_models/measure.sh.
+# photo: the rendering calibrated on) and TESTS (those scored on) as in tests/real_models/measure.sh,
+# VAD_CALIB and VAD_TESTS (clean, phone, room) for the speech. The target rows hold each model to
+# the cosine and to the tolerance its task reads: the recognizer's decoded text (ctc-agreement),
+# the classifier's label (argmax-agreement), the speech probability within 0.02 (maxabs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${1:-$root/build/bin/sparsebit}"
@@ -40,4 +43,15 @@ for m in $models; do
   variant w8a8_tensorrt w8a8_tensorrt_minmax minmax
   "$measure" "$bin" "$work" "$m" "$root/configs/w8a8_tensorrt.toml" "w8a8_tensorrt_shipped_target" --target "cosine>=0.99"
   "$measure" "$bin" "$work" "$m" "$work/w8a8_tensorrt_minmax.toml" "w8a8_tensorrt_minmax_target" --target "cosine>=0.99"
+  case $m in
+    rec) "$measure" "$bin" "$work" rec "$root/configs/w8a8_tensorrt.toml" w8a8_tensorrt_text_target \
+      --target "ctc-agreement>=0.99" ;;
+    cls) "$measure" "$bin" "$work" cls "$root/configs/w8a8_tensorrt.toml" w8a8_tensorrt_label_target \
+      --target "argmax-agreement>=0.99" ;;
+    vad)
+      printf '\n[target]\nmax_fallback_layers = 13\nholdout = 128\n' |
+        cat "$root/configs/w8a8_onnxruntime.toml" - > "$work/w8a8_onnxruntime_vad_target.toml"
+      "$measure" "$bin" "$work" vad "$work/w8a8_onnxruntime_vad_target.toml" w8a8_onnxruntime_maxabs_target \
+        --target "maxabs<=0.02" --target-outputs output ;;
+  esac
 done

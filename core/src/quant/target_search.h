@@ -106,19 +106,14 @@ struct Agreement {
     if (m == "cosine") return worst_cosine;
     if (m == "sqnr") return sqnr_db();
     if (m == "maxabs") return maxabs;
-    if (m == "argmax-agreement") {
-      if (positions == 0)
-        throw Error(
-            "target argmax-agreement: no measured output has a class axis (a last dimension of 2 or more); "
-            "choose the outputs with --target-outputs, or use maxabs or cosine");
-      return static_cast<double>(agreeing) / static_cast<double>(positions);
-    }
-    if (m == "ctc-agreement") {
-      if (sequences == 0)
-        throw Error(
-            "target ctc-agreement: no measured output has a class axis (a last dimension of 2 or more); "
-            "choose the outputs with --target-outputs");
-      return static_cast<double>(same_text) / static_cast<double>(sequences);
+    if (m == "argmax-agreement" || m == "ctc-agreement") {
+      const bool ctc = m == "ctc-agreement";
+      const std::int64_t total = ctc ? sequences : positions, same = ctc ? same_text : agreeing;
+      if (total == 0)
+        throw Error("target " + m +
+                    ": no measured output has a class axis (a last dimension of 2 or more); choose the outputs "
+                    "with --target-outputs, or use maxabs or cosine");
+      return static_cast<double>(same) / static_cast<double>(total);
     }
     return n > 0 ? sse / static_cast<double>(n) : 0;  // mse
   }
