@@ -15,8 +15,9 @@
 # builds only these targets, e.g. "sparsebit sparsebit_gpu_training_tests".
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${1:-$root/build-gpu}"
-debs="${2:-$root/.device-debs}"
+# Absolute: CMake reads a relative CMAKE_PREFIX_PATH from the build folder, not from here.
+build="$(realpath -m "${1:-$root/build-gpu}")"
+debs="$(realpath -m "${2:-$root/.device-debs}")"
 python="${PYTHON:-python3}"
 jobs="${JOBS:-$(nproc)}"
 
