@@ -81,24 +81,29 @@ class QClip final : public NodeQModule {
   std::optional<double> min_attr_, max_attr_;
 };
 
-class QSoftmax final : public NodeQModule {
+// Softmax and LogSoftmax: one normalization along `axis`. Before opset 13 the input is coerced
+// to 2-D at `axis` and normalized over the flattened tail.
+class QSoftmaxFamily final : public NodeQModule {
  public:
-  explicit QSoftmax(const OpContext& c)
-      : NodeQModule(c), opset_(c.opset), axis_(c.node.attr_int("axis", c.opset >= 13 ? -1 : 1)) {}
+  QSoftmaxFamily(const OpContext& c, bool log)
+      : NodeQModule(c), opset_(c.opset), axis_(c.node.attr_int("axis", c.opset >= 13 ? -1 : 1)), log_(log) {}
   std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     const at::Tensor& x = in.at(0);
-    std::int64_t axis = normalize_axis(axis_, x.dim(), node());
-    if (opset_ >= 13) return {at::softmax(x, axis)};
-    // Before opset 13 the input is coerced to 2-D at `axis` and normalized over the flattened tail.
+    const std::int64_t axis = normalize_axis(axis_, x.dim(), node());
+    if (opset_ >= 13) return {normalize(x, axis)};
     std::int64_t outer = 1;
     for (std::int64_t d = 0; d < axis; ++d) outer *= x.size(d);
-    return {at::softmax(x.reshape({outer, -1}), 1).reshape(x.sizes())};
+    return {normalize(x.reshape({outer, -1}), 1).reshape(x.sizes())};
   }
 
  private:
   std::int64_t opset_;
   std::int64_t axis_;
+  bool log_;
+  at::Tensor normalize(const at::Tensor& x, std::int64_t axis) const {
+    return log_ ? at::log_softmax(x, axis) : at::softmax(x, axis);
+  }
 };
 
 // Hardmax: 1 at the first maximum along the axis, 0 elsewhere (a one-hot argmax, so it
@@ -177,25 +182,6 @@ class QPRelu final : public QModule {
     }
     return {at::where(x < 0, x * slope, x)};
   }
-};
-
-class QLogSoftmax final : public NodeQModule {
- public:
-  explicit QLogSoftmax(const OpContext& c)
-      : NodeQModule(c), opset_(c.opset), axis_(c.node.attr_int("axis", c.opset >= 13 ? -1 : 1)) {}
-  std::vector<InputSpec> input_specs() const override { return kQuantizeInput; }
-  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
-    const at::Tensor& x = in.at(0);
-    std::int64_t axis = normalize_axis(axis_, x.dim(), node());
-    if (opset_ >= 13) return {at::log_softmax(x, axis)};
-    std::int64_t outer = 1;
-    for (std::int64_t d = 0; d < axis; ++d) outer *= x.size(d);
-    return {at::log_softmax(x.reshape({outer, -1}), 1).reshape(x.sizes())};
-  }
-
- private:
-  std::int64_t opset_;
-  std::int64_t axis_;
 };
 
 // Both inputs are quantized (the original toolkit's quantizing identity on each input of a
@@ -305,13 +291,13 @@ void register_all(Registrar& r) {
   r.add_op<QSigmoid>("Sigmoid");
   r.add_op<QHardSigmoid>("HardSigmoid");
   r.add_op<QClip>("Clip");
-  r.add_op<QSoftmax>("Softmax");
+  r.add_op_factory("Softmax", "", [](const OpContext& c) { return std::make_unique<QSoftmaxFamily>(c, false); });
   r.add_op<QHardmax>("Hardmax");
   r.add_op<QShrink>("Shrink");
   r.add_op<QAdd>("Add");
   r.add_op<QMul>("Mul");
   r.add_op<QPRelu>("PRelu");
-  r.add_op<QLogSoftmax>("LogSoftmax");
+  r.add_op_factory("LogSoftmax", "", [](const OpContext& c) { return std::make_unique<QSoftmaxFamily>(c, true); });
   add_activation(r, "LeakyRelu", [](const Node& n) {
     const double a = n.attr_float("alpha", 0.01);
     return [a](const at::Tensor& x) { return at::where(x < 0, x * a, x); };
