@@ -240,4 +240,14 @@ struct Reader {
   }
 };
 
+/// The config's other tables (config_sections.cpp), each read into `c` from its table `t`.
+void read_calibration(const Reader& r, const toml::table* t, Config& c);
+void read_export(const Reader& r, const toml::table* t, Config& c);
+void read_latency(const Reader& r, const toml::table* t, Config& c);
+void read_data(const Reader& r, const toml::table* t, Config& c);
+void read_qat(const Reader& r, const toml::table* t, Config& c);
+void read_target(const Reader& r, const toml::table* t, Config& c);
+void read_bit_allocation(const Reader& r, const toml::table* t, Config& c);
+void read_plugins(const Reader& r, const toml::table* t, const std::string& source_name, Config& c);
+
 }  // namespace sparsebit::config_detail
