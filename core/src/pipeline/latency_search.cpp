@@ -36,7 +36,6 @@
 
 namespace sparsebit::steps {
 
-
 namespace {
 // Note [Latency search]: a region goes float where it ran faster so in at least this share of
 // the rounds and by more than this margin at some thread count, and slower at none.

@@ -35,8 +35,8 @@ class Scratch {
  public:
   Scratch() {
     static int made = 0;
-    dir_ =
-        std::filesystem::temp_directory_path() / ("sparsebit_latency_" + std::to_string(::getpid()) + "_" + std::to_string(made++));
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sparsebit_latency_" + std::to_string(::getpid()) + "_" + std::to_string(made++));
     std::filesystem::create_directories(dir_);
   }
   ~Scratch() {
