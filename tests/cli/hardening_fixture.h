@@ -24,7 +24,6 @@
 #include "sparsebit/sdk/error.h"
 #include "test_support.h"
 
-
 namespace sparsebit::hardening {
 
 namespace fs = std::filesystem;

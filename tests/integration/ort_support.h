@@ -71,8 +71,8 @@ inline Graph qdq_model(const QParams& p, const Case& c, int bits) {
 }
 
 // Runs `model` in ONNX Runtime on `x` (input `in`), returns output `out`.
-inline at::Tensor run_in_ort(const std::string& model, const std::string& in, const at::Tensor& x, const std::string& out,
-                      const testing::TempDir& dir, const std::string& level = "all") {
+inline at::Tensor run_in_ort(const std::string& model, const std::string& in, const at::Tensor& x,
+                             const std::string& out, const testing::TempDir& dir, const std::string& level = "all") {
   write_npy(x, dir / "ort_in.npy");
   auto r = testing::run_command(std::string(SPARSEBIT_NODE) + " " + SPARSEBIT_ORT_DIR + "/run_model.mjs " + model +
                                 " --optimization " + level + " --in " + in + "=" + (dir / "ort_in.npy") + " --out " +
@@ -101,7 +101,7 @@ inline at::Tensor test_images(std::int64_t n) {
 // reference kernels (no fusion, which would round float biases its own way) within `steps`
 // output steps; returns the exported model.
 inline Model check_export(QuantModel& qm, const std::string& path, const testing::TempDir& dir, double steps,
-                   const std::string& what) {
+                          const std::string& what) {
   qm.export_onnx(path);
   Model exported = load_onnx(path);
   at::Tensor x = test_images(32);

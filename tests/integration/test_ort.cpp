@@ -261,7 +261,6 @@ TEST(OnnxRuntime, TargetFallbackLayersExportAndMatchTheSimulation) {
   }
 }
 
-
 // A float model whose weights live in a side file goes through `sparsebit quantize
 // --external-data`; the QDQ export keeps its weights outside too, loads back to the same
 // tensors, and runs in ONNX Runtime with the same outputs as the in-file export.
