@@ -199,7 +199,7 @@ namespace {
 /// (QLinearConv) ... is invalid", ONNX Runtime 1.30). A placement that avoided that fusion would
 /// change what TensorRT sees, so the export stays as TensorRT wants it and says how to check it
 /// in ONNX Runtime: at graph optimization level 'basic' (tests/ort/run_model.mjs --optimization
-/// basic; the check is in tests/integration/test_ort.cpp).
+/// basic; the check is in tests/integration/test_ort_float8.cpp).
 std::string float8_load_note(const QuantModel& qm) {
   for (const auto& s : qm.slots())
     if (s.active() && s.spec.is_float8())

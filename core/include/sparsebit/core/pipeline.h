@@ -101,7 +101,7 @@ struct LatencyReport {
   std::int64_t float_bytes = 0, export_bytes = 0;  ///< the files' sizes
 };
 
-/// The latency search's result (Note [Latency search] in core/src/pipeline/latency.cpp).
+/// The latency search's result (Note [Latency search] in core/src/pipeline/latency_search.cpp).
 struct LatencySearch {
   bool ran = false;
   std::string why_not;                ///< when it did not run: why
