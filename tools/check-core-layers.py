@@ -7,6 +7,10 @@ the subsystems it builds on. A file may include the headers of its own subsystem
 depends on, directly or through them; an include of any other core header is an error, as are a
 core file outside every subsystem and a public header no subsystem owns.
 
+The hosts (the CLI in core/cli/, the Python module in core/python/, the programs in examples/)
+build on the library as any application does: they may include its public headers
+(sparsebit/core/, sparsebit/sdk/) and their own folder's, never a subsystem's internals.
+
     check-core-layers.py ROOT
 """
 import pathlib
@@ -109,6 +113,19 @@ def main():
             if target not in reach[sub]:
                 may = ", ".join(s for s in subs if s in reach[sub])
                 errors.append(f"{f.relative_to(root)} ({sub}) includes \"{inc}\" ({target}): {sub} may include {may}")
+    hosts = [core / "cli", core / "python"] + sorted(p for p in (root / "examples").glob("*") if p.is_dir())
+    host_files = 0
+    for folder in hosts:
+        for f in sorted(folder.rglob("*")):
+            if f.suffix not in (".cpp", ".h"):
+                continue
+            host_files += 1
+            for inc in INCLUDE.findall(f.read_text(errors="replace")):
+                if inc.startswith(("sparsebit/core/", "sparsebit/sdk/")) or (f.parent / inc).is_file():
+                    checked += 1
+                    continue
+                errors.append(f"{f.relative_to(root)} (a host) includes \"{inc}\": hosts include the public headers "
+                              "(sparsebit/core/, sparsebit/sdk/) and their own folder's only")
     for e in errors:
         print("error: " + e, file=sys.stderr)
     if errors:
@@ -116,7 +133,8 @@ def main():
               file=sys.stderr)
         return 1
     order = " < ".join(subs)
-    print(f"core layers check passed: {checked} includes in {len(files)} files follow {order}")
+    print(f"core layers check passed: {checked} includes in {len(files)} files follow {order}, "
+          f"and {host_files} host files include only public headers")
     return 0
 
 
