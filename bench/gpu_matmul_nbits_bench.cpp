@@ -6,10 +6,16 @@
 //   ATen dequant + matmul     what the executor did before the kernels: unpack, subtract, scale
 //                             with ATen operators on every call, then matmul (SPARSEBIT_KERNELS=0)
 //   float matmul              the float model's MatMul: cuBLAS with the weight [K, N] in A's type
-// Rows of activations: 1, 2, 4, 8 (decode), 128, 512 (prefill); float32 and float16; groups of
-// 32 with zero points and of 128 without. Times are CUDA-event medians over --iterations runs,
+// Rows of activations: 1, 2, 4, 8, 16 (decode), 128, 512 (prefill); float32 and float16; groups
+// of 32 with zero points and of 128 without. Times are CUDA-event medians over --iterations runs,
 // eager (each product dispatched from the host, as the executor does) and, for the 4-bit kernels
-// and the float product, replayed from a CUDA graph (the GPU's own time).
+// and the float product, replayed from a CUDA graph (the GPU's own time). A second table times
+// each projection alone at one row, for the 1 B layer and a 7 B one (4096 x 4096,
+// 4096 x 11008, 11008 x 4096).
+//
+// A decode step reads every layer's weights once, far more than the GPU's L2 cache holds, so
+// every timing cycles through enough copies of the weights (4-bit and float alike) that each
+// product reads its weight from memory, not from L2, and reports the time per copy.
 //
 //   gpu_matmul_nbits_bench [--iterations N]
 
@@ -21,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -117,8 +124,14 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("%s; one decoder layer of a 1 B-parameter model (60.8 M weights), ms per layer (7 products)\n\n",
-              prop.name);
+  // Copies of a weight of `bytes` (4-bit) whose sum is at least twice the L2 cache.
+  const auto copies_for = [&](double bytes) {
+    return int(std::clamp(std::ceil(2.0 * prop.l2CacheSize / bytes), 1.0, 256.0));
+  };
+  std::printf(
+      "%s (L2 %d MiB); one decoder layer of a 1 B-parameter model (60.8 M weights), ms per layer (7 "
+      "products)\n\n",
+      prop.name, prop.l2CacheSize >> 20);
   std::printf(
       "| activations | groups | rows | 4-bit kernels | dequant kernel + matmul | ATen dequant + matmul | "
       "float matmul | float / 4-bit | 4-bit, graph | float, graph | float / 4-bit, graphs | "
@@ -126,23 +139,28 @@ int main(int argc, char** argv) {
   at::manual_seed(0);
   for (at::ScalarType type : {at::kFloat, at::kHalf})
     for (auto [block, zero_points] : {std::pair<std::int64_t, bool>{32, true}, {128, false}}) {
-      std::vector<Weight> layer;
-      double bytes = 0;
+      double bytes = 0;  // of one layer's 4-bit weights
       for (const auto& p : kLayer) {
-        layer.push_back(make(p, block, zero_points, type));
-        const auto& a = layer.back().args;
-        bytes += double(a.b.nbytes() + a.scales.nbytes() + (a.zero_points.defined() ? a.zero_points.nbytes() : 0));
+        const std::int64_t blocks = (p.k + block - 1) / block;
+        bytes += double(p.n * blocks * (block / 2 + (type == at::kHalf ? 2 : 4)) +
+                        (zero_points ? p.n * ((blocks + 1) / 2) : 0));
       }
-      for (std::int64_t rows : {1, 2, 4, 8, 128, 512}) {
+      const int copies = copies_for(bytes);
+      std::vector<Weight> layers;  // `copies` layers, one after the other
+      for (int c = 0; c < copies; ++c)
+        for (const auto& p : kLayer) layers.push_back(make(p, block, zero_points, type));
+      for (std::int64_t rows : {1, 2, 4, 8, 16, 128, 512}) {
         std::vector<at::Tensor> xs;
         for (const auto& p : kLayer)
           xs.push_back(at::randn({rows, p.k}, at::TensorOptions().device(at::kCUDA)).to(type));
         auto all = [&](const std::function<at::Tensor(const at::Tensor&, Weight&)>& f) {
-          return [&layer, &xs, f] {
-            for (std::size_t i = 0; i < layer.size(); ++i) f(xs[i], layer[i]);
+          return [&layers, &xs, f] {
+            for (std::size_t i = 0; i < layers.size(); ++i) f(xs[i % xs.size()], layers[i]);
           };
         };
-        auto run = [&](const std::function<at::Tensor(const at::Tensor&, Weight&)>& f) { return median_ms(all(f)); };
+        auto run = [&](const std::function<at::Tensor(const at::Tensor&, Weight&)>& f) {
+          return median_ms(all(f)) / copies;
+        };
         const auto nbits = [&](const at::Tensor& x, Weight& w) {
           MatMulNBitsArgs a = w.args;
           a.a = x;
@@ -150,9 +168,10 @@ int main(int argc, char** argv) {
         };
         const auto float_product = [](const at::Tensor& x, Weight& w) { return at::matmul(x, w.dense_t); };
         const double ours = run(nbits);
-        const double ours_graph = graph_ms(all(nbits));
-        const double dense_graph = graph_ms(all(float_product));
-        // Our dequantization kernel + cuBLAS at every row count: more than 8 rows take this path.
+        const double ours_graph = graph_ms(all(nbits)) / copies;
+        const double dense_graph = graph_ms(all(float_product)) / copies;
+        // Our dequantization kernel + cuBLAS at every row count: what the decode kernels do not
+        // take goes this way.
         const double dequant = run([&](const at::Tensor& x, Weight& w) {
           const MatMulNBitsArgs& a = w.args;
           const cuda::Nbits4Weight nw{a.b.data_ptr<std::uint8_t>(),
@@ -171,22 +190,41 @@ int main(int argc, char** argv) {
                     type == at::kFloat ? "float32" : "float16", static_cast<long long>(block),
                     zero_points ? " + zp" : "", static_cast<long long>(rows), ours, dequant, aten, dense, dense / ours,
                     ours_graph, dense_graph, dense_graph / ours_graph, bytes / (ours_graph * 1e-3) / 1e9);
+        std::fflush(stdout);
       }
     }
   // Each projection alone at one row (groups of 128, no zero points), from CUDA graphs.
+  const std::vector<Projection> seven_b = {
+      {"7B q/k/v/o", 4096, 4096}, {"7B gate/up", 4096, 11008}, {"7B down", 11008, 4096}};
+  std::vector<Projection> projections = kLayer;
+  projections.insert(projections.end(), seven_b.begin(), seven_b.end());
   std::printf(
-      "\nOne row, each projection alone (groups of 128), CUDA graphs, ms\n\n| activations | projection | K x N | "
-      "4-bit kernel | float matmul | float / 4-bit |\n|---|---|---|---:|---:|---:|\n");
+      "\nOne row, each projection alone (groups of 128), CUDA graphs, ms per product\n\n| activations | projection | "
+      "K x N | 4-bit kernel | float matmul | float / 4-bit | weight GB/s (4-bit) "
+      "|\n|---|---|---|---:|---:|---:|---:|\n");
   for (at::ScalarType type : {at::kFloat, at::kHalf})
-    for (const auto& p : kLayer) {
-      Weight w = make(p, 128, false, type);
+    for (const auto& p : projections) {
+      const double bytes = double(p.n * (p.k / 2 + (p.k / 128) * (type == at::kHalf ? 2 : 4)));
+      const int copies = copies_for(bytes);
+      std::vector<Weight> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(make(p, 128, false, type));
       const at::Tensor x = at::randn({1, p.k}, at::TensorOptions().device(at::kCUDA)).to(type);
-      MatMulNBitsArgs a = w.args;
-      a.a = x;
-      const double ours = graph_ms([&] { kernels->matmul_nbits(a); });
-      const double dense = graph_ms([&] { at::matmul(x, w.dense_t); });
-      std::printf("| %s | %s | %lld x %lld | %.4f | %.4f | %.2fx |\n", type == at::kFloat ? "float32" : "float16",
-                  p.name, static_cast<long long>(p.k), static_cast<long long>(p.n), ours, dense, dense / ours);
+      const double ours = graph_ms([&] {
+                            for (Weight& w : ws) {
+                              MatMulNBitsArgs a = w.args;
+                              a.a = x;
+                              kernels->matmul_nbits(a);
+                            }
+                          }) /
+                          copies;
+      const double dense = graph_ms([&] {
+                             for (Weight& w : ws) at::matmul(x, w.dense_t);
+                           }) /
+                           copies;
+      std::printf("| %s | %s | %lld x %lld | %.4f | %.4f | %.2fx | %.0f |\n",
+                  type == at::kFloat ? "float32" : "float16", p.name, static_cast<long long>(p.k),
+                  static_cast<long long>(p.n), ours, dense, dense / ours, bytes / (ours * 1e-3) / 1e9);
+      std::fflush(stdout);
     }
   return 0;
 }

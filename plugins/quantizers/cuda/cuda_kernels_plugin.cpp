@@ -71,8 +71,8 @@ class CudaQuantKernels final : public QuantKernels, public MatMulNBitsKernels {
   }
 
   // Note [MatMulNBits kernels]: 4-bit codes, zero points packed or absent, float32 or float16
-  // activations with scales of the same type; up to 8 rows by the decode kernel, more by one
-  // dequantization and a cuBLAS product.
+  // activations with scales of the same type; up to 8 rows (16 in float16 on tensor cores) by
+  // the decode kernels, more by one dequantization and a cuBLAS product.
   at::Tensor matmul_nbits(const MatMulNBitsArgs& args) override {
     const at::ScalarType type = args.a.scalar_type();
     const at::Device device = args.a.device();
@@ -100,7 +100,7 @@ class CudaQuantKernels final : public QuantKernels, public MatMulNBitsKernels {
     const std::int64_t m = x.size(0);
     if (m == 0) return at::empty({0, args.n}, x.options());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-    if (cuda::gemv_nbits4_supported(w, x.data_ptr(), m)) {
+    if (cuda::gemv_nbits4_supported(w, x.data_ptr(), m, type == at::kHalf)) {
       at::Tensor y = at::empty({m, args.n}, x.options());
       cuda::gemv_nbits4(w, x.data_ptr(), m, type == at::kHalf, y.data_ptr(), stream);
       return y;

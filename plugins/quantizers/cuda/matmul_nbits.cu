@@ -1,11 +1,20 @@
 // 4-bit weight kernels for MatMulNBits (Note [MatMulNBits kernels] in sparsebit/sdk/kernels.h).
 //
-// Decode (a few rows of activations) is bound by reading the weight: gemv_nbits4 reads every byte
-// of B once, 16 bytes per thread and column at a time, turns the codes into floats in registers
-// and multiplies them with the activations of all rows at once. Each thread serves 4 columns, so
-// an activation loaded into registers is used 4 times (the activations come from L1/L2, and
-// without that reuse their traffic there would rival the weight's in DRAM). The threads of one
-// column group split K and are combined by warp shuffles, then shared memory.
+// Decode (a few rows of activations) is bound by reading the weight, so every path below reads
+// each byte of B once and turns the codes into numbers in registers.
+//
+// float16 activations, 1 to 16 rows, sm_80 and later (gemv_mma_kernel): the tensor cores do the
+// multiply-adds. A warp owns 16 rows of W (one m16n8k16 A tile) and a slice of K; each thread
+// turns 8 codes into four float16 pairs with two logic operations each (code | 0x6400 is the
+// float16 1024 + code, so one subtraction of 1024 + zero point is exact), scales them, and feeds
+// them with the activations (the B tile, rows of A as its 8 columns) to mma. The multiply-adds,
+// which dominate on the CUDA cores, cost one instruction per 2 048 of them; accumulation is float32.
+// The warps of a block split K and meet in shared memory.
+//
+// float32 activations (and GPUs before sm_80): gemv_kernel does the multiply-adds in float32 on
+// the CUDA cores: 16 bytes per thread and column at a time, 4 columns per thread so an
+// activation loaded into registers is used 4 times; the threads of one column group split K and
+// are combined by warp shuffles, then shared memory.
 //
 // Prefill (hundreds of rows) is bound by arithmetic: dequantize_nbits4 writes W once in the
 // activations' type and a cuBLAS product follows (in the plugin), which costs one pass over a
@@ -166,6 +175,152 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kMmaMaxWarps = 16;
+constexpr int kMmaStep = 128;  // codes of K per warp step: 4 threads x 32 codes of each W row
+
+// Four float16 pairs (code j, code j + 4), j = 0..3, of the 8 codes in w, as code - zero, times
+// the scale unless the scale comes after the product (kScaleAfter).
+template <bool kScaleAfter>
+__device__ __forceinline__ void dequantize8(unsigned w, __half2 zero, __half2 scale, unsigned (&pairs)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const unsigned v = ((w >> (4 * j)) & 0x000F000Fu) | 0x64006400u;
+    __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&v), zero);
+    if constexpr (!kScaleAfter) h = __hmul2(h, scale);
+    pairs[j] = *reinterpret_cast<const unsigned*>(&h);
+  }
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                         unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  __trap();  // launched only where has_mma() holds, whose code is compiled for sm_80 on
+#endif
+}
+
+// What one thread reads for one warp step: 32 codes of its two W rows (gid and gid + 8 of the
+// tile), their groups' scale and zero point, and 32 activations of row gid of each n8 tile.
+template <int NT>
+struct MmaFetch {
+  uint4 w[2];
+  __half2 zero[2], scale[2];
+  uint4 x[NT][4];
+};
+
+// Block: 16 rows of W, `warps` warps taking K's 128-code steps in turn. Thread (gid, t) of a warp
+// holds W rows gid and gid + 8 and, per mma, the K slots {2t, 2t + 1, 2t + 8, 2t + 9}; which codes
+// fill them only has to agree between A and B, so each thread gives its slots its own 8
+// consecutive codes and the activations of the same positions. kScaleAfter (groups of 128 and
+// more, so a step lies in one group): the step's sums are scaled in float32, 4 multiply-adds in
+// place of 32 float16 multiplications.
+template <int NT, bool kScaleAfter>
+__global__ void __launch_bounds__(kMmaMaxWarps * 32)
+    gemv_mma_kernel(const std::uint8_t* __restrict__ b, const __half* __restrict__ scales,
+                    const std::uint8_t* __restrict__ zps, const __half* __restrict__ a, __half* __restrict__ y,
+                    std::int64_t n, int m, int k, int block_shift) {
+  __shared__ float partial[kMmaMaxWarps][16][8 * NT];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, t = lane % 4;
+  const int blocks = (k + (1 << block_shift) - 1) >> block_shift;
+  const std::int64_t row_bytes = std::int64_t(blocks) << (block_shift - 1), zp_row = (blocks + 1) / 2;
+  const std::int64_t row0 = std::int64_t(blockIdx.x) * 16;
+  const int steps = (k + kMmaStep - 1) / kMmaStep;
+
+  auto fetch = [&](int step, MmaFetch<NT>& f) {
+    const int k0 = step * kMmaStep + 32 * t;  // a group holds whole 32-code chunks (block >= 32)
+    const int g = k0 >> block_shift;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::int64_t row = row0 + gid + 8 * r;
+      if (k0 < k && row < n) {
+        f.w[r] = __ldg(reinterpret_cast<const uint4*>(b + row * row_bytes + k0 / 2));
+        f.scale[r] = __half2half2(scales[row * blocks + g]);
+        f.zero[r] = __half2half2(__float2half_rn(1024.f + zero_point_of(zps, zp_row, row, g)));
+      } else {
+        f.w[r] = make_uint4(0, 0, 0, 0);
+        f.scale[r] = __float2half2_rn(0.f);
+        f.zero[r] = __float2half2_rn(1024.f);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int xr = nt * 8 + gid;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        f.x[nt][q] = k0 < k && xr < m ? __ldg(reinterpret_cast<const uint4*>(a + std::int64_t(xr) * k + k0) + q)
+                                      : make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+  // Two steps' loads in flight per thread: the next is fetched before the current is computed.
+  MmaFetch<NT> cur, next;
+  float step_acc[NT][4];
+  if (warp < steps) fetch(warp, next);
+  for (int step = warp; step < steps; step += warps) {
+    cur = next;
+    if (step + warps < steps) fetch(step + warps, next);
+    float(&sums)[NT][4] = kScaleAfter ? step_acc : acc;
+    if constexpr (kScaleAfter)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) step_acc[nt][i] = 0.f;
+#pragma unroll
+    for (int word = 0; word < 4; ++word) {
+      unsigned lo[4], hi[4];  // W rows gid and gid + 8
+      const unsigned w_lo = word == 0 ? cur.w[0].x : word == 1 ? cur.w[0].y : word == 2 ? cur.w[0].z : cur.w[0].w;
+      const unsigned w_hi = word == 0 ? cur.w[1].x : word == 1 ? cur.w[1].y : word == 2 ? cur.w[1].z : cur.w[1].w;
+      dequantize8<kScaleAfter>(w_lo, cur.zero[0], cur.scale[0], lo);
+      dequantize8<kScaleAfter>(w_hi, cur.zero[1], cur.scale[1], hi);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        // Activations k0 + 8 word + 0..7 as the pairs (x_j, x_j+4) that match the codes' pairs.
+        const uint4 x = cur.x[nt][word];
+        const unsigned x04 = __byte_perm(x.x, x.z, 0x5410), x15 = __byte_perm(x.x, x.z, 0x7632);
+        const unsigned x26 = __byte_perm(x.y, x.w, 0x5410), x37 = __byte_perm(x.y, x.w, 0x7632);
+        mma16816(sums[nt], lo[0], hi[0], lo[1], hi[1], x04, x15);
+        mma16816(sums[nt], lo[2], hi[2], lo[3], hi[3], x26, x37);
+      }
+    }
+    if constexpr (kScaleAfter) {
+      const float s_lo = __low2float(cur.scale[0]), s_hi = __low2float(cur.scale[1]);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        acc[nt][0] += step_acc[nt][0] * s_lo, acc[nt][1] += step_acc[nt][1] * s_lo;
+        acc[nt][2] += step_acc[nt][2] * s_hi, acc[nt][3] += step_acc[nt][3] * s_hi;
+      }
+    }
+  }
+
+  // acc[nt]: (W row gid, A rows nt * 8 + 2t, + 1) and (W row gid + 8, the same A rows).
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    partial[warp][gid][nt * 8 + 2 * t] = acc[nt][0];
+    partial[warp][gid][nt * 8 + 2 * t + 1] = acc[nt][1];
+    partial[warp][gid + 8][nt * 8 + 2 * t] = acc[nt][2];
+    partial[warp][gid + 8][nt * 8 + 2 * t + 1] = acc[nt][3];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 16 * 8 * NT; i += blockDim.x) {
+    const int wr = i % 16, xr = i / 16;  // consecutive threads: consecutive outputs of one row
+    const std::int64_t col = row0 + wr;
+    if (xr >= m || col >= n) continue;
+    float v = 0.f;
+    for (int w = 0; w < warps; ++w) v += partial[w][wr][xr];
+    y[std::int64_t(xr) * n + col] = __float2half_rn(v);
+  }
+}
+
 __device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
   reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
   reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
@@ -233,15 +388,45 @@ void gemv_rows(const Nbits4Weight& w, const void* a, std::int64_t m, void* y, cu
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+// Tensor cores take float16 products from sm_80 on (asked of the current device).
+bool has_mma() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+    return false;
+  return major >= 8;
+}
+
+void launch_gemv_mma(const Nbits4Weight& w, const void* a, std::int64_t m, void* y, cudaStream_t stream) {
+  // Enough warps per block to keep two steps each; a block per 16 rows of W.
+  const int steps = int((w.k + kMmaStep - 1) / kMmaStep);
+  const int warps = std::clamp(steps / 2, 1, kMmaMaxWarps);
+  const unsigned grid = unsigned((w.n + 15) / 16);
+  const auto* scales = static_cast<const __half*>(w.scales);
+  const auto* x = static_cast<const __half*>(a);
+  auto* out = static_cast<__half*>(y);
+  const int shift = log2_of(w.block);
+  const bool scale_after = w.block >= kMmaStep;
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, warps * 32, 0, stream>>>(w.b, scales, w.zero_points, x, out, w.n, int(m), int(w.k), shift);
+  };
+  if (m <= 8) scale_after ? launch(gemv_mma_kernel<1, true>) : launch(gemv_mma_kernel<1, false>);
+  else scale_after ? launch(gemv_mma_kernel<2, true>) : launch(gemv_mma_kernel<2, false>);
+}
+
 }  // namespace
 
-bool gemv_nbits4_supported(const Nbits4Weight& w, const void* a, std::int64_t m) {
-  return m >= 1 && m <= kMaxGemvRows && w.block % kChunk == 0 && w.k % kChunk == 0 && aligned16(w.b) && aligned16(a);
+std::int64_t gemv_nbits4_max_rows(bool half) { return half && has_mma() ? kMaxMmaGemvRows : kMaxGemvRows; }
+
+bool gemv_nbits4_supported(const Nbits4Weight& w, const void* a, std::int64_t m, bool half) {
+  return m >= 1 && m <= gemv_nbits4_max_rows(half) && w.block % kChunk == 0 && w.k % kChunk == 0 && aligned16(w.b) &&
+         aligned16(a);
 }
 
 void gemv_nbits4(const Nbits4Weight& w, const void* a, std::int64_t m, bool half, void* y, cudaStream_t stream) {
-  if (!gemv_nbits4_supported(w, a, m)) throw std::runtime_error("gemv_nbits4: unsupported shape or alignment");
-  if (half) gemv_rows<__half>(w, a, m, y, stream);
+  if (!gemv_nbits4_supported(w, a, m, half)) throw std::runtime_error("gemv_nbits4: unsupported shape or alignment");
+  if (half && has_mma()) launch_gemv_mma(w, a, m, y, stream);
+  else if (half) gemv_rows<__half>(w, a, m, y, stream);
   else gemv_rows<float>(w, a, m, y, stream);
   check_launch("gemv_nbits4");
 }

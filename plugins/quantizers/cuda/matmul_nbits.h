@@ -20,12 +20,17 @@ struct Nbits4Weight {
 };
 
 // Whether gemv_nbits4 takes this weight and these pointers (block a multiple of 32, rows of B
-// and of A a multiple of 16 bytes and 16-byte aligned, 1 <= m <= kMaxGemvRows).
+// and of A a multiple of 16 bytes and 16-byte aligned, 1 <= m <= gemv_nbits4_max_rows: float16
+// activations on a GPU with tensor cores for float16 (sm_80 on) take up to kMaxMmaGemvRows,
+// others kMaxGemvRows; asked of the current device).
 inline constexpr std::int64_t kMaxGemvRows = 8;
-bool gemv_nbits4_supported(const Nbits4Weight& w, const void* a, std::int64_t m);
+inline constexpr std::int64_t kMaxMmaGemvRows = 16;
+std::int64_t gemv_nbits4_max_rows(bool half);
+bool gemv_nbits4_supported(const Nbits4Weight& w, const void* a, std::int64_t m, bool half);
 
 // y [m, n] = a [m, k] x W^T for few rows (decode): reads each weight byte once, dequantizes in
-// registers and accumulates in float32. half: a, scales and y are float16, else float32.
+// registers and accumulates in float32 (float16 weights into the tensor cores' float32 sums). half: a, scales and y are
+// float16, else float32.
 void gemv_nbits4(const Nbits4Weight& w, const void* a, std::int64_t m, bool half, void* y, cudaStream_t stream);
 
 // W [n, k] in float32 or float16 (half), for many rows (prefill): dequantize once, then a

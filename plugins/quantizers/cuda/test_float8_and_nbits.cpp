@@ -101,6 +101,7 @@ TEST_F(OnGpu, MatMulNBitsKernelsEqualTheReference) {
   at::manual_seed(4);
   int cases = 0;
   // k = 200: not a multiple of 32 (the dequantize-then-matmul path at any row count); block 16 too.
+  // Rows: the decode kernels (float16 on tensor cores up to 16, float32 up to 8) and prefill.
   for (auto [n, k, block] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{96, 256, 32},
                              {512, 2048, 128},
                              {100, 200, 64},
@@ -108,7 +109,7 @@ TEST_F(OnGpu, MatMulNBitsKernelsEqualTheReference) {
                              {2048, 8192, 64}})
     for (bool zero_points : {false, true})
       for (at::ScalarType type : {at::kFloat, at::kHalf})
-        for (std::int64_t m : {1, 3, 8, 300}) {
+        for (std::int64_t m : {1, 3, 8, 9, 16, 300}) {
           const Weight w = make_weight(n, k, block, zero_points, type);
           const at::Tensor a = at::randn({m, k}).to(type);
           MatMulNBitsArgs args;
@@ -132,7 +133,7 @@ TEST_F(OnGpu, MatMulNBitsKernelsEqualTheReference) {
                                                            << zero_points << " m " << m << " " << c10::toString(type);
           ++cases;
         }
-  EXPECT_EQ(cases, 80);
+  EXPECT_EQ(cases, 120);
 }
 
 // A MatMulNBits node runs through the kernels on the GPU and gives the CPU's (ATen reference)
