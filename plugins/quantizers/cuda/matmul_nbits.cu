@@ -203,21 +203,25 @@ __device__ __forceinline__ void mma16816(float (&c)[4], unsigned a0, unsigned a1
 #endif
 }
 
-// What one thread reads for one warp step: 32 codes of its two W rows (gid and gid + 8 of the
-// tile), their groups' scale and zero point, and 32 activations of row gid of each n8 tile.
-template <int NT>
-struct MmaFetch {
+// Steps whose weights one thread loads before using any. Decode is bound by the bytes on their way
+// from memory per SM: two steps at 62 registers (two blocks of 512 threads per SM) beat four at
+// 98 (one block) by 5-20% on an H100 (bench/RESULTS.md). The activations, the same for every
+// block, come from L1 at use rather than taking registers.
+constexpr int kMmaDepth = 2;
+
+// What one thread reads of W for one warp step: 32 codes of its two W rows (gid and gid + 8 of
+// the tile), their groups' scale and zero point.
+struct MmaWeights {
   uint4 w[2];
   __half2 zero[2], scale[2];
-  uint4 x[NT][4];
 };
 
-// Block: 16 rows of W, `warps` warps taking K's 128-code steps in turn. Thread (gid, t) of a warp
-// holds W rows gid and gid + 8 and, per mma, the K slots {2t, 2t + 1, 2t + 8, 2t + 9}; which codes
-// fill them only has to agree between A and B, so each thread gives its slots its own 8
-// consecutive codes and the activations of the same positions. kScaleAfter (groups of 128 and
-// more, so a step lies in one group): the step's sums are scaled in float32, 4 multiply-adds in
-// place of 32 float16 multiplications.
+// Block: 16 rows of W, `warps` warps taking K's 128-code steps in turn, kMmaDepth steps' weights
+// loaded before any is used. Thread (gid, t) of a warp holds W rows gid and gid + 8 and, per mma,
+// the K slots {2t, 2t + 1, 2t + 8, 2t + 9}; which codes fill them only has to agree between A and
+// B, so each thread gives its slots its own 8 consecutive codes and the activations of the same
+// positions. kScaleAfter (groups of 128 and more, so a step lies in one group): the step's sums
+// are scaled in float32, 4 multiply-adds in place of 32 float16 multiplications.
 template <int NT, bool kScaleAfter>
 __global__ void __launch_bounds__(kMmaMaxWarps * 32)
     gemv_mma_kernel(const std::uint8_t* __restrict__ b, const __half* __restrict__ scales,
@@ -230,13 +234,13 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
   const std::int64_t row0 = std::int64_t(blockIdx.x) * 16;
   const int steps = (k + kMmaStep - 1) / kMmaStep;
 
-  auto fetch = [&](int step, MmaFetch<NT>& f) {
+  auto fetch = [&](int step, MmaWeights& f) {
     const int k0 = step * kMmaStep + 32 * t;  // a group holds whole 32-code chunks (block >= 32)
     const int g = k0 >> block_shift;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const std::int64_t row = row0 + gid + 8 * r;
-      if (k0 < k && row < n) {
+      if (step < steps && k0 < k && row < n) {
         f.w[r] = __ldg(reinterpret_cast<const uint4*>(b + row * row_bytes + k0 / 2));
         f.scale[r] = __half2half2(scales[row * blocks + g]);
         f.zero[r] = __half2half2(__float2half_rn(1024.f + zero_point_of(zps, zp_row, row, g)));
@@ -246,14 +250,6 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
         f.zero[r] = __float2half2_rn(1024.f);
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int xr = nt * 8 + gid;
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        f.x[nt][q] = k0 < k && xr < m ? __ldg(reinterpret_cast<const uint4*>(a + std::int64_t(xr) * k + k0) + q)
-                                      : make_uint4(0, 0, 0, 0);
-    }
   };
 
   float acc[NT][4];
@@ -262,42 +258,50 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  // Two steps' loads in flight per thread: the next is fetched before the current is computed.
-  MmaFetch<NT> cur, next;
   float step_acc[NT][4];
-  if (warp < steps) fetch(warp, next);
-  for (int step = warp; step < steps; step += warps) {
-    cur = next;
-    if (step + warps < steps) fetch(step + warps, next);
-    float(&sums)[NT][4] = kScaleAfter ? step_acc : acc;
-    if constexpr (kScaleAfter)
+  for (int first = warp; first < steps; first += warps * kMmaDepth) {
+    MmaWeights ws[kMmaDepth];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+    for (int d = 0; d < kMmaDepth; ++d) fetch(first + d * warps, ws[d]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) step_acc[nt][i] = 0.f;
+    for (int d = 0; d < kMmaDepth; ++d) {
+      const int step = first + d * warps;
+      if (step >= steps) break;  // the same for the whole warp
+      const MmaWeights& cur = ws[d];
+      const int k0 = step * kMmaStep + 32 * t;
+      float(&sums)[NT][4] = kScaleAfter ? step_acc : acc;
+      if constexpr (kScaleAfter)
 #pragma unroll
-    for (int word = 0; word < 4; ++word) {
-      unsigned lo[4], hi[4];  // W rows gid and gid + 8
-      const unsigned w_lo = word == 0 ? cur.w[0].x : word == 1 ? cur.w[0].y : word == 2 ? cur.w[0].z : cur.w[0].w;
-      const unsigned w_hi = word == 0 ? cur.w[1].x : word == 1 ? cur.w[1].y : word == 2 ? cur.w[1].z : cur.w[1].w;
-      dequantize8<kScaleAfter>(w_lo, cur.zero[0], cur.scale[0], lo);
-      dequantize8<kScaleAfter>(w_hi, cur.zero[1], cur.scale[1], hi);
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        // Activations k0 + 8 word + 0..7 as the pairs (x_j, x_j+4) that match the codes' pairs.
-        const uint4 x = cur.x[nt][word];
-        const unsigned x04 = __byte_perm(x.x, x.z, 0x5410), x15 = __byte_perm(x.x, x.z, 0x7632);
-        const unsigned x26 = __byte_perm(x.y, x.w, 0x5410), x37 = __byte_perm(x.y, x.w, 0x7632);
-        mma16816(sums[nt], lo[0], hi[0], lo[1], hi[1], x04, x15);
-        mma16816(sums[nt], lo[2], hi[2], lo[3], hi[3], x26, x37);
+          for (int i = 0; i < 4; ++i) step_acc[nt][i] = 0.f;
+#pragma unroll
+      for (int word = 0; word < 4; ++word) {
+        unsigned lo[4], hi[4];  // W rows gid and gid + 8
+        const unsigned w_lo = word == 0 ? cur.w[0].x : word == 1 ? cur.w[0].y : word == 2 ? cur.w[0].z : cur.w[0].w;
+        const unsigned w_hi = word == 0 ? cur.w[1].x : word == 1 ? cur.w[1].y : word == 2 ? cur.w[1].z : cur.w[1].w;
+        dequantize8<kScaleAfter>(w_lo, cur.zero[0], cur.scale[0], lo);
+        dequantize8<kScaleAfter>(w_hi, cur.zero[1], cur.scale[1], hi);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          // Activations k0 + 8 word + 0..7 of A row nt * 8 + gid, as the pairs (x_j, x_j+4) that
+          // match the codes' pairs.
+          const int xr = nt * 8 + gid;
+          const uint4 x = k0 < k && xr < m ? __ldg(reinterpret_cast<const uint4*>(a + std::int64_t(xr) * k + k0) + word)
+                                           : make_uint4(0, 0, 0, 0);
+          const unsigned x04 = __byte_perm(x.x, x.z, 0x5410), x15 = __byte_perm(x.x, x.z, 0x7632);
+          const unsigned x26 = __byte_perm(x.y, x.w, 0x5410), x37 = __byte_perm(x.y, x.w, 0x7632);
+          mma16816(sums[nt], lo[0], hi[0], lo[1], hi[1], x04, x15);
+          mma16816(sums[nt], lo[2], hi[2], lo[3], hi[3], x26, x37);
+        }
       }
-    }
-    if constexpr (kScaleAfter) {
-      const float s_lo = __low2float(cur.scale[0]), s_hi = __low2float(cur.scale[1]);
+      if constexpr (kScaleAfter) {
+        const float s_lo = __low2float(cur.scale[0]), s_hi = __low2float(cur.scale[1]);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        acc[nt][0] += step_acc[nt][0] * s_lo, acc[nt][1] += step_acc[nt][1] * s_lo;
-        acc[nt][2] += step_acc[nt][2] * s_hi, acc[nt][3] += step_acc[nt][3] * s_hi;
+        for (int nt = 0; nt < NT; ++nt) {
+          acc[nt][0] += step_acc[nt][0] * s_lo, acc[nt][1] += step_acc[nt][1] * s_lo;
+          acc[nt][2] += step_acc[nt][2] * s_hi, acc[nt][3] += step_acc[nt][3] * s_hi;
+        }
       }
     }
   }
@@ -398,9 +402,10 @@ bool has_mma() {
 }
 
 void launch_gemv_mma(const Nbits4Weight& w, const void* a, std::int64_t m, void* y, cudaStream_t stream) {
-  // Enough warps per block to keep two steps each; a block per 16 rows of W.
+  // Enough warps per block for one round of kMmaDepth steps each where K allows; a block per 16
+  // rows of W.
   const int steps = int((w.k + kMmaStep - 1) / kMmaStep);
-  const int warps = std::clamp(steps / 2, 1, kMmaMaxWarps);
+  const int warps = std::clamp((steps + kMmaDepth - 1) / kMmaDepth, 1, kMmaMaxWarps);
   const unsigned grid = unsigned((w.n + 15) / 16);
   const auto* scales = static_cast<const __half*>(w.scales);
   const auto* x = static_cast<const __half*>(a);

@@ -101,12 +101,15 @@ TEST_F(OnGpu, MatMulNBitsKernelsEqualTheReference) {
   at::manual_seed(4);
   int cases = 0;
   // k = 200: not a multiple of 32 (the dequantize-then-matmul path at any row count); block 16 too.
+  // k = 4480: 35 steps of 128 codes, more than one round of the tensor-core kernel's warps, the
+  // last round partial.
   // Rows: the decode kernels (float16 on tensor cores up to 16, float32 up to 8) and prefill.
   for (auto [n, k, block] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{96, 256, 32},
                              {512, 2048, 128},
                              {100, 200, 64},
                              {64, 512, 16},
-                             {2048, 8192, 64}})
+                             {2048, 8192, 64},
+                             {48, 4480, 128}})
     for (bool zero_points : {false, true})
       for (at::ScalarType type : {at::kFloat, at::kHalf})
         for (std::int64_t m : {1, 3, 8, 9, 16, 300}) {
@@ -133,7 +136,7 @@ TEST_F(OnGpu, MatMulNBitsKernelsEqualTheReference) {
                                                            << zero_points << " m " << m << " " << c10::toString(type);
           ++cases;
         }
-  EXPECT_EQ(cases, 120);
+  EXPECT_EQ(cases, 144);
 }
 
 // A MatMulNBits node runs through the kernels on the GPU and gives the CPU's (ATen reference)
