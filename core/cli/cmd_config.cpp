@@ -1,6 +1,6 @@
 // `sparsebit config convert`: the original toolkit's YAML config written as Sparsebit's TOML.
 
-#include <spdlog/spdlog.h>
+#include <spdlog/fmt/fmt.h>
 
 #include <fstream>
 #include <iostream>
@@ -10,6 +10,7 @@
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
 
 namespace sparsebit::cli {
 namespace {
@@ -32,7 +33,7 @@ int cmd_config_convert(const std::string& in, const std::string& out) {
   sb::AtomicFile file_out(out);
   file_out.write(toml);
   file_out.commit();
-  spdlog::info("wrote {}", sb::displayed(out));
+  sparsebit::sdk::log_info(fmt::format("wrote {}", sb::displayed(out)));
   return 0;
 }
 

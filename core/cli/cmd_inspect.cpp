@@ -1,6 +1,6 @@
 // `sparsebit inspect`: a model's inputs, outputs, ops and quantization, and drawings of it.
 
-#include <spdlog/spdlog.h>
+#include <spdlog/fmt/fmt.h>
 
 #include <cstdio>
 #include <iostream>
@@ -15,6 +15,7 @@
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/saturation.h"
+#include "sparsebit/sdk/log.h"
 
 #include "common.h"
 
@@ -38,12 +39,12 @@ void write_drawings(const sb::Model& model, const sb::Registry& registry, const 
   if (dot_out) {
     dot_out->write(sb::graph_to_dot(g, notes));
     dot_out->commit();
-    spdlog::info("wrote {}", sb::displayed(dot));
+    sparsebit::sdk::log_info(fmt::format("wrote {}", sb::displayed(dot)));
   }
   if (mermaid_out) {
     mermaid_out->write(sb::graph_to_mermaid(g, notes));
     mermaid_out->commit();
-    spdlog::info("wrote {}", sb::displayed(mermaid));
+    sparsebit::sdk::log_info(fmt::format("wrote {}", sb::displayed(mermaid)));
   }
 }
 
@@ -90,7 +91,7 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
     try {
       narrow = json::parse(it->second);
     } catch (const std::exception&) {
-      spdlog::warn("{}: metadata sparsebit.bits is not valid JSON; ignored", model_path);
+      sparsebit::sdk::log_warn(fmt::format("{}: metadata sparsebit.bits is not valid JSON; ignored", model_path));
     }
   }
   const std::size_t qdq = sb::count_qdq_nodes(model.graph);

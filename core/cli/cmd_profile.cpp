@@ -1,6 +1,6 @@
 // `sparsebit profile`: per-layer quantization error as JSON and an HTML chart.
 
-#include <spdlog/spdlog.h>
+#include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include "sparsebit/core/profiler.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
 
 #include "common.h"
 
@@ -72,7 +73,7 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   for (std::size_t i = 0; i < worst.size() && i < 10; ++i)
     std::printf("  %-40s %-18s %12.4g %10.6f %10.2f\n", worst[i].node.c_str(), worst[i].op_type.c_str(), worst[i].mse,
                 worst[i].cosine, worst[i].sqnr_db);
-  spdlog::info("wrote {}.json and {}.html", sb::displayed(a.output), sb::displayed(a.output));
+  sparsebit::sdk::log_info(fmt::format("wrote {}.json and {}.html", sb::displayed(a.output), sb::displayed(a.output)));
   return 0;
 }
 

@@ -1,7 +1,7 @@
 #include "common.h"
 
 #include <ATen/Parallel.h>
-#include <spdlog/spdlog.h>
+#include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -23,7 +23,9 @@ void setup_logging(const GlobalOptions& g) {
   sparsebit::sdk::log_to_stderr(g.quiet ? LogLevel::kWarn : g.verbose > 0 ? LogLevel::kDebug : LogLevel::kInfo);
   sb::escape_log_messages();
   const sb::ThreadChoice t = sb::choose_threads(g.threads);  // Note [Threads per process]
-  if (t.capped) spdlog::warn("--threads {}: this machine has {} cores; using {}", g.threads, t.cores, t.threads);
+  if (t.capped)
+    sparsebit::sdk::log_warn(
+        fmt::format("--threads {}: this machine has {} cores; using {}", g.threads, t.cores, t.threads));
   at::set_num_threads(t.threads);
 }
 

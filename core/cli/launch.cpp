@@ -5,7 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spdlog/spdlog.h>
+#include <spdlog/fmt/fmt.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -21,6 +21,7 @@
 
 #include "common.h"
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
 
 namespace sparsebit::cli {
 namespace {
@@ -73,7 +74,7 @@ std::optional<int> launch_workers(int nproc) {
                 " cores can run (at most " + std::to_string(most) + "; on GPUs: one worker per GPU)");
   const char* port_env = std::getenv("MASTER_PORT");
   const std::string port = port_env && *port_env ? port_env : std::to_string(free_port());
-  spdlog::info("starting {} worker processes (rendezvous on 127.0.0.1:{})", nproc, port);
+  sparsebit::sdk::log_info(fmt::format("starting {} worker processes (rendezvous on 127.0.0.1:{})", nproc, port));
   std::vector<char*> args;
   for (auto& a : g_argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -143,7 +144,7 @@ std::optional<int> launch_workers(int nproc) {
   }
   if (g_stop_signal) return 128 + g_stop_signal;
   if (!failure.empty()) {
-    spdlog::error("{}", failure);
+    sparsebit::sdk::log_error(fmt::format("{}", failure));
     return 1;
   }
   return 0;

@@ -2,7 +2,7 @@
 // one place errors become a message and an exit status.
 
 #include <c10/util/Exception.h>
-#include <spdlog/spdlog.h>
+#include <spdlog/fmt/fmt.h>
 
 #include <new>
 #include <string>
@@ -13,6 +13,7 @@
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/distributed.h"
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
 
 using namespace sparsebit::cli;
 
@@ -20,7 +21,7 @@ namespace {
 /// The error line; in a distributed run the other processes learn of it too.
 int fail(const std::string& message) {
   const std::string line = one_line(message);
-  spdlog::error("{}", line);
+  sparsebit::sdk::log_error(fmt::format("{}", line));
   sb::report_distributed_failure(line);
   sb::shutdown_distributed();
   return 1;

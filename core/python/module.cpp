@@ -350,14 +350,13 @@ void set_log_level(const std::string& level) {
   auto it = levels.find(level);
   if (it == levels.end()) throw sb::Error("log level '" + level + "' is none of debug, info, warning, error");
   sb::sdk::log_to_stderr(it->second);
-  sb::escape_log_messages();
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_sparsebit, m) {
   m.doc() = "Sparsebit: quantize ONNX models to low-bit QDQ ONNX (the C++ library's pipeline)";
-  sb::escape_log_messages();                        // until set_log_level() chooses a logger, the default one's too
+  sb::escape_log_messages();                        // the library's stderr logger, from import on
   pthread_atfork(nullptr, nullptr, on_fork_child);  // Note [Forked after a run]
   sb::install_memory_limit();                       // Note [Memory limit]; the cache stays the command's
   // Workers started by torchrun share the host's cores from the start (Note [Threads per process]).

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <set>
 
+#include "base/log.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/plugin.h"
@@ -172,7 +173,7 @@ bool Registry::selected(const fs::path& library, const PluginSearch& filter) {
       "excluded by [plugins] enable/disable before loading (" +
       (from_sidecar ? "name '" + printable(name) + "' from its sidecar" : "file name '" + printable(name) + "'") +
       "); the file was not opened";
-  sdk::log_debug("plugin " + library.string() + " not loaded: " + rec.reason);
+  logs::debug("{}", "plugin " + library.string() + " not loaded: " + rec.reason);
   return false;
 }
 
@@ -191,7 +192,7 @@ void Registry::load(const PluginSearch& search) {
     searched_.push_back(folder);
     std::error_code ec;
     if (!fs::is_directory(folder, ec)) {
-      sdk::log_warn("plugin folder '" + folder + "' does not exist or is not a folder; skipped");
+      logs::warn("{}", "plugin folder '" + folder + "' does not exist or is not a folder; skipped");
       continue;
     }
     std::vector<fs::path> files;
@@ -316,7 +317,7 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
     rec.status = PluginRecord::Status::kRefused;
     rec.gate = gate;
     rec.reason = why;
-    sdk::log_warn("plugin " + path + " refused (" + gate + "): " + why);
+    logs::warn("{}", "plugin " + path + " refused (" + gate + "): " + why);
     return rec;
   };
 
@@ -364,7 +365,7 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
   if (!enabled || disabled) {
     rec.status = PluginRecord::Status::kDisabled;
     rec.reason = "excluded by [plugins] enable/disable";
-    sdk::log_debug("plugin '" + rec.name + "' (" + path + ") disabled by config");
+    logs::debug("{}", "plugin '" + rec.name + "' (" + path + ") disabled by config");
     return rec;
   }
 
@@ -395,7 +396,7 @@ const PluginRecord& Registry::load_file(const std::string& path, const PluginSea
   rec.registered = std::move(staging.names);
   rec.status = PluginRecord::Status::kLoaded;
   loaded_libraries().push_back(std::move(lib));
-  sdk::log_debug("loaded plugin '" + rec.name + "' " + rec.version + " from " + path);
+  logs::debug("{}", "loaded plugin '" + rec.name + "' " + rec.version + " from " + path);
   return rec;
 }
 

@@ -9,6 +9,7 @@
 
 #include "sparsebit/core/config.h"
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/log.h"
 
 namespace sparsebit {
 
@@ -74,7 +75,10 @@ class EscapingSink final : public spdlog::sinks::sink {
 }  // namespace
 
 void escape_log_messages() {
-  for (auto& sink : spdlog::default_logger()->sinks())
+  sdk::log_level();  // makes sure the library's stderr logger exists
+  const auto logger = spdlog::get("sparsebit");
+  if (!logger) return;
+  for (auto& sink : logger->sinks())
     if (!std::dynamic_pointer_cast<EscapingSink>(sink)) sink = std::make_shared<EscapingSink>(sink);
 }
 

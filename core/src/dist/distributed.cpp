@@ -3,7 +3,6 @@
 #include "sparsebit/core/distributed.h"
 
 #include <ATen/ATen.h>
-#include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -35,6 +34,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/log.h"
 #include "dist/rendezvous.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/sdk/error.h"
@@ -149,7 +149,7 @@ struct Distributed::Impl {
   }
 
   [[noreturn]] void die(const std::string& message) {
-    spdlog::error("{}", message);
+    logs::error("{}", message);
     remove_temporary_files();
     try {
       store->set(key("seen", s.rank), bytes_of("1"));
@@ -279,7 +279,7 @@ Distributed::Distributed(const DistributedSettings& settings, const std::string&
     m.nccl_group = nccl;
 #endif
 #else
-    spdlog::warn("this LibTorch has no NCCL: CUDA tensors are exchanged through Gloo (slower)");
+    logs::warn("this LibTorch has no NCCL: CUDA tensors are exchanged through Gloo (slower)");
 #endif
   }
   m.watchdog = std::thread([&m] { m.watch(); });
@@ -450,12 +450,12 @@ Distributed* init_distributed(const std::string& device, const std::function<Job
   g_owned = std::make_unique<Distributed>(*settings, device, describe_job ? describe_job() : JobDescription{});
   g_current = g_owned.get();
   const std::string prefix = "[rank " + std::to_string(settings->rank) + "] ";
-  spdlog::default_logger()->set_pattern(prefix + "%^%l%$: %v");
+  sdk::set_log_prefix(prefix);
   // The other ranks run the same steps on the same model and would repeat rank 0's messages:
   // they report only errors, unless -v.
-  if (settings->rank != 0 && spdlog::get_level() > spdlog::level::debug) spdlog::set_level(spdlog::level::err);
-  spdlog::info("joined a run of {} processes (store at {}:{}, timeout {} s)", settings->world_size,
-               settings->master_addr, settings->master_port, settings->timeout.count());
+  if (settings->rank != 0 && !logs::debug_enabled()) sdk::set_log_level(sdk::LogLevel::kError);
+  logs::info("joined a run of {} processes (store at {}:{}, timeout {} s)", settings->world_size, settings->master_addr,
+             settings->master_port, settings->timeout.count());
   return g_current;
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "sparsebit/core/data.h"
+#include "base/log.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/error.h"
@@ -35,8 +36,8 @@ Batcher::Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64
     other_axis_.push_back(other);
     if (other && !whole_records_) {
       whole_records_ = true;
-      sdk::log_debug("input '" + inputs[i].name +
-                     "' is not batched along dim 0; each calibration record is one batch, taken as it is");
+      logs::debug("{}", "input '" + inputs[i].name +
+                            "' is not batched along dim 0; each calibration record is one batch, taken as it is");
     }
   }
   for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -50,13 +51,13 @@ Batcher::Batcher(Dataset& data, const std::vector<ValueInfo>& inputs, std::int64
     // Paddle exports) cannot take larger batches: its Reshapes name the batch size.
     if (in.has_shape && !in.shape.empty() && in.shape[0].value > 0 && in.shape[0].value < batch_size_) {
       batch_size_ = in.shape[0].value;
-      sdk::log_debug("input '" + in.name + "' has a fixed batch of " + std::to_string(batch_size_) +
-                     "; batches take that many samples");
+      logs::debug("{}", "input '" + in.name + "' has a fixed batch of " + std::to_string(batch_size_) +
+                            "; batches take that many samples");
     }
   }
   if (std::count(scalar_.begin(), scalar_.end(), true) > 0 && batch_size_ > 1) {
     batch_size_ = 1;  // a scalar input has no batch dimension to stack samples along
-    sdk::log_debug("the model takes a 0-d input; batches take one sample");
+    logs::debug("{}", "the model takes a 0-d input; batches take one sample");
   }
 }
 
@@ -169,7 +170,8 @@ std::optional<Batch> Batcher::next(const BatchShare& share) {
           throw Error(rec->source + ": inputs have different batch sizes");
       part.source = rec->source;
       if (lead_ != std::string::npos && !whole_records_ && part.inputs[lead_].size(0) == 0) {
-        sdk::log_warn(rec->source + ": holds no samples (shape " + c10::str(part.inputs[lead_].sizes()) + "); skipped");
+        logs::warn("{}",
+                   rec->source + ": holds no samples (shape " + c10::str(part.inputs[lead_].sizes()) + "); skipped");
         continue;
       }
     }

@@ -1,5 +1,6 @@
 #include "sparsebit/core/executor.h"
 
+#include "base/log.h"
 #include "graph/control_flow.h"
 
 #include <ATen/ATen.h>
@@ -358,8 +359,8 @@ void check_declared_outputs(const std::vector<ValueInfo>& declared, const std::v
       throw Error(name + " is declared " + declared_text(v) + ", the graph computes " + got + fix);
     for (std::size_t d = 0; d < v.shape.size(); ++d)
       if (v.shape[d].value >= 0 && v.shape[d].value != t.size(static_cast<std::int64_t>(d))) {
-        sdk::log_warn(name + " is declared " + declared_text(v) + ", the graph computes " + got +
-                      " for this data; the export keeps the declaration (ONNX Runtime warns of it at run time)");
+        logs::warn("{}", name + " is declared " + declared_text(v) + ", the graph computes " + got +
+                             " for this data; the export keeps the declaration (ONNX Runtime warns of it at run time)");
         break;
       }
   }

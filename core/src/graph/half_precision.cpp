@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "base/core_ops.h"
+#include "base/log.h"
 #include "sparsebit/sdk/graph.h"
 #include "sparsebit/sdk/log.h"
 
@@ -78,9 +79,9 @@ void compute_half_precision_in_float(Model& model, onnx::GraphProto& proto_graph
     to_float(t);
     kv.second = t.SerializeAsString();
   }
-  sdk::log_info(name +
-                ": float16/bfloat16 values are computed in float32 (Note [Half-precision models]); the "
-                "export keeps the model's input and output types");
+  logs::info("{}", name +
+                       ": float16/bfloat16 values are computed in float32 (Note [Half-precision models]); the "
+                       "export keeps the model's input and output types");
 }
 
 void restore_half_precision_interface(Graph& g, const ModelMeta& meta) {

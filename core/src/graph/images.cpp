@@ -2,7 +2,6 @@
 // normalized with ATen's ops, in float from the decoded bytes to the sample.
 
 #include <ATen/ATen.h>
-#include <spdlog/spdlog.h>
 #include <stb_image.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <memory>
 
 #include "base/limits.h"
+#include "base/log.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/sdk/error.h"
 
@@ -190,7 +190,7 @@ std::optional<Batch> ImageDataset::next() {
     } catch (const Error& e) {
       if (data_.undecodable != "skip")
         throw Error(std::string(e.what()) + " (set [data] undecodable = \"skip\" to leave such files out)");
-      spdlog::warn("skipping {}", e.what());
+      logs::warn("skipping {}", e.what());
       ++skipped_;
     }
   }

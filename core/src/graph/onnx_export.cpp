@@ -15,6 +15,7 @@
 #include <string>
 
 #include "base/limits.h"
+#include "base/log.h"
 #include "base/mapped_file.h"
 #include "graph/half_precision.h"
 #include "graph/onnx_proto.h"
@@ -175,7 +176,7 @@ void type_body_values(onnx::ModelProto& proto) {
       inferred.ParseFromArray(result.data() + 1, static_cast<int>(result.size() - 1))) {
     bodies(*inferred.mutable_graph(), theirs);
   } else {
-    sdk::log_debug("ONNX's type inference did not run on the export; untyped body values stay untyped");
+    logs::debug("{}", "ONNX's type inference did not run on the export; untyped body values stay untyped");
   }
   auto fill = [](google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& values,
                  const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* from) {
@@ -293,8 +294,8 @@ std::string serialize_onnx(const Graph& graph, const ModelMeta& meta, const Expo
         throw Error(std::string("the exported model fails ONNX's checker: ") + e.what());
       }
     } else {
-      sdk::log_info("opset " + std::to_string(opset) + " is newer than the installed ONNX checker knows (" +
-                    std::to_string(onnx_library_max_opset()) + "); the checker was skipped");
+      logs::info("{}", "opset " + std::to_string(opset) + " is newer than the installed ONNX checker knows (" +
+                           std::to_string(onnx_library_max_opset()) + "); the checker was skipped");
     }
   }
   // After the checker (which would look for the side file): large initializers move out.

@@ -1,4 +1,5 @@
 #include "sparsebit/core/onnx_io.h"
+#include "base/log.h"
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/opset_lift.h"
@@ -317,8 +318,8 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
   }
   if (model.meta.source_opset < kMinLiftableOpset) {
     // Before 7, broadcasting followed other rules that our executor does not run.
-    sdk::log_info(name + ": converting from opset " + std::to_string(model.meta.source_opset) + " to " +
-                  std::to_string(kMinLiftableOpset) + " with ONNX's version converter");
+    logs::info("{}", name + ": converting from opset " + std::to_string(model.meta.source_opset) + " to " +
+                         std::to_string(kMinLiftableOpset) + " with ONNX's version converter");
     proto = convert_isolated(proto, kMinLiftableOpset, name, model.meta.source_opset);
   }
   check_declarations(proto.graph(), name);
@@ -354,9 +355,9 @@ Model model_from_proto(onnx::ModelProto& proto, const std::string& name, const I
     try {
       const LiftReport r = lift_opset(g, options.min_opset, OpTraitTable(*options.registry),
                                       static_value_facts(g, model.meta.value_info));
-      sdk::log_info(name + ": lifted from opset " + std::to_string(r.from) + " to " + std::to_string(r.to) + " (" +
-                    std::to_string(r.rewrites.size()) + " node rewrites)");
-      for (const auto& line : r.rewrites) sdk::log_debug("  " + line);
+      logs::info("{}", name + ": lifted from opset " + std::to_string(r.from) + " to " + std::to_string(r.to) + " (" +
+                           std::to_string(r.rewrites.size()) + " node rewrites)");
+      for (const auto& line : r.rewrites) logs::debug("{}", "  " + line);
     } catch (const Error& e) {
       throw Error(name + ": " + e.what());
     }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/log.h"
 #include "graph/value_facts.h"
 
 #include "sparsebit/core/executor.h"
@@ -286,8 +287,8 @@ void give_io_ranks(Model& model, const Registry& registry, const std::vector<at:
     if (v.elem_type == 0 || v.has_shape || !t.defined()) return;
     v.has_shape = true;
     v.shape.assign(static_cast<std::size_t>(t.dim()), Dim{});
-    sdk::log_info(path + ": " + what + " '" + v.name + "' declares no shape; written with rank " +
-                  std::to_string(t.dim()) + " (dims unknown), as one sample has it");
+    logs::info("{}", path + ": " + what + " '" + v.name + "' declares no shape; written with rank " +
+                         std::to_string(t.dim()) + " (dims unknown), as one sample has it");
   };
   for (std::size_t i = 0; i < model.graph.inputs.size() && i < sample.size(); ++i)
     set_rank(model.graph.inputs[i], sample[i], "input");
@@ -306,12 +307,12 @@ Model load_and_lift(const std::string& path, const Registry& registry, const Dat
   give_io_ranks(model, registry, sample, path);
   if (!lift) return model;
   const LiftReport r = lift_model(model, target, registry, sample);
-  sdk::log_info(path + ": lifted from opset " + std::to_string(r.from) + " to " + std::to_string(r.to) + " (" +
-                std::to_string(r.rewrites.size()) + " node rewrites" +
-                (r.checked ? ", outputs checked on one sample: max |difference| " + c10::str(r.max_abs_diff)
-                           : std::string(", not checked: no calibration data")) +
-                ")");
-  for (const auto& line : r.rewrites) sdk::log_debug("  " + line);
+  logs::info("{}", path + ": lifted from opset " + std::to_string(r.from) + " to " + std::to_string(r.to) + " (" +
+                       std::to_string(r.rewrites.size()) + " node rewrites" +
+                       (r.checked ? ", outputs checked on one sample: max |difference| " + c10::str(r.max_abs_diff)
+                                  : std::string(", not checked: no calibration data")) +
+                       ")");
+  for (const auto& line : r.rewrites) logs::debug("{}", "  " + line);
   return model;
 }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 
+#include "base/log.h"
 #include "graph/onnx_proto.h"
 #include "graph/run_isolated.h"
 #include "sparsebit/core/executor.h"
@@ -71,9 +72,9 @@ void add_inferred(const Graph& graph, ValueFacts& f) {
   onnx::ModelProto inferred;
   if (result.empty() || result[0] != '1' ||
       !inferred.ParseFromArray(result.data() + 1, static_cast<int>(result.size() - 1))) {
-    sdk::log_debug("ONNX's shape inference did not run on the graph (" +
-                   (result.size() > 1 ? result.substr(1) : std::string("it crashed")) +
-                   "); only declared ranks and types are known");
+    logs::debug("{}", "ONNX's shape inference did not run on the graph (" +
+                          (result.size() > 1 ? result.substr(1) : std::string("it crashed")) +
+                          "); only declared ranks and types are known");
     return;
   }
   collect(inferred.graph(), f);

@@ -19,7 +19,6 @@
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +34,7 @@
 #include <unistd.h>
 
 #include "pipeline/ort_timer.h"
+#include "base/log.h"
 #include "pipeline/pipeline_steps.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/pipeline.h"
@@ -203,18 +203,18 @@ LatencyReport time_export(const Config& config, const std::string& float_model, 
 
 void log_latency(const LatencyReport& r) {
   if (!r.measured) {
-    spdlog::info("latency: not measured ({}); the placement is the backend's static one", r.why_not);
+    logs::info("latency: not measured ({}); the placement is the backend's static one", r.why_not);
     return;
   }
   std::string slower;
   for (const auto& row : r.rows) {
-    spdlog::info("latency in ONNX Runtime, {} thread{}: float {:.2f} ms, export {:.2f} ms ({:.2f}x)", row.threads,
-                 row.threads == 1 ? "" : "s", row.float_ms, row.export_ms, row.float_ms / row.export_ms);
+    logs::info("latency in ONNX Runtime, {} thread{}: float {:.2f} ms, export {:.2f} ms ({:.2f}x)", row.threads,
+               row.threads == 1 ? "" : "s", row.float_ms, row.export_ms, row.float_ms / row.export_ms);
     if (row.export_ms > row.float_ms)
       slower += (slower.empty() ? "" : ", ") + fmt::format("{} thread{}", row.threads, row.threads == 1 ? "" : "s");
   }
   if (!slower.empty())
-    spdlog::warn(
+    logs::warn(
         "the export runs slower than the float model in ONNX Runtime at {}: its Q/DQ cost more than its integer "
         "kernels save on this processor; {} ({:.1f} MB -> {:.1f} MB). `sparsebit profile` and ONNX Runtime's "
         "profiler show where the time goes; `skip` keeps layers float",

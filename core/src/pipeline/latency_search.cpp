@@ -21,14 +21,13 @@
 // an accuracy target the target runs first; the report's `kept_float` names what kept each
 // float layer float ("accuracy" or "latency").
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
 
 #include "pipeline/ort_timer.h"
+#include "base/log.h"
 #include "pipeline/pipeline_steps.h"
 #include "sparsebit/core/pipeline.h"
 #include "sparsebit/core/quant_model.h"
@@ -179,8 +178,8 @@ LatencySearch search_latency(QuantModel& qm, const Config& config, const std::st
       set(off, true);
     }
   }
-  spdlog::info("latency search: timing {} of {} quantized regions as float in ONNX Runtime", order.size(),
-               regions.size());
+  logs::info("latency search: timing {} of {} quantized regions as float in ONNX Runtime", order.size(),
+             regions.size());
   std::string failure;
   const std::vector<ThreadTimes> times = time_models(lc, runtime, models, g, calib, failure);
   if (times.empty()) {
@@ -232,7 +231,7 @@ LatencySearch search_latency(QuantModel& qm, const Config& config, const std::st
 
 void log_latency_search(const LatencySearch& r) {
   if (!r.ran) {
-    spdlog::info("latency search: not run ({})", r.why_not);
+    logs::info("latency search: not run ({})", r.why_not);
     return;
   }
   std::size_t made = 0;
@@ -243,15 +242,15 @@ void log_latency_search(const LatencySearch& r) {
     for (std::size_t t = 0; t < region.speedup_as_float.size(); ++t)
       speed += (speed.empty() ? "" : ", ") + fmt::format("{:.3f}x at {} thread{}", region.speedup_as_float[t],
                                                          r.threads[t], r.threads[t] == 1 ? "" : "s");
-    spdlog::info("latency search: {} node{} from '{}' left float, faster so in ONNX Runtime ({})", region.nodes.size(),
-                 region.nodes.size() == 1 ? "" : "s", region.nodes.front(), speed);
+    logs::info("latency search: {} node{} from '{}' left float, faster so in ONNX Runtime ({})", region.nodes.size(),
+               region.nodes.size() == 1 ? "" : "s", region.nodes.front(), speed);
   }
   if (r.reverted)
-    spdlog::info(
+    logs::info(
         "latency search: the regions that ran faster as float one at a time did not together; all stay "
         "quantized");
-  spdlog::info("latency search: {} of {} quantized regions timed as float in {:.1f} s, {} left float", r.timed.size(),
-               r.regions, r.seconds, made);
+  logs::info("latency search: {} of {} quantized regions timed as float in {:.1f} s, {} left float", r.timed.size(),
+             r.regions, r.seconds, made);
 }
 
 }  // namespace sparsebit::steps

@@ -2,8 +2,6 @@
 // Timing models in ONNX Runtime through the node helper (Note [Latency step] in latency.cpp), for
 // the latency step and the latency search (latency_search.cpp).
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -13,6 +11,7 @@
 
 #include <unistd.h>
 
+#include "base/log.h"
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/sdk/graph.h"
@@ -63,13 +62,13 @@ class Scratch {
 /// export itself says.
 class QuietLogs {
  public:
-  QuietLogs() : was_(spdlog::get_level()) { spdlog::set_level(std::max(was_, spdlog::level::err)); }
-  ~QuietLogs() { spdlog::set_level(was_); }
+  QuietLogs() : was_(sdk::log_level()) { sdk::set_log_level(std::max(was_, sdk::LogLevel::kError)); }
+  ~QuietLogs() { sdk::set_log_level(was_); }
   QuietLogs(const QuietLogs&) = delete;
   QuietLogs& operator=(const QuietLogs&) = delete;
 
  private:
-  spdlog::level::level_enum was_;
+  sdk::LogLevel was_;
 };
 
 /// One thread count's times: the median per model and the rounds each beat the second model.

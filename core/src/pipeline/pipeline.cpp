@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +18,7 @@
 
 #include "base/digest.h"
 #include "base/glob.h"
+#include "base/log.h"
 #include "pipeline/pipeline_steps.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/bn_tuning.h"
@@ -78,7 +78,7 @@ class JobFiles {
   /// Writes the side file (if any external tensors), the masked model, the report, then the model.
   bool commit(const std::string& external, const std::string& report) {
     const bool side = write_side_file(model_path_, external);  // Note [External data side file]
-    if (side) spdlog::info("large initializers written to {}.data (ONNX external data)", model_path_);
+    if (side) logs::info("large initializers written to {}.data (ONNX external data)", model_path_);
     if (masked_) masked_->commit();
     if (report_) {
       report_->write(report + "\n");
@@ -301,7 +301,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
   if (config.weight_only) {
     // Weight-only runs read no data (and hold one copy of the weights): the float and
     // quantized forwards of the check would break both.
-    spdlog::info("weight-only: no agreement check (bench/llm measures perplexity)");
+    logs::info("weight-only: no agreement check (bench/llm measures perplexity)");
   } else {
     r.agreement = check_agreement(qm, job, holdout);
     log_agreement(*r.agreement);
@@ -324,17 +324,17 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
     if (r.latency->measured) phase("latency");
   }
   if (const std::string note = float8_load_note(qm); !note.empty()) {
-    spdlog::warn("{}", note);
+    logs::warn("{}", note);
     r.notes.push_back(note);
   }
   files.set_model(std::move(bytes));
   r.external_data_written = files.commit(external, job.report.empty() ? "" : report_json(r));
   phase("write");
-  spdlog::info("wrote {}", displayed(job.output));
+  logs::info("wrote {}", displayed(job.output));
   std::string times;
   for (const auto& [name, seconds] : r.phase_seconds)
     times += (times.empty() ? "" : ", ") + fmt::format("{} {:.2f} s", name, seconds);
-  spdlog::debug("time per phase: {}", times);
+  logs::debug("time per phase: {}", times);
   return r;
 }
 
@@ -353,7 +353,7 @@ QatOutcome run_qat(const QatJob& given, const StepProgressFn& progress) {
   if (job.restart && writes_outputs()) fs::remove(r.checkpoint);
   if (group) group->barrier("starting from the checkpoint or from calibration");
   if (config.target)
-    spdlog::warn("{}: [target] is for `sparsebit quantize`; QAT trains every layer instead", config.source);
+    logs::warn("{}: [target] is for `sparsebit quantize`; QAT trains every layer instead", config.source);
   JobFiles files(job.output, job.report);
   Registry registry;
   registry.load(config.plugins);
@@ -371,9 +371,9 @@ QatOutcome run_qat(const QatJob& given, const StepProgressFn& progress) {
     r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));
     end_step(progress);
   }
-  spdlog::info("training {} epoch(s) on {} (batch {}, Adam lr {}, {} distillation loss, device {}, {} threads)",
-               config.qat.epochs, job.train.name(), config.qat.batch_size, config.qat.lr, config.qat.loss,
-               config.calibration.device, at::get_num_threads());
+  logs::info("training {} epoch(s) on {} (batch {}, Adam lr {}, {} distillation loss, device {}, {} threads)",
+             config.qat.epochs, job.train.name(), config.qat.batch_size, config.qat.lr, config.qat.loss,
+             config.calibration.device, at::get_num_threads());
   QatOptions options{config.qat, r.checkpoint, qat_fingerprint(job)};
   r.training = distill(
       qm, teacher, [&] { return job.train.open(inputs); }, options, epochs(progress, "epoch ", config.qat.epochs));
@@ -384,8 +384,8 @@ QatOutcome run_qat(const QatJob& given, const StepProgressFn& progress) {
   std::string external;
   files.set_model(qm.serialize(&external, files.external_location()));
   files.commit(external, job.report.empty() ? "" : report_json(r, job));
-  spdlog::info("wrote {} (checkpoint {} kept: rerun with more --epochs to continue, --restart to start over)",
-               displayed(job.output), displayed(r.checkpoint));
+  logs::info("wrote {} (checkpoint {} kept: rerun with more --epochs to continue, --restart to start over)",
+             displayed(job.output), displayed(r.checkpoint));
   return r;
 }
 
@@ -398,7 +398,7 @@ PruneOutcome run_prune(const PruneJob& given, const StepProgressFn& progress) {
   PruneOutcome r;
   r.quantized = config.quantization_given;
   if (config.target && r.quantized)
-    spdlog::warn("{}: [target] is for `sparsebit quantize`; quantize the pruned model with it", config.source);
+    logs::warn("{}: [target] is for `sparsebit quantize`; quantize the pruned model with it", config.source);
   if (r.quantized && job.calib.empty())
     throw Error(config.source + " also quantizes ([w]/[a]): pass --calib with calibration data");
   if (job.finetune_epochs > 0 && job.train.empty()) throw Error("--finetune needs --train with training data");
@@ -463,7 +463,7 @@ PruneOutcome run_prune(const PruneJob& given, const StepProgressFn& progress) {
   }
   files.set_model(bytes);
   files.commit(external, job.report.empty() ? "" : report_json(r, job));
-  spdlog::info("wrote {}{}", displayed(job.output), r.quantized ? " (pruned, then quantized)" : "");
+  logs::info("wrote {}{}", displayed(job.output), r.quantized ? " (pruned, then quantized)" : "");
   return r;
 }
 

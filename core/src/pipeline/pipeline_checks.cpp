@@ -4,7 +4,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +11,7 @@
 #include <map>
 
 #include "base/glob.h"
+#include "base/log.h"
 #include "pipeline/pipeline_steps.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/sdk/error.h"
@@ -34,11 +34,11 @@ void log_coverage(const std::vector<InputCoverage>& coverage) {
   for (const auto& c : coverage) {
     bool fixed = true;
     for (std::size_t d = 0; d < c.open.size(); ++d) fixed = fixed && (!c.open[d] || c.min[d] == c.max[d]);
-    spdlog::info(
-        "calibration data gave input '{}' the sizes {}{}", c.input, describe_dims(c),
-        fixed ? "; the model accepts other sizes in its open dimensions: ranges calibrated on one size can be off "
-                "for others, so calibrate on the sizes it will run on"
-              : "");
+    logs::info("calibration data gave input '{}' the sizes {}{}", c.input, describe_dims(c),
+               fixed
+                   ? "; the model accepts other sizes in its open dimensions: ranges calibrated on one size can be off "
+                     "for others, so calibrate on the sizes it will run on"
+                   : "");
   }
 }
 
@@ -122,26 +122,26 @@ void log_agreement(const AgreementCheck& a) {
   const std::string on = std::to_string(a.samples) + (a.held_out ? " held-out samples" : " calibration samples");
   for (const auto& o : a.outputs) {
     if (std::isnan(o.cosine))
-      spdlog::warn(
+      logs::warn(
           "quantized vs float on {}: output '{}' is NaN or infinite on every element ({} in float, {} "
           "quantized only): no agreement can be measured; check that the data is what the model expects",
           on, o.name, o.not_finite_float, o.not_finite_quantized);
     else
-      spdlog::info("quantized vs float on {}: output '{}' cosine {:.4f}, SQNR {:.1f} dB", on, o.name, o.cosine,
-                   o.sqnr_db);
+      logs::info("quantized vs float on {}: output '{}' cosine {:.4f}, SQNR {:.1f} dB", on, o.name, o.cosine,
+                 o.sqnr_db);
     if (!std::isnan(o.cosine) && o.not_finite_float > 0)
-      spdlog::warn(
+      logs::warn(
           "output '{}' of the float model is NaN or infinite at {} of its {} values on {}; the agreement "
           "above leaves them out",
           o.name, o.not_finite_float, o.elements, on);
     if (!std::isnan(o.cosine) && o.not_finite_quantized > 0)
-      spdlog::warn(
+      logs::warn(
           "output '{}' of the quantized model is NaN or infinite at {} of its {} values on {} where the "
           "float model's is finite: a layer overflows its quantized range (`sparsebit profile` names it)",
           o.name, o.not_finite_quantized, o.elements, on);
   }
   if (a.poor)
-    spdlog::warn(
+    logs::warn(
         "the quantized model agrees poorly with float (cosine below {} on {}): `sparsebit profile` shows which "
         "layers lose it, --target \"cosine>=0.99\" keeps the most sensitive ones in higher precision, and another "
         "[a] observer (auto, mse, percentile) may do better",
@@ -168,7 +168,7 @@ void warn_if_nothing_quantized(QuantModel& qm, const Config& config) {
   if (body_nodes > 0)
     why += "; " + std::to_string(body_nodes) + " of the model's " + std::to_string(qm.executor().flat_size()) +
            " nodes sit inside If/Loop/Scan bodies (" + std::to_string(in_bodies) + " of the quantizable inputs)";
-  spdlog::warn(
+  logs::warn(
       "NOTHING IS QUANTIZED: 0 quantized inputs ({}); the output runs in float. `sparsebit inspect` lists the ops "
       "and which have a QModule; another backend may quantize what this one leaves",
       why);

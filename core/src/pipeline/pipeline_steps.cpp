@@ -7,7 +7,6 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +16,7 @@
 #include <map>
 
 #include "base/glob.h"
+#include "base/log.h"
 #include "sparsebit/core/bn_tuning.h"
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/distributed.h"
@@ -49,47 +49,46 @@ void log_op_times(const std::map<std::string, OpTime>& times, double total) {
     ops += t.seconds;
     hooks += t.hook_seconds;
   }
-  spdlog::debug(
+  logs::debug(
       "calibration time by op type: {:.2f} s in ops, {:.2f} s observing/quantizing their inputs, "
       "{:.2f} s elsewhere (data loading, parameters)",
       ops, hooks, std::max(0.0, total - ops - hooks));
-  spdlog::debug("  {:<24} {:>7} {:>10} {:>12} {:>6}", "op", "calls", "op s", "inputs s", "share");
+  logs::debug("  {:<24} {:>7} {:>10} {:>12} {:>6}", "op", "calls", "op s", "inputs s", "share");
   for (const auto& [op, t] : rows)
-    spdlog::debug("  {:<24} {:>7} {:>10.3f} {:>12.3f} {:>5.1f}%", op, t.calls, t.seconds, t.hook_seconds,
-                  total > 0 ? 100 * (t.seconds + t.hook_seconds) / total : 0.0);
+    logs::debug("  {:<24} {:>7} {:>10.3f} {:>12.3f} {:>5.1f}%", op, t.calls, t.seconds, t.hook_seconds,
+                total > 0 ? 100 * (t.seconds + t.hook_seconds) / total : 0.0);
 }
 
 /// Calibrates the QuantModel on `data`, logging what it does.
 CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, const StepProgressFn& progress) {
-  spdlog::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data.describe(),
-               config.calibration.count > 0 ? std::to_string(config.calibration.count) : std::string("all"),
-               config.calibration.batch_size, config.calibration.mode, config.calibration.device,
-               at::get_num_threads());
-  const bool timing = spdlog::should_log(spdlog::level::debug);
+  logs::info("calibrating on {} ({} samples max, batch {}, {} mode, device {}, {} threads)", data.describe(),
+             config.calibration.count > 0 ? std::to_string(config.calibration.count) : std::string("all"),
+             config.calibration.batch_size, config.calibration.mode, config.calibration.device, at::get_num_threads());
+  const bool timing = logs::debug_enabled();
   qm.executor().reset_op_times();
   qm.executor().set_op_timing(timing);
   CalibrationStats stats = qm.calibrate(data, stage(progress, "calibrating"));
   qm.executor().set_op_timing(false);
   end_step(progress);
   if (stats.samples == 0)  // weight-only, streaming: nothing needed the data
-    spdlog::info("calibrated {} quantized weights in {:.2f} s", qm.slots().size(), stats.seconds);
+    logs::info("calibrated {} quantized weights in {:.2f} s", qm.slots().size(), stats.seconds);
   else
-    spdlog::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples,
-                 stats.seconds);
+    logs::info("calibrated {} quantized inputs on {} samples in {:.2f} s", qm.slots().size(), stats.samples,
+               stats.seconds);
   if (stats.range_selected_inputs > 0) {  // Note [Choosing ranges by the consuming layer]
     std::string chosen;
     for (const auto& [name, n] : stats.range_choices)
       chosen += (chosen.empty() ? "" : ", ") + name + " " + std::to_string(n);
-    spdlog::info("  ranges chosen by their layer's error on {} samples for {} inputs in {:.2f} s: {}",
-                 stats.range_selection_samples, stats.range_selected_inputs, stats.range_selection_seconds, chosen);
+    logs::info("  ranges chosen by their layer's error on {} samples for {} inputs in {:.2f} s: {}",
+               stats.range_selection_samples, stats.range_selected_inputs, stats.range_selection_seconds, chosen);
     // Note [Choices judged at the output]
     if (stats.range_departures > 0 && stats.range_judged_samples == 0)
-      spdlog::info(
+      logs::info(
           "  {} inputs whose layer preferred another range keep their observer's own: no held-out "
           "samples to judge them on (the calibration data has no more than [calibration] range_samples)",
           stats.range_departures);
     else if (stats.range_departures > 0)
-      spdlog::info(
+      logs::info(
           "  judged at the model's output on {} held-out samples: {} of {} inputs keep their layer's "
           "choice over their observer's own range (output error {:.3g} -> {:.3g})",
           stats.range_judged_samples, stats.range_kept_departures, stats.range_departures,
@@ -99,8 +98,8 @@ CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, 
     log_op_times(qm.executor().op_times(), stats.seconds);
     const CpuCacheStats c = caching_cpu_allocator_stats();
     if (c.hits + c.misses > 0)
-      spdlog::debug("large CPU blocks (Note [Caching CPU allocator]): {} reused, {} mapped, {:.0f} MiB cached now",
-                    c.hits, c.misses, double(c.cached_bytes) / (1 << 20));
+      logs::debug("large CPU blocks (Note [Caching CPU allocator]): {} reused, {} mapped, {:.0f} MiB cached now",
+                  c.hits, c.misses, double(c.cached_bytes) / (1 << 20));
   }
   return stats;
 }
@@ -117,12 +116,12 @@ void allocate_bits(QuantModel& qm, const DataSource& calib, const StepProgressFn
     std::string widths;
     for (const auto& [bits, n] : count)
       widths += (widths.empty() ? "" : ", ") + std::to_string(n) + " at " + std::to_string(bits);
-    spdlog::info("bit allocation: {} average {:.2f} bits (budget {:.2f}): {}", what, reached, *target, widths);
+    logs::info("bit allocation: {} average {:.2f} bits (budget {:.2f}): {}", what, reached, *target, widths);
   };
   line("weights", b.weight_target, b.weight_average, InputRole::kWeight);
   line("activations", b.activation_target, b.activation_average, InputRole::kActivation);
-  spdlog::info("bit allocation: sensitivities of {} inputs at {} widths on {} samples in {:.2f} s", b.inputs.size(),
-               b.choices.size(), b.samples, b.seconds);
+  logs::info("bit allocation: sensitivities of {} inputs at {} widths on {} samples in {:.2f} s", b.inputs.size(),
+             b.choices.size(), b.samples, b.seconds);
 }
 
 CalibrationStats calibrate(QuantModel& qm, const DataSource& calib, const Config& config,
@@ -146,7 +145,7 @@ std::int64_t holdout_count(const TargetConfig& t, const DataSource& calib, const
   }
   if (*n < 2 * h) {
     h = *n / 4;
-    spdlog::info(
+    logs::info(
         "target: {} has {} samples; {} are kept apart to measure {} (with so few, [target] holdout = 0 measures on "
         "the calibration samples and keeps them all for the ranges)",
         calib.name(), *n, h, t.metric);
@@ -198,7 +197,7 @@ TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64
     data.eval_description = job.evaluation->data.name();
   }
   if (const auto* histogram = registry.observer("auto")) data.range_observer = histogram->factory;
-  spdlog::info("target {}: measuring on {}", t.describe(), data.holdout_description);
+  logs::info("target {}: measuring on {}", t.describe(), data.holdout_description);
   TargetReport r = meet_target(qm, t, data, stage(progress, "measuring layers"));
   end_step(progress);
   std::string remedies;
@@ -207,14 +206,14 @@ TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64
     remedies += (remedies.empty() ? "" : ", ") + name + " " + std::to_string(n);
     if (name == "int16" || name == "float") costly += n;
   }
-  spdlog::info(
+  logs::info(
       "target {}: {} {:.6g} with every layer quantized, {:.6g} with {} of {} layers remedied{} ({} "
       "evaluations, {:.1f} s)",
       t.describe(), t.metric, r.before, r.after, r.fallback_layers.size(), r.quantized_layers,
       remedies.empty() ? "" : " (" + remedies + ")", r.evaluations, r.seconds);
   for (const auto& l : r.fallback_layers)
-    spdlog::info("  {} {} ({}): layer SQNR {:.1f} -> {:.1f} dB", l.remedy, l.node, l.op_type, l.sqnr_db,
-                 l.remedied_sqnr_db);
+    logs::info("  {} {} ({}): layer SQNR {:.1f} -> {:.1f} dB", l.remedy, l.node, l.op_type, l.sqnr_db,
+               l.remedied_sqnr_db);
   if (!r.reached) {
     const std::string missed = "target " + t.describe() + " not reached: best " + t.metric + " " +
                                std::to_string(r.after) + " with " + std::to_string(r.fallback_layers.size()) +
@@ -224,7 +223,7 @@ TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64
       throw Error(missed +
                   "; nothing written (strict target). Allow more fallback layers "
                   "([target] max_fallback_layers) or a lower target");
-    spdlog::warn("{}; writing the best model found", missed);
+    logs::warn("{}; writing the best model found", missed);
   }
   return r;
 }
@@ -258,21 +257,20 @@ PruneResult prune_step(const Model& model, const Config& config, const Registry&
                                std::to_string(r.groups_pruned) + " of " + std::to_string(r.groups) + " channel groups"
                      : r.pattern == SparsityPattern::kNM ? std::to_string(r.n) + ":" + std::to_string(r.m) + " sparsity"
                                                          : "unstructured sparsity";
-  spdlog::info("pruned with '{}' in {:.2f} s: {}{}", r.sparser, seconds, what,
-               r.bias_compensated ? ", " + std::to_string(r.bias_compensated) + " biases compensated" : std::string());
-  spdlog::info("  {:<20} {:>12} {:>12} {:>8}", "", "before", "after", "ratio");
+  logs::info("pruned with '{}' in {:.2f} s: {}{}", r.sparser, seconds, what,
+             r.bias_compensated ? ", " + std::to_string(r.bias_compensated) + " biases compensated" : std::string());
+  logs::info("  {:<20} {:>12} {:>12} {:>8}", "", "before", "after", "ratio");
   auto row = [](const char* name, double before, double after) {
-    spdlog::info("  {:<20} {:>12} {:>12} {:>7.3f}", name, human(before), human(after),
-                 before > 0 ? after / before : 0.0);
+    logs::info("  {:<20} {:>12} {:>12} {:>7.3f}", name, human(before), human(after), before > 0 ? after / before : 0.0);
   };
   row("parameters", double(r.before.parameters), double(r.after.parameters));
   row("non-zero parameters", double(r.before.nonzero_parameters), double(r.after.nonzero_parameters));
   row("file bytes", double(r.before.file_bytes), double(r.after.file_bytes));
   row("FLOPs (dense)", 2.0 * double(r.before.macs), 2.0 * double(r.after.macs));
   row("FLOPs (non-zero)", 2.0 * double(r.before.sparse_macs), 2.0 * double(r.after.sparse_macs));
-  for (const auto& n : r.notes) spdlog::debug("  {}", n);
+  for (const auto& n : r.notes) logs::debug("  {}", n);
   if (r.pattern == SparsityPattern::kChannel && config.sparse->round_to == 1 && r.channels_removed > 0)
-    spdlog::info(
+    logs::info(
         "channel counts that are not multiples of 8 can run slower than the unpruned model in ONNX Runtime "
         "and TensorRT (docs/PRUNING.md); [sparse] round_to = 8 keeps them aligned");
   return r;
@@ -333,7 +331,7 @@ EvaluationResult evaluate(QuantModel& qm, const EvaluationRequest& request, cons
         const std::int64_t classes = fp.reshape({rows, -1}).size(1);
         const std::int64_t low = labels.min().item<std::int64_t>(), high = labels.max().item<std::int64_t>();
         if (low < 0 || high >= classes)
-          spdlog::warn(
+          logs::warn(
               "{}: labels run from {} to {}, outside the model's {} classes (0 to {}); the accuracy below "
               "means nothing unless the labels belong to this model and data",
               request.labels, low, high, classes, classes - 1);

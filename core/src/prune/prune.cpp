@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "base/log.h"
 #include "train/distill_epoch.h"
 #include "sparsebit/core/fused_adam.h"
 #include "base/glob.h"
@@ -185,8 +186,8 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
         throw Error(config.source + ": sparse.granularity: need 1 <= N < M <= 64, got " + gran);
     }
     if (cfg.ratio_set)
-      sdk::log_warn(config.source + ": sparse.ratio is ignored by an N:M sparser (it removes " +
-                    std::to_string(r.m - r.n) + " of every " + std::to_string(r.m) + ")");
+      logs::warn("{}", config.source + ": sparse.ratio is ignored by an N:M sparser (it removes " +
+                           std::to_string(r.m - r.n) + " of every " + std::to_string(r.m) + ")");
   } else if (!gran.empty() && gran != what && !(gran == "unstructured" && what == "element") &&
              !(gran == "structured" && what == "channel")) {
     const std::string want = gran == "channel" || gran == "structured"     ? "l1_structured"
@@ -200,7 +201,7 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
   for (const auto& e : cfg.specific) {
     bool any = false;
     for (const Node* n : model.graph.nodes()) any = any || node_matches_any(n->name, e.nodes);
-    if (!any) sdk::log_warn(config.source + ": " + e.name + " matches no node of the model");
+    if (!any) logs::warn("{}", config.source + ": " + e.name + " matches no node of the model");
   }
 
   r.before = model_stats(model, registry, sample);
@@ -209,9 +210,9 @@ PruneResult prune(const Model& model, const Config& config, const Registry& regi
   else prune_elements(model, config, *sparser, registry, stats_data, r);
   r.after = model_stats(r.pruned, registry, sample);
   if (r.layers.empty())
-    sdk::log_warn(model.meta.source_path +
-                  ": nothing to prune: no Conv, ConvTranspose, Gemm or MatMul reads a float constant "
-                  "weight (a QDQ model? prune the float model, then quantize)");
+    logs::warn("{}", model.meta.source_path +
+                         ": nothing to prune: no Conv, ConvTranspose, Gemm or MatMul reads a float constant "
+                         "weight (a QDQ model? prune the float model, then quantize)");
   return r;
 }
 
@@ -266,8 +267,8 @@ std::vector<double> finetune(Model& student, const Model& teacher, const Registr
                                  "fine-tuning"};
   for (int epoch = 1; epoch <= settings.epochs; ++epoch) {
     losses.push_back(detail::distill_epoch(step, epoch, open_train, progress).loss);
-    sdk::log_info("fine-tuning epoch " + std::to_string(epoch) + "/" + std::to_string(settings.epochs) + ": loss " +
-                  std::to_string(losses.back()));
+    logs::info("{}", "fine-tuning epoch " + std::to_string(epoch) + "/" + std::to_string(settings.epochs) + ": loss " +
+                         std::to_string(losses.back()));
   }
   for (const auto& name : names) g.initializers[name] = ex.constants().at(name).detach().to(at::kCPU).clone();
   return losses;

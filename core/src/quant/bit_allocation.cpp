@@ -12,6 +12,7 @@
 #include <numeric>
 #include <set>
 
+#include "base/log.h"
 #include "quant/target_search.h"  // SlotObjects: a slot's quantizer kept while another is in place
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
@@ -123,8 +124,9 @@ const BitAllocation& QuantModel::allocate_bits(const DataSource& calib, const Pr
                 ": [bit_allocation] finds no quantized weight, nor an activation of a layer with one, " +
                 "to choose widths for");
   if (cfg.avg_activation_bits && activations.members.empty())
-    sdk::log_warn(config_.source + ": [bit_allocation] avg_activation_bits: no layer with a quantized weight has a " +
-                  "quantized activation; only weights are allocated");
+    logs::warn("{}", config_.source +
+                         ": [bit_allocation] avg_activation_bits: no layer with a quantized weight has a " +
+                         "quantized activation; only weights are allocated");
 
   // The samples, in calibration batches, and the float outputs and tensor shapes on them.
   const auto& gin = model_->graph.inputs;

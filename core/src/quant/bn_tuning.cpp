@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "base/log.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
@@ -45,7 +46,7 @@ Model tune_batchnorm(const Model& model, const Config& config, const Registry& r
     by_input[n->inputs[0]].push_back({n->inputs[stats->mean], n->inputs[stats->var], {}, {}, 0});
   }
   if (by_input.empty()) {
-    sdk::log_info("bn_tuning: the model has no normalization with constant running statistics; nothing to tune");
+    logs::info("{}", "bn_tuning: the model has no normalization with constant running statistics; nothing to tune");
     return Model{model.graph.clone(), model.meta};
   }
   std::size_t count = 0;
@@ -107,8 +108,8 @@ Model tune_batchnorm(const Model& model, const Config& config, const Registry& r
       ++tuned_count;
     }
   }
-  sdk::log_info("bn_tuning: re-estimated " + std::to_string(tuned_count) + " BatchNormalization layer(s) on " +
-                std::to_string(samples) + " samples with quantization on");
+  logs::info("{}", "bn_tuning: re-estimated " + std::to_string(tuned_count) + " BatchNormalization layer(s) on " +
+                       std::to_string(samples) + " samples with quantization on");
   return tuned;
 }
 

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "base/log.h"
 #include "quant/plugin_call.h"
 #include "sparsebit/sdk/log.h"
 
@@ -32,7 +33,7 @@ Distributed* dividing_group(const QuantSlots& slots, bool layer_passes, bool rec
             "') cannot merge its layer inputs";
   }
   if (why.empty()) return group;
-  sdk::log_info("every process calibrates on all the data (" + why + ")");
+  logs::info("{}", "every process calibrates on all the data (" + why + ")");
   return nullptr;
 }
 

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "graph/cuda_graph.h"
+#include "base/log.h"
 #include "quant/distributed_merge.h"
 #include "quant/layerwise.h"
 #include "base/mapped_file.h"
@@ -203,7 +204,7 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
         recorded = std::make_unique<RecordedStep>();
         capture_stream.emplace(device);
       } else {
-        sdk::log_info(w.where() + ": [calibration] cuda_graph: reconstruction steps run eagerly: " + off);
+        logs::info("{}", w.where() + ": [calibration] cuda_graph: reconstruction steps run eagerly: " + off);
       }
     }
 
@@ -248,8 +249,8 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
           });
           if (!why.empty()) {
             g.failed = true;
-            sdk::log_warn(w.where() + ": [calibration] cuda_graph: the reconstruction step could not be recorded (" +
-                          why + "); it runs eagerly");
+            logs::warn("{}", w.where() + ": [calibration] cuda_graph: the reconstruction step could not be recorded (" +
+                                 why + "); it runs eagerly");
           }
         }
         if (fits && !g.failed) {
@@ -281,12 +282,13 @@ void LayerwiseRunner::reconstruct(std::size_t i, QuantSlot& w, CalibrationStats&
   report.quantizer = w.quantizer_name;
   report.iterations = settings.iterations;
   report.seconds = seconds_since(t0);
-  sdk::log_info("reconstructed " + n.describe() + ": output MSE " + std::to_string(report.mse_nearest) +
-                " (round to nearest) -> " + std::to_string(report.mse_learnt) + " in " +
-                std::to_string(report.iterations) + " steps" +
-                (report.recorded_steps ? " (" + std::to_string(report.recorded_steps) + " replayed from a CUDA graph)"
-                                       : std::string()) +
-                ", " + std::to_string(report.seconds) + " s");
+  logs::info("{}",
+             "reconstructed " + n.describe() + ": output MSE " + std::to_string(report.mse_nearest) +
+                 " (round to nearest) -> " + std::to_string(report.mse_learnt) + " in " +
+                 std::to_string(report.iterations) + " steps" +
+                 (report.recorded_steps ? " (" + std::to_string(report.recorded_steps) + " replayed from a CUDA graph)"
+                                        : std::string()) +
+                 ", " + std::to_string(report.seconds) + " s");
   stats.reconstructions.push_back(std::move(report));
 }
 
@@ -326,14 +328,14 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
   const std::int64_t axis = axes ? axes->weight_in : -1;
   const std::int64_t features = axes ? axes->activation : -1;
   if (axis < 0 && w.lookup_table) {  // an embedding has no layer input to solve from
-    sdk::log_info(w.where() + ": embedding table rounded to nearest (quantizer '" + w.quantizer_name +
-                  "' solves the weights of layers from their inputs)");
+    logs::info("{}", w.where() + ": embedding table rounded to nearest (quantizer '" + w.quantizer_name +
+                         "' solves the weights of layers from their inputs)");
     return;
   }
   if (axis < 0) {
-    sdk::log_warn(w.where() + ": quantizer '" + w.quantizer_name +
-                  "' solves the 2-D weights of layers (MatMul, Gemm) from their inputs; this weight (shape " +
-                  c10::str(weight.sizes()) + ") is rounded to nearest");
+    logs::warn("{}", w.where() + ": quantizer '" + w.quantizer_name +
+                         "' solves the 2-D weights of layers (MatMul, Gemm) from their inputs; this weight (shape " +
+                         c10::str(weight.sizes()) + ") is rounded to nearest");
     return;
   }
   const std::int64_t k = weight.size(axis);
@@ -355,9 +357,9 @@ void LayerwiseRunner::solve_weight(std::size_t i, QuantSlot& w, CalibrationStats
   plugin_call(w, false, "solve", [&] { solver.solve(weight, axis); });
   report.mse_learnt = output_mse(i, w);
   report.seconds = seconds_since(t0);
-  sdk::log_info(w.quantizer_name + " " + n.describe() + ": output MSE " + std::to_string(report.mse_nearest) +
-                " (round to nearest) -> " + std::to_string(report.mse_learnt) + ", " + std::to_string(report.seconds) +
-                " s");
+  logs::info("{}", w.quantizer_name + " " + n.describe() + ": output MSE " + std::to_string(report.mse_nearest) +
+                       " (round to nearest) -> " + std::to_string(report.mse_learnt) + ", " +
+                       std::to_string(report.seconds) + " s");
   stats.reconstructions.push_back(std::move(report));
 }
 

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "graph/cuda_graph.h"
+#include "base/log.h"
 #include "quant/distributed_merge.h"
 #include "quant/layerwise.h"
 #include "base/mapped_file.h"
@@ -100,9 +101,10 @@ void LayerwiseRunner::finish_nested(std::size_t i) {
   const auto [first, last] = ex_.nested_range(i);
   for (std::size_t j = first; j < last; ++j)
     if (const QuantSlot* w = slots_.finish_node(j))
-      sdk::log_warn(w->where() + " (inside " + nodes_[i]->describe() + "): quantizer '" + w->quantizer_name +
-                    "' learns from its layer's cached data, which control-flow bodies do not keep; its weight is "
-                    "rounded to nearest");
+      logs::warn("{}",
+                 w->where() + " (inside " + nodes_[i]->describe() + "): quantizer '" + w->quantizer_name +
+                     "' learns from its layer's cached data, which control-flow bodies do not keep; its weight is "
+                     "rounded to nearest");
 }
 
 int LayerwiseRunner::bias_input(std::size_t i) const {
@@ -214,8 +216,8 @@ void LayerwiseRunner::cache_batches(CalibrationStats& stats) {
   }
   if (stats.samples == 0) throw Error("the calibration data " + data_.describe() + " yielded no samples");
   if (group_)
-    sdk::log_info("this process caches " + std::to_string(fp_.size()) + " of the " + std::to_string(stats.batches) +
-                  " calibration batches");
+    logs::info("{}", "this process caches " + std::to_string(fp_.size()) + " of the " + std::to_string(stats.batches) +
+                         " calibration batches");
 }
 
 /// The quantized stream past node `i`: where the node sees exactly what the float stream gave

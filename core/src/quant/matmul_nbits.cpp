@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "base/log.h"
 #include "sparsebit/sdk/log.h"
 #include "base/core_ops.h"
 
@@ -135,7 +136,7 @@ std::size_t to_matmul_nbits(Graph& g, std::int64_t accuracy_level) {
     Candidate c{};
     const std::string why = why_not(g, n, c);
     if (why.empty()) todo.push_back(c);
-    else if (why != "skip") sdk::log_info(n->describe() + " keeps DequantizeLinear weights: " + why);
+    else if (why != "skip") logs::info("{}", n->describe() + " keeps DequantizeLinear weights: " + why);
   }
   for (const Candidate& c : todo) rewrite(g, c, accuracy_level);
   if (!todo.empty()) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "base/log.h"
 #include "base/mapped_file.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/sdk/error.h"
@@ -147,7 +148,7 @@ bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, G
       auto pass = p->factory();
       if (pass->stage() != stage) continue;
       const bool changed = stage == Pass::Stage::kFuse ? pass->run_quant(*state, ctx) : pass->run(graph, ctx);
-      if (changed) sdk::log_debug("pass '" + entry.pass + "' changed the model");
+      if (changed) logs::debug("{}", "pass '" + entry.pass + "' changed the model");
       any = any || changed;
       if (stage == Pass::Stage::kSimplify) graph.validate();
       auto unused = entry.options.unused();

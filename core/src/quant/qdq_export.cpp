@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "quant/qdq_export.h"
+#include "base/log.h"
 #include "base/mapped_file.h"
 
 #include "sparsebit/core/opset_lift.h"
@@ -155,7 +156,7 @@ void fold_batchnorms(Graph& g, const OpTraitTable& ops) {
   for (Node* n : g.nodes())
     if (const auto* norm = ops.trait<RunningStatistics>(n->op_type, n->domain);
         norm && !fold_batchnorm(g, n, *norm, ops))
-      sdk::log_debug(n->describe() + ": exported unfolded");
+      logs::debug("{}", n->describe() + ": exported unfolded");
 }
 /// The opset the export needs (the backend's, 13, and 21 for 4-bit, per-group or 16-bit Q/DQ:
 /// Note [4-bit export]), and `g` lifted to it.
@@ -382,7 +383,8 @@ Graph export_qdq(const QdqExportInput& in) {
   g.topological_sort();
   g.validate();
   if (in.backend.checks_u8s8_saturation()) {  // Note [u8s8 saturation]
-    if (auto warning = saturation_warning(check_u8s8_saturation(g, in.ops)); !warning.empty()) sdk::log_warn(warning);
+    if (auto warning = saturation_warning(check_u8s8_saturation(g, in.ops)); !warning.empty())
+      logs::warn("{}", warning);
   }
   return g;
 }

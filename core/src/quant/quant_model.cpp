@@ -1,5 +1,6 @@
 #include "sparsebit/core/quant_model.h"
 
+#include "base/log.h"
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/matmul_nbits.h"
 #include "sparsebit/core/opset_lift.h"
@@ -176,17 +177,17 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
       if (std::any_of(nodes.begin(), nodes.end(), [&](const Node* n) { return node_matches_any(n->name, {glob}); }))
         continue;
       if (++unmatched > kNamedUnmatched) continue;
-      sdk::log_warn(config_.source + ": " + key + " glob '" + printable(glob, 80) + "' matches no node of " +
-                    printable(model_->meta.source_path) + " (" + std::to_string(nodes.size()) + " nodes" +
-                    (nodes.empty() ? std::string() : ", e.g. '" + printable(nodes.front()->name, 80) + "'") +
-                    "); `sparsebit inspect --json` lists them");
+      logs::warn("{}", config_.source + ": " + key + " glob '" + printable(glob, 80) + "' matches no node of " +
+                           printable(model_->meta.source_path) + " (" + std::to_string(nodes.size()) + " nodes" +
+                           (nodes.empty() ? std::string() : ", e.g. '" + printable(nodes.front()->name, 80) + "'") +
+                           "); `sparsebit inspect --json` lists them");
     }
   };
   warn_unmatched(config_.skip, "skip");
   for (const auto& e : config_.specific) warn_unmatched(e.nodes, e.name + " nodes");
   if (unmatched > kNamedUnmatched)
-    sdk::log_warn(config_.source + ": " + std::to_string(unmatched - kNamedUnmatched) +
-                  " more globs match no node of " + printable(model_->meta.source_path));
+    logs::warn("{}", config_.source + ": " + std::to_string(unmatched - kNamedUnmatched) +
+                         " more globs match no node of " + printable(model_->meta.source_path));
   slots_ = std::make_unique<QuantSlots>(model_->graph, *executor_, config_, *backend_, backend_plugin_, registry);
   // A backend that weighs a layer's cost against its Q/DQ asks for sizes per sample: from one
   // calibration sample, else (no data yet, as from Python) from the declared shapes and ONNX's
@@ -215,8 +216,8 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
   slots_->finish_building();
   std::size_t active = 0;
   for (const auto& s : slots()) active += s.active();
-  sdk::log_info(std::to_string(nodes.size()) + " nodes, " + std::to_string(active) + " quantized inputs (" +
-                std::to_string(slots().size() - active) + " fused away)");
+  logs::info("{}", std::to_string(nodes.size()) + " nodes, " + std::to_string(active) + " quantized inputs (" +
+                       std::to_string(slots().size() - active) + " fused away)");
 }
 
 QuantModel::~QuantModel() = default;
@@ -274,7 +275,7 @@ CalibrationStats QuantModel::calibrate(Dataset& data, const ProgressFn& progress
   const bool reads_data = std::any_of(slots().begin(), slots().end(), [](const QuantSlot& s) {
     return s.active() && s.role == InputRole::kActivation;
   });
-  if (!reads_data) sdk::log_info("only weights are quantized: the calibration data is not read");
+  if (!reads_data) logs::info("{}", "only weights are quantized: the calibration data is not read");
   // Note [Distributed runs]: process r computes batches r, r + W, ...; observers merge below.
   Distributed* group = reads_data ? dividing_group(*slots_, false, false) : nullptr;
   std::int64_t index = -1;
@@ -388,10 +389,11 @@ Graph QuantModel::export_graph() const {
   if (config_.export_options.weight_format == "matmul_nbits") {
     const std::size_t n = to_matmul_nbits(g, config_.export_options.accuracy_level);
     if (n == 0)
-      sdk::log_warn(config_.source +
-                    ": [export] weight_format = \"matmul_nbits\" found no MatMul or Gemm with per-group 4- or 8-bit "
-                    "weights in blocks of a power of two >= 16 along K; every weight keeps DequantizeLinear");
-    else sdk::log_info("wrote " + std::to_string(n) + " layers as com.microsoft.MatMulNBits");
+      logs::warn("{}",
+                 config_.source +
+                     ": [export] weight_format = \"matmul_nbits\" found no MatMul or Gemm with per-group 4- or 8-bit "
+                     "weights in blocks of a power of two >= 16 along K; every weight keeps DequantizeLinear");
+    else logs::info("{}", "wrote " + std::to_string(n) + " layers as com.microsoft.MatMulNBits");
   }
   return g;
 }

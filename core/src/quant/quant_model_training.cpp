@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "quant/plugin_call.h"
+#include "base/log.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
@@ -54,8 +55,8 @@ void QuantModel::init_qat() {
     }
   }
   train(true);
-  sdk::log_info("QAT: " + std::to_string(trainable_.size()) + " weight and bias tensors trainable, " +
-                std::to_string(named_parameters().size() - trainable_.size()) + " quantizer parameters");
+  logs::info("{}", "QAT: " + std::to_string(trainable_.size()) + " weight and bias tensors trainable, " +
+                       std::to_string(named_parameters().size() - trainable_.size()) + " quantizer parameters");
 }
 
 void QuantModel::train(bool on) {

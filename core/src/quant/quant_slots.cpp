@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "base/glob.h"
+#include "base/log.h"
 #include "quant/plugin_call.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
@@ -94,7 +95,7 @@ class QuantSlots::State final : public QuantState {
         try {
           *sizes_ = slots_.value_sizes_();
         } catch (const Error& e) {
-          sdk::log_debug(std::string("value sizes unknown to the placement: ") + e.what());
+          logs::debug("{}", std::string("value sizes unknown to the placement: ") + e.what());
         }
       }
     }
@@ -133,7 +134,7 @@ QuantSlots::QuantSlots(const Graph& graph, const Executor& executor, const Confi
     const Node& n = executor.flat_node(i);
     slot_of_[i].assign(n.inputs.size(), -1);
     if (node_matches_any(n.name, config.skip)) {
-      sdk::log_debug(n.describe() + " kept in float (skip)");
+      logs::debug("{}", n.describe() + " kept in float (skip)");
       continue;
     }
     const auto specs = executor.flat_module(i).module->input_specs();
@@ -231,7 +232,7 @@ int QuantSlots::add(std::size_t i, std::size_t k, InputRole role, std::int64_t w
   const Node& n = executor_->flat_node(i);
   if (!n.has_input(k) || slot_of_[i][k] >= 0) return slot_of_[i][k];
   if (role == InputRole::kWeight && !is_constant(i, n.inputs[k])) {
-    sdk::log_debug(n.describe() + ": weight input '" + n.inputs[k] + "' is computed, quantized as an activation");
+    logs::debug("{}", n.describe() + ": weight input '" + n.inputs[k] + "' is computed, quantized as an activation");
     role = InputRole::kActivation;
   }
   const bool is_weight = role == InputRole::kWeight;
@@ -284,7 +285,7 @@ void QuantSlots::add_lookup_table(std::size_t i, std::size_t k, std::int64_t row
   if (!table_for(n, true).embeddings || !is_constant(i, n.inputs[k])) return;
   const at::Tensor& table = constant(i, n.inputs[k]);
   if (table.dim() != 2 || !table.is_floating_point()) {
-    sdk::log_debug(n.describe() + ": table '" + n.inputs[k] + "' is not a 2-D float constant; kept as it is");
+    logs::debug("{}", n.describe() + ": table '" + n.inputs[k] + "' is not a 2-D float constant; kept as it is");
     return;
   }
   const int idx = add(i, k, InputRole::kWeight, row_axis);

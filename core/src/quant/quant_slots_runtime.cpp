@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "base/glob.h"
+#include "base/log.h"
 #include "base/mapped_file.h"
 #include "quant/plugin_call.h"
 #include "sparsebit/core/quant_slots.h"
@@ -99,7 +100,8 @@ void QuantSlots::observe(std::size_t node, std::size_t input, const at::Tensor& 
   if (s.role != InputRole::kActivation || !s.active() || !x.defined()) return;
   if (x.is_nested() || !x.is_floating_point()) {
     // Integer or bool data (indices, masks, shape arithmetic) has nothing to quantize.
-    sdk::log_debug(s.where() + ": carries " + std::string(c10::toString(x.scalar_type())) + " data, left unquantized");
+    logs::debug("{}",
+                s.where() + ": carries " + std::string(c10::toString(x.scalar_type())) + " data, left unquantized");
     s.enabled = false;
     return;
   }
@@ -137,9 +139,9 @@ void QuantSlots::check_qparams(const QuantSlot& s, const QParams& p, const char*
 void QuantSlots::finish(QuantSlot& s) {
   if (s.role == InputRole::kActivation && s.observed == 0 && s.node_index >= graph_->num_nodes()) {
     // A branch the calibration data never took (or a loop that never iterated) has no range.
-    sdk::log_warn(s.where() +
-                  ": the calibration data never ran this part of a control-flow body; it stays in "
-                  "float (calibrate with data that takes every branch to quantize it)");
+    logs::warn("{}", s.where() +
+                         ": the calibration data never ran this part of a control-flow body; it stays in "
+                         "float (calibrate with data that takes every branch to quantize it)");
     s.enabled = false;
     return;
   }

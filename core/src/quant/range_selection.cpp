@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +10,7 @@
 #include <limits>
 #include <optional>
 
+#include "base/log.h"
 #include "quant/layer_error.h"
 #include "quant/plugin_call.h"
 #include "sparsebit/sdk/error.h"
@@ -42,11 +42,11 @@ void take(QuantSlots& slots, std::size_t i, std::size_t c) {
 /// Slot `i` keeps candidate `c` for good: recorded and its candidates cleared.
 void choose(QuantSlots& slots, std::size_t i, std::size_t c, const std::vector<double>& errors, RangeSelection& r) {
   QuantSlot& s = slots.all()[i];
-  if (spdlog::should_log(spdlog::level::debug)) {
+  if (logs::debug_enabled()) {
     std::string all;
     for (std::size_t k = 0; k < errors.size(); ++k)
       all += (k ? ", " : "") + s.range_candidates[k].name + " " + std::to_string(errors[k]);
-    spdlog::debug("{}: relative layer errors {}; chose {}", s.where(), all, s.range_candidates[c].name);
+    logs::debug("{}: relative layer errors {}; chose {}", s.where(), all, s.range_candidates[c].name);
   }
   take(slots, i, c);
   s.range = s.range_candidates[c].name;
@@ -269,10 +269,10 @@ RangeSelection select_ranges(Executor& executor, QuantSlots& slots, const std::v
     std::size_t best = 0;  // the first of least error: the default on ties
     for (std::size_t p = 1; p < prefixes.size(); ++p)
       if (relative(sums[p]) < relative(sums[best])) best = p;
-    if (spdlog::should_log(spdlog::level::debug))
+    if (logs::debug_enabled())
       for (std::size_t p = 0; p < prefixes.size(); ++p)
-        spdlog::debug("range selection: {} of {} departures kept: output error {:.4g}", prefixes[p], departures.size(),
-                      relative(sums[p]));
+        logs::debug("range selection: {} of {} departures kept: output error {:.4g}", prefixes[p], departures.size(),
+                    relative(sums[p]));
     keep = prefixes[best];
     r.judged_samples = judged;
     r.output_error_default = relative(sums[0]);

@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
@@ -16,6 +15,7 @@
 #include <numeric>
 #include <set>
 
+#include "base/log.h"
 #include "quant/target_search.h"
 #include "quant/layer_error.h"
 #include "quant/range_selection.h"
@@ -309,7 +309,7 @@ void TargetSearch::search(double& best, std::vector<int>& best_state) {
   auto try_j = [&](std::size_t j) {
     configure(remedied(j));
     const double v = measure();
-    spdlog::debug("target: {} layers remedied: {} = {:.6g}", j, t_.metric, v);
+    logs::debug("target: {} layers remedied: {} = {:.6g}", j, t_.metric, v);
     if (better(v, best)) best = v, best_state = state_;
     return v;
   };

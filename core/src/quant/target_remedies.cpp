@@ -3,13 +3,13 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <map>
 #include <set>
 
 #include "quant/range_selection.h"
+#include "base/log.h"
 #include "quant/target_search.h"
 #include "sparsebit/sdk/error.h"
 
@@ -25,7 +25,7 @@ void TargetSearch::prepare_remedies() {
 
 void TargetSearch::prepare_ranges() {
   if (!d_.range_observer) {
-    spdlog::warn(
+    logs::warn(
         "target: the range remedy is skipped: no observer offers candidate ranges (is the 'auto' "
         "observer's plugin disabled?)");
     return;
@@ -91,7 +91,7 @@ void TargetSearch::prepare_per_channel() {
         qs.finish(s);
         objects_[kPerChannel][i] = take(s);
       } catch (const Error& e) {
-        spdlog::debug("target: no per-channel remedy for {}", e.what());
+        logs::debug("target: no per-channel remedy for {}", e.what());
       }
       put(s, std::move(parked));
     }
@@ -120,7 +120,7 @@ void TargetSearch::prepare_int16() {
   } catch (const Error& e) {
     for (auto& [i, o] : parked) put(qs.all()[i], std::move(o));
     finish_biases();
-    spdlog::warn("target: the int16 remedy is skipped: {}", e.what());
+    logs::warn("target: the int16 remedy is skipped: {}", e.what());
     return;
   }
   for (auto& [i, o] : parked) {

@@ -21,6 +21,7 @@
 #include <map>
 #include <optional>
 
+#include "base/log.h"
 #include "graph/cuda_graph.h"
 #include "base/digest.h"
 #include "train/distill_epoch.h"
@@ -162,9 +163,9 @@ class StepProfile {
       total += ms;
       line += (line.empty() ? "" : ", ") + n + " " + c10::str(std::round(ms * 100) / 100) + " ms";
     }
-    sdk::log_info(what + " profile, epoch " + std::to_string(epoch) + ", per step: " + line + "; total " +
-                  c10::str(std::round(total * 100) / 100) + " ms; " + std::to_string(g_dispatched.load() / steps) +
-                  " ATen operators dispatched");
+    logs::info("{}", what + " profile, epoch " + std::to_string(epoch) + ", per step: " + line + "; total " +
+                         c10::str(std::round(total * 100) / 100) + " ms; " +
+                         std::to_string(g_dispatched.load() / steps) + " ATen operators dispatched");
   }
 
  private:
@@ -206,8 +207,8 @@ struct GraphedStep {
   }
   void give_up(const std::string& what, const std::string& why) {
     failed = true;
-    sdk::log_warn(what + ": [qat] cuda_graph: the training step could not be recorded as a CUDA graph (" + why +
-                  "); training continues without graphs");
+    logs::warn("{}", what + ": [qat] cuda_graph: the training step could not be recorded as a CUDA graph (" + why +
+                         "); training continues without graphs");
   }
 };
 
@@ -289,14 +290,14 @@ GraphedStep* graphed_step_of(const DistillStep& step, int epoch, const StepProfi
   bool graphs = s.cuda_graph && step.device.is_cuda();
   if (s.cuda_graph && !step.device.is_cuda()) {
     if (epoch == 1)
-      sdk::log_info(step.what + ": [qat] cuda_graph applies to GPU training; training on the CPU without");
+      logs::info("{}", step.what + ": [qat] cuda_graph applies to GPU training; training on the CPU without");
   } else if (graphs && (!cuda_graphs_supported() || group || profile.on() || !fused)) {
     if (epoch == 1)
-      sdk::log_warn(step.what + ": [qat] cuda_graph is off for this run: " +
-                    (!cuda_graphs_supported() ? std::string("this build has no CUDA graphs")
-                     : group                  ? std::string("distributed runs sum gradients on the host's schedule")
-                     : profile.on()           ? std::string("SPARSEBIT_QAT_PROFILE synchronizes inside the step")
-                                              : std::string("the optimizer is not a FusedAdam")));
+      logs::warn("{}", step.what + ": [qat] cuda_graph is off for this run: " +
+                           (!cuda_graphs_supported() ? std::string("this build has no CUDA graphs")
+                            : group        ? std::string("distributed runs sum gradients on the host's schedule")
+                            : profile.on() ? std::string("SPARSEBIT_QAT_PROFILE synchronizes inside the step")
+                                           : std::string("the optimizer is not a FusedAdam")));
     graphs = false;
   }
   if (!graphs) return nullptr;

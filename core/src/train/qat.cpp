@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "base/digest.h"
+#include "base/log.h"
 #include "train/distill_epoch.h"
 #include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/atomic_file.h"
@@ -198,8 +199,8 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
   std::error_code ec;
   if (!options.checkpoint.empty() && fs::exists(options.checkpoint, ec)) {
     result.resumed_after = load_checkpoint(options.checkpoint, options.fingerprint, params, adam);
-    sdk::log_info("resuming from " + options.checkpoint + " after epoch " + std::to_string(result.resumed_after) +
-                  " of " + std::to_string(s.epochs));
+    logs::info("{}", "resuming from " + options.checkpoint + " after epoch " + std::to_string(result.resumed_after) +
+                         " of " + std::to_string(s.epochs));
   }
   // On a GPU, Adam counts its steps there from the first step: no host value per step, and
   // eager steps do the arithmetic of recorded ones (Note [CUDA graph steps]).
@@ -218,9 +219,9 @@ QatResult distill(QuantModel& student, Executor& teacher, const std::function<st
   for (int epoch = result.resumed_after + 1; epoch <= s.epochs; ++epoch) {
     const QatEpoch e = detail::distill_epoch(step, epoch, open_train, progress);
     result.epochs.push_back(e);
-    sdk::log_info("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs) + ": loss " +
-                  std::to_string(e.loss) + " over " + std::to_string(e.samples) + " samples, " +
-                  std::to_string(e.seconds) + " s");
+    logs::info("{}", "epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs) + ": loss " +
+                         std::to_string(e.loss) + " over " + std::to_string(e.samples) + " samples, " +
+                         std::to_string(e.seconds) + " s");
     // Diverged: the loss ran away from where training started (a learning rate far too high
     // saturates every weight); stop before the epoch's checkpoint and the model are written.
     constexpr double kDiverged = 1000;

@@ -355,7 +355,8 @@ SPARSEBIT_API std::string one_line_message(const std::string& text, std::size_t 
 SPARSEBIT_API std::string displayed(const std::string& text, bool keep_lines = false);
 
 /// Passes every log message (the host's and every plugin's) through displayed(.., true) on its
-/// way to the default logger's sinks; the CLI and the Python module call it once.
+/// way to stderr (the library's own logger; spdlog's default logger is left alone); the CLI and
+/// the Python module call it once.
 SPARSEBIT_API void escape_log_messages();
 
 /// Closest string to `key` among `candidates` by edit distance ("" if none is close).
