@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "quant/quant_model_access.h"
 #include "sparsebit/core/matmul_nbits.h"
 #include "sparsebit/core/quant_model.h"
 #include "test_support.h"
@@ -75,7 +76,7 @@ batch_size = 256
   }
   // Activations stay float: only the two weight slots are active.
   std::size_t active = 0;
-  for (const auto& s : qm.slots()) active += s.active() && qm.quant_slots().usable(s);
+  for (const auto& s : qm.slots()) active += s.active() && QuantModelAccess::slots(qm).usable(s);
   EXPECT_EQ(active, 2u);
 
   const Graph g = qm.export_graph();

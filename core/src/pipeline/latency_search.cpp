@@ -26,9 +26,10 @@
 #include <cmath>
 #include <map>
 
-#include "pipeline/ort_timer.h"
 #include "base/log.h"
+#include "pipeline/ort_timer.h"
 #include "pipeline/pipeline_steps.h"
+#include "quant/quant_model_access.h"
 #include "sparsebit/core/pipeline.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/quant_slots.h"
@@ -46,7 +47,7 @@ constexpr std::int64_t kSearchRuns = 8;
 std::vector<std::vector<std::size_t>> quantized_regions(const QuantModel& qm) {
   const Graph& g = qm.graph();
   const std::size_t count = g.num_nodes();
-  const QuantSlots& slots = qm.quant_slots();
+  const QuantSlots& slots = QuantModelAccess::slots(qm);
   std::vector<bool> active(count, false), weighted(count, false);
   std::vector<std::size_t> activations(count, 0);
   for (const QuantSlot& s : slots.all()) {

@@ -12,12 +12,13 @@
 #include <random>
 #include <set>
 
-#include "graph/cuda_graph.h"
 #include "base/log.h"
+#include "base/mapped_file.h"
+#include "graph/cuda_graph.h"
 #include "quant/distributed_merge.h"
 #include "quant/layerwise.h"
-#include "base/mapped_file.h"
 #include "quant/plugin_call.h"
+#include "quant/quant_model_access.h"
 #include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/passes.h"
 #include "sparsebit/core/quant_model.h"
@@ -122,11 +123,11 @@ int LayerwiseRunner::bias_input(std::size_t i) const {
 void LayerwiseRunner::set_bias(std::size_t i, const at::Tensor& value) {
   const int k = bias_input(i);
   if (k < 0) throw Error(nodes_[i]->describe() + ": set_bias on a node without a constant bias");
-  qm_.set_constant_input(i, static_cast<std::size_t>(k), value);
+  QuantModelAccess::set_constant_input(qm_, i, static_cast<std::size_t>(k), value);
 }
 
 void LayerwiseRunner::run_layer_passes(std::size_t i, CalibrationStats& stats) {
-  for (auto& lp : qm_.layer_passes()) {
+  for (auto& lp : QuantModelAccess::layer_passes(qm_)) {
     LayerStateImpl state(*this, i);
     PassContext ctx{lp.options};
     bool changed = false;
@@ -196,7 +197,7 @@ void LayerwiseRunner::cache_batches(CalibrationStats& stats) {
   const at::Device device(cal.device);
   Batcher batcher(data_, gin, cal.batch_size, cal.count);
   // Note [Distributed runs]: process r caches batches r, r + W, ...; states merge at each node.
-  group_ = dividing_group(slots_, !qm_.layer_passes().empty(), false);
+  group_ = dividing_group(slots_, !QuantModelAccess::layer_passes(qm_).empty(), false);
   Prefetcher ahead(batcher, [this](std::int64_t i) {
     return BatchShare{0, 1, group_ && i % group_->world_size() != group_->rank()};
   });
@@ -302,7 +303,7 @@ CalibrationStats LayerwiseRunner::run() {
     if (progress_)
       progress_(static_cast<std::int64_t>(i + 1) * stats.samples / static_cast<std::int64_t>(nodes_.size()), total);
   }
-  for (auto& lp : qm_.layer_passes()) {
+  for (auto& lp : QuantModelAccess::layer_passes(qm_)) {
     auto unused = lp.options.unused();
     if (!unused.empty()) {
       throw Error(qm_.config().source + ": [passes." + lp.name + "] key " + unused.front() +

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "quant/quant_model_access.h"
 #include "sparsebit/core/distributed.h"
 #include "sparsebit/core/quant_model.h"
 
@@ -20,7 +21,7 @@ class LayerwiseRunner {
  public:
   LayerwiseRunner(QuantModel& qm, Dataset& data, const ProgressFn& progress)
       : qm_(qm),
-        slots_(qm.quant_slots()),
+        slots_(QuantModelAccess::slots(qm)),
         ex_(qm.executor()),
         data_(data),
         progress_(progress),

@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include "quant/quant_model_access.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/quant_slots.h"
 
@@ -15,7 +16,7 @@ void single_layer_outputs(QuantModel& qm, const std::vector<std::vector<at::Tens
   const Graph& g = qm.graph();
   const auto nodes = g.nodes();
   Executor& ex = qm.executor();
-  QuantSlots& qs = qm.quant_slots();
+  QuantSlots& qs = QuantModelAccess::slots(qm);
   for (std::size_t x = 0; x < samples.size(); ++x) {
     std::map<std::string, at::Tensor> values;  // this sample's float values
     for (std::size_t i = 0; i < g.inputs.size(); ++i) values[g.inputs[i].name] = samples[x].at(i);

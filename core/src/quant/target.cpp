@@ -16,9 +16,10 @@
 #include <set>
 
 #include "base/log.h"
-#include "quant/target_search.h"
 #include "quant/layer_error.h"
+#include "quant/quant_model_access.h"
 #include "quant/range_selection.h"
+#include "quant/target_search.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit {
@@ -94,7 +95,7 @@ LayerSensitivity TargetSearch::sensitivity(std::size_t l) const {
 }
 
 void TargetSearch::collect_layers() {
-  QuantSlots& qs = qm_.quant_slots();
+  QuantSlots& qs = QuantModelAccess::slots(qm_);
   std::map<std::size_t, std::size_t> layer_of;  // node -> layer
   const auto& slots = qs.all();
   for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -194,7 +195,7 @@ std::map<std::string, at::Tensor> TargetSearch::feeds(const std::vector<at::Tens
 }
 
 void TargetSearch::measure_layers(const ProgressFn& progress) {
-  QuantSlots& qs = qm_.quant_slots();
+  QuantSlots& qs = QuantModelAccess::slots(qm_);
   Executor& ex = qm_.executor();
   struct Work {
     std::size_t layer = 0, last_input = 0;
@@ -328,7 +329,7 @@ void TargetSearch::search(double& best, std::vector<int>& best_state) {
 }
 
 void TargetSearch::configure(const std::vector<int>& want) {
-  QuantSlots& qs = qm_.quant_slots();
+  QuantSlots& qs = QuantModelAccess::slots(qm_);
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     if (state_[l] == want[l]) continue;
     const Layer& layer = layers_[l];
@@ -357,7 +358,7 @@ TargetReport meet_target(QuantModel& qm, const TargetConfig& target, const Targe
                          const ProgressFn& progress) {
   c10::InferenceMode guard;
   for (const auto& s : qm.slots())
-    if (qm.quant_slots().usable(s) && !s.calibrated)
+    if (QuantModelAccess::slots(qm).usable(s) && !s.calibrated)
       throw Error(s.where() + ": the accuracy target needs a calibrated model; calibrate first");
   TargetSearch search(qm, target, data);
   return search.run(progress);

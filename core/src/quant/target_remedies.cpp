@@ -8,8 +8,9 @@
 #include <map>
 #include <set>
 
-#include "quant/range_selection.h"
 #include "base/log.h"
+#include "quant/quant_model_access.h"
+#include "quant/range_selection.h"
 #include "quant/target_search.h"
 #include "sparsebit/sdk/error.h"
 
@@ -30,7 +31,7 @@ void TargetSearch::prepare_ranges() {
         "observer's plugin disabled?)");
     return;
   }
-  QuantSlots& qs = qm_.quant_slots();
+  QuantSlots& qs = QuantModelAccess::slots(qm_);
   const Options no_options("[target]");
   std::map<std::size_t, std::unique_ptr<Observer>> observers;
   for (const auto& l : layers_)
@@ -78,7 +79,7 @@ void TargetSearch::prepare_ranges() {
 }
 
 void TargetSearch::prepare_per_channel() {
-  QuantSlots& qs = qm_.quant_slots();
+  QuantSlots& qs = QuantModelAccess::slots(qm_);
   for (const auto& l : layers_)
     for (auto i : l.slots) {
       QuantSlot& s = qs.all()[i];
@@ -99,7 +100,7 @@ void TargetSearch::prepare_per_channel() {
 }
 
 void TargetSearch::prepare_int16() {
-  QuantSlots& qs = qm_.quant_slots();
+  QuantSlots& qs = QuantModelAccess::slots(qm_);
   std::set<std::size_t> wide;
   for (const auto& l : layers_) wide.insert(l.activations.begin(), l.activations.end());
   // The 8-bit objects are parked while set_slot_bits gives each slot fresh 16-bit ones.
@@ -131,7 +132,7 @@ void TargetSearch::prepare_int16() {
 }
 
 void TargetSearch::finish_biases() {
-  QuantSlots& qs = qm_.quant_slots();
+  QuantSlots& qs = QuantModelAccess::slots(qm_);
   for (const auto& l : layers_)
     for (auto b : l.biases)
       if (qs.all()[b].enabled) qs.finish_bias(qs.all()[b]);

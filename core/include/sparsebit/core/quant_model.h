@@ -226,17 +226,15 @@ class SPARSEBIT_API QuantModel {
   const std::vector<QuantSlot>& slots() const { return slots_->all(); }
   Executor& executor() { return *executor_; }
 
-  // For the calibration runners (layerwise, asym) and layer passes.
-  QuantSlots& quant_slots() { return *slots_; }
-  const QuantSlots& quant_slots() const { return *slots_; }
-  /// The kLayer passes of the schedule, which the layerwise runner calls at each node.
-  std::vector<LayerPass>& layer_passes() { return layer_passes_; }
+ private:
+  // The calibration runners, the accuracy target and the layer passes reach the slots through
+  // quant/quant_model_access.h, inside the core.
+  friend struct QuantModelAccess;
   /// Replaces constant input `input` of node `node` (graph and executor) by `value` of the same
   /// shape; where other nodes read the same constant, this node gets its own copy (and its
   /// slot follows the new name).
   void set_constant_input(std::size_t node, std::size_t input, const at::Tensor& value);
 
- private:
   std::unique_ptr<Model> model_;  // heap-held: the executor refers to its graph
   Config config_;
   OpTraitTable ops_;  // asked again at export (lifting to 21 for 4-bit Q/DQ), when the registry may be gone
