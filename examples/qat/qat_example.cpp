@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 
+#include "sparsebit/core/pipeline.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/log.h"
 
@@ -58,7 +59,9 @@ int main(int argc, char** argv) {
     sb::Config config = sb::Config::from_file(argv[2]);
     sb::Registry registry;
     registry.load(config.plugins);
-    sb::QuantModel qm(sb::load_onnx(argv[1]), config, registry);
+    const std::string calib_path = kData + "/train-images-idx3-ubyte.gz";
+    // The float model as `sparsebit qat` prepares it ([sparse] pruning, [schedule] bn_tuning).
+    sb::QuantModel qm(sb::prepare_model(sb::load_onnx(argv[1]), config, registry, calib_path), config, registry);
 
     const at::Tensor train_x =
         sb::read_idx(kData + "/train-images-idx3-ubyte.gz", train_count).to(at::kFloat).div(255).unsqueeze(1);
@@ -68,7 +71,7 @@ int main(int argc, char** argv) {
 
     qm.set_quant(false, false);
     std::printf("float:              %.2f%%\n", accuracy(qm, test_x, test_y));
-    auto calib = sb::open_dataset(kData + "/train-images-idx3-ubyte.gz", qm.graph().inputs);
+    auto calib = sb::open_dataset(calib_path, qm.graph().inputs);
     qm.init_qat(*calib);  // calibrate, quantization on, weights trainable
     std::printf("quantized, PTQ:     %.2f%%\n", accuracy(qm, test_x, test_y));
 
