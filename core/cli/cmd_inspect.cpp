@@ -10,8 +10,8 @@
 
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/config.h"
-#include "sparsebit/core/graph_dump.h"
 #include "sparsebit/core/executor.h"
+#include "sparsebit/core/graph_dump.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/saturation.h"

@@ -12,11 +12,11 @@
 #include <filesystem>
 #include <set>
 
+#include "base/glob.h"
 #include "base/log.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/plugin.h"
-#include "base/glob.h"
 
 namespace sparsebit {
 

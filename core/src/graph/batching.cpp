@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "sparsebit/core/data.h"
 #include "base/log.h"
+#include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/error.h"

@@ -13,15 +13,15 @@
 #include <chrono>
 #include <set>
 
+#include "base/core_ops.h"
 #include "base/mapped_file.h"
 #include "graph/onnx_proto.h"
-#include "sparsebit/sdk/log.h"
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/onnx_io.h"
-#include "sparsebit/sdk/version.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/error.h"
-#include "base/core_ops.h"
+#include "sparsebit/sdk/log.h"
+#include "sparsebit/sdk/version.h"
 
 namespace sparsebit {
 

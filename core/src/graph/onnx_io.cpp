@@ -30,6 +30,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/core_ops.h"
 #include "base/limits.h"
 #include "base/mapped_file.h"
 #include "graph/half_precision.h"
@@ -38,7 +39,6 @@
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
-#include "base/core_ops.h"
 
 namespace sparsebit {
 

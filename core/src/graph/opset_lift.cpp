@@ -9,14 +9,14 @@
 #include "base/log.h"
 #include "graph/value_facts.h"
 
+#include "base/core_ops.h"
+#include "sparsebit/core/data.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
-#include "sparsebit/core/data.h"
 #include "sparsebit/core/registry.h"
-#include "sparsebit/sdk/op_traits.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
-#include "base/core_ops.h"
+#include "sparsebit/sdk/op_traits.h"
 
 namespace sparsebit {
 namespace {

@@ -33,8 +33,8 @@
 
 #include <unistd.h>
 
-#include "pipeline/ort_timer.h"
 #include "base/log.h"
+#include "pipeline/ort_timer.h"
 #include "pipeline/pipeline_steps.h"
 #include "sparsebit/core/data.h"
 #include "sparsebit/core/pipeline.h"

@@ -14,8 +14,8 @@
 #include "base/log.h"
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/data.h"
-#include "sparsebit/sdk/graph.h"
 #include "sparsebit/sdk/error.h"
+#include "sparsebit/sdk/graph.h"
 
 namespace sparsebit::steps {
 

@@ -10,16 +10,16 @@
 
 #include <algorithm>
 
-#include "base/log.h"
-#include "train/distill_epoch.h"
-#include "sparsebit/core/fused_adam.h"
-#include "base/glob.h"
-#include "prune/prune_internal.h"
 #include "base/core_ops.h"
+#include "base/glob.h"
+#include "base/log.h"
+#include "prune/prune_internal.h"
 #include "sparsebit/core/executor.h"
+#include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/qat.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "train/distill_epoch.h"
 
 namespace sparsebit {
 namespace prune_detail {

@@ -13,11 +13,11 @@
 #include <random>
 #include <set>
 
-#include "graph/cuda_graph.h"
 #include "base/log.h"
+#include "base/mapped_file.h"
+#include "graph/cuda_graph.h"
 #include "quant/distributed_merge.h"
 #include "quant/layerwise.h"
-#include "base/mapped_file.h"
 #include "quant/plugin_call.h"
 #include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/passes.h"

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "base/core_ops.h"
 #include "base/log.h"
 #include "sparsebit/sdk/log.h"
-#include "base/core_ops.h"
 
 namespace sparsebit {
 namespace {

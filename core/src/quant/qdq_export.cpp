@@ -9,10 +9,11 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "quant/qdq_export.h"
 #include "base/log.h"
 #include "base/mapped_file.h"
+#include "quant/qdq_export.h"
 
+#include "base/core_ops.h"
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/saturation.h"
@@ -20,7 +21,6 @@
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/op_traits.h"
-#include "base/core_ops.h"
 
 namespace sparsebit {
 

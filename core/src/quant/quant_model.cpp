@@ -1,15 +1,15 @@
 #include "sparsebit/core/quant_model.h"
 
 #include "base/log.h"
+#include "quant/distributed_merge.h"
+#include "quant/layerwise.h"
+#include "quant/plugin_call.h"
+#include "quant/qdq_export.h"
+#include "quant/range_selection.h"
 #include "sparsebit/core/cpu_allocator.h"
 #include "sparsebit/core/matmul_nbits.h"
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/passes.h"
-#include "quant/distributed_merge.h"
-#include "quant/layerwise.h"
-#include "quant/qdq_export.h"
-#include "quant/plugin_call.h"
-#include "quant/range_selection.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -20,9 +20,9 @@
 #include <set>
 #include <tuple>
 
+#include "base/glob.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
-#include "base/glob.h"
 
 namespace sparsebit {
 

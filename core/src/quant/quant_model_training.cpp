@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "quant/plugin_call.h"
 #include "base/log.h"
+#include "quant/plugin_call.h"
 #include "sparsebit/core/quant_model.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"

@@ -21,16 +21,16 @@
 #include <map>
 #include <optional>
 
+#include "base/digest.h"
 #include "base/log.h"
 #include "graph/cuda_graph.h"
-#include "base/digest.h"
-#include "train/distill_epoch.h"
-#include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/distributed.h"
+#include "sparsebit/core/fused_adam.h"
 #include "sparsebit/sdk/data_parallel.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/version.h"
+#include "train/distill_epoch.h"
 
 namespace sparsebit {
 

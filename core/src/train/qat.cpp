@@ -18,12 +18,12 @@
 
 #include "base/digest.h"
 #include "base/log.h"
-#include "train/distill_epoch.h"
-#include "sparsebit/core/fused_adam.h"
 #include "sparsebit/core/atomic_file.h"
 #include "sparsebit/core/distributed.h"
+#include "sparsebit/core/fused_adam.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
+#include "train/distill_epoch.h"
 
 namespace sparsebit {
 
