@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
 
 #include "sparsebit/core/config.h"
 #include "sparsebit/core/data.h"
@@ -144,6 +145,28 @@ TEST_F(Untrusted, NpyAndIdxHeadersThatLieAboutTheirSizeAreRefusedBeforeAllocatin
   EXPECT_NE(msg.find("truncated IDX data"), std::string::npos) << msg;
 }
 
+TEST_F(Untrusted, ImageHeadersThatClaimMorePixelsThanTheFileHoldsAreRefused) {
+  const auto le32 = [](std::uint32_t v) {
+    return std::string{static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 24)};
+  };
+  // An uncompressed 24-bit BMP header for 4000 x 4000 pixels (48 MB of rows) and no rows.
+  std::string bmp = "BM" + le32(54) + le32(0) + le32(54) + le32(40) + le32(4000) + le32(4000);
+  bmp += std::string("\x01\x00\x18\x00", 4) + le32(0) + le32(0) + le32(0) + le32(0) + le32(0) + le32(0);
+  // A baseline JPEG frame header for 20000 x 20000 pixels and no scan: stb_image would pad it with zeros.
+  const std::string jpeg("\xff\xd8\xff\xc0\x00\x11\x08\x4e\x20\x4e\x20\x03\x01\x22\x00\x02\x11\x00\x03\x11\x00", 21);
+  const ValueInfo input{"image", 1, true, {{-1, "batch"}, {3, ""}, {-1, "height"}, {-1, "width"}}, ""};
+  const Config c = Config::from_string("[data]\npreset = \"imagenet\"\n", "preset.toml");
+  for (const auto& [name, bytes, pixels] :
+       {std::tuple{"tall.bmp", bmp, "4000 x 4000"}, std::tuple{"huge.jpg", jpeg, "20000 x 20000"}}) {
+    testing::write_text(work_ / name, bytes);
+    const auto msg = error_of([&] { read_image(work_ / name, *c.data, image_input(*c.data, input)); });
+    EXPECT_NE(msg.find(name), std::string::npos) << msg;
+    EXPECT_NE(msg.find(pixels), std::string::npos) << msg;
+    EXPECT_NE(msg.find("truncated or corrupt"), std::string::npos) << msg;
+  }
+}
+
 TEST_F(Untrusted, TensorDimsThatOverflowOrAreNegative) {
   onnx::TensorProto t;
   t.set_data_type(onnx::TensorProto::FLOAT);
@@ -230,7 +253,11 @@ TEST(FuzzRegressions, EveryKeptFindingIsHandled) {
         else if (target == "npy") read_npy(path);
         else if (target == "idx") replay_idx(path);
         else if (target == "tensor_pb") load_tensor_pb(path);
-        else ADD_FAILURE() << "unknown fuzz target folder " << target;
+        else if (target == "image") {
+          const Config c = Config::from_string("[data]\npreset = \"imagenet\"\n", "preset.toml");
+          const ValueInfo input{"image", 1, true, {{-1, "batch"}, {3, ""}, {-1, "height"}, {-1, "width"}}, ""};
+          read_image(path, *c.data, image_input(*c.data, input));
+        } else ADD_FAILURE() << "unknown fuzz target folder " << target;
       } catch (const Error&) {
       }
       ++replayed;

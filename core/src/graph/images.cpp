@@ -36,6 +36,37 @@ std::vector<unsigned char> read_file(const std::string& path) {
   return bytes;
 }
 
+std::uint32_t little_endian(const std::vector<unsigned char>& b, std::size_t at, int len) {
+  std::uint32_t v = 0;
+  for (int i = len - 1; i >= 0; --i) v = v << 8 | (at + i < b.size() ? b[at + i] : 0);
+  return v;
+}
+
+/// Refuses a header that claims more pixels than the file's bytes can encode. The decoder would
+/// allocate them first and, for JPEG, pad a truncated stream with zeros: a file of a few bytes
+/// could cost gigabytes and turn into a blank image. Bounds: an uncompressed BMP (the only kind
+/// stb_image reads) holds every padded row; a JPEG spends at least one bit per 8x8 block of its
+/// full-resolution component (the DC code); a PNG's deflate stream expands at most 1032 times, to
+/// at most 8 one-bit pixels per byte.
+void check_size_against_file(const std::vector<unsigned char>& b, int w, int h, const std::string& path) {
+  const auto pixels = static_cast<std::uint64_t>(w) * static_cast<std::uint64_t>(h);
+  std::uint64_t needed = 0;  // bytes the claimed size needs at the least
+  if (b[0] == 'B') {
+    const bool core_header = little_endian(b, 14, 4) == 12;  // OS/2 BITMAPCOREHEADER
+    const std::uint64_t bits = little_endian(b, core_header ? 24 : 28, 2);
+    needed = (static_cast<std::uint64_t>(w) * bits + 31) / 32 * 4 * static_cast<std::uint64_t>(h);
+  } else if (b[0] == 0xff) {
+    needed = pixels / 512;
+  } else {
+    needed = pixels / (1032 * 8);
+  }
+  if (needed > b.size()) {
+    throw Error(path + ": its header claims " + std::to_string(w) + " x " + std::to_string(h) + " pixels, which need " +
+                std::to_string(needed) + " bytes or more, but the file has " + std::to_string(b.size()) +
+                "; it is truncated or corrupt");
+  }
+}
+
 /// Pixels as a float [1, C, H, W] tensor of 0..255 values; C = 1 only for a grey image read as GRAY.
 at::Tensor decode(const std::string& path, bool gray) {
   const std::vector<unsigned char> bytes = read_file(path);
@@ -54,6 +85,7 @@ at::Tensor decode(const std::string& path, bool gray) {
     throw Error(path + ": not an image stb_image decodes (" + std::string(stbi_failure_reason()) + ")");
   // The header's size is checked before the pixels are allocated: a small file may claim a huge image.
   limits::checked_numel({h, w, 3}, sizeof(float), path + ": the image header");
+  check_size_against_file(bytes, w, h, path);
   const int want = gray && comp <= 2 ? 1 : 3;
   const std::unique_ptr<unsigned char, void (*)(void*)> pixels(
       stbi_load_from_memory(bytes.data(), n, &w, &h, &comp, want), stbi_image_free);
