@@ -1,7 +1,9 @@
-// `sparsebit plugins`: list the plugins found, loaded or refused, and what each registers.
+// `sparsebit plugins`: list the plugins found, loaded or refused, what each registers, and the
+// schedule of passes a run with the config would follow.
 
 #include <iostream>
 
+#include "sparsebit/core/passes.h"
 #include "sparsebit/core/registry.h"
 #include "sparsebit/sdk/version.h"
 
@@ -14,6 +16,12 @@ int cmd_plugins(const std::string& config_path, bool as_json) {
   sb::Registry registry;
   registry.load(plugin_search(config_path));
   const auto host = sb::host_fingerprint();
+  const sb::Config config = config_path.empty() ? sb::Config() : sb::Config::from_file(config_path);
+  const auto schedule = sb::resolve_schedule(config, registry);
+  auto order_of = [&](const std::string& pass) -> json {
+    const auto* place = registry.pass_schedule(pass);
+    return place ? json(place->order) : json(nullptr);
+  };
   if (as_json) {
     json j;
     j["host"] = {
@@ -35,6 +43,13 @@ int cmd_plugins(const std::string& config_path, bool as_json) {
       list.push_back(e);
     }
     j["plugins"] = list;
+    json passes = json::array();
+    for (const auto& e : schedule)
+      passes.push_back({{"pass", e.pass},
+                        {"plugin", registry.pass(e.pass)->plugin},
+                        {"order", order_of(e.pass)},
+                        {"enabled", e.enabled}});
+    j["schedule"] = {{"backend", config.backend}, {"passes", passes}};
     std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
@@ -55,6 +70,13 @@ int cmd_plugins(const std::string& config_path, bool as_json) {
     }
   }
   if (registry.plugins().empty()) std::cout << "no plugins found\n";
+  std::cout << "\npass schedule (backend " << config.backend << "), in the order passes run within a stage:\n";
+  for (const auto& e : schedule) {
+    const json order = order_of(e.pass);
+    std::cout << "  " << (e.enabled ? "on " : "off") << "  " << e.pass << "  ("
+              << (order.is_null() ? std::string("no default place") : "order " + order.dump()) << ", "
+              << registry.pass(e.pass)->plugin << ")\n";
+  }
   return 0;
 }
 
@@ -66,9 +88,11 @@ Command add_plugins(CLI::App& app) {
     bool json = false;
   };
   auto a = std::make_shared<Args>();
-  auto* plugins = app.add_subcommand("plugins", "List plugins found, loaded or refused, and what each registers");
+  auto* plugins = app.add_subcommand(
+      "plugins", "List plugins found, loaded or refused, what each registers, and the pass schedule");
   plugins->add_flag("--json", a->json, "Machine-readable output");
-  plugins->add_option("-c,--config", a->config, "Also search the config's [plugins] paths and apply enable/disable");
+  plugins->add_option("-c,--config", a->config,
+                      "Also search the config's [plugins] paths, apply enable/disable, and show its [schedule]");
   return {plugins, [a] { return cmd_plugins(a->config, a->json); }};
 }
 

@@ -29,7 +29,8 @@ int cmd_simplify(const std::string& model_path, const std::string& config_path, 
   sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{13, &registry});
   const auto before = op_histogram(model.graph);
   const auto nodes_before = model.graph.num_nodes();
-  sb::run_passes(config.schedule, sb::Pass::Stage::kSimplify, model.graph, registry, nullptr, config.source);
+  sb::run_passes(sb::resolve_schedule(config, registry), sb::Pass::Stage::kSimplify, model.graph, registry, nullptr,
+                 config.source);
   const auto after = op_histogram(model.graph);
   out.write(sb::serialize_onnx(model.graph, model.meta));
   out.commit();

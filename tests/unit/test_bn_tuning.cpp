@@ -34,7 +34,7 @@ TEST(BnTuning, FirstBatchNormGetsTheQuantizedInputStatistics) {
   Model tuned = tune_batchnorm(model, config, shipped_registry(), work / "calib.npy");
 
   Config unfused = config;
-  for (auto& e : unfused.schedule) e.enabled = e.enabled && e.pass != "fuse_bn";
+  unfused.passes.switches["fuse_bn"] = false;
   QuantModel qm(Model{model.graph.clone(), model.meta}, unfused, shipped_registry());
   auto calib = open_dataset(work / "calib.npy", qm.graph().inputs);
   qm.calibrate(*calib);

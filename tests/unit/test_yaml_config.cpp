@@ -10,6 +10,7 @@
 
 #include "base/glob.h"
 #include "sparsebit/core/config.h"
+#include "sparsebit/core/passes.h"
 #include "sparsebit/sdk/error.h"
 #include "test_support.h"
 
@@ -38,7 +39,8 @@ void expect_same_table(const QuantTableConfig& a, const QuantTableConfig& b, con
 }
 
 bool schedule_on(const Config& c, const std::string& pass) {
-  for (const auto& e : c.schedule)
+  if (pass == "bn_tuning") return c.passes.switched(pass).value_or(false);
+  for (const auto& e : resolve_schedule(c, testing::shipped_registry()))
     if (e.pass == pass) return e.enabled;
   ADD_FAILURE() << "no pass " << pass;
   return false;
@@ -242,7 +244,9 @@ TEST(YamlConfig, ExamplesRoundTripThroughTheirToml) {
       expect_same_table(y.specific[i].w, t.specific[i].w, what + " specific w");
       expect_same_table(y.specific[i].a, t.specific[i].a, what + " specific a");
     }
-    for (const auto& entry : y.schedule) EXPECT_EQ(entry.enabled, schedule_on(t, entry.pass)) << what << entry.pass;
+    for (const auto& entry : resolve_schedule(y, testing::shipped_registry()))
+      EXPECT_EQ(entry.enabled, schedule_on(t, entry.pass)) << what << entry.pass;
+    EXPECT_EQ(y.passes.switched("bn_tuning"), t.passes.switched("bn_tuning")) << what;
     EXPECT_EQ(y.bit_allocation.has_value(), t.bit_allocation.has_value()) << what;
   }
   EXPECT_GE(files, 4);

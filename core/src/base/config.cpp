@@ -156,41 +156,24 @@ void read_specific(const Reader& r, const toml::node* n, const std::string& sour
   }
 }
 
+// Which names are passes is known only once plugins are loaded: resolve_schedule checks them.
 void read_passes(const Reader& r, const toml::table* t, Config& c) {
-  for (const auto& name : r.strings(*t, "passes", "extra")) {
-    bool known = false;
-    for (const auto& e : c.schedule) known = known || e.pass == name;
-    if (known)
-      throw Error(r.key_path("passes", "extra") + ": '" + name + "' is already scheduled; turn it on in [schedule]");
-    c.schedule.push_back({name, true});
+  c.passes.extra = r.strings(*t, "passes", "extra");
+  c.passes.order = r.strings(*t, "passes", "order");
+  for (const auto& [key, node] : *t) {
+    const std::string name(key.str());
+    if (name == "extra" || name == "order") continue;
+    if (!node.is_table())
+      throw Error(r.key_path("passes", name) + " must be a table of options for pass '" + name + "' ([passes." + name +
+                  "]); the other keys of [passes] are extra and order");
+    c.passes.options.insert_or_assign(name, r.options(*node.as_table(), "passes." + name));
   }
-  std::vector<ScheduleEntry> ordered;
-  for (const auto& name : r.strings(*t, "passes", "order")) {
-    auto it =
-        std::find_if(c.schedule.begin(), c.schedule.end(), [&](const ScheduleEntry& e) { return e.pass == name; });
-    if (it == c.schedule.end()) {
-      std::vector<std::string> known;
-      for (const auto& e : c.schedule) known.push_back(e.pass);
-      std::string hint = nearest(name, known);
-      throw Error(r.key_path("passes", "order") + ": '" + name + "' is not a scheduled pass" +
-                  (hint.empty() ? "" : " (did you mean '" + hint + "'?)") + "; add it to [passes] extra");
-    }
-    ordered.push_back(std::move(*it));
-    c.schedule.erase(it);
-  }
-  ordered.insert(ordered.end(), std::make_move_iterator(c.schedule.begin()), std::make_move_iterator(c.schedule.end()));
-  c.schedule = std::move(ordered);
-  std::vector<std::string> keys{"extra", "order"};
-  for (const auto& e : c.schedule) keys.push_back(e.pass);
-  r.check_keys(*t, "passes", keys);
-  for (auto& e : c.schedule) {
-    if (const toml::node* n = t->get(e.pass)) {
-      if (!n->is_table())
-        throw Error(r.key_path("passes", e.pass) + " must be a table of options for pass '" + e.pass + "'");
-      e.options = r.options(*n->as_table(), "passes." + e.pass);
-    } else {
-      e.options = Options("[passes." + e.pass + "]");
-    }
+}
+
+void read_schedule(const Reader& r, const toml::table* t, Config& c) {
+  for (const auto& [key, node] : *t) {
+    const std::string name(key.str());
+    c.passes.switches[name] = r.get<bool>(*t, "schedule", name, false, "true or false");
   }
 }
 
@@ -216,11 +199,6 @@ Config Config::from_string(const std::string& text, const std::string& source_na
                {"backend", "skip", "w", "a", "specific", "schedule", "passes", "calibration", "qat", "sparse", "target",
                 "export", "plugins", "bit_allocation", "latency", "data"});
   c.backend = r.get<std::string>(root, "", "backend", c.backend, "a string");
-  // Folding the arithmetic around convolutions serves ONNX Runtime's integer kernels (and its
-  // accuracy); under TensorRT's symmetric activations it cost the PP-OCRv4 recognizer 12 points
-  // (docs/PASSES.md). So its default follows the backend; [schedule] sets it either way.
-  for (auto& e : c.schedule)
-    if (e.pass == "fuse_affine" || e.pass == "fuse_hardsigmoid") e.enabled = c.backend == "onnxruntime";
   c.skip = r.globs(root, "", "skip");
   auto table = [&](const char* key) -> const toml::table* {
     const toml::node* n = root.get(key);
@@ -240,12 +218,7 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   if (const toml::node* n = root.get("specific")) read_specific(r, n, source_name, c, top_level_sparse);
   if (c.sparse) c.sparse->specific.insert(c.sparse->specific.end(), top_level_sparse.begin(), top_level_sparse.end());
   if (auto* t = table("passes")) read_passes(r, t, c);
-  if (auto* t = table("schedule")) {
-    std::vector<std::string> known;
-    for (const auto& e : c.schedule) known.push_back(e.pass);
-    r.check_keys(*t, "schedule", known);
-    for (auto& e : c.schedule) e.enabled = r.get<bool>(*t, "schedule", e.pass, e.enabled, "true or false");
-  }
+  if (auto* t = table("schedule")) read_schedule(r, t, c);
   if (auto* t = table("calibration")) read_calibration(r, t, c);
   if (auto* t = table("export")) read_export(r, t, c);
   if (auto* t = table("latency")) read_latency(r, t, c);

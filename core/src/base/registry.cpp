@@ -44,6 +44,7 @@ struct Registry::Tables {
   std::map<std::string, Entry<BackendFactory>> backends;
   std::map<std::string, Entry<KernelsFactory>> kernels;                     // key: device type, "cuda"
   std::map<std::string, Entry<std::shared_ptr<const OpTraits>>> op_traits;  // keyed as ops
+  std::map<std::string, Entry<PassSchedule>> pass_schedules;                // keyed as passes
 };
 
 namespace {
@@ -86,6 +87,12 @@ class StagingRegistrar final : public Registrar {
     if (!traits) throw Error("registered empty traits for op:" + key);
     if (staged.op_traits.count(key)) throw Error("registered traits for op:" + key + " twice");
     staged.op_traits.emplace(key, Entry<std::shared_ptr<const OpTraits>>{std::move(traits), {}, {}});
+  }
+  void add_pass_schedule(const std::string& name, const PassSchedule& schedule) override {
+    if (!staged.passes.count(name))
+      throw Error("registered a schedule for pass:" + name + ", which it does not register (Registrar::add_pass)");
+    if (staged.pass_schedules.count(name)) throw Error("registered a schedule for pass:" + name + " twice");
+    staged.pass_schedules.emplace(name, Entry<PassSchedule>{schedule, {}, {}});
   }
   /// Traits belong to an op this plugin registers: another plugin's op may change under them.
   void check_traits() const {
@@ -305,6 +312,7 @@ void commit(Registry::Tables& committed, Registry::Tables& staged, const std::st
   move(committed.backends, staged.backends);
   move(committed.kernels, staged.kernels);
   move(committed.op_traits, staged.op_traits);
+  move(committed.pass_schedules, staged.pass_schedules);
 }
 
 }  // namespace
@@ -414,6 +422,10 @@ const Entry<QuantizerFactory>* Registry::quantizer(const std::string& n) const {
   return lookup(tables_->quantizers, n);
 }
 const Entry<PassFactory>* Registry::pass(const std::string& n) const { return lookup(tables_->passes, n); }
+const PassSchedule* Registry::pass_schedule(const std::string& n) const {
+  const auto* e = lookup(tables_->pass_schedules, n);
+  return e ? &e->factory : nullptr;
+}
 const Entry<SparserFactory>* Registry::sparser(const std::string& n) const { return lookup(tables_->sparsers, n); }
 const Entry<BackendFactory>* Registry::backend(const std::string& n) const { return lookup(tables_->backends, n); }
 std::shared_ptr<const OpTraits> Registry::op_traits(const std::string& op_type, const std::string& domain) const {

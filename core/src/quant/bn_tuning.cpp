@@ -14,11 +14,7 @@
 
 namespace sparsebit {
 
-bool bn_tuning_enabled(const Config& config) {
-  for (const auto& e : config.schedule)
-    if (e.pass == "bn_tuning") return e.enabled;
-  return false;
-}
+bool bn_tuning_enabled(const Config& config) { return config.passes.switched("bn_tuning").value_or(false); }
 
 namespace {
 /// Per-channel sums of one BatchNormalization's input over the tuning pass.
@@ -31,8 +27,7 @@ struct ChannelStats {
 
 Model tune_batchnorm(const Model& model, const Config& config, const Registry& registry, const DataSource& calib) {
   Config unfused = config;
-  for (auto& e : unfused.schedule)
-    if (e.pass == "fuse_bn") e.enabled = false;
+  if (registry.pass("fuse_bn")) unfused.passes.switches["fuse_bn"] = false;
   QuantModel qm(Model{model.graph.clone(), model.meta}, unfused, registry);
 
   // BN inputs by tensor name; their statistics are private copies, updated in place.

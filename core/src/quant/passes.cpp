@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "base/log.h"
 #include "base/mapped_file.h"
@@ -108,13 +110,91 @@ std::vector<PassContext::ChannelMoments> channel_moments(const Graph& graph, con
   return result;
 }
 
+/// The pipeline's own steps that [schedule] switches like passes (Note [Pass schedule]).
+const std::vector<std::string>& host_steps() {
+  static const std::vector<std::string> steps{"bn_tuning"};
+  return steps;
+}
+
+bool contains(const std::vector<std::string>& list, const std::string& name) {
+  return std::find(list.begin(), list.end(), name) != list.end();
+}
+
+/// Refuses `name` (from `key` of the config) unless a loaded plugin registers it as a pass.
+void check_registered(const std::string& name, const std::string& key, const Config& config, const Registry& registry,
+                      const std::vector<std::string>& known) {
+  if (contains(known, name)) return;
+  const std::string hint = nearest(name, known);
+  std::string off;
+  for (const auto& p : registry.plugins())
+    if (p.status != PluginRecord::Status::kLoaded)
+      off += (off.empty() ? "" : ", ") + (p.name.empty() ? p.file : p.name);
+  throw Error(config.source + ": " + key + ": no loaded plugin registers a pass '" + printable(name, 80) + "'" +
+              (hint.empty() ? "" : " (did you mean '" + hint + "'?)") + (off.empty() ? "" : "; not loaded: " + off) +
+              "; `sparsebit plugins` lists the passes");
+}
+
 }  // namespace
+
+std::vector<ScheduleEntry> resolve_schedule(const Config& config, const Registry& registry) {
+  const PassSettings& settings = config.passes;
+  const std::vector<std::string> registered = registry.names("pass");
+  std::vector<std::string> known = registered;
+  known.insert(known.end(), host_steps().begin(), host_steps().end());
+
+  // Placed passes by (order, name), then the others by name (names() is sorted).
+  std::vector<std::pair<std::tuple<bool, int, std::string>, ScheduleEntry>> ranked;
+  for (const auto& name : registered) {
+    const PassSchedule* place = registry.pass_schedule(name);
+    const bool on =
+        place && place->on_by_default && (place->backends.empty() || contains(place->backends, config.backend));
+    ranked.push_back({{place == nullptr, place ? place->order : 0, name}, ScheduleEntry{name, on}});
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<ScheduleEntry> schedule;
+  for (auto& [rank, entry] : ranked) schedule.push_back(std::move(entry));
+  auto find = [&](const std::string& name) {
+    return std::find_if(schedule.begin(), schedule.end(), [&](const ScheduleEntry& e) { return e.pass == name; });
+  };
+
+  for (const auto& name : settings.extra) {
+    check_registered(name, "[passes] extra", config, registry, registered);
+    if (registry.pass_schedule(name))
+      throw Error(config.source + ": [passes] extra: '" + name +
+                  "' is already scheduled by its plugin; turn it on in [schedule]");
+    find(name)->enabled = true;
+  }
+  for (const auto& [name, on] : settings.switches) {
+    if (contains(host_steps(), name)) continue;
+    check_registered(name, "[schedule] " + printable(name, 80), config, registry, known);
+    find(name)->enabled = on;
+  }
+  std::vector<ScheduleEntry> ordered;
+  for (const auto& name : settings.order) {
+    check_registered(name, "[passes] order", config, registry, registered);
+    auto it = find(name);
+    if (it == schedule.end()) throw Error(config.source + ": [passes] order names '" + name + "' twice");
+    ordered.push_back(std::move(*it));
+    schedule.erase(it);
+  }
+  ordered.insert(ordered.end(), std::make_move_iterator(schedule.begin()), std::make_move_iterator(schedule.end()));
+  for (const auto& [name, options] : settings.options) {
+    check_registered(name, "[passes." + printable(name, 80) + "]", config, registry, known);
+    for (auto& e : ordered)
+      if (e.pass == name) e.options = options;
+  }
+  for (const auto& p : registry.plugins())
+    if (p.status == PluginRecord::Status::kDisabled)
+      logs::info("{}", "plugin " + (p.name.empty() ? p.file : p.name) + " is disabled (" + p.reason +
+                           "): the passes it registers are not in the schedule");
+  return ordered;
+}
 
 bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, Graph& graph, const Registry& registry,
                 QuantState* state, const std::string& config_source, const PassData& data) {
   bool any = false;
   for (const auto& entry : schedule) {
-    if (!entry.enabled || entry.pass == "bn_tuning") continue;  // bn_tuning is a host step (bn_tuning.h)
+    if (!entry.enabled) continue;
     const auto* p = registry.pass(entry.pass);
     if (!p) {
       throw Error(config_source + ": [schedule] " + entry.pass + " is on, but no loaded plugin provides pass '" +
@@ -168,7 +248,7 @@ bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, G
 std::vector<LayerPass> make_layer_passes(const std::vector<ScheduleEntry>& schedule, const Registry& registry) {
   std::vector<LayerPass> made;
   for (const auto& entry : schedule) {
-    if (!entry.enabled || entry.pass == "bn_tuning") continue;
+    if (!entry.enabled) continue;
     const auto* p = registry.pass(entry.pass);
     if (!p) continue;  // reported by run_passes, which runs first
     std::unique_ptr<Pass> pass;

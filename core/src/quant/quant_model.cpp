@@ -161,7 +161,8 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
   std::function<std::unique_ptr<Dataset>()> open_calibration;
   if (!calibration.empty())
     open_calibration = [calibration, inputs = model_->graph.inputs] { return calibration.open(inputs); };
-  run_passes(config_.schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source,
+  const std::vector<ScheduleEntry> schedule = resolve_schedule(config_, registry);
+  run_passes(schedule, Pass::Stage::kSimplify, model_->graph, registry, nullptr, config_.source,
              PassData{open_calibration, config_.calibration.batch_size, config_.calibration.count, weight_grid,
                       config_.calibration.device});
   executor_ = std::make_unique<Executor>(model_->graph, registry);
@@ -206,8 +207,8 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
     }
     return sizes;
   });
-  run_passes(config_.schedule, Pass::Stage::kFuse, model_->graph, registry, &slots_->state(), config_.source);
-  layer_passes_ = make_layer_passes(config_.schedule, registry);
+  run_passes(schedule, Pass::Stage::kFuse, model_->graph, registry, &slots_->state(), config_.source);
+  layer_passes_ = make_layer_passes(schedule, registry);
   try {
     backend_->place(slots_->state());
   } catch (const Error& e) {

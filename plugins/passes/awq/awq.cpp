@@ -286,7 +286,7 @@ class Awq final : public Pass {
   }
 };
 
-void register_all(Registrar& r) { r.add_pass<Awq>("awq"); }
+void register_all(Registrar& r) { r.add_pass<Awq>("awq", PassSchedule{1600, false}); }
 
 }  // namespace
 }  // namespace sparsebit::passes

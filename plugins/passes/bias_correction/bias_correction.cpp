@@ -54,7 +54,7 @@ class BiasCorrection final : public Pass {
   }
 };
 
-void register_all(Registrar& r) { r.add_pass<BiasCorrection>("bias_correction"); }
+void register_all(Registrar& r) { r.add_pass<BiasCorrection>("bias_correction", PassSchedule{2100, false}); }
 
 }  // namespace
 }  // namespace sparsebit::passes

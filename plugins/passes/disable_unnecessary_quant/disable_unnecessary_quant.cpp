@@ -254,9 +254,9 @@ class FloatAttentionScores final : public Pass {
 };
 
 void register_all(Registrar& r) {
-  r.add_pass<DisableUnnecessaryQuant>("disable_unnecessary_quant");
-  r.add_pass<FloatNormsAndHeads>("float_norms_and_heads");
-  r.add_pass<FloatAttentionScores>("float_attention_scores");
+  r.add_pass<DisableUnnecessaryQuant>("disable_unnecessary_quant", PassSchedule{1700, true});
+  r.add_pass<FloatNormsAndHeads>("float_norms_and_heads", PassSchedule{1800, true});
+  r.add_pass<FloatAttentionScores>("float_attention_scores", PassSchedule{1900, false});
 }
 
 }  // namespace

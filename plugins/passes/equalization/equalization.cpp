@@ -89,7 +89,9 @@ class CrossLayerEqualization final : public Pass {
   }
 };
 
-void register_all(Registrar& r) { r.add_pass<CrossLayerEqualization>("cross_layer_equalization"); }
+void register_all(Registrar& r) {
+  r.add_pass<CrossLayerEqualization>("cross_layer_equalization", PassSchedule{1400, false});
+}
 
 }  // namespace
 }  // namespace sparsebit::passes

@@ -57,7 +57,7 @@ class MergeTransposes final : public Pass {
   }
 };
 
-void register_all(Registrar& r) { r.add_pass<MergeTransposes>("merge_transposes"); }
+void register_all(Registrar& r) { r.add_pass<MergeTransposes>("merge_transposes", PassSchedule{1300, true}); }
 
 }  // namespace
 }  // namespace sparsebit::passes

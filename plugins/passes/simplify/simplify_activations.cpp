@@ -217,8 +217,8 @@ class MoveTransposes final : public Pass {
 }  // namespace
 
 void register_activations(Registrar& r) {
-  r.add_pass<FuseActivations>("fuse_activations");
-  r.add_pass<MoveTransposes>("move_transposes");
+  r.add_pass<FuseActivations>("fuse_activations", PassSchedule{1100, true});
+  r.add_pass<MoveTransposes>("move_transposes", PassSchedule{1200, true});
 }
 
 }  // namespace sparsebit::passes::simplify

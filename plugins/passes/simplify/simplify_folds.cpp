@@ -221,8 +221,11 @@ class FuseAffine final : public Pass {
 }  // namespace
 
 void register_folds(Registrar& r) {
-  r.add_pass<FuseBatchNorm>("fuse_bn");
-  r.add_pass<FuseAffine>("fuse_affine");
+  r.add_pass<FuseBatchNorm>("fuse_bn", PassSchedule{400, true});
+  // Folding the arithmetic around convolutions serves ONNX Runtime's integer kernels (and its
+  // accuracy); under TensorRT's symmetric activations it cost the PP-OCRv4 recognizer 12 points
+  // (docs/PASSES.md). So it is on by default for that backend only; [schedule] sets it either way.
+  r.add_pass<FuseAffine>("fuse_affine", PassSchedule{500, true, {"onnxruntime"}});
 }
 
 }  // namespace sparsebit::passes::simplify

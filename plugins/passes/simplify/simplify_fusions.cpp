@@ -327,12 +327,13 @@ class FusePad final : public Pass {
 }  // namespace
 
 void register_fusions(Registrar& r) {
-  r.add_pass<FuseMatMulAdd>("fuse_matmul_add");
-  r.add_pass<FuseHardSigmoid>("fuse_hardsigmoid");
-  r.add_pass<FuseHardSwish>("fuse_hardswish");
-  r.add_pass<FuseGelu>("fuse_gelu");
-  r.add_pass<FuseLayerNorm>("fuse_layernorm");
-  r.add_pass<FusePad>("fuse_pad");
+  r.add_pass<FuseMatMulAdd>("fuse_matmul_add", PassSchedule{600, true});
+  // On by default for ONNX Runtime only, as fuse_affine (simplify_folds.cpp).
+  r.add_pass<FuseHardSigmoid>("fuse_hardsigmoid", PassSchedule{300, true, {"onnxruntime"}});
+  r.add_pass<FuseHardSwish>("fuse_hardswish", PassSchedule{700, true});
+  r.add_pass<FuseGelu>("fuse_gelu", PassSchedule{800, true});
+  r.add_pass<FuseLayerNorm>("fuse_layernorm", PassSchedule{900, true});
+  r.add_pass<FusePad>("fuse_pad", PassSchedule{1000, true});
 }
 
 }  // namespace sparsebit::passes::simplify

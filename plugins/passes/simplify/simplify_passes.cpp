@@ -207,8 +207,8 @@ class FoldConstants final : public Pass {
 }  // namespace
 
 void register_all(Registrar& r) {
-  r.add_pass<RemoveIdentity>("remove_identity");
-  r.add_pass<FoldConstants>("fold_constants");
+  r.add_pass<RemoveIdentity>("remove_identity", PassSchedule{100, true});
+  r.add_pass<FoldConstants>("fold_constants", PassSchedule{200, true});
   register_folds(r);
   register_fusions(r);
   register_activations(r);

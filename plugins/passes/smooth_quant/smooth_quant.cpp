@@ -95,7 +95,7 @@ class SmoothQuant final : public Pass {
   }
 };
 
-void register_all(Registrar& r) { r.add_pass<SmoothQuant>("smooth_quant"); }
+void register_all(Registrar& r) { r.add_pass<SmoothQuant>("smooth_quant", PassSchedule{1500, false}); }
 
 }  // namespace
 }  // namespace sparsebit::passes

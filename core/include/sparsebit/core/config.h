@@ -71,6 +71,7 @@
 ///     disable = []
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -276,12 +277,19 @@ struct DataConfig {
   std::string undecodable = "error";    ///< error | skip (named in a warning)
 };
 
-/// Passes switched on or off in `[schedule]`, in the order they run. Simplify-stage passes
-/// run before conversion, fuse-stage passes after it, each group in this order.
-struct ScheduleEntry {
-  std::string pass;
-  bool enabled;
-  Options options{"[passes]"};  ///< from [passes.<name>]
+/// `[schedule]` and `[passes]` as the file writes them. Which passes exist, their order and
+/// whether they run by default come from the plugins that register them: resolve_schedule
+/// (sparsebit/core/passes.h) checks these settings against a registry (Note [Pass schedule]).
+struct PassSettings {
+  std::map<std::string, bool> switches;    ///< [schedule] <pass> = true | false
+  std::vector<std::string> order;          ///< [passes] order: these first, in this order
+  std::vector<std::string> extra;          ///< [passes] extra: passes without a default place, turned on
+  std::map<std::string, Options> options;  ///< [passes.<pass>]
+  /// The [schedule] switch for `pass`, if the config sets one.
+  std::optional<bool> switched(const std::string& pass) const {
+    auto it = switches.find(pass);
+    return it == switches.end() ? std::nullopt : std::optional<bool>(it->second);
+  }
 };
 
 struct SPARSEBIT_API Config {
@@ -303,27 +311,7 @@ struct SPARSEBIT_API Config {
   std::optional<DataConfig> data;                     ///< [data]: how image files become input
   bool weight_only = false;  ///< [w] without [a]: activations stay float (Note [Weight-only quantization])
   PluginSearch plugins;
-  std::vector<ScheduleEntry> schedule{{"remove_identity", true},
-                                      {"fold_constants", true},
-                                      {"fuse_hardsigmoid", false},
-                                      {"fuse_bn", true},
-                                      {"fuse_affine", false},
-                                      {"fuse_matmul_add", true},
-                                      {"fuse_hardswish", true},
-                                      {"fuse_gelu", true},
-                                      {"fuse_layernorm", true},
-                                      {"fuse_pad", true},
-                                      {"fuse_activations", true},
-                                      {"move_transposes", true},
-                                      {"merge_transposes", true},
-                                      {"cross_layer_equalization", false},
-                                      {"smooth_quant", false},
-                                      {"awq", false},
-                                      {"disable_unnecessary_quant", true},
-                                      {"float_norms_and_heads", true},
-                                      {"float_attention_scores", false},
-                                      {"bn_tuning", false},
-                                      {"bias_correction", false}};
+  PassSettings passes;  ///< [schedule] and [passes]
 
   Config();
   static Config from_file(const std::string& path);

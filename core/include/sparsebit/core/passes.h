@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// Running graph passes from the registry: the pipeline's two stages (QuantModel calls them),
-/// `sparsebit simplify`, and tests.
+/// The schedule of passes and running them from the registry: the pipeline's stages (QuantModel
+/// calls them), `sparsebit simplify`, and tests.
 
 #include <memory>
 #include <string>
@@ -13,6 +13,29 @@
 #include "sparsebit/sdk/pass.h"
 
 namespace sparsebit {
+
+/// Note [Pass schedule]
+/// A pass's plugin registers its name with the Pass (whose stage() says where in the pipeline it
+/// runs) and, optionally, its place in the default schedule (PassSchedule: an order and whether
+/// it is on by default, for every backend or some). The schedule of a run is every registered
+/// pass, those with a place first by (order, name), then the others by name, off unless the
+/// config turns them on. A config's `[schedule]` switches, `[passes] order`, `[passes] extra`
+/// and `[passes.<name>]` options are checked against the registry here, not when the file is
+/// read: a vendor's pass is configured exactly as a shipped one, a misspelt name is refused with
+/// the nearest registered one, and a plugin the config disables takes its default passes with it
+/// (a note says so). `bn_tuning` is a step of the pipeline itself (bn_tuning.h), switched in
+/// [schedule] like a pass and never in the list returned.
+
+/// One pass of a run's schedule, in the order they run.
+struct ScheduleEntry {
+  std::string pass;
+  bool enabled;
+  Options options{"[passes]"};  ///< from [passes.<name>]
+};
+
+/// The schedule `config` gives over the passes `registry` holds (Note [Pass schedule]). Throws,
+/// naming the config and the key, for a name no loaded plugin registers.
+SPARSEBIT_API std::vector<ScheduleEntry> resolve_schedule(const Config& config, const Registry& registry);
 
 /// Calibration samples for simplify passes that measure activations (PassContext::channel_absmax,
 /// channel_moments) and the weight grids of the config (PassContext::weight_grid).

@@ -71,6 +71,8 @@ class SPARSEBIT_API Registry {
   const Entry<ObserverFactory>* observer(const std::string& name) const;
   const Entry<QuantizerFactory>* quantizer(const std::string& name) const;
   const Entry<PassFactory>* pass(const std::string& name) const;
+  /// The default-schedule place pass `name` was registered with, or nullptr (Note [Pass schedule]).
+  const PassSchedule* pass_schedule(const std::string& name) const;
   const Entry<SparserFactory>* sparser(const std::string& name) const;
   const Entry<BackendFactory>* backend(const std::string& name) const;
   /// The traits registered with op `op_type` of `domain` (Note [Op traits]), or nullptr. They

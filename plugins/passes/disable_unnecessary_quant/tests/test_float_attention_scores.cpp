@@ -50,8 +50,7 @@ std::set<std::pair<std::string, std::size_t>> quantized(const Builder& b, bool r
   TempDir dir;
   write_npy(at::randn({2, 6, 16}), dir / "x.npy");
   Config c = Config::from_file(source_path("configs/w8a8_onnxruntime.toml"));
-  for (auto& e : c.schedule)
-    if (e.pass == "float_attention_scores") e.enabled = rule;
+  c.passes.switches["float_attention_scores"] = rule;
   QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, shipped_registry());
   auto data = open_dataset(dir.path().string(), qm.graph().inputs);
   qm.calibrate(*data);

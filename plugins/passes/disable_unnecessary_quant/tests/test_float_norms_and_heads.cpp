@@ -56,8 +56,7 @@ Result quantize(const Builder& b, const at::Tensor& x, bool rule, bool per_row =
   // The rule alone: the onnxruntime backend's placement would also drop quantizers whose Q/DQ
   // pairs no integer kernel uses (Note [ONNX Runtime placement]), on both sides.
   c.backend = "virtual";
-  for (auto& e : c.schedule)
-    if (e.pass == "float_norms_and_heads") e.enabled = rule;
+  c.passes.switches["float_norms_and_heads"] = rule;
   QuantModel qm(Model{b.g.clone(), ModelMeta{}}, c, shipped_registry());
   auto data = open_dataset(dir.path().string(), qm.graph().inputs);
   qm.calibrate(*data);

@@ -8,8 +8,10 @@
 ///   - kLayer, during layerwise calibration: called for each node once its quantizers are set,
 ///     with the node's float and quantized outputs on the calibration data (LayerState), e.g.
 ///     to correct its bias. Needs `[calibration] mode = "layerwise"` or `"asym"`.
-/// `[schedule]` in the config turns passes on by name; `[passes]` adds and orders them.
-/// Passes that match subgraphs use sparsebit/sdk/pattern.h.
+/// A pass registered with a PassSchedule has a place in the default schedule; `[schedule]` in
+/// the config turns passes on or off by name, `[passes]` orders them and sets their options
+/// (Note [Pass schedule] in sparsebit/core/passes.h). Passes that match subgraphs use
+/// sparsebit/sdk/pattern.h.
 
 #include <ATen/core/Tensor.h>
 
@@ -120,6 +122,19 @@ class LayerState {
   virtual std::int64_t bias_axis() const = 0;
   /// Replaces the value of the bias (same shape); used by the rest of calibration and export.
   virtual void set_bias(const at::Tensor& value) = 0;
+};
+
+/// Where a pass stands in the default schedule, registered with it (Registrar::add_pass). Since
+/// SDK 1.6; a pass registered without one runs only when the config turns it on.
+struct PassSchedule {
+  /// Position among the passes of its stage: lower runs first, equal orders by name. The shipped
+  /// passes use 100 to 2100 in steps of 100, so a vendor's pass can go between any two.
+  int order = 0;
+  /// Whether it runs when the config does not say.
+  bool on_by_default = false;
+  /// Backends (the config's `backend`) for which on_by_default holds; empty: every backend. For
+  /// the others the pass is off unless the config turns it on.
+  std::vector<std::string> backends;
 };
 
 class Pass {

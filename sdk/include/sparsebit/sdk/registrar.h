@@ -52,6 +52,12 @@ class Registrar {
   void add_pass(const std::string& name) {
     add_pass_factory(name, []() -> std::unique_ptr<Pass> { return std::make_unique<T>(); });
   }
+  /// A pass with its place in the default schedule (Note [Pass schedule]). Since SDK 1.6.
+  template <class T>
+  void add_pass(const std::string& name, const PassSchedule& schedule) {
+    add_pass<T>(name);
+    add_pass_schedule(name, schedule);
+  }
   template <class T>
   void add_sparser(const std::string& name) {
     add_sparser_factory(name,
@@ -93,6 +99,11 @@ class Registrar {
     (void)op_type;
     (void)domain;
     (void)traits;
+  }
+  /// SDK 1.6. The host keeps the schedule with the pass; this body ignores it.
+  virtual void add_pass_schedule(const std::string& name, const PassSchedule& schedule) {
+    (void)name;
+    (void)schedule;
   }
 };
 
