@@ -189,6 +189,15 @@ TEST_F(Cli, PluginsAndInspectJson) {
     for (const auto& reg : p["registered"]) conv = conv || reg == "op:Conv";
   }
   EXPECT_TRUE(conv);
+  // The pass schedule the loaded plugins give (Note [Pass schedule]).
+  ASSERT_FALSE(j["schedule"]["passes"].empty());
+  EXPECT_EQ(j["schedule"]["passes"][0]["pass"], "remove_identity");
+  EXPECT_EQ(j["schedule"]["passes"][0]["order"], 100);
+  EXPECT_TRUE(j["schedule"]["passes"][0]["enabled"].get<bool>());
+  testing::write_text(work_ / "typo.toml", "[schedule]\nfuse_bnn = false\n");
+  expect_failure(run_cli("quantize " + testing::fixture_model() + " -c " + work_ / "typo.toml" + " --calib " + calib_ +
+                         " -o " + out_ + "/q.onnx"),
+                 {"typo.toml", "[schedule] fuse_bnn", "did you mean 'fuse_bn'"});
   r = run_cli("inspect --json " + testing::fixture_model());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   j = nlohmann::json::parse(r.output);
