@@ -3,10 +3,13 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 
+#include "base/mapped_file.h"
 #include "sparsebit/core/executor.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/sdk/error.h"
@@ -289,6 +292,33 @@ TEST(OnnxIO, ExternalWeightsAreMappedCopyOnWrite) {
   EXPECT_TRUE(at::equal(w, g.initializers.at("w") * 2));
   Model back = load_onnx(dir / "m.onnx");
   EXPECT_TRUE(at::equal(back.graph.initializers.at("w"), g.initializers.at("w") * 2));
+}
+
+// Note [Spilled weights]: a weight a pass wrote moves to an unnamed file and is mapped from there:
+// same values, out of resident memory until read, changes in place still possible, and nothing
+// left in the temporary folder.
+TEST(OnnxIO, WeightsAPassWroteSpillToAFileAndStayTheSame) {
+  testing::TempDir dir;
+  const char* old_tmpdir = std::getenv("TMPDIR");
+  const std::string saved = old_tmpdir ? old_tmpdir : "";
+  setenv("TMPDIR", dir.path().c_str(), 1);
+  at::Tensor heap = at::randn({1024, 16384});  // 64 MiB
+  const at::Tensor expected = heap.clone();
+  const std::int64_t with_heap = rss_kib();
+  at::Tensor spilled = spill(heap);
+  heap.reset();
+  const std::int64_t after = rss_kib();
+  if (old_tmpdir) setenv("TMPDIR", saved.c_str(), 1);
+  else unsetenv("TMPDIR");
+  ASSERT_TRUE(is_mapped(spilled));
+  EXPECT_LT(after, with_heap - 48 * 1024) << "the heap copy is gone and the file's pages are not resident";
+  EXPECT_TRUE(at::equal(spilled, expected));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the file has no name";
+  spilled.mul_(2);
+  EXPECT_TRUE(at::equal(spilled, expected * 2));
+  const at::Tensor small = at::ones({4});
+  EXPECT_FALSE(is_mapped(small));
+  EXPECT_TRUE(is_mapped(spill(small)));
 }
 
 TEST(OnnxIO, OldOpsetsAreLiftedTo13) {

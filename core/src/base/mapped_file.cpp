@@ -102,11 +102,49 @@ at::Tensor map_tensor(const std::filesystem::path& file, std::int64_t offset, at
       mapping->data() + offset, shape, [mapping](void*) mutable { mapping.reset(); }, at::TensorOptions().dtype(dtype));
 }
 
-void page_out(const at::Tensor& t) {
-  if (!t.defined() || !t.has_storage() || !t.device().is_cpu()) return;
+at::Tensor spill(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || t.is_sparse() || is_mapped(t)) return t;
+  const at::Tensor c = t.contiguous();
+  const auto nbytes = static_cast<std::size_t>(c.nbytes());
+  if (nbytes == 0) return t;
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+  if (ec) return t;
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {  // a file system without O_TMPFILE: a named file, unlinked at once
+    std::string name = (dir / "sparsebit-spill-XXXXXX").string();
+    fd = mkstemp(name.data());
+    if (fd < 0) return t;
+    ::unlink(name.c_str());
+  }
+  const char* p = static_cast<const char*>(c.data_ptr());
+  for (std::size_t done = 0; done < nbytes;) {
+    const ssize_t n = ::write(fd, p + done, nbytes - done);
+    if (n <= 0) {
+      ::close(fd);
+      return t;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  void* base = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  ::close(fd);  // the mapping keeps the file
+  if (base == MAP_FAILED) return t;
+  auto mapping = std::make_shared<Mapping>(base, nbytes);
+  return at::from_blob(
+      mapping->data(), c.sizes(), [mapping](void*) mutable { mapping.reset(); }, c.options());
+}
+
+bool is_mapped(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || !t.device().is_cpu()) return false;
   const auto begin = reinterpret_cast<std::uintptr_t>(t.storage().data());
   const auto end = begin + t.storage().nbytes();
-  if (end <= begin || !Mapping::contains(begin, end)) return;
+  return end > begin && Mapping::contains(begin, end);
+}
+
+void page_out(const at::Tensor& t) {
+  if (!is_mapped(t)) return;
+  const auto begin = reinterpret_cast<std::uintptr_t>(t.storage().data());
+  const auto end = begin + t.storage().nbytes();
   const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   const std::uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_PAGEOUT);  // a hint: errors ignored

@@ -15,12 +15,26 @@
 #include <filesystem>
 #include <memory>
 
+#include "sparsebit/sdk/export.h"
+
 namespace sparsebit {
 
 /// A tensor of `shape` and `dtype` on bytes [offset, offset + nbytes) of `file`, or an undefined
 /// tensor where mapping does not apply (offset not aligned to the element size, or mmap failed).
 at::Tensor map_tensor(const std::filesystem::path& file, std::int64_t offset, at::IntArrayRef shape,
                       at::ScalarType dtype);
+
+/// Note [Spilled weights]
+/// A weight a pass wrote lives in the heap, beside the mapped one it replaced, so a pass that
+/// rewrites every layer of a large model would hold a second copy of it. spill() writes such a
+/// tensor to an unnamed file in the temporary folder and returns it mapped from there: its pages
+/// are then file pages as a mapped weight's are, outside the process's resident memory until
+/// read, and page_out() gives them back. The file disappears with the last tensor on it. Where
+/// the file cannot be written (no space), the heap tensor is returned unchanged.
+SPARSEBIT_API at::Tensor spill(const at::Tensor& t);  // exported for its test
+
+/// Whether `t`'s bytes lie in a mapping (map_tensor or spill).
+SPARSEBIT_API bool is_mapped(const at::Tensor& t);
 
 /// Gives the whole pages under a mapped tensor's bytes back to the system (Note [Mapped
 /// weights]); other tensors are left alone.

@@ -267,8 +267,7 @@ class Awq final : public Pass {
           ++scaled;
           changed = true;
         }
-        if (!clip) continue;
-        for (std::size_t k = 0; k < readers.size(); ++k) {
+        for (std::size_t k = 0; clip && k < readers.size(); ++k) {
           if (!readers[k].grid) continue;
           const at::Tensor w = weight_kn(g, readers[k].reader, at::kCPU);  // as scale_channels left it
           if (at::equal(best.weights[k], w)) continue;
@@ -276,6 +275,10 @@ class Awq final : public Pass {
           ++clipped;
           changed = true;
         }
+        // Done with these weights: the host may give their memory back (a large model's layers
+        // are then held one at a time, not the originals and the results of all of them).
+        if (ctx.release)
+          for (const auto& r : readers) ctx.release(g, r.reader.node->inputs[1]);
       }
       first = last;
     }

@@ -65,6 +65,13 @@ struct PassContext {
     std::function<at::Tensor(const at::Tensor&)> round;
   };
   std::function<std::optional<WeightGrid>(const Node&, std::size_t, std::int64_t)> weight_grid = {};
+  /// Tells the host that the pass is done with initializer `name` of `graph` for now, so that
+  /// the host may give its memory back: a weight mapped from the model's files is dropped from
+  /// memory and read again when used, and one the pass wrote may move to a file of the host's
+  /// (Note [Mapped weights]); the value stays the same. A pass that reads or writes the weights
+  /// of a large model layer by layer calls it after each layer. Empty where the host does
+  /// nothing with it (SDK 1.7).
+  std::function<void(Graph&, const std::string&)> release = {};
 };
 
 /// The quantization state a kFuse pass works on.
