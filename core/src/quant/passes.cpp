@@ -223,18 +223,17 @@ bool run_passes(const std::vector<ScheduleEntry>& schedule, Pass::Stage stage, G
         return channel_moments(graph, registry, data, requests);
       };
     }
-    if (stage == Pass::Stage::kSimplify) {
-      ctx.weight_grid = data.weight_grid;
-      ctx.release = [](Graph& g, const std::string& name) {
-        auto it = g.initializers.find(name);
-        if (it == g.initializers.end()) return;
-        // Note [Spilled weights]: only weights worth a file; small constants stay in the heap.
-        constexpr std::int64_t kSpillBytes = std::int64_t{1} << 20;
-        if (!is_mapped(it->second) && it->second.device().is_cpu() && it->second.nbytes() >= kSpillBytes)
-          it->second = spill(it->second);
-        page_out(it->second);
-      };
-    }
+    if (stage == Pass::Stage::kSimplify) ctx.weight_grid = data.weight_grid;
+    // release_initializer (pass.h) from the pass: Note [Spilled weights]. Only weights worth a
+    // file move there; small constants stay in the heap.
+    const ReleaseHandler release([](Graph& g, const std::string& name) {
+      auto it = g.initializers.find(name);
+      if (it == g.initializers.end()) return;
+      constexpr std::int64_t kSpillBytes = std::int64_t{1} << 20;
+      if (!is_mapped(it->second) && it->second.device().is_cpu() && it->second.nbytes() >= kSpillBytes)
+        it->second = spill(it->second);
+      page_out(it->second);
+    });
     try {
       auto pass = p->factory();
       if (pass->stage() != stage) continue;

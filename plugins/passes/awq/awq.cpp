@@ -277,8 +277,7 @@ class Awq final : public Pass {
         }
         // Done with these weights: the host may give their memory back (a large model's layers
         // are then held one at a time, not the originals and the results of all of them).
-        if (ctx.release)
-          for (const auto& r : readers) ctx.release(g, r.reader.node->inputs[1]);
+        for (const auto& r : readers) release_initializer(g, r.reader.node->inputs[1]);
       }
       first = last;
     }

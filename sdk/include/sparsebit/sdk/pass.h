@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "sparsebit/sdk/export.h"
 #include "sparsebit/sdk/graph.h"
 #include "sparsebit/sdk/options.h"
 #include "sparsebit/sdk/quant.h"
@@ -65,13 +66,28 @@ struct PassContext {
     std::function<at::Tensor(const at::Tensor&)> round;
   };
   std::function<std::optional<WeightGrid>(const Node&, std::size_t, std::int64_t)> weight_grid = {};
-  /// Tells the host that the pass is done with initializer `name` of `graph` for now, so that
-  /// the host may give its memory back: a weight mapped from the model's files is dropped from
-  /// memory and read again when used, and one the pass wrote may move to a file of the host's
-  /// (Note [Mapped weights]); the value stays the same. A pass that reads or writes the weights
-  /// of a large model layer by layer calls it after each layer. Empty where the host does
-  /// nothing with it (SDK 1.7).
-  std::function<void(Graph&, const std::string&)> release = {};
+};
+
+/// Tells the host that the pass running on this thread is done with initializer `name` of
+/// `graph` for now, so that the host may give its memory back: a weight mapped from the model's
+/// files is dropped from memory and read again when used, and one the pass wrote may move to a
+/// file of the host's; the value stays the same. A pass that reads or writes the weights of a
+/// large model layer by layer calls it after each layer. Does nothing where the host set no
+/// handler (SDK 1.7; a free function, so that PassContext keeps the size plugins built against
+/// 1.0 know).
+SPARSEBIT_API void release_initializer(Graph& graph, const std::string& name);
+
+/// For hosts: the handler release_initializer calls on this thread while the returned guard
+/// lives (the previous one afterwards); an empty function sets none (SDK 1.7).
+class SPARSEBIT_API ReleaseHandler {
+ public:
+  explicit ReleaseHandler(std::function<void(Graph&, const std::string&)> handler);
+  ~ReleaseHandler();
+  ReleaseHandler(const ReleaseHandler&) = delete;
+  ReleaseHandler& operator=(const ReleaseHandler&) = delete;
+
+ private:
+  std::function<void(Graph&, const std::string&)> previous_;
 };
 
 /// The quantization state a kFuse pass works on.

@@ -28,7 +28,7 @@ namespace sparsebit::sdk {
 
 inline constexpr std::uint32_t kAbiVersion = 18;  // 18 = SDK 1: optional roles as capabilities
 inline constexpr std::uint32_t kSdkVersionMajor = 1;
-inline constexpr std::uint32_t kSdkVersionMinor = 7;  // 1.7: PassContext::release
+inline constexpr std::uint32_t kSdkVersionMinor = 7;  // 1.7: release_initializer
 
 }  // namespace sparsebit::sdk
 
