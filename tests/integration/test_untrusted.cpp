@@ -157,10 +157,12 @@ TEST_F(Untrusted, ImageHeadersThatClaimMorePixelsThanTheFileHoldsAreRefused) {
   const std::string jpeg("\xff\xd8\xff\xc0\x00\x11\x08\x4e\x20\x4e\x20\x03\x01\x22\x00\x02\x11\x00\x03\x11\x00", 21);
   const ValueInfo input{"image", 1, true, {{-1, "batch"}, {3, ""}, {-1, "height"}, {-1, "width"}}, ""};
   const Config c = Config::from_string("[data]\npreset = \"imagenet\"\n", "preset.toml");
-  for (const auto& [name, bytes, pixels] :
+  for (const auto& [file, bytes, pixels] :
        {std::tuple{"tall.bmp", bmp, "4000 x 4000"}, std::tuple{"huge.jpg", jpeg, "20000 x 20000"}}) {
-    testing::write_text(work_ / name, bytes);
-    const auto msg = error_of([&] { read_image(work_ / name, *c.data, image_input(*c.data, input)); });
+    testing::write_text(work_ / file, bytes);
+    const std::string path = work_ / file;  // a structured binding cannot be captured before C++20
+    const std::string name = file;
+    const auto msg = error_of([&] { read_image(path, *c.data, image_input(*c.data, input)); });
     EXPECT_NE(msg.find(name), std::string::npos) << msg;
     EXPECT_NE(msg.find(pixels), std::string::npos) << msg;
     EXPECT_NE(msg.find("truncated or corrupt"), std::string::npos) << msg;

@@ -140,10 +140,10 @@ TEST_F(PassSchedules, NamesNoPluginRegistersAreRefusedWithTheNearestOne) {
       {"[passes.smooth_qant]\nalpha = 0.5\n", "[passes.smooth_qant]: no loaded plugin registers"},
       {"[passes]\nextra = [\"fuse_bn\"]\n", "'fuse_bn' is already scheduled by its plugin"},
   };
-  for (const auto& [text, expected] : cases) {
-    const std::string msg = error_of([&] { resolve_schedule(config(text), registry_); });
+  for (const auto& c : cases) {
+    const std::string msg = error_of([&] { resolve_schedule(config(c.first), registry_); });
     EXPECT_NE(msg.find("schedule.toml"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(expected), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.second), std::string::npos) << msg;
   }
   // bn_tuning is the pipeline's own step, switched like a pass.
   EXPECT_NO_THROW(resolve_schedule(config("[schedule]\nbn_tuning = true\n"), registry_));
