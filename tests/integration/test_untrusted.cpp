@@ -169,6 +169,19 @@ TEST_F(Untrusted, ImageHeadersThatClaimMorePixelsThanTheFileHoldsAreRefused) {
   }
 }
 
+TEST_F(Untrusted, AnImageThatDecodesToNoPixelsIsRefusedBeforeItIsFitted) {
+  // A BMP whose header stb_image sizes one way and decodes another: a zero-width image, which the
+  // fits would divide by.
+  const std::string path = testing::source_path("tests/fuzz/regressions/image/ubsan-bmp-decodes-to-zero-columns");
+  const ValueInfo input{"image", 1, true, {{-1, "batch"}, {3, ""}, {-1, "height"}, {-1, "width"}}, ""};
+  for (const char* preset : {"imagenet", "paddleocr_rec", "paddleocr_det", "yolo"}) {
+    const Config c = Config::from_string(std::string("[data]\npreset = \"") + preset + "\"\n", "preset.toml");
+    const auto msg = error_of([&] { read_image(path, *c.data, image_input(*c.data, input)); });
+    EXPECT_NE(msg.find("ubsan-bmp-decodes-to-zero-columns"), std::string::npos) << preset << ": " << msg;
+    EXPECT_NE(msg.find("at least one row and one column"), std::string::npos) << preset << ": " << msg;
+  }
+}
+
 TEST_F(Untrusted, TensorDimsThatOverflowOrAreNegative) {
   onnx::TensorProto t;
   t.set_data_type(onnx::TensorProto::FLOAT);

@@ -90,6 +90,11 @@ at::Tensor decode(const std::string& path, bool gray) {
   const std::unique_ptr<unsigned char, void (*)(void*)> pixels(
       stbi_load_from_memory(bytes.data(), n, &w, &h, &comp, want), stbi_image_free);
   if (!pixels) throw Error(path + ": cannot be decoded (" + std::string(stbi_failure_reason()) + ")");
+  // A header may say one size and the decoder return another (a BMP with two headers): every fit
+  // below divides by the decoded sides.
+  if (w <= 0 || h <= 0)
+    throw Error(path + ": decodes to " + std::to_string(w) + " x " + std::to_string(h) +
+                " pixels; an image needs at least one row and one column");
   at::Tensor t = at::from_blob(pixels.get(), {h, w, want}, at::kByte).to(at::kFloat).permute({2, 0, 1}).unsqueeze(0);
   if (gray && want == 3)  // ITU-R 601 luma, as PIL's and torchvision's grey conversions
     t = (t.select(1, 0) * 0.299f + t.select(1, 1) * 0.587f + t.select(1, 2) * 0.114f).unsqueeze(1);
