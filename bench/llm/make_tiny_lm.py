@@ -2,7 +2,7 @@
 """Trains a small byte-level decoder-only transformer on CPU and exports it to ONNX.
 
     make_tiny_lm.py OUT_DIR [--steps N] [--small] [--shape D,LAYERS,HEADS,FF] [--arch gpt|llama]
-                    [--gpt2] [--ctx N] [--opset N] [--calib N]
+                    [--gpt2] [--ctx N] [--opset N] [--calib N] [--dynamic-length]
 
 --gpt2 is nanoGPT's layout at a small size, as a user's torch 1.13 / opset 14 export gives it:
 d 128, 4 heads, 4 pre-LayerNorm blocks with a fused qkv Linear with bias and a GELU MLP of 4d,
@@ -12,6 +12,8 @@ The corpus is the licence texts every Debian system has (/usr/share/common-licen
 base-files): the last tenth of each text is held out. Writes OUT_DIR/model.onnx (input "tokens"
 int64 [batch, CTX], output "logits" [batch, CTX, 256]), calib/ (32 training windows, one .npy
 each), eval/ (every held-out window, one .npy each) and info.json (sizes, training loss, time).
+--dynamic-length exports the window length as a dynamic axis (up to CTX): positions and the
+causal mask are sliced to the input's length, so a decode can run only the tokens it has.
 The attention is written out as MatMul / Softmax (no fused kernel) and every Linear of the
 blocks and the head is a MatMul on a constant weight, as larger exported decoders are.
 """
@@ -25,6 +27,11 @@ import torch
 from torch import nn
 
 CTX = 128
+DYNAMIC = False  # --dynamic-length
+
+
+def causal(mask, t):
+    return mask[:t, :t] if DYNAMIC else mask
 
 
 class Block(nn.Module):
@@ -44,7 +51,7 @@ class Block(nn.Module):
         q = q.reshape(b, t, h, d // h).transpose(1, 2)
         k = k.reshape(b, t, h, d // h).transpose(1, 2)
         v = v.reshape(b, t, h, d // h).transpose(1, 2)
-        att = torch.softmax(q @ k.transpose(2, 3) * (d // h) ** -0.5 + self.mask, dim=-1)
+        att = torch.softmax(q @ k.transpose(2, 3) * (d // h) ** -0.5 + causal(self.mask, t), dim=-1)
         x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
@@ -78,7 +85,7 @@ class LlamaBlock(nn.Module):
         h = self.heads
         n = self.ln1(x)
         q, k, v = (p(n).reshape(b, t, h, d // h).transpose(1, 2) for p in (self.q, self.k, self.v))
-        att = torch.softmax(q @ k.transpose(2, 3) * (d // h) ** -0.5 + self.mask, dim=-1)
+        att = torch.softmax(q @ k.transpose(2, 3) * (d // h) ** -0.5 + causal(self.mask, t), dim=-1)
         x = x + self.o((att @ v).transpose(1, 2).reshape(b, t, d))
         n = self.ln2(x)
         return x + self.down(nn.functional.silu(self.gate(n)) * self.up(n))
@@ -94,7 +101,7 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(d, 256, bias=False)
 
     def forward(self, tokens):
-        x = self.tok(tokens) + self.pos
+        x = self.tok(tokens) + (self.pos[: tokens.shape[1]] if DYNAMIC else self.pos)
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.ln(x))
@@ -116,7 +123,7 @@ def corpus():
 
 
 def main():
-    global CTX
+    global CTX, DYNAMIC
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=600)
@@ -130,7 +137,10 @@ def main():
     ap.add_argument("--opset", type=int, help="ONNX opset of the export (17; 14 with --gpt2)")
     ap.add_argument("--calib", type=int, help="calibration windows (32; 64 with --gpt2)")
     ap.add_argument("--device", default="cpu", help="where to train (cpu, cuda); the export is made on the CPU")
+    ap.add_argument("--dynamic-length", action="store_true",
+                    help="the window length a dynamic axis of the export (decoding runs)")
     a = ap.parse_args()
+    DYNAMIC = a.dynamic_length
     if a.gpt2:
         a.shape = a.shape or "128,4,4,512"
     CTX = a.ctx or (64 if a.gpt2 else 128)
@@ -169,7 +179,9 @@ def main():
         legacy = {"dynamo": False} if int(torch.__version__.split(".")[0]) >= 2 else {}
         torch.onnx.export(model, torch.zeros(1, CTX, dtype=torch.int64), os.path.join(a.out, "model.onnx"),
                           opset_version=opset, input_names=["tokens"], output_names=["logits"],
-                          dynamic_axes={"tokens": {0: "batch"}, "logits": {0: "batch"}}, **legacy)
+                          dynamic_axes={"tokens": {0: "batch", 1: "length"} if DYNAMIC else {0: "batch"},
+                                        "logits": {0: "batch", 1: "length"} if DYNAMIC else {0: "batch"}},
+                          **legacy)
     rng = np.random.default_rng(2)
     for i, s in enumerate(rng.integers(0, len(train) - CTX, calib)):
         np.save(os.path.join(a.out, "calib", f"{i:03d}.npy"), train[s:s + CTX])
