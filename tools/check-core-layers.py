@@ -8,8 +8,10 @@ depends on, directly or through them; an include of any other core header is an 
 core file outside every subsystem and a public header no subsystem owns.
 
 The hosts (the CLI in core/cli/, the Python module in core/python/, the programs in examples/)
-build on the library as any application does: they may include its public headers
-(sparsebit/core/, sparsebit/sdk/) and their own folder's, never a subsystem's internals.
+build on the library as any application does, through one header (Note [Session]): of the core
+they include sparsebit/core/session.h and the few utilities HOST_UTILITIES names, besides the
+SDK's headers (sparsebit/sdk/) and their own folder's; never another core header (session.h
+brings those) nor a subsystem's internals.
 
     check-core-layers.py ROOT
 """
@@ -20,6 +22,11 @@ import sys
 CALL = re.compile(r"sparsebit_core_subsystem\((.*?)\)", re.S)
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 KEYWORDS = {"SOURCES", "DEPENDS", "HEADERS"}
+HOST_API = "sparsebit/core/session.h"
+# What a host needs beside the Session: output files written whole, the launch of a distributed
+# run, the process's allocator, and `sparsebit inspect`'s drawings and range checks.
+HOST_UTILITIES = {f"sparsebit/core/{h}" for h in
+                  ("atomic_file.h", "distributed.h", "cpu_allocator.h", "graph_dump.h", "saturation.h")}
 
 
 def subsystems(cmake_text):
@@ -121,11 +128,14 @@ def main():
                 continue
             host_files += 1
             for inc in INCLUDE.findall(f.read_text(errors="replace")):
-                if inc.startswith(("sparsebit/core/", "sparsebit/sdk/")) or (f.parent / inc).is_file():
+                if inc == HOST_API or inc in HOST_UTILITIES or inc.startswith("sparsebit/sdk/") or \
+                        (f.parent / inc).is_file():
                     checked += 1
                     continue
-                errors.append(f"{f.relative_to(root)} (a host) includes \"{inc}\": hosts include the public headers "
-                              "(sparsebit/core/, sparsebit/sdk/) and their own folder's only")
+                why = (f"include \"{HOST_API}\" instead (the Session's header brings the library's API)"
+                       if inc.startswith("sparsebit/core/") else
+                       "hosts include the Session's header, the SDK's and their own folder's only")
+                errors.append(f"{f.relative_to(root)} (a host) includes \"{inc}\": {why}")
     for e in errors:
         print("error: " + e, file=sys.stderr)
     if errors:
@@ -134,7 +144,7 @@ def main():
         return 1
     order = " < ".join(subs)
     print(f"core layers check passed: {checked} includes in {len(files)} files follow {order}, "
-          f"and {host_files} host files include only public headers")
+          f"and {host_files} host files include only the Session's header, the SDK's and host utilities")
     return 0
 
 

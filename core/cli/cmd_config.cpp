@@ -8,7 +8,7 @@
 
 #include "common.h"
 #include "sparsebit/core/atomic_file.h"
-#include "sparsebit/core/config.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 

@@ -9,12 +9,9 @@
 #include <optional>
 
 #include "sparsebit/core/atomic_file.h"
-#include "sparsebit/core/config.h"
-#include "sparsebit/core/executor.h"
 #include "sparsebit/core/graph_dump.h"
-#include "sparsebit/core/onnx_io.h"
-#include "sparsebit/core/quant_model.h"
 #include "sparsebit/core/saturation.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/log.h"
 
 #include "common.h"
@@ -23,16 +20,16 @@ namespace sparsebit::cli {
 namespace {
 
 /// Draws the float model, or with a config the converted one with its quantizers.
-void write_drawings(const sb::Model& model, const sb::Registry& registry, const std::string& config_path,
-                    const std::string& dot, const std::string& mermaid) {
+void write_drawings(const sb::Model& model, const sb::Session& session, bool configured, const std::string& dot,
+                    const std::string& mermaid) {
   if (dot.empty() && mermaid.empty()) return;
   std::optional<sb::AtomicFile> dot_out, mermaid_out;  // claimed first: a bad path fails before work
   if (!dot.empty()) dot_out.emplace(dot);
   if (!mermaid.empty()) mermaid_out.emplace(mermaid);
   std::optional<sb::QuantModel> qm;
   std::map<std::string, sb::NodeNote> notes;
-  if (!config_path.empty()) {
-    qm.emplace(sb::Model{model.graph.clone(), model.meta}, sb::Config::from_file(config_path), registry);
+  if (configured) {
+    qm.emplace(session.quant_model(sb::Model{model.graph.clone(), model.meta}));
     notes = sb::quant_notes(*qm);
   }
   const sb::Graph& g = qm ? qm->graph() : model.graph;
@@ -69,10 +66,10 @@ int cmd_inspect(const std::string& model_path, const std::string& config_path, b
   if (!dot.empty()) drawings.push_back({"--dot", dot});
   if (!mermaid.empty()) drawings.push_back({"--mermaid", mermaid});
   check_distinct_paths({{"the model", model_path}, {"-c", config_path}}, drawings);  // drawings never touch the model
-  sb::Registry registry;
-  registry.load(plugin_search(config_path));
-  sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{0, &registry});
-  write_drawings(model, registry, config_path, dot, mermaid);
+  const sb::Session session(config_path.empty() ? sb::Config() : sb::Config::from_file(config_path));
+  const sb::Registry& registry = session.registry();
+  sb::Model model = session.read(model_path);
+  write_drawings(model, session, !config_path.empty(), dot, mermaid);
   std::map<std::string, std::pair<int, std::string>> histogram;            // op -> (count, plugin)
   std::function<void(const sb::Graph&)> count = [&](const sb::Graph& g) {  // subgraphs' nodes count too
     for (const auto* n : g.nodes()) {

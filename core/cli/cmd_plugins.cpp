@@ -3,8 +3,7 @@
 
 #include <iostream>
 
-#include "sparsebit/core/passes.h"
-#include "sparsebit/core/registry.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/version.h"
 
 #include "common.h"
@@ -13,11 +12,11 @@ namespace sparsebit::cli {
 namespace {
 
 int cmd_plugins(const std::string& config_path, bool as_json) {
-  sb::Registry registry;
-  registry.load(plugin_search(config_path));
+  const sb::Session session(config_path.empty() ? sb::Config() : sb::Config::from_file(config_path));
+  const sb::Registry& registry = session.registry();
+  const sb::Config& config = session.config();
   const auto host = sb::host_fingerprint();
-  const sb::Config config = config_path.empty() ? sb::Config() : sb::Config::from_file(config_path);
-  const auto schedule = sb::resolve_schedule(config, registry);
+  const auto schedule = session.schedule();
   auto order_of = [&](const std::string& pass) -> json {
     const auto* place = registry.pass_schedule(pass);
     return place ? json(place->order) : json(nullptr);

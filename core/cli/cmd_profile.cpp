@@ -7,11 +7,7 @@
 #include <filesystem>
 
 #include "sparsebit/core/atomic_file.h"
-#include "sparsebit/core/config.h"
-#include "sparsebit/core/data.h"
-#include "sparsebit/core/pipeline.h"
-#include "sparsebit/core/profiler.h"
-#include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
@@ -40,25 +36,24 @@ int cmd_profile(const ProfileArgs& a, const GlobalOptions& g) {
   check_distinct_paths({{"the model", a.model}, {"-c", a.config}, {"--calib", a.calib}},
                        {{"-o (.json)", a.output + ".json", true}, {"-o (.html)", a.output + ".html"}});
   sb::AtomicFile json_out(a.output + ".json"), html_out(a.output + ".html");
-  sb::Registry registry;
-  registry.load(config.plugins);
-  // Prepared and given its data as `sparsebit quantize` does (Note [One preparation for every host]).
-  const sb::DataSource calib = sb::DataSource(a.calib).with_images(config.data);
-  sb::Model model = sb::prepare_model(sb::load_float_model(a.model, registry, calib), config, registry, calib);
-  sb::QuantModel qm(std::move(model), config, registry, calib);
+  // The model `sparsebit quantize` would calibrate with this config (Note [Session]).
+  const sb::Session session(config);
+  const sb::DataSource calib(a.calib);
+  sb::QuantModel qm = session.quant_model(session.prepare(session.load(a.model, calib), calib), calib);
   {
-    auto data = calib.open(qm.graph().inputs);
     sb::cli::Progress bar("calibrating", !g.quiet);
-    qm.calibrate(*data, [&](std::int64_t done, std::int64_t total) { bar.update(done, total); });
+    session.calibrate(qm, calib,
+                      [&](const std::string& step, std::int64_t done, std::int64_t total, const std::string&) {
+                        if (!step.empty()) bar.update(done, total);
+                      });
   }
-  auto data = calib.open(qm.graph().inputs);
   sb::ProfileOptions opt;
   opt.samples = a.samples;
   opt.accumulated = a.mode != "single";
   opt.single = a.mode != "accumulated";
   sb::cli::Progress bar("profiling layers", !g.quiet);
   opt.progress = [&](std::int64_t done, std::int64_t total) { bar.update(done, total); };
-  sb::ProfileReport r = sb::profile(qm, *data, opt);
+  sb::ProfileReport r = session.profile(qm, calib, opt);
   bar.finish();
   json_out.write(sb::profile_json(r));
   html_out.write(sb::profile_html(r));

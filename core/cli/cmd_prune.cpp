@@ -1,7 +1,6 @@
 // `sparsebit prune`: prune a model, then fine-tune and quantize it if the config says so.
 
-#include "sparsebit/core/config.h"
-#include "sparsebit/core/pipeline.h"
+#include "sparsebit/core/session.h"
 
 #include "common.h"
 

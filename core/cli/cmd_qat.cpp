@@ -1,7 +1,6 @@
 // `sparsebit qat`: quantization-aware training by distillation from the float model.
 
-#include "sparsebit/core/config.h"
-#include "sparsebit/core/pipeline.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/error.h"
 
 #include "common.h"

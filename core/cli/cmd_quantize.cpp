@@ -2,8 +2,7 @@
 
 #include <cstdio>
 
-#include "sparsebit/core/config.h"
-#include "sparsebit/core/pipeline.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/error.h"
 
 #include "common.h"

@@ -5,9 +5,7 @@
 #include <set>
 
 #include "sparsebit/core/atomic_file.h"
-#include "sparsebit/core/config.h"
-#include "sparsebit/core/onnx_io.h"
-#include "sparsebit/core/passes.h"
+#include "sparsebit/core/session.h"
 
 #include "common.h"
 
@@ -21,16 +19,13 @@ std::map<std::string, int> op_histogram(const sb::Graph& g) {
 }
 
 int cmd_simplify(const std::string& model_path, const std::string& config_path, const std::string& output) {
-  const sb::Config config = config_path.empty() ? sb::Config() : sb::Config::from_file(config_path);
   check_distinct_paths({{"the model", model_path}, {"-c", config_path}}, {{"-o", output, true}});
   sb::AtomicFile out(output);
-  sb::Registry registry;
-  registry.load(config.plugins);
-  sb::Model model = sb::load_onnx(model_path, sb::ImportOptions{13, &registry});
+  const sb::Session session(config_path.empty() ? sb::Config() : sb::Config::from_file(config_path));
+  sb::Model model = session.read(model_path, 13);
   const auto before = op_histogram(model.graph);
   const auto nodes_before = model.graph.num_nodes();
-  sb::run_passes(sb::resolve_schedule(config, registry), sb::Pass::Stage::kSimplify, model.graph, registry, nullptr,
-                 config.source);
+  session.simplify(model);
   const auto after = op_histogram(model.graph);
   out.write(sb::serialize_onnx(model.graph, model.meta));
   out.commit();

@@ -10,9 +10,8 @@
 #include <cstring>
 #include <regex>
 
-#include "sparsebit/core/config.h"
 #include "sparsebit/core/distributed.h"
-#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 
@@ -94,11 +93,6 @@ json value_info_json(const sb::ValueInfo& v) {
   for (const auto& d : v.shape)
     dims.push_back(d.value >= 0 ? json(d.value) : d.param.empty() ? json(nullptr) : json(d.param));
   return {{"name", v.name}, {"type", sb::onnx_type_name(v.elem_type)}, {"shape", v.has_shape ? dims : json(nullptr)}};
-}
-
-sb::PluginSearch plugin_search(const std::string& config_path) {
-  if (config_path.empty()) return {};
-  return sb::Config::from_file(config_path).plugins;
 }
 
 }  // namespace sparsebit::cli

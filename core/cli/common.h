@@ -12,8 +12,7 @@
 
 #include "progress.h"
 #include "sparsebit/core/atomic_file.h"
-#include "sparsebit/core/pipeline.h"
-#include "sparsebit/core/registry.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/graph.h"
 
 namespace sb = sparsebit;
@@ -71,8 +70,6 @@ int argument_error(CLI::App& app, const CLI::ParseError& e);
 
 std::string dims_text(const ValueInfo& v);
 json value_info_json(const ValueInfo& v);
-/// The plugin search of a config's [plugins] table (defaults without a config).
-PluginSearch plugin_search(const std::string& config_path);
 
 /// The CLI's view of the pipeline's progress: one bar per step, closed when the step ends.
 struct ProgressBars {

@@ -8,8 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "sparsebit/core/pipeline.h"
-#include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit::python {

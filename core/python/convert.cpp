@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "calls.h"
-#include "sparsebit/core/onnx_io.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit::python {

@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "sparsebit/core/config.h"
-#include "sparsebit/core/data.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/graph.h"
 
 namespace sparsebit::python {

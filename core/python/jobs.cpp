@@ -4,8 +4,7 @@
 
 #include "calls.h"
 #include "convert.h"
-#include "sparsebit/core/pipeline.h"
-#include "sparsebit/core/registry.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit::python {
@@ -84,10 +83,8 @@ py::object prune(py::handle model, py::handle config, py::handle output, py::han
 }
 
 py::list plugins(py::handle config) {
-  Registry registry;
-  PluginSearch search;
-  if (!config.is_none()) search = config_of(config).plugins;
-  registry.load(search);
+  const Session session(config.is_none() ? Config() : config_of(config));
+  const Registry& registry = session.registry();
   py::list out;
   for (const auto& p : registry.plugins()) {
     py::dict d;

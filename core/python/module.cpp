@@ -33,15 +33,9 @@
 #include "jobs.h"
 #include "torch_bridge.h"
 #include "sparsebit/core/atomic_file.h"
-#include "sparsebit/core/config.h"
 #include "sparsebit/core/cpu_allocator.h"
-#include "sparsebit/core/data.h"
 #include "sparsebit/core/distributed.h"
-#include "sparsebit/core/onnx_io.h"
-#include "sparsebit/core/pipeline.h"
-#include "sparsebit/core/profiler.h"
-#include "sparsebit/core/quant_model.h"
-#include "sparsebit/core/registry.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/error.h"
 #include "sparsebit/sdk/log.h"
 #include "sparsebit/sdk/version.h"
@@ -112,22 +106,17 @@ class PyQuantModel {
  public:
   PyQuantModel(py::handle model, py::handle config, py::handle calib) {
     config_ = config_of(config);
-    registry_ = std::make_shared<sb::Registry>();
-    registry_->load(config_.plugins);
+    session_ = std::make_shared<sb::Session>(config_);
     calib_ = data_source(calib, "python calib").with_images(config_.data);
     if (py::isinstance<PyModel>(model)) {
       source_ = model.cast<PyModel>();
     } else {
       const std::string path = path_of(model);
-      source_ = PyModel{
-          std::make_shared<sb::Model>(without_gil([&] { return sb::load_float_model(path, *registry_, calib_); })),
-          path};
+      source_ = PyModel{std::make_shared<sb::Model>(without_gil([&] { return session_->load(path, calib_); })), path};
     }
-    // Pruned and BN-tuned as `sparsebit quantize` would (Note [One preparation for every host]).
-    sb::Model prepared =
-        without_gil([&] { return sb::prepare_model(copy_model(*source_.model), config_, *registry_, calib_); });
-    qm_ = std::make_unique<sb::QuantModel>(
-        without_gil([&] { return sb::QuantModel(std::move(prepared), config_, *registry_, calib_); }));
+    // Prepared as `sparsebit quantize` would (Note [Session]).
+    qm_ = std::make_unique<sb::QuantModel>(without_gil(
+        [&] { return session_->quant_model(session_->prepare(copy_model(*source_.model), calib_), calib_); }));
   }
 
   py::dict calibrate(py::handle data, const py::object& progress) {
@@ -324,7 +313,7 @@ class PyQuantModel {
     const bool config_file = std::filesystem::is_regular_file(config_.source, ec);
     return {{"the model", source_.path}, {"the config", config_file ? config_.source : ""}};
   }
-  std::shared_ptr<sb::Registry> registry_;
+  std::shared_ptr<sb::Session> session_;  // before qm_, which refers to its registry
   sb::DataSource calib_;
   PyModel source_;
   std::unique_ptr<sb::QuantModel> qm_;
@@ -463,18 +452,11 @@ PYBIND11_MODULE(_sparsebit, m) {
       "load",
       [](py::handle path, py::handle calib, py::handle config) {
         const std::string p = path_of(path);
-        sb::PluginSearch search;
-        std::optional<sb::DataConfig> images;
-        if (!config.is_none()) {
-          const sb::Config c = config_of(config);
-          search = c.plugins;
-          images = c.data;
-        }
-        const sb::DataSource data = data_source(calib, "python calib").with_images(images);
+        const sb::DataSource data = data_source(calib, "python calib");
+        const sb::Config c = config.is_none() ? sb::Config() : config_of(config);  // read with the GIL
         auto model = without_gil([&] {
-          sb::Registry registry;
-          registry.load(search);
-          return std::make_shared<sb::Model>(sb::load_float_model(p, registry, data));
+          const sb::Session session(c);
+          return std::make_shared<sb::Model>(session.load(p, data));
         });
         return PyModel{model, p};
       },

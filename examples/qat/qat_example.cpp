@@ -14,8 +14,7 @@
 #include <cstdio>
 #include <string>
 
-#include "sparsebit/core/pipeline.h"
-#include "sparsebit/core/quant_model.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/sdk/log.h"
 
 namespace sb = sparsebit;
@@ -57,11 +56,10 @@ int main(int argc, char** argv) {
   try {
     sb::sdk::set_log_level(sb::sdk::LogLevel::kWarn);
     sb::Config config = sb::Config::from_file(argv[2]);
-    sb::Registry registry;
-    registry.load(config.plugins);
-    const std::string calib_path = kData + "/train-images-idx3-ubyte.gz";
-    // The float model as `sparsebit qat` prepares it ([sparse] pruning, [schedule] bn_tuning).
-    sb::QuantModel qm(sb::prepare_model(sb::load_onnx(argv[1]), config, registry, calib_path), config, registry);
+    const sb::Session session(config);
+    const sb::DataSource calib(kData + "/train-images-idx3-ubyte.gz");
+    // The model as `sparsebit qat` prepares it (Note [Session]: pruning, BN re-estimation, passes).
+    sb::QuantModel qm = session.quant_model(session.prepare(session.load(argv[1], calib), calib), calib);
 
     const at::Tensor train_x =
         sb::read_idx(kData + "/train-images-idx3-ubyte.gz", train_count).to(at::kFloat).div(255).unsqueeze(1);
@@ -71,8 +69,7 @@ int main(int argc, char** argv) {
 
     qm.set_quant(false, false);
     std::printf("float:              %.2f%%\n", accuracy(qm, test_x, test_y));
-    auto calib = sb::open_dataset(calib_path, qm.graph().inputs);
-    qm.init_qat(*calib);  // calibrate, quantization on, weights trainable
+    qm.init_qat(*calib.open(qm.graph().inputs));  // calibrate, quantization on, weights trainable
     std::printf("quantized, PTQ:     %.2f%%\n", accuracy(qm, test_x, test_y));
 
     torch::optim::Adam adam(qm.parameters(), torch::optim::AdamOptions(lr));

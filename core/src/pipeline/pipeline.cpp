@@ -30,6 +30,7 @@
 #include "sparsebit/core/opset_lift.h"
 #include "sparsebit/core/prune.h"
 #include "sparsebit/core/registry.h"
+#include "sparsebit/core/session.h"
 #include "sparsebit/core/target.h"
 #include "sparsebit/sdk/error.h"
 
@@ -244,8 +245,8 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
                         {"eval fp32 outputs", eval.fp32_outputs}});
   JobFiles files(job.output, job.report);
   init_distributed(config.calibration.device, [&] { return describe_run(job); });
-  Registry registry;
-  registry.load(config.plugins);
+  const Session session(config);
+  const Registry& registry = session.registry();
   QuantizeOutcome r;
   auto mark = std::chrono::steady_clock::now();
   auto phase = [&](const std::string& name) {  // closes the phase that ran since the last mark
@@ -253,11 +254,11 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
     r.phase_seconds.emplace_back(name, std::chrono::duration<double>(now - mark).count());
     mark = now;
   };
-  Model model = load_float_model(job.model, registry, job.calib);
+  Model model = session.load(job.model, job.calib);
   r.import_ms = ms_since(mark);
   phase("load");
   Preparation prepared;
-  model = prepare_model(std::move(model), config, registry, job.calib, &prepared);
+  model = session.prepare(std::move(model), job.calib, &prepared);
   r.pruning = std::move(prepared.pruning);
   for (const auto& p : prepared.phase_seconds) r.phase_seconds.push_back(p);
   mark = std::chrono::steady_clock::now();
@@ -270,7 +271,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
                 " needs --eval-data and --eval-labels (top-1 accuracy on labelled data)");
   const std::int64_t holdout = config.target ? holdout_count(*config.target, job.calib, model.graph.inputs) : 0;
   const DataSource source = calibration_source(job.calib, holdout);
-  QuantModel qm(std::move(model), config, registry, source);
+  QuantModel qm = session.quant_model(std::move(model), source);
   warn_if_nothing_quantized(qm, config);
   phase("passes");
   if (config.target) {
@@ -279,7 +280,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
   } else {
     allocate_bits(qm, source, progress);
     CoverageRecorder recorded(source.open(qm.graph().inputs), qm.graph().inputs);
-    r.calibration = calibrate(qm, recorded, config, progress);
+    r.calibration = steps::calibrate(qm, recorded, config, progress);
     r.input_coverage = recorded.coverage();
     phase("calibration");
     // Parameters are computed at the end of calibration: shown as their own phase.
@@ -355,15 +356,14 @@ QatOutcome run_qat(const QatJob& given, const StepProgressFn& progress) {
   if (config.target)
     logs::warn("{}: [target] is for `sparsebit quantize`; QAT trains every layer instead", config.source);
   JobFiles files(job.output, job.report);
-  Registry registry;
-  registry.load(config.plugins);
-  Model float_model = load_float_model(job.model, registry, job.calib);
+  const Session session(config);
+  const Registry& registry = session.registry();
+  Model float_model = session.load(job.model, job.calib);
   Executor teacher(float_model.graph, registry);
   teacher.to(config.calibration.device);
   Model student{float_model.graph.clone(), float_model.meta};
   own_tensors(student.graph);  // QAT trains them in place; the teacher keeps the originals
-  Model qat_model = prepare_model(std::move(student), config, registry, job.calib);
-  QuantModel qm(std::move(qat_model), config, registry, job.calib);
+  QuantModel qm = session.quant_model(session.prepare(std::move(student), job.calib), job.calib);
   const auto& inputs = qm.graph().inputs;
   {
     allocate_bits(qm, job.calib, progress);
@@ -410,8 +410,8 @@ PruneOutcome run_prune(const PruneJob& given, const StepProgressFn& progress) {
                        {{"output", job.output, true}, {"report", job.report}, {"masked", job.masked}});
   JobFiles files(job.output, job.report, job.masked);
   init_distributed(config.calibration.device, [&] { return describe_run(job); });
-  Registry registry;
-  registry.load(config.plugins);
+  const Session session(config);
+  const Registry& registry = session.registry();
   Model model = load_and_lift(job.model, registry, job.calib);
   PruneResult pruned = prune_step(model, config, registry, job.calib);
   r.pruning = pruned;
@@ -423,7 +423,7 @@ PruneOutcome run_prune(const PruneJob& given, const StepProgressFn& progress) {
   std::string bytes, external;
   if (r.quantized) {
     const auto inputs = pruned.pruned.graph.inputs;
-    QuantModel qm(std::move(pruned.pruned), config, registry, job.calib);
+    QuantModel qm = session.quant_model(std::move(pruned.pruned), job.calib);
     allocate_bits(qm, job.calib, progress);
     if (job.finetune_epochs > 0) {
       auto calib = job.calib.open(inputs);

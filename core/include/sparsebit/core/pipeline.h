@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// The pipeline: the one place that orders the steps of a job, used by the CLI (one call per
-/// command) and by applications alike.
+/// The whole jobs, each run on a Session (sparsebit/core/session.h, which hosts include): the
+/// CLI's quantize, qat and prune commands are one call each, as an application's may be.
 ///
 /// Note [Pipeline order]
 ///   claim the output files -> load the plugins -> load and lift the model (opset 13) ->
@@ -208,7 +208,8 @@ SPARSEBIT_API PruneResult prune_step(const Model& model, const Config& config, c
 
 /// Note [One preparation for every host]
 /// Every host that quantizes a model (run_quantize, run_qat, `sparsebit profile`, Python's
-/// QuantModel) takes its float model from prepare_model, so a config means the same in each:
+/// QuantModel) takes its float model from prepare_model (Session::prepare), so a config means
+/// the same in each:
 /// [sparse] prunes, then [schedule] bn_tuning re-estimates BatchNormalization statistics, both
 /// before any quantizer is placed. A host that built its QuantModel from the loaded model would
 /// quantize another network than `sparsebit quantize` does with the same config.

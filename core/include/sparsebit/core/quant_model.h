@@ -1,11 +1,11 @@
 #pragma once
 /// \file
-/// QuantModel: the library API of the whole pipeline.
+/// QuantModel: a model with its quantizers, as a Session builds it (Note [Session]: the steps
+/// before it, pruning and BatchNorm re-estimation, and the calibration after it).
 ///
-///     sparsebit::Registry registry;
-///     registry.load(config.plugins);
-///     auto qm = sparsebit::QuantModel(sparsebit::load_onnx("model.onnx"), config, registry);
-///     qm.calibrate(dataset);                 // observers -> quantizer parameters
+///     sparsebit::Session session(config);
+///     sparsebit::QuantModel qm = session.quant_model(session.load("model.onnx", calib), calib);
+///     session.calibrate(qm, calib);          // observers -> quantizer parameters
 ///     qm.set_quant(true, true);
 ///     auto outputs = qm.forward({x});        // simulated low-bit, differentiable
 ///     qm.export_onnx("model_qdq.onnx");      // QDQ ONNX for ONNX Runtime / TensorRT
