@@ -91,6 +91,16 @@ void check_declared_shape(const at::Tensor& x, const sb::ValueInfo& in) {
                     ", the model declares " + sb::shape_text(in.shape) + "; a runtime refuses it too");
 }
 
+/// The Session's steps report to `progress(done, total)` while calibrating; the others (bit
+/// allocation) only check for Ctrl-C, as before any step.
+sb::StepProgressFn calibration_progress(const py::object& progress) {
+  const sb::ProgressFn user = progress_of(progress), quiet = progress_of(py::none());
+  return [user, quiet](const std::string& step, std::int64_t done, std::int64_t total, const std::string&) {
+    if (step.empty()) return;
+    (step == "calibrating" ? user : quiet)(done, total);
+  };
+}
+
 class PyQuantModel {
   /// Marks the model in use for one call: two Python threads running the same QuantModel at once
   /// (possible without the GIL) would race on its executor and quantizers.
@@ -123,12 +133,8 @@ class PyQuantModel {
     InUse in_use(busy_);
     const sb::DataSource source = data_source(data, "python calibration data").with_images(config_.data);
     if (source.empty()) throw sb::Error("calibrate() needs data: an iterable of arrays, or a data path");
-    const auto inputs = qm_->graph().inputs;
-    stats_ = without_gil([&] {
-      if (config_.bit_allocation) qm_->allocate_bits(source, progress_of(py::none()));  // Note [Bit allocation]
-      auto dataset = source.open(inputs);
-      return qm_->calibrate(*dataset, progress_of(progress));
-    });
+    const sb::StepProgressFn steps = calibration_progress(progress);
+    stats_ = without_gil([&] { return session_->calibrate(*qm_, source, steps); });
     calibrated_ = true;
     return stats_dict();
   }
@@ -179,12 +185,8 @@ class PyQuantModel {
     }
     const sb::DataSource source = data_source(data, "python calibration data").with_images(config_.data);
     if (source.empty()) throw sb::Error("init_qat() needs calibration data: an iterable of arrays, or a data path");
-    const auto inputs = qm_->graph().inputs;
-    stats_ = without_gil([&] {
-      if (config_.bit_allocation) qm_->allocate_bits(source, progress_of(py::none()));
-      auto dataset = source.open(inputs);
-      return qm_->init_qat(*dataset, progress_of(progress));
-    });
+    const sb::StepProgressFn steps = calibration_progress(progress);
+    stats_ = without_gil([&] { return session_->init_qat(*qm_, source, steps); });
     calibrated_ = qat_ = torch_out_ = true;
     return stats_dict();
   }
@@ -258,20 +260,18 @@ class PyQuantModel {
     const std::string out = output.is_none() ? "" : path_of(output);
     if (!out.empty())
       sb::check_distinct_paths(source_files(), {{"output .json", out + ".json"}, {"output .html", out + ".html"}});
-    const auto inputs = qm_->graph().inputs;
     const std::string json = without_gil([&] {
       std::unique_ptr<sb::AtomicFile> json_file, html_file;
       if (!out.empty()) {
         json_file = std::make_unique<sb::AtomicFile>(out + ".json");
         html_file = std::make_unique<sb::AtomicFile>(out + ".html");
       }
-      auto dataset = source.open(inputs);
       sb::ProfileOptions opt;
       opt.samples = samples;
       opt.accumulated = mode != "single";
       opt.single = mode != "accumulated";
       opt.progress = progress_of(py::none());
-      const sb::ProfileReport r = sb::profile(*qm_, *dataset, opt);
+      const sb::ProfileReport r = session_->profile(*qm_, source, opt);
       std::string text = sb::profile_json(r);
       if (json_file) {
         json_file->write(text);

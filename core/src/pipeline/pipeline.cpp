@@ -365,12 +365,7 @@ QatOutcome run_qat(const QatJob& given, const StepProgressFn& progress) {
   own_tensors(student.graph);  // QAT trains them in place; the teacher keeps the originals
   QuantModel qm = session.quant_model(session.prepare(std::move(student), job.calib), job.calib);
   const auto& inputs = qm.graph().inputs;
-  {
-    allocate_bits(qm, job.calib, progress);
-    auto calib = job.calib.open(inputs);
-    r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));
-    end_step(progress);
-  }
+  r.calibration = session.init_qat(qm, job.calib, progress);
   logs::info("training {} epoch(s) on {} (batch {}, Adam lr {}, {} distillation loss, device {}, {} threads)",
              config.qat.epochs, job.train.name(), config.qat.batch_size, config.qat.lr, config.qat.loss,
              config.calibration.device, at::get_num_threads());
@@ -422,13 +417,9 @@ PruneOutcome run_prune(const PruneJob& given, const StepProgressFn& progress) {
   auto open_train = [&] { return job.train.open(inputs); };
   std::string bytes, external;
   if (r.quantized) {
-    const auto inputs = pruned.pruned.graph.inputs;
     QuantModel qm = session.quant_model(std::move(pruned.pruned), job.calib);
-    allocate_bits(qm, job.calib, progress);
     if (job.finetune_epochs > 0) {
-      auto calib = job.calib.open(inputs);
-      r.calibration = qm.init_qat(*calib, stage(progress, "calibrating"));
-      end_step(progress);
+      r.calibration = session.init_qat(qm, job.calib, progress);
       // Zeros left by element / N:M pruning stay zero while training.
       std::vector<std::pair<at::Tensor, at::Tensor>> keep;
       for (const auto& [name, t] : qm.named_parameters())
@@ -447,7 +438,7 @@ PruneOutcome run_prune(const PruneJob& given, const StepProgressFn& progress) {
       for (const auto& e : trained.epochs) r.finetune_losses.push_back(e.loss);
       r.finetune_quantization_aware = true;
     } else {
-      r.calibration = calibrate(qm, job.calib, config, progress);
+      r.calibration = session.calibrate(qm, job.calib, progress);
     }
     r.quantization = qm.report(&*r.calibration);
     if (!writes_files()) return r;

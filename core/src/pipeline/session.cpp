@@ -38,6 +38,15 @@ CalibrationStats Session::calibrate(QuantModel& qm, const DataSource& calib, con
   return steps::calibrate(qm, source, config_, progress);
 }
 
+CalibrationStats Session::init_qat(QuantModel& qm, const DataSource& calib, const StepProgressFn& progress) const {
+  const DataSource source = calib.with_images(config_.data);
+  steps::allocate_bits(qm, source, progress);
+  auto data = source.open(qm.graph().inputs);
+  CalibrationStats stats = qm.init_qat(*data, steps::stage(progress, "calibrating"));
+  steps::end_step(progress);
+  return stats;
+}
+
 ProfileReport Session::profile(QuantModel& qm, const DataSource& data, const ProfileOptions& options) const {
   auto samples = data.with_images(config_.data).open(qm.graph().inputs);
   return sparsebit::profile(qm, *samples, options);

@@ -61,6 +61,9 @@ class SPARSEBIT_API Session {
   QuantModel quant_model(Model model, const DataSource& calib = {}) const;
   /// [bit_allocation]'s widths where the config has the table, then the ranges, logged.
   CalibrationStats calibrate(QuantModel& qm, const DataSource& calib, const StepProgressFn& progress = {}) const;
+  /// Quantization-aware training's start: calibrate as above, then weights and quantizer
+  /// parameters become trainable (QuantModel::init_qat).
+  CalibrationStats init_qat(QuantModel& qm, const DataSource& calib, const StepProgressFn& progress = {}) const;
   /// Per-layer error of a calibrated model on the first samples of `data`.
   ProfileReport profile(QuantModel& qm, const DataSource& data, const ProfileOptions& options = {}) const;
 
