@@ -11,7 +11,8 @@
 #   bench/llm/memory.sh [BUILD_DIR] [--shape D,LAYERS,HEADS,FF] [--check RTN_LIMIT,GPTQ_LIMIT]
 #                       [--check-external LIMIT] [--quantizers rtn,gptq]
 #
-# Prints (peak - baseline) / weight bytes per quantizer and layout; --check fails when an
+# Prints (peak - baseline) / weight bytes and the wall seconds per quantizer and layout (and,
+# with awq and gptq both measured, AWQ's time over GPTQ's); --check fails when an
 # in-file run exceeds its limit, --check-external when an external-data run exceeds LIMIT;
 # --quantizers measures only those (rtn, gptq, awq; CI: gptq, the one closest to its limits); awq
 # is held to gptq's limit.
@@ -37,8 +38,9 @@ bin="$build/bin/sparsebit"
 work="$build/bench/llm/memory_${shape//,/_}"
 mkdir -p "$work"
 [[ -f "$work/lm/model.onnx" ]] || /usr/bin/python3 "$root/bench/llm/make_tiny_lm.py" "$work/lm" --steps 1 --shape "$shape" > "$work/make.log"
-peak_kb() { /usr/bin/time -f "%M" -o "$work/time" "$@" > /dev/null 2> "$work/stderr" || { cat "$work/stderr"; exit 1; }; cat "$work/time"; }
-base=$(peak_kb "$bin" plugins)
+# "peak KB" and "wall seconds" of one command
+measure() { /usr/bin/time -f "%M %e" -o "$work/time" "$@" > /dev/null 2> "$work/stderr" || { cat "$work/stderr"; exit 1; }; cat "$work/time"; }
+base=$(measure "$bin" plugins | cut -d' ' -f1)
 weights=$(/usr/bin/python3 - "$work/lm/model.onnx" <<'PY'
 import sys, onnx
 from onnx import numpy_helper
@@ -55,8 +57,9 @@ PY
 status=0
 printf 'model: %s parameters bytes %d (shape %s); baseline (sparsebit plugins) %d MiB\n' \
   "$(/usr/bin/python3 -c "import json;print(json.load(open('$work/lm/info.json'))['parameters'])")" "$weights" "$shape" $((base / 1024))
-echo "| quantizer | mode | weights | peak MiB | (peak - baseline) / weights |"
-echo "|---|---|---|---:|---:|"
+echo "| quantizer | mode | weights | peak MiB | (peak - baseline) / weights | seconds |"
+echo "|---|---|---|---:|---:|---:|"
+declare -A seconds
 for layout in in-file external; do
   model="$work/lm/model.onnx"
   [[ $layout == external ]] && model="$work/ext/model.onnx"
@@ -67,9 +70,11 @@ for layout in in-file external; do
     [[ $q == awq ]] && scheme=per-group-affine quantizer=rtn extra=$'[schedule]\nawq = true\n'
     printf '[w]\nqscheme = "%s"\nbits = 4\ngroup_size = 128\nquantizer = "%s"\n[calibration]\nbatch_size = 8\ncount = 8\nmode = "%s"\n%s' \
       "$scheme" "$quantizer" "$mode" "$extra" > "$work/$q.toml"
-    kb=$(peak_kb "$bin" -q quantize "$model" -c "$work/$q.toml" --calib "$work/lm/calib" -o "$work/out_${q}_$layout.onnx")
+    read -r kb s < <(measure "$bin" -q quantize "$model" -c "$work/$q.toml" --calib "$work/lm/calib" \
+      -o "$work/out_${q}_$layout.onnx")
+    seconds[$q,$layout]=$s
     ratio=$(python3 -c "print(f'{($kb - $base) * 1024 / $weights:.2f}')")
-    echo "| $q | $mode | $layout | $((kb / 1024)) | $ratio |"
+    echo "| $q | $mode | $layout | $((kb / 1024)) | $ratio | $s |"
     bound="${limit%,*}"
     [[ $q != rtn ]] && bound="${limit#*,}"
     [[ $layout == external ]] && bound="$limit_ext"
@@ -79,6 +84,9 @@ for layout in in-file external; do
     fi
   done
 done
+if [[ -n "${seconds[awq,in-file]:-}" && -n "${seconds[gptq,in-file]:-}" ]]; then
+  python3 -c "print(f'AWQ time / GPTQ time: in-file {${seconds[awq,in-file]} / ${seconds[gptq,in-file]}:.2f}x, external {${seconds[awq,external]} / ${seconds[gptq,external]}:.2f}x')"
+fi
 for q in ${quantizers//,/ }; do  # the same weights give the same file, mapped or read
   cmp -s "$work/out_${q}_in-file.onnx" "$work/out_${q}_external.onnx" ||
     { echo "check failed: $q's export differs between the two layouts"; status=1; }
