@@ -1,7 +1,6 @@
 #include "common.h"
 
 #include <ATen/Parallel.h>
-#include <dlfcn.h>
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
@@ -17,29 +16,6 @@
 #include "sparsebit/sdk/log.h"
 
 namespace sparsebit::cli {
-namespace {
-
-// Note [One thread pool]
-// Debian's LibTorch multiplies matrices with the system's BLAS. OpenBLAS's pthread build keeps a
-// second pool of threads beside ATen's OpenMP one, and each pool spins for a while after its
-// work, on the cores the other then waits for. On the 2-core machine of bench/RESULTS.md the
-// weight-only passes, made of many small products, ran 2.5x-3.5x slower with both pools busy
-// (nanoGPT's layout: AWQ 7.4 s -> 2.1 s, GPTQ 2.5 s -> 1.0 s with one BLAS thread; a 43 M
-// decoder: AWQ 147 s -> 112 s, GPTQ 43 s -> 36 s) and convolution networks ran no slower
-// (ResNet-18, PP-OCRv4's recognizer). So the command leaves the parallel work to ATen's
-// threads and gives OpenBLAS one, unless OPENBLAS_NUM_THREADS chooses. A LibTorch on MKL (as
-// PyTorch's own) has no OpenBLAS: nothing changes. The library leaves this to its host: the
-// process's thread pools are the application's.
-void one_blas_thread_pool() {
-  if (std::getenv("OPENBLAS_NUM_THREADS")) return;
-  using SetThreads = void (*)(int);
-  if (auto* set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set(1);
-    sparsebit::sdk::log_debug("OpenBLAS runs on the calling thread; ATen's threads do the parallel work");
-  }
-}
-
-}  // namespace
 
 void setup_logging(const GlobalOptions& g) {
   using sparsebit::sdk::LogLevel;
@@ -50,7 +26,8 @@ void setup_logging(const GlobalOptions& g) {
     sparsebit::sdk::log_warn(
         fmt::format("--threads {}: this machine has {} cores; using {}", g.threads, t.cores, t.threads));
   at::set_num_threads(t.threads);
-  one_blas_thread_pool();  // Note [One thread pool]
+  if (sb::use_one_blas_thread())  // Note [One thread pool]
+    sparsebit::sdk::log_debug("OpenBLAS runs on the calling thread; ATen's threads do the parallel work");
 }
 
 CLI::Option* add_nproc_option(CLI::App& app, int& nproc) {

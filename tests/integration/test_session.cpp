@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sparsebit/core/distributed.h"
 #include "sparsebit/core/onnx_io.h"
 #include "sparsebit/core/session.h"
 #include "test_support.h"
@@ -49,6 +50,7 @@ Config with_shipped_plugins(Config c) {
 }
 
 TEST(Session, QuantizeProfileAndSimplifyGiveWhatTheCommandsGive) {
+  use_one_blas_thread();  // as the command does: products split otherwise round otherwise
   testing::TempDir work;
   testing::write_text(work / "c.toml", kConfig);
   const Session session(with_shipped_plugins(Config::from_file(work / "c.toml")));

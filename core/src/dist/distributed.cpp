@@ -17,6 +17,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <dlfcn.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -433,6 +434,15 @@ ThreadChoice choose_threads(int requested) {
   c.capped = c.threads > c.cores;
   c.threads = std::min(c.threads, c.cores);
   return c;
+}
+
+bool use_one_blas_thread() {
+  if (std::getenv("OPENBLAS_NUM_THREADS")) return false;
+  using SetThreads = void (*)(int);
+  auto* set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (!set) return false;
+  set(1);
+  return true;
 }
 
 Distributed* distributed() { return g_current; }

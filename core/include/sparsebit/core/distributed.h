@@ -123,4 +123,19 @@ struct ThreadChoice {
 };
 SPARSEBIT_API ThreadChoice choose_threads(int requested);
 
+/// Note [One thread pool]
+/// Debian's LibTorch multiplies matrices with the system's BLAS. OpenBLAS's pthread build keeps a
+/// second pool of threads beside ATen's OpenMP one, and each pool spins for a while after its
+/// work, on the cores the other then waits for. On the 2-core machine of bench/RESULTS.md the
+/// weight-only passes, made of many small products, ran 2.5x-3.5x slower with both pools busy
+/// (nanoGPT's layout: AWQ 7.4 s -> 1.6 s, GPTQ 2.5 s -> 0.9 s with one BLAS thread; a 43 M
+/// decoder: AWQ 147 s -> 112 s, GPTQ 43 s -> 36 s), and convolution networks ran no slower
+/// (ResNet-18, PP-OCRv4's recognizer). This gives OpenBLAS one thread, leaving the parallel
+/// work to ATen's, unless OPENBLAS_NUM_THREADS chooses; true when it did. The `sparsebit`
+/// command calls it; the library leaves it to the application, whose thread pools they are (a
+/// LibTorch on MKL, as PyTorch's own, has no OpenBLAS: nothing changes). Products split over
+/// other thread counts round otherwise, so a program that compares its numbers with the
+/// command's calls it too.
+SPARSEBIT_API bool use_one_blas_thread();
+
 }  // namespace sparsebit
