@@ -66,6 +66,11 @@ int main(int argc, char** argv) {
     registry.load({});
     use_device_kernels(kernels);
     Model model = load_onnx(positional[0]);
+    // A float16 model declares float16 outputs, as a float16 export does; the executor holds the
+    // graph to its declarations.
+    if (dtype == "float16")
+      for (ValueInfo& v : model.graph.outputs)
+        if (v.elem_type == onnx_type_of(at::kFloat)) v.elem_type = onnx_type_of(at::kHalf);
     Executor executor(model.graph, registry);
     executor.to(device);
     if (dtype == "float16") {

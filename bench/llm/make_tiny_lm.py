@@ -63,7 +63,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # The root mean square from the L2 norm (one ReduceL2, whose sum of squares runtimes widen):
+        # x.pow(2) in a float16 run overflows wherever |x| > 256, as a trained decoder's residual
+        # stream reaches.
+        rms = torch.norm(x, p=2, dim=-1, keepdim=True) * x.shape[-1] ** -0.5
+        return x / (rms + self.eps) * self.weight
 
 
 class LlamaBlock(nn.Module):

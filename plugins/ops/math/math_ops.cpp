@@ -169,7 +169,13 @@ class QReduce final : public NodeQModule {
       case Kind::kMax: return at::amax(x, axes, keepdims_);
       case Kind::kMin: return at::amin(x, axes, keepdims_);
       case Kind::kL1: return at::sum(x.abs(), axes, keepdims_);
-      case Kind::kL2: return at::sqrt(at::sum(x * x, axes, keepdims_).to(at::kDouble));
+      case Kind::kL2: {
+        // Squares in a wider type: in float16 any |x| > 256 squares past its largest value, while
+        // the norm itself fits (a float16 RMSNorm written as ReduceL2 relies on this).
+        const at::Tensor w =
+            x.to((x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) ? at::kFloat : at::kDouble);
+        return at::sqrt(at::sum(w * w, axes, keepdims_));
+      }
       case Kind::kLogSum: return at::log(at::sum(x, axes, keepdims_));
       case Kind::kLogSumExp: return at::logsumexp(x, axes, keepdims_);
       case Kind::kSumSquare: return at::sum(x * x, axes, keepdims_);

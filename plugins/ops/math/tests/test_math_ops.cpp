@@ -24,6 +24,17 @@ TEST_F(MathOps, ReductionsKeepOrDropTheirAxes) {
   expect_matches_ort({"ReduceSum", "", {{"noop_with_empty_axes", Attribute::of_int(1)}}, {{"x", x}}, {"y"}});
 }
 
+// sqrt(300^2 + 400^2) = 500 by hand: the squares overflow float16 (largest 65504), the norm does not.
+TEST(MathOpsHalf, ReduceL2OfFloat16SquaresInAWiderType) {
+  Graph g =
+      single_node({"ReduceL2", "", {{"keepdims", Attribute::of_int(0)}}, {{"x", at::zeros({2}, at::kHalf)}}, {"y"}});
+  g.outputs[0].elem_type = 0;
+  Executor ours(g, shipped_registry());
+  const at::Tensor y = ours.run({{"x", at::tensor({300.0f, -400.0f}).to(at::kHalf)}})[0];
+  EXPECT_EQ(y.scalar_type(), at::kHalf);
+  EXPECT_EQ(y.item<float>(), 500.0f);
+}
+
 TEST_F(MathOps, ScansContractionsAndSelections) {
   const at::Tensor x = at::randn({3, 4, 5});
   for (std::int64_t exclusive : {0, 1})
