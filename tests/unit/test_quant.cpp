@@ -204,8 +204,8 @@ TEST(Quant, NonFiniteRangeIsAnErrorNamingTheTensor) {
 }
 
 // The CPU's one-pass fake quantization gives the division formula's floats bit for bit: ties
-// (round half to even), values beyond the grid, NaN and infinities, per tensor and per channel
-// (runs long and short enough for its vector loop and its scalar tail), channels last.
+// (round half to even), values beyond the grid, NaN and infinities, per tensor, per channel and
+// per group (runs long and short enough for its vector loop and its scalar tail), channels last.
 TEST(Quant, CpuFakeQuantizeIsTheDivisionFormulaBitForBit) {
   auto formula = [](const at::Tensor& x, const at::Tensor& s, const at::Tensor& zp, const QSpec& spec) {
     const at::Tensor q = at::round(x / s) + zp;
@@ -239,6 +239,26 @@ TEST(Quant, CpuFakeQuantizeIsTheDivisionFormulaBitForBit) {
     QParams p{at::rand({5}) * 0.05 + 0.001, at::zeros({5}, at::TensorOptions().dtype(at::kInt))};
     EXPECT_TRUE(same_bits(fake_quantize(y, p, spec), formula(y, p.scale.reshape({1, 5, 1}), at::zeros({1}), spec)))
         << inner;
+  }
+  // Per group along the last axis (runs of a group, the last one short) and along the first
+  // (rows with a parameter per value: [K, N] weights grouped along K), with zero points.
+  for (auto [rows, cols, axis] : {std::tuple{6, 100, 1}, std::tuple{100, 40, 0}, std::tuple{70, 21, 0}}) {
+    at::Tensor w = at::randn({rows, cols}) * 2;
+    w[3][5] = nan;
+    w[4][7] = -inf;
+    QSpec spec;
+    spec.bits = 4;
+    spec.symmetric = false;
+    spec.per_channel = true;
+    spec.channel_axis = 1 - axis;
+    spec.group_size = 32;
+    spec.group_axis = axis;
+    const auto shape = group_param_shape(w, spec);
+    QParams p{at::rand(shape) * 0.3 + 0.01, at::randint(0, 16, shape, at::TensorOptions().dtype(at::kInt))};
+    const at::Tensor got = fake_quantize(w, p, spec);
+    auto expand = [&](const at::Tensor& t) { return t.repeat_interleave(32, axis).narrow(axis, 0, w.size(axis)); };
+    EXPECT_TRUE(same_bits(got, formula(w, expand(p.scale), expand(p.zero_point.to(at::kFloat)), spec)))
+        << rows << " x " << cols << " along " << axis;
   }
   const at::Tensor cl = (at::randn({2, 24, 5, 3}) * 2).contiguous(at::MemoryFormat::ChannelsLast);
   QSpec affine;
