@@ -294,6 +294,35 @@ TEST(OnnxIO, ExternalWeightsAreMappedCopyOnWrite) {
   EXPECT_TRUE(at::equal(back.graph.initializers.at("w"), g.initializers.at("w") * 2));
 }
 
+// Packed and narrowed types (int4, uint4, uint16) in the side file, as a model over 1 GiB is
+// exported whole, read back to the same values: an odd count of 4-bit values leaves half a byte.
+TEST(OnnxIO, FourBitAndUint16WeightsReadBackFromExternalData) {
+  testing::TempDir dir;
+  Graph g;
+  g.opset_imports[""] = 21;
+  g.inputs.push_back(ValueInfo{"x", 1, false, {}, ""});
+  g.outputs.push_back(ValueInfo{"y", 1, false, {}, ""});
+  g.initializers["i4"] = at::randint(-8, 8, {129, 33}, at::TensorOptions().dtype(at::kChar));
+  g.initializers["u4"] = at::randint(0, 16, {257}, at::TensorOptions().dtype(at::kByte));
+  g.initializers["u16"] = at::randint(0, 65536, {600}, at::TensorOptions().dtype(at::kInt));
+  g.narrow_types = {{"i4", 22}, {"u4", 21}, {"u16", 4}};
+  for (const char* w : {"i4", "u4", "u16"})
+    g.append(testing::make_node(std::string("id_") + w, "Identity", {w}, {w + std::string("_out")}));
+  g.append(testing::make_node("copy", "Identity", {"x"}, {"y"}));
+  ExportOptions ext;
+  ext.external_data = true;
+  ext.external_min_bytes = 1;
+  ext.run_checker = false;
+  save_onnx(g, ModelMeta{}, dir / "m.onnx", ext);
+  ASSERT_GT(std::filesystem::file_size(dir / "m.onnx.data"), std::uintmax_t{129 * 33 / 2 + 128 + 1200});
+  const Model back = load_onnx(dir / "m.onnx");
+  for (const char* w : {"i4", "u4", "u16"}) {
+    const at::Tensor& got = back.graph.initializers.at(w);
+    EXPECT_EQ(got.sizes(), g.initializers.at(w).sizes()) << w;
+    EXPECT_TRUE(at::equal(got.to(at::kInt), g.initializers.at(w).to(at::kInt))) << w;
+  }
+}
+
 // Note [Spilled weights]: a weight a pass wrote moves to an unnamed file and is mapped from there:
 // same values, out of resident memory until read, changes in place still possible, and nothing
 // left in the temporary folder.

@@ -238,6 +238,26 @@ at::Tensor external_tensor(const onnx::TensorProto& p, const fs::path& base_dir,
   return t;
 }
 
+/// A tensor of a type held packed or narrowed (int4, uint4, uint16) whose bytes lie in an
+/// external-data file: the same tensor with them in place.
+onnx::TensorProto with_external_bytes(const onnx::TensorProto& p, const fs::path& base_dir, std::int64_t expected,
+                                      const std::string& what) {
+  const ExternalSpan span = locate_external_data(p, base_dir, expected, what);
+  note_file_read(span.file.string());  // Note [Files a run read]
+  std::string bytes(static_cast<std::size_t>(span.length), '\0');
+  std::ifstream in(span.file, std::ios::binary);
+  if (!in) throw Error(what + ": cannot open external data file " + span.file.string());
+  in.seekg(span.offset);
+  in.read(bytes.data(), span.length);
+  if (in.gcount() != span.length)
+    throw Error(what + ": could not read " + std::to_string(span.length) + " bytes from " + span.file.string());
+  onnx::TensorProto inline_copy;
+  inline_copy.set_data_type(p.data_type());
+  *inline_copy.mutable_dims() = p.dims();
+  inline_copy.set_raw_data(std::move(bytes));
+  return inline_copy;
+}
+
 }  // namespace
 
 namespace proto {
@@ -261,7 +281,11 @@ at::Tensor take_tensor_from_proto(onnx::TensorProto& p, const fs::path& base_dir
 at::Tensor tensor_from_proto(const onnx::TensorProto& p, const fs::path& base_dir, const std::string& what) {
   std::vector<std::int64_t> shape(p.dims().begin(), p.dims().end());
   const std::int64_t numel = limits::checked_numel(shape, 1, what);
-  if (p.data_type() == kInt4 || p.data_type() == kUint4) return unpack_4bit(p, shape, numel, what);
+  const bool packed = p.data_type() == kInt4 || p.data_type() == kUint4;
+  if ((packed || p.data_type() == onnx::TensorProto::UINT16) && p.data_location() == onnx::TensorProto::EXTERNAL)
+    return tensor_from_proto(with_external_bytes(p, base_dir, packed ? (numel + 1) / 2 : numel * 2, what), base_dir,
+                             what);
+  if (packed) return unpack_4bit(p, shape, numel, what);
   if (p.data_type() == onnx::TensorProto::UINT16) {  // no LibTorch dtype: widened to int32
     // Sizes are checked before the allocation; raw data, when present, is the data.
     const bool raw = p.has_raw_data();
