@@ -135,7 +135,8 @@ SPARSEBIT_API ThreadChoice choose_threads(int requested);
 /// command calls it; the library leaves it to the application, whose thread pools they are (a
 /// LibTorch on MKL, as PyTorch's own, has no OpenBLAS: nothing changes). Products split over
 /// other thread counts round otherwise, so a program that compares its numbers with the
-/// command's calls it too.
+/// command's calls it too. One large product then runs on one core: code whose time is in a few
+/// of them splits them over ATen's threads (AWQ's search does).
 SPARSEBIT_API bool use_one_blas_thread();
 
 }  // namespace sparsebit
