@@ -79,7 +79,7 @@ at::Tensor threaded_mm(const at::Tensor& a, const at::Tensor& b) {
   const std::int64_t m = a.size(0), threads = at::get_num_threads();
   if (!a.is_cpu() || threads < 2 || m < 2 * threads) return at::mm(a, b);
   const std::int64_t rows = (m + threads - 1) / threads;
-  return threaded_bmm(at::constant_pad_nd(a, {0, 0, 0, rows * threads - m}).view({threads, rows, a.size(1)}),
+  return threaded_bmm(at::constant_pad_nd(a, {0, 0, 0, rows * threads - m}).reshape({threads, rows, a.size(1)}),
                       b.unsqueeze(0).expand({threads, b.size(0), b.size(1)}))
       .view({rows * threads, b.size(1)})
       .slice(0, 0, m);
