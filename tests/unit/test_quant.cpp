@@ -256,7 +256,8 @@ TEST(Quant, CpuFakeQuantizeIsTheDivisionFormulaBitForBit) {
     const auto shape = group_param_shape(w, spec);
     QParams p{at::rand(shape) * 0.3 + 0.01, at::randint(0, 16, shape, at::TensorOptions().dtype(at::kInt))};
     const at::Tensor got = fake_quantize(w, p, spec);
-    auto expand = [&](const at::Tensor& t) { return t.repeat_interleave(32, axis).narrow(axis, 0, w.size(axis)); };
+    const std::int64_t along = axis;  // a lambda may not capture a structured binding (C++17)
+    auto expand = [&](const at::Tensor& t) { return t.repeat_interleave(32, along).narrow(along, 0, w.size(along)); };
     EXPECT_TRUE(same_bits(got, formula(w, expand(p.scale), expand(p.zero_point.to(at::kFloat)), spec)))
         << rows << " x " << cols << " along " << axis;
   }
