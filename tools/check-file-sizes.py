@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks that the project's source files stay short enough to read: a tracked C++ or CUDA file
-(.h, .cpp, .cu) has at most MAX_LINES lines, except the files long_files.allow lists, each of
+(.h, .cpp, .cu, .cuh) has at most MAX_LINES lines, except the files long_files.allow lists, each of
 which may not grow past the count written beside it (split it, then take it off the list).
 
     check-file-sizes.py ROOT [--allow FILE]
@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 MAX_LINES = 500
-SUFFIXES = {".h", ".cpp", ".cu"}
+SUFFIXES = {".h", ".cpp", ".cu", ".cuh"}
 
 
 def tracked_files(root):

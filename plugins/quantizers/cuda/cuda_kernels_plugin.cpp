@@ -1,7 +1,7 @@
 // The CUDA kernels plugin: registers QuantKernels for CUDA tensors (Note [Device kernels] in
 // sparsebit/sdk/kernels.h), so fake quantization, its straight-through and LSQ gradients,
 // AdaRound's soft rounding and the observers' min/max and histogram updates run as single
-// kernels (quant_kernels.cu) instead of chains of ATen operators; and, as MatMulNBitsKernels,
+// kernels (quant_kernels.cu, quant_reductions.cu) instead of chains of ATen operators; and, as MatMulNBitsKernels,
 // the 4-bit weight products of MatMulNBits (matmul_nbits.cu).
 
 #include <ATen/ATen.h>

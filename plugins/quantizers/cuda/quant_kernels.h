@@ -1,6 +1,7 @@
 #pragma once
-// Launchers of the CUDA kernels in quant_kernels.cu: raw device pointers, no ATen, so the .cu
-// file compiles with nvcc alone (CI compiles it on machines without a CUDA LibTorch).
+// Launchers of the CUDA kernels in quant_kernels.cu and quant_reductions.cu: raw device pointers,
+// no ATen, so the .cu files compile with nvcc alone (CI compiles them on machines without a CUDA
+// LibTorch).
 // Every launcher throws std::runtime_error naming the kernel if the launch fails.
 
 #include <cuda_runtime_api.h>
