@@ -86,6 +86,57 @@ TEST(Session, QuantizeProfileAndSimplifyGiveWhatTheCommandsGive) {
   EXPECT_EQ(testing::read_text(work / "s.onnx"), serialize_onnx(simplified.graph, simplified.meta));
 }
 
+// The later steps as Session methods (held-out samples, target, agreement, export) give the
+// command's export and report with a target as well.
+TEST(Session, TargetAgreementAndExportStepsGiveWhatTheCommandGives) {
+  use_one_blas_thread();
+  testing::TempDir work;
+  testing::write_text(work / "t.toml", std::string(kConfig) + "[target]\nmetric = \"cosine\"\nvalue = 0.99999\n");
+  const Session session(with_shipped_plugins(Config::from_file(work / "t.toml")));
+  const DataSource calib(kImages);
+  Model model = session.prepare(session.load(testing::fixture_model(), calib), calib);
+  const std::int64_t holdout = session.target_holdout(calib, model);
+  EXPECT_EQ(holdout, 16) << "the target's default holdout";
+  QuantModel qm = session.quant_model(std::move(model), session.calibration_samples(calib, holdout));
+  CalibrationStats stats;
+  std::vector<InputCoverage> coverage;
+  const TargetReport target = session.meet_target(qm, calib, holdout, stats, &coverage);
+  EXPECT_EQ(stats.samples, 48) << "calibrated on [calibration] count samples after the held-out ones";
+  EXPECT_EQ(target.samples, 16);
+  EXPECT_GT(target.after, target.before) << "a target this tight remedies some layers";
+  const AgreementCheck agreement = session.check_agreement(qm, calib, holdout);
+  EXPECT_TRUE(agreement.held_out);
+  std::string external;
+  const std::string bytes = session.export_onnx(qm, &external, "");
+  EXPECT_TRUE(external.empty());
+
+  cli("quantize " + testing::fixture_model() + " -c " + (work / "t.toml") + " --calib " + kImages + " -o " +
+      (work / "q.onnx") + " --report " + (work / "r.json"));
+  EXPECT_EQ(testing::read_text(work / "q.onnx"), bytes) << "the command and the Session's steps export alike";
+  const auto report = nlohmann::json::parse(testing::read_text(work / "r.json"));
+  EXPECT_EQ(report["target"]["fallback_layers"].size(), target.fallback_layers.size());
+  EXPECT_DOUBLE_EQ(report["target"]["after"].get<double>(), target.after);
+  EXPECT_FALSE(session.search_latency(qm, testing::fixture_model(), calib)) << "[latency] is off";
+  EXPECT_FALSE(session.time_export(testing::fixture_model(), bytes, external, qm, calib));
+
+  const Session untargeted(with_shipped_plugins(Config()));
+  EXPECT_EQ(untargeted.target_holdout(calib, untargeted.load(testing::fixture_model(), calib)), 0);
+  try {
+    untargeted.meet_target(qm, calib, 0, stats);
+    ADD_FAILURE() << "meet_target without [target]";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[target]"), std::string::npos) << e.what();
+  }
+  testing::write_text(work / "top1.toml", std::string(kConfig) + "[target]\nmetric = \"top1-drop\"\nvalue = 1\n");
+  const Session top1(with_shipped_plugins(Config::from_file(work / "top1.toml")));
+  try {
+    top1.meet_target(qm, calib, 0, stats);
+    ADD_FAILURE() << "top1-drop without labelled data";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--eval-labels"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Session, TwoSessionsWithDifferentPluginsLiveInOneProcess) {
   Config all = with_shipped_plugins(Config());
   Config without_simplify = all;

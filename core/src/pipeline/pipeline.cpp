@@ -229,10 +229,7 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
   const FilesReadScope run;  // Note [Files a run read]
   const QuantizeJob job = images_as_configured(given);
   const Config& config = job.config;
-  if (config.target && !config.target->has_value)
-    throw Error(
-        "[target] sets no value: add target.value (e.g. metric = \"cosine\", value = 0.99) or pass --target "
-        "\"cosine>=0.99\"");
+  if (config.target) check_target(config, job.evaluation ? &*job.evaluation : nullptr);  // before any work
   const EvaluationRequest eval = job.evaluation.value_or(EvaluationRequest{});
   check_distinct_paths({{"the model", job.model},
                         {"the config", config_file(config)},
@@ -246,7 +243,6 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
   JobFiles files(job.output, job.report);
   init_distributed(config.calibration.device, [&] { return describe_run(job); });
   const Session session(config);
-  const Registry& registry = session.registry();
   QuantizeOutcome r;
   auto mark = std::chrono::steady_clock::now();
   auto phase = [&](const std::string& name) {  // closes the phase that ran since the last mark
@@ -262,50 +258,31 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
   r.pruning = std::move(prepared.pruning);
   for (const auto& p : prepared.phase_seconds) r.phase_seconds.push_back(p);
   mark = std::chrono::steady_clock::now();
-  if (config.target && config.bit_allocation)
-    throw Error(config.source +
-                ": [bit_allocation] and an accuracy target ([target] or --target) both choose "
-                "layers' precision; use one of them");
-  if (config.target && config.target->metric == "top1-drop" && (!job.evaluation || job.evaluation->labels.empty()))
-    throw Error("target " + config.target->describe() +
-                " needs --eval-data and --eval-labels (top-1 accuracy on labelled data)");
-  const std::int64_t holdout = config.target ? holdout_count(*config.target, job.calib, model.graph.inputs) : 0;
-  const DataSource source = calibration_source(job.calib, holdout);
+  const std::int64_t holdout = session.target_holdout(job.calib, model);
+  const DataSource source = session.calibration_samples(job.calib, holdout);
   QuantModel qm = session.quant_model(std::move(model), source);
   warn_if_nothing_quantized(qm, config);
   phase("passes");
   if (config.target) {
-    r.target = meet_target_step(qm, job, holdout, source, r.calibration, r.input_coverage, registry, progress);
+    r.target = session.meet_target(qm, job.calib, holdout, r.calibration, &r.input_coverage,
+                                   job.evaluation ? &*job.evaluation : nullptr, progress);
     phase("calibration+target");
   } else {
-    allocate_bits(qm, source, progress);
-    CoverageRecorder recorded(source.open(qm.graph().inputs), qm.graph().inputs);
-    r.calibration = steps::calibrate(qm, recorded, config, progress);
-    r.input_coverage = recorded.coverage();
+    r.calibration = session.calibrate(qm, source, progress, &r.input_coverage);
     phase("calibration");
     // Parameters are computed at the end of calibration: shown as their own phase.
     r.phase_seconds.back().second -= r.calibration.parameter_seconds;
     r.phase_seconds.emplace_back("parameters", r.calibration.parameter_seconds);
   }
   log_coverage(r.input_coverage);
-  const bool timed =
-      config.latency.enabled == "on" || (config.latency.enabled == "auto" && config.backend == "onnxruntime");
-  if (timed && config.latency.search && !config.weight_only) {
-    if (distributed()) {
-      r.latency_search.emplace().why_not = "a distributed run";
-    } else {
-      r.latency_search = search_latency(qm, config, job.model, job.calib);
-      if (r.latency_search->ran) phase("latency search");
-    }
-    log_latency_search(*r.latency_search);
-  }
+  r.latency_search = session.search_latency(qm, job.model, job.calib);
+  if (r.latency_search && r.latency_search->ran) phase("latency search");
   if (config.weight_only) {
     // Weight-only runs read no data (and hold one copy of the weights): the float and
     // quantized forwards of the check would break both.
     logs::info("weight-only: no agreement check (bench/llm measures perplexity)");
   } else {
-    r.agreement = check_agreement(qm, job, holdout);
-    log_agreement(*r.agreement);
+    r.agreement = session.check_agreement(qm, job.calib, holdout);
     phase("agreement");
   }
   r.quantized_inputs = qm.slots().size();
@@ -317,13 +294,10 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
 
   if (!writes_files()) return r;
   std::string external;
-  std::string bytes = qm.serialize(&external, files.external_location(), job.external_data);
+  std::string bytes = session.export_onnx(qm, &external, files.external_location(), job.external_data);
   phase("export");
-  if (config.latency.enabled != "off" && !config.weight_only) {
-    r.latency = time_export(config, job.model, bytes, external, qm.graph(), job.calib);
-    log_latency(*r.latency);
-    if (r.latency->measured) phase("latency");
-  }
+  r.latency = session.time_export(job.model, bytes, external, qm, job.calib);
+  if (r.latency && r.latency->measured) phase("latency");
   if (const std::string note = float8_load_note(qm); !note.empty()) {
     logs::warn("{}", note);
     r.notes.push_back(note);

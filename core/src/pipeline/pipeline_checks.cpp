@@ -50,22 +50,22 @@ void log_coverage(const std::vector<InputCoverage>& coverage) {
 /// the message says which. A cosine below AgreementCheck::kPoorCosine warns with what to try.
 /// Eight samples cost two forward passes over them: small beside calibration. Weight-only runs
 /// skip it: they read no data and keep host memory near one copy of the weights.
-AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int64_t target_holdout) {
+AgreementCheck check_agreement(QuantModel& qm, const Config& config, const DataSource& calib,
+                               std::int64_t target_holdout) {
   constexpr std::int64_t kSamples = 8;
   c10::InferenceMode guard;
   const auto& inputs = qm.graph().inputs;
-  const Config& config = job.config;
   AgreementCheck r;
   std::int64_t first = 0;
   if (target_holdout > 0) {
     r.held_out = true;
   } else if (config.calibration.count > 0) {
-    auto probe = job.calib.open(inputs);
+    auto probe = calib.open(inputs);
     const auto n = probe->num_samples();
     if (n && *n > config.calibration.count) first = config.calibration.count, r.held_out = true;
   }
   const std::int64_t take = target_holdout > 0 ? std::min(kSamples, target_holdout) : kSamples;
-  SampleWindow window(job.calib.open(inputs), inputs, first, take);
+  SampleWindow window(calib.open(inputs), inputs, first, take);
   Batcher batches(window, inputs,
                   std::max<std::int64_t>(1, std::min<std::int64_t>(config.calibration.batch_size, take)), take);
   const at::Device device(config.calibration.device);

@@ -153,6 +153,20 @@ std::int64_t holdout_count(const TargetConfig& t, const DataSource& calib, const
   return h;
 }
 
+void check_target(const Config& config, const EvaluationRequest* eval) {
+  const TargetConfig& t = *config.target;
+  if (!t.has_value)
+    throw Error(
+        "[target] sets no value: add target.value (e.g. metric = \"cosine\", value = 0.99) or pass --target "
+        "\"cosine>=0.99\"");
+  if (config.bit_allocation)
+    throw Error(config.source +
+                ": [bit_allocation] and an accuracy target ([target] or --target) both choose "
+                "layers' precision; use one of them");
+  if (t.metric == "top1-drop" && (!eval || eval->labels.empty()))
+    throw Error("target " + t.describe() + " needs --eval-data and --eval-labels (top-1 accuracy on labelled data)");
+}
+
 /// The calibration samples: all of them, or all but the first `holdout`.
 DataSource calibration_source(const DataSource& calib, std::int64_t holdout) {
   if (holdout == 0) return calib;
@@ -163,21 +177,21 @@ DataSource calibration_source(const DataSource& calib, std::int64_t holdout) {
 }
 
 /// Calibrates on all but the held-out samples, then meets the target.
-TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64_t holdout,
-                              const DataSource& calibration, CalibrationStats& stats,
-                              std::vector<InputCoverage>& coverage, const Registry& registry,
+TargetReport meet_target_step(QuantModel& qm, const Config& config, const DataSource& calib,
+                              const EvaluationRequest* eval, std::int64_t holdout, const DataSource& calibration,
+                              CalibrationStats& stats, std::vector<InputCoverage>& coverage, const Registry& registry,
                               const StepProgressFn& progress) {
-  const TargetConfig& t = *job.config.target;
+  const TargetConfig& t = *config.target;
   const auto& inputs = qm.graph().inputs;
   {
     CoverageRecorder recorded(calibration.open(inputs), inputs);
-    stats = calibrate(qm, recorded, job.config, progress);
+    stats = calibrate(qm, recorded, config, progress);
     coverage = recorded.coverage();
   }
   TargetData data;
   const std::int64_t measured = holdout > 0 ? holdout : 16;
-  SampleWindow held(job.calib.open(inputs), inputs, 0, measured);
-  const at::Device device(job.config.calibration.device);
+  SampleWindow held(calib.open(inputs), inputs, 0, measured);
+  const at::Device device(config.calibration.device);
   Batcher one(held, inputs, 1, 0);
   while (auto b = one.next()) {
     for (auto& x : b->inputs) x = x.to(device);
@@ -187,14 +201,14 @@ TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64
                              (holdout > 0 ? " held-out calibration samples" : " calibration samples (no holdout)");
   data.calibration = calibration;
   if (t.metric == "top1-drop") {
-    auto eval = job.evaluation->data.open(inputs);
-    Batcher batches(*eval, inputs, std::max(job.config.calibration.batch_size, 256), 0);
+    auto samples = eval->data.open(inputs);
+    Batcher batches(*samples, inputs, std::max(config.calibration.batch_size, 256), 0);
     while (auto b = batches.next()) {
       for (auto& x : b->inputs) x = x.to(device);
       data.eval.push_back(std::move(b->inputs));
     }
-    data.eval_labels = read_labels(job.evaluation->labels);
-    data.eval_description = job.evaluation->data.name();
+    data.eval_labels = read_labels(eval->labels);
+    data.eval_description = eval->data.name();
   }
   if (const auto* histogram = registry.observer("auto")) data.range_observer = histogram->factory;
   logs::info("target {}: measuring on {}", t.describe(), data.holdout_description);

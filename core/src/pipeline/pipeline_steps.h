@@ -84,7 +84,8 @@ class CoverageRecorder final : public Dataset {
 /// Logs which sizes the calibration data gave each open input dimension.
 void log_coverage(const std::vector<InputCoverage>& coverage);
 
-AgreementCheck check_agreement(QuantModel& qm, const QuantizeJob& job, std::int64_t target_holdout);
+AgreementCheck check_agreement(QuantModel& qm, const Config& config, const DataSource& calib,
+                               std::int64_t target_holdout);
 void log_agreement(const AgreementCheck& a);
 
 /// Note [Latency step]: `bytes` (the serialized export, `external` its external data if any)
@@ -111,16 +112,22 @@ CalibrationStats calibrate(QuantModel& qm, Dataset& data, const Config& config, 
 CalibrationStats calibrate(QuantModel& qm, const DataSource& calib, const Config& config,
                            const StepProgressFn& progress);
 
+/// Refuses a [target] that cannot run: no value, beside [bit_allocation], or top1-drop without
+/// labelled data in `eval`.
+void check_target(const Config& config, const EvaluationRequest* eval);
+
 /// How many calibration samples the accuracy target keeps apart (Note [Accuracy target]).
 std::int64_t holdout_count(const TargetConfig& t, const DataSource& calib, const std::vector<ValueInfo>& inputs);
 
 /// The calibration samples: all of them, or all but the first `holdout`.
 DataSource calibration_source(const DataSource& calib, std::int64_t holdout);
 
-/// Calibrates on all but the held-out samples, then meets the target.
-TargetReport meet_target_step(QuantModel& qm, const QuantizeJob& job, std::int64_t holdout,
-                              const DataSource& calibration, CalibrationStats& stats,
-                              std::vector<InputCoverage>& coverage, const Registry& registry,
+/// Calibrates on `calibration` (`calib` less its first `holdout` samples), then meets
+/// config.target on those samples (16 calibration samples without a holdout); `eval` gives
+/// top1-drop its labelled data.
+TargetReport meet_target_step(QuantModel& qm, const Config& config, const DataSource& calib,
+                              const EvaluationRequest* eval, std::int64_t holdout, const DataSource& calibration,
+                              CalibrationStats& stats, std::vector<InputCoverage>& coverage, const Registry& registry,
                               const StepProgressFn& progress);
 
 }  // namespace sparsebit::steps

@@ -1,6 +1,8 @@
 #include "sparsebit/core/session.h"
 
 #include "pipeline_steps.h"
+#include "sparsebit/core/distributed.h"
+#include "sparsebit/sdk/error.h"
 
 namespace sparsebit {
 
@@ -32,10 +34,80 @@ QuantModel Session::quant_model(Model model, const DataSource& calib) const {
   return QuantModel(std::move(model), config_, *registry_, calib.with_images(config_.data));
 }
 
-CalibrationStats Session::calibrate(QuantModel& qm, const DataSource& calib, const StepProgressFn& progress) const {
+CalibrationStats Session::calibrate(QuantModel& qm, const DataSource& calib, const StepProgressFn& progress,
+                                    std::vector<InputCoverage>* coverage) const {
   const DataSource source = calib.with_images(config_.data);
   steps::allocate_bits(qm, source, progress);
-  return steps::calibrate(qm, source, config_, progress);
+  if (!coverage) return steps::calibrate(qm, source, config_, progress);
+  steps::CoverageRecorder recorded(source.open(qm.graph().inputs), qm.graph().inputs);
+  CalibrationStats stats = steps::calibrate(qm, recorded, config_, progress);
+  *coverage = recorded.coverage();
+  return stats;
+}
+
+std::int64_t Session::target_holdout(const DataSource& calib, const Model& model) const {
+  if (!config_.target) return 0;
+  return steps::holdout_count(*config_.target, calib.with_images(config_.data), model.graph.inputs);
+}
+
+DataSource Session::calibration_samples(const DataSource& calib, std::int64_t holdout) const {
+  return steps::calibration_source(calib.with_images(config_.data), holdout);
+}
+
+TargetReport Session::meet_target(QuantModel& qm, const DataSource& calib, std::int64_t holdout,
+                                  CalibrationStats& stats, std::vector<InputCoverage>* coverage,
+                                  const EvaluationRequest* eval, const StepProgressFn& progress) const {
+  if (!config_.target) throw Error(config_.source + ": meet_target() needs a [target] table (or --target)");
+  steps::check_target(config_, eval);
+  const DataSource source = calib.with_images(config_.data);
+  std::optional<EvaluationRequest> labelled;
+  if (eval) labelled = EvaluationRequest{eval->data.with_images(config_.data), eval->labels, "", ""};
+  std::vector<InputCoverage> seen;
+  TargetReport r =
+      steps::meet_target_step(qm, config_, source, labelled ? &*labelled : nullptr, holdout,
+                              steps::calibration_source(source, holdout), stats, seen, *registry_, progress);
+  if (coverage) *coverage = std::move(seen);
+  return r;
+}
+
+AgreementCheck Session::check_agreement(QuantModel& qm, const DataSource& calib, std::int64_t holdout) const {
+  AgreementCheck r = steps::check_agreement(qm, config_, calib.with_images(config_.data), holdout);
+  steps::log_agreement(r);
+  return r;
+}
+
+namespace {
+/// Whether [latency] times exports: on, or auto for ONNX Runtime, and not weight-only (whose
+/// exports are for the GPU and large models: bench/llm times them).
+bool times_exports(const Config& c) {
+  if (c.weight_only || c.latency.enabled == "off") return false;
+  return c.latency.enabled == "on" || c.backend == "onnxruntime";
+}
+}  // namespace
+
+std::optional<LatencySearch> Session::search_latency(QuantModel& qm, const std::string& float_model,
+                                                     const DataSource& calib) const {
+  if (!times_exports(config_) || !config_.latency.search) return std::nullopt;
+  LatencySearch r;
+  if (distributed()) r.why_not = "a distributed run";
+  else r = steps::search_latency(qm, config_, float_model, calib.with_images(config_.data));
+  steps::log_latency_search(r);
+  return r;
+}
+
+std::string Session::export_onnx(const QuantModel& qm, std::string* external, const std::string& location,
+                                 bool all_external) const {
+  return qm.serialize(external, location, all_external);
+}
+
+std::optional<LatencyReport> Session::time_export(const std::string& float_model, const std::string& bytes,
+                                                  const std::string& external, const QuantModel& qm,
+                                                  const DataSource& calib) const {
+  if (config_.weight_only || config_.latency.enabled == "off") return std::nullopt;
+  LatencyReport r =
+      steps::time_export(config_, float_model, bytes, external, qm.graph(), calib.with_images(config_.data));
+  steps::log_latency(r);
+  return r;
 }
 
 CalibrationStats Session::init_qat(QuantModel& qm, const DataSource& calib, const StepProgressFn& progress) const {
