@@ -11,7 +11,8 @@
 # (SPARSEBIT_PLUGIN_TESTS_IN_HOST set) they join Sparsebit's GoogleTest binary, which loads the
 # built plugins through the registry. Out of tree each file becomes a program of its own, linked
 # with the plugin's sources, the SDK and LibTorch (a non-zero exit is a failure), run by ctest as
-# <NAME>.<file name>.
+# <NAME>.<file name>. Both see SPARSEBIT_PLUGIN_FILE, the built plugin's path, which the SDK's test
+# kit opens (sparsebit/sdk/testing.h), so a test written against the kit builds in either place.
 set(_SPARSEBIT_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
 function(sparsebit_add_plugin name)
   cmake_parse_arguments(ARG "" "VERSION" "SOURCES;LIBRARIES;TESTS" ${ARGN})
@@ -86,6 +87,7 @@ macro(_sparsebit_plugin_tests name)
     get_filename_component(_test_abs "${_test}" ABSOLUTE)
     if(SPARSEBIT_PLUGIN_TESTS_IN_HOST)
       set_property(GLOBAL APPEND PROPERTY SPARSEBIT_PLUGIN_TEST_SOURCES "${_test_abs}")
+      set_property(GLOBAL APPEND PROPERTY SPARSEBIT_PLUGIN_TEST_TARGETS "${name}")
     else()
       get_filename_component(_test_name "${_test}" NAME_WE)
       set(_exe ${name}_${_test_name})
@@ -101,7 +103,10 @@ macro(_sparsebit_plugin_tests name)
         target_link_libraries(${_exe} PRIVATE Sparsebit::sdk)
       endif()
       target_link_libraries(${_exe} PRIVATE torch ${ARG_LIBRARIES})
-      target_compile_definitions(${_exe} PRIVATE SPARSEBIT_PLUGIN_VERSION="${ARG_VERSION}")
+      # The library under test (Note [Plugin test kit] in sparsebit/sdk/testing.h).
+      target_compile_definitions(${_exe} PRIVATE SPARSEBIT_PLUGIN_VERSION="${ARG_VERSION}"
+        SPARSEBIT_PLUGIN_FILE="$<TARGET_FILE:${name}>")
+      add_dependencies(${_exe} ${name})
       add_test(NAME ${name}.${_test_name} COMMAND ${_exe})
     endif()
   endforeach()

@@ -4,16 +4,22 @@
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
-#include "quantizer_testing.h"
+#include "sparsebit/sdk/testing.h"
 
 namespace sparsebit::testing {
 namespace {
 
+// The plugin these tests are for, as built (Note [Plugin test kit]).
+const PluginUnderTest& plugin() {
+  static const PluginUnderTest built(SPARSEBIT_PLUGIN_FILE);
+  return built;
+}
+
 TEST(Quantizers, LsqPlusOffsetGradientAndExportedZeroPoint) {
   QSpec s;
   s.symmetric = false;  // activations: affine with a learnable offset
-  auto q = make_quantizer("lsq_plus", s);
-  q->initialize(per_tensor(0.1, 20));  // beta = -20 * 0.1 = -2
+  auto q = plugin().quantizer("lsq_plus", s);
+  q->initialize(per_tensor_qparams(0.1, 20));  // beta = -20 * 0.1 = -2
   at::Tensor x = at::tensor({-5.0f, -1.0f, 0.5f, 3.0f, 40.0f});
   q->forward(x).sum().backward();
   // dy/dbeta: 0 inside the range [-2, 23.5], 1 outside (x = -5 and x = 40).
@@ -41,7 +47,7 @@ TEST(Quantizers, LsqPlusWeightInitFromMeanAndThreeSigma) {
   QSpec s;
   s.is_weight = true;
   s.per_channel = true;
-  auto q = make_quantizer("lsq_plus", s);
+  auto q = plugin().quantizer("lsq_plus", s);
   at::Tensor w = at::tensor({1.0f, -1.0f, 1.0f, -1.0f, 2.0f, 2.0f, 2.0f, 2.0f}).reshape({2, 4});
   q->initialize({at::ones({2}), at::zeros({2}, at::TensorOptions().dtype(at::kInt))});
   q->forward(w);

@@ -4,17 +4,23 @@
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
-#include "quantizer_testing.h"
+#include "sparsebit/sdk/testing.h"
 
 namespace sparsebit::testing {
 namespace {
+
+// The plugin these tests are for, as built (Note [Plugin test kit]).
+const PluginUnderTest& plugin() {
+  static const PluginUnderTest built(SPARSEBIT_PLUGIN_FILE);
+  return built;
+}
 
 TEST(Quantizers, PactClipGradientMatchesFiniteDifferences) {
   QSpec s;
   s.symmetric = false;  // [0, alpha]
   Options o("[test]");
   o.set("alpha", 2.0);
-  auto q = make_quantizer("pact", s, o);
+  auto q = plugin().quantizer("pact", s, o);
   q->initialize({});
   at::Tensor x = at::tensor({-1.0f, 0.3f, 1.1f, 1.99f, 2.5f, 7.0f}).set_requires_grad(true);
   at::Tensor y = q->forward(x);
@@ -31,7 +37,7 @@ TEST(Quantizers, PactClipGradientMatchesFiniteDifferences) {
   EXPECT_NEAR((clip_sum(2.0 + h) - clip_sum(2.0 - h)) / (2 * h), 2.0, 1e-3);
   QSpec w;
   w.is_weight = true;
-  EXPECT_THROW(make_quantizer("pact", w), Error);
+  EXPECT_THROW(plugin().quantizer("pact", w), Error);
 }
 
 }  // namespace

@@ -4,10 +4,16 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "quantizer_testing.h"
+#include "sparsebit/sdk/testing.h"
 
 namespace sparsebit::testing {
 namespace {
+
+// The plugin these tests are for, as built (Note [Plugin test kit]).
+const PluginUnderTest& plugin() {
+  static const PluginUnderTest built(SPARSEBIT_PLUGIN_FILE);
+  return built;
+}
 
 // Power-of-two scales: x / s and torch's x * (1 / s) are both exact, so the two agree on every
 // element, ties included.
@@ -17,8 +23,8 @@ TEST(Quantizers, UniformIsTorchsFakeQuantizationPerTensor) {
   for (auto [symmetric, zp] : {std::pair{true, 0}, std::pair{false, 100}}) {
     QSpec s;
     s.symmetric = symmetric;
-    auto q = make_quantizer("uniform", s);
-    q->initialize(per_tensor(0.0625, zp));
+    auto q = plugin().quantizer("uniform", s);
+    q->initialize(per_tensor_qparams(0.0625, zp));
     const at::Tensor ref = at::fake_quantize_per_tensor_affine(x, 0.0625, zp, s.qmin(), s.qmax());
     EXPECT_TRUE(at::equal(q->forward(x), ref)) << (symmetric ? "symmetric" : "affine");
     EXPECT_EQ(q->qparams().scale.item<double>(), 0.0625);
@@ -35,7 +41,7 @@ TEST(Quantizers, UniformIsTorchsFakeQuantizationPerChannel) {
   s.is_weight = true;
   const at::Tensor scale = at::pow(2.0, -at::randint(3, 8, {8}).to(at::kFloat));
   const at::Tensor zp = at::zeros({8}, at::TensorOptions().dtype(at::kInt));
-  auto q = make_quantizer("uniform", s);
+  auto q = plugin().quantizer("uniform", s);
   q->initialize({scale, zp});
   EXPECT_TRUE(at::equal(q->forward(w), at::fake_quantize_per_channel_affine(w, scale, zp, 0, s.qmin(), s.qmax())));
 }
@@ -47,8 +53,8 @@ TEST(Quantizers, UniformGradientIsStraightThroughInsideTheRange) {
   const at::Tensor base = at::randn({2048}) * 4;
   at::Tensor a = base.clone().set_requires_grad(true), b = base.clone().set_requires_grad(true);
   QSpec s;
-  auto q = make_quantizer("uniform", s);
-  q->initialize(per_tensor(0.015625, 0));
+  auto q = plugin().quantizer("uniform", s);
+  q->initialize(per_tensor_qparams(0.015625, 0));
   q->forward(a).sum().backward();
   at::fake_quantize_per_tensor_affine(b, 0.015625, 0, -128, 127).sum().backward();
   EXPECT_TRUE(at::equal(a.grad(), b.grad()));
@@ -59,8 +65,8 @@ TEST(Quantizers, UniformGradientIsStraightThroughInsideTheRange) {
 }
 
 TEST(Quantizers, UniformBeforeCalibrationNamesTheTensor) {
-  auto q = make_quantizer("uniform", QSpec{});
-  const std::string e = error_of([&] { q->forward(at::ones({4})); });
+  auto q = plugin().quantizer("uniform", QSpec{});
+  const std::string e = thrown_message([&] { q->forward(at::ones({4})); });
   EXPECT_NE(e.find("test tensor"), std::string::npos) << e;
   EXPECT_NE(e.find("before calibration"), std::string::npos) << e;
 }

@@ -7,11 +7,17 @@
 
 #include <vector>
 
-#include "quantizer_testing.h"
+#include "sparsebit/sdk/testing.h"
 #include "sparsebit/sdk/error.h"
 
 namespace sparsebit::testing {
 namespace {
+
+// The plugin these tests are for, as built (Note [Plugin test kit]).
+const PluginUnderTest& plugin() {
+  static const PluginUnderTest built(SPARSEBIT_PLUGIN_FILE);
+  return built;
+}
 
 constexpr std::int64_t kIn = 64, kOut = 24, kGroup = 16;
 
@@ -44,12 +50,12 @@ QParams observed(const at::Tensor& w, const QSpec& spec) {
 
 std::unique_ptr<Quantizer> solved(const std::string& name, const Options& options, const at::Tensor& w,
                                   const at::Tensor& x, const QSpec& spec) {
-  auto q = make_quantizer(name, spec, options);
+  auto q = plugin().quantizer(name, spec, options);
   q->initialize(observed(w, spec));
   EXPECT_NE(dynamic_cast<SolvedFromInputs*>(q.get()), nullptr);
-  role<SolvedFromInputs>(q).accumulate_inputs(x.narrow(0, 0, 200));  // in two batches: the running mean must add up
-  role<SolvedFromInputs>(q).accumulate_inputs(x.narrow(0, 200, 312));
-  role<SolvedFromInputs>(q).solve(w, 0);
+  as_role<SolvedFromInputs>(q).accumulate_inputs(x.narrow(0, 0, 200));  // in two batches: the running mean must add up
+  as_role<SolvedFromInputs>(q).accumulate_inputs(x.narrow(0, 200, 312));
+  as_role<SolvedFromInputs>(q).solve(w, 0);
   return q;
 }
 
@@ -173,10 +179,10 @@ TEST(Gptq, ARaggedLastGroupAndAGemmWeightAreHandled) {
   QSpec spec = int4_groups();
   spec.channel_axis = 0;
   spec.group_axis = 1;
-  auto q = make_quantizer("gptq", spec);
+  auto q = plugin().quantizer("gptq", spec);
   q->initialize(observed(w, spec));
-  role<SolvedFromInputs>(q).accumulate_inputs(x);
-  role<SolvedFromInputs>(q).solve(w, 1);
+  as_role<SolvedFromInputs>(q).accumulate_inputs(x);
+  as_role<SolvedFromInputs>(q).solve(w, 1);
   const at::Tensor ours = q->forward(w);
   EXPECT_EQ(q->qparams().scale.sizes(), (std::vector<std::int64_t>{kOut, 3}));
   const double e_rtn = (x.mm(w.t()) - x.mm(fake_quantize(w, observed(w, spec), spec).t())).pow(2).mean().item<double>();
@@ -193,10 +199,10 @@ TEST(Gptq, AGroupWiderThanTheWeightIsOneRaggedGroup) {
     spec.group_size = 128;  // > K = 64
     const at::Tensor wa = axis == 0 ? w : w.t().contiguous();
     if (axis == 1) spec.channel_axis = 0, spec.group_axis = 1;
-    auto q = make_quantizer("gptq", spec);
+    auto q = plugin().quantizer("gptq", spec);
     q->initialize(observed(wa, spec));
-    role<SolvedFromInputs>(q).accumulate_inputs(x);
-    role<SolvedFromInputs>(q).solve(wa, axis);
+    as_role<SolvedFromInputs>(q).accumulate_inputs(x);
+    as_role<SolvedFromInputs>(q).solve(wa, axis);
     const at::Tensor ours = q->forward(wa);
     EXPECT_EQ(q->qparams().scale.numel(), kOut);
     EXPECT_TRUE(at::equal(
@@ -214,14 +220,14 @@ TEST(Gptq, DeadInputsAndBadUseGiveClearErrors) {
 
   QSpec act;
   act.bits = 8;
-  EXPECT_THROW(make_quantizer("gptq", act), Error);
+  EXPECT_THROW(plugin().quantizer("gptq", act), Error);
   Options bad("[w.quantizer_options]");
   bad.set("damp", 0.0);
-  EXPECT_THROW(make_quantizer("gptq", int4_groups(), bad), Error);
-  auto unsolved = make_quantizer("gptq", int4_groups());
+  EXPECT_THROW(plugin().quantizer("gptq", int4_groups(), bad), Error);
+  auto unsolved = plugin().quantizer("gptq", int4_groups());
   unsolved->initialize(observed(w, int4_groups()));
   try {
-    role<SolvedFromInputs>(unsolved).solve(w, 0);
+    as_role<SolvedFromInputs>(unsolved).solve(w, 0);
     FAIL() << "solved without inputs";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("without layer inputs"), std::string::npos) << e.what();
@@ -231,7 +237,7 @@ TEST(Gptq, DeadInputsAndBadUseGiveClearErrors) {
 TEST(Rtn, ClipSearchLowersTheOutputErrorAndPlainRtnIsRoundToNearest) {
   auto [x, w] = layer_data();
   const QSpec spec = int4_groups();
-  auto plain = make_quantizer("rtn", spec);
+  auto plain = plugin().quantizer("rtn", spec);
   plain->initialize(observed(w, spec));
   EXPECT_EQ(dynamic_cast<SolvedFromInputs*>(plain.get()), nullptr);
   EXPECT_TRUE(at::equal(plain->forward(w), fake_quantize(w, observed(w, spec), spec)));

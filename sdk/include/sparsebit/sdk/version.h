@@ -28,7 +28,7 @@ namespace sparsebit::sdk {
 
 inline constexpr std::uint32_t kAbiVersion = 18;  // 18 = SDK 1: optional roles as capabilities
 inline constexpr std::uint32_t kSdkVersionMajor = 1;
-inline constexpr std::uint32_t kSdkVersionMinor = 7;  // 1.7: release_initializer
+inline constexpr std::uint32_t kSdkVersionMinor = 8;  // 1.8: the test kit (testing.h)
 
 }  // namespace sparsebit::sdk
 
