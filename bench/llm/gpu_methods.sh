@@ -4,7 +4,8 @@
 # method's 4-bit export (groups of 128, ONNX Runtime's MatMulNBits) made by `sparsebit quantize
 # --device DEVICE`, and held-out perplexity of the float model and of each export computed by
 # Sparsebit's executor (gpu_perplexity: on CUDA through the 4-bit kernels). Prints a Markdown
-# table with the wall time of every step, so the comparison's cost on a model of that size shows.
+# table with the wall time and peak host memory (the whole process) of every quantize, so the
+# comparison's cost on a model of that size shows.
 #
 #   bench/llm/gpu_methods.sh BUILD_DIR WORK_DIR [D,LAYERS,HEADS,FF]
 #
@@ -36,7 +37,7 @@ printf '[w]\nqscheme = "per-group-symmetric"\nbits = 4\ngroup_size = 128\nquanti
 
 for method in rtn gptq awq; do
   if [[ ! -f "$work/$method.onnx" ]]; then
-    /usr/bin/time -f "%e" -o "$work/time_$method" "$build/bin/sparsebit" -q quantize "$work/lm/model.onnx" \
+    /usr/bin/time -f "%e %M" -o "$work/time_$method" "$build/bin/sparsebit" -q quantize "$work/lm/model.onnx" \
       -c "$work/$method.toml" --calib "$work/lm/calib" --device "$device" -o "$work/$method.onnx"
   fi
 done
@@ -55,16 +56,25 @@ def wall(name):
         return float(open(f"{w}/time_{name}").read().split()[0])
     except FileNotFoundError:
         return float("nan")
+def peak_gib(name):
+    try:
+        return float(open(f"{w}/time_{name}").read().split()[1]) / 2**20
+    except (FileNotFoundError, IndexError):
+        return float("nan")
+import glob, os
+weights_gib = sum(os.path.getsize(f) for f in glob.glob(f"{w}/lm/model.onnx*")) / 2**30
 n = info["parameters"]
 print(f"model: {n / 1e9:.2f} B" if n >= 1e8 else f"model: {n / 1e6:.2f} M", end="")
 print(f" parameters ({info.get('arch', 'gpt')}, d {info['d_model']}, "
       f"{info['layers']} layers, ff {info['ff']}), {info['steps']} training steps in {wall('make'):.0f} s "
       f"(with the export), {ppl['lm_model']['windows']} held-out windows; device {device}")
 base = ppl["lm_model"]["perplexity"]
-print("| model | quantize s | perplexity | increase | perplexity s |")
-print("|---|---:|---:|---:|---:|")
-print(f"| float | | {base:.4f} | | {ppl['lm_model']['seconds']:.1f} |")
+print(f"float model files: {weights_gib:.2f} GiB")
+print("| model | quantize s | peak host GiB (x the model files) | perplexity | increase | perplexity s |")
+print("|---|---:|---:|---:|---:|---:|")
+print(f"| float | | | {base:.4f} | | {ppl['lm_model']['seconds']:.1f} |")
 for m, label in (("rtn", "RTN"), ("gptq", "GPTQ"), ("awq", "AWQ")):
     p = ppl[m]["perplexity"]
-    print(f"| {label} W4 g128 (MatMulNBits) | {wall(m):.0f} | {p:.4f} | {p - base:+.4f} | {ppl[m]['seconds']:.1f} |")
+    print(f"| {label} W4 g128 (MatMulNBits) | {wall(m):.0f} | {peak_gib(m):.2f} ({peak_gib(m) / weights_gib:.2f}x) "
+          f"| {p:.4f} | {p - base:+.4f} | {ppl[m]['seconds']:.1f} |")
 PY
