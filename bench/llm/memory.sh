@@ -9,13 +9,15 @@
 # weights] in core/src/base/mapped_file.h).
 #
 #   bench/llm/memory.sh [BUILD_DIR] [--shape D,LAYERS,HEADS,FF] [--check RTN_LIMIT,GPTQ_LIMIT]
-#                       [--check-external LIMIT] [--quantizers rtn,gptq]
+#                       [--check-external LIMIT] [--quantizers rtn,gptq] [--with-rounding-check]
 #
 # Prints (peak - baseline) / weight bytes and the wall seconds per quantizer and layout (and,
 # with awq and gptq both measured, AWQ's time over GPTQ's); --check fails when an
 # in-file run exceeds its limit, --check-external when an external-data run exceeds LIMIT;
 # --quantizers measures only those (rtn, gptq, awq; CI: gptq, the one closest to its limits); awq
-# is held to gptq's limit.
+# is held to gptq's limit. The quantizers are measured alone ([calibration] rounding_check =
+# false); --with-rounding-check adds the check against round to nearest that weight-only runs
+# make by default (docs/WEIGHT_ONLY.md), which holds a rounded model beside the solved one.
 # GPTQ adds one layer's Hessian work (K x K, up to three copies) on top of what rtn holds,
 # which weighs more the smaller the model.
 set -euo pipefail
@@ -24,12 +26,14 @@ build="$root/build"
 shape="768,6,12,3072"
 limit=""
 limit_ext=""
+rounding_check=false
 quantizers="rtn,gptq"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --shape) shape="$2"; shift 2 ;;
     --check) limit="$2"; shift 2 ;;
     --check-external) limit_ext="$2"; shift 2 ;;
+    --with-rounding-check) rounding_check=true; shift ;;
     --quantizers) quantizers="$2"; shift 2 ;;
     *) build="$1"; shift ;;
   esac
@@ -68,8 +72,8 @@ for layout in in-file external; do
     [[ $q == gptq ]] && mode=asym
     # awq: configs/w4_awq.toml's method (the pass, then round to nearest on uint4 with zero points).
     [[ $q == awq ]] && scheme=per-group-affine quantizer=rtn extra=$'[schedule]\nawq = true\n'
-    printf '[w]\nqscheme = "%s"\nbits = 4\ngroup_size = 128\nquantizer = "%s"\n[calibration]\nbatch_size = 8\ncount = 8\nmode = "%s"\n%s' \
-      "$scheme" "$quantizer" "$mode" "$extra" > "$work/$q.toml"
+    printf '[w]\nqscheme = "%s"\nbits = 4\ngroup_size = 128\nquantizer = "%s"\n[calibration]\nbatch_size = 8\ncount = 8\nmode = "%s"\nrounding_check = %s\n%s' \
+      "$scheme" "$quantizer" "$mode" "$rounding_check" "$extra" > "$work/$q.toml"
     read -r kb s < <(measure "$bin" -q quantize "$model" -c "$work/$q.toml" --calib "$work/lm/calib" \
       -o "$work/out_${q}_$layout.onnx")
     seconds[$q,$layout]=$s

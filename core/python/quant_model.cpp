@@ -94,6 +94,9 @@ py::dict PyQuantModel::calibrate(py::handle data, const py::object& progress) {
   if (source.empty()) throw Error("calibrate() needs data: an iterable of arrays, or a data path");
   const StepProgressFn steps = calibration_progress(progress);
   stats_ = without_gil([&] { return session_->calibrate(*qm_, source, steps); });
+  // Note [Solved weights against rounding], as `sparsebit quantize` does it.
+  rounding_check_ =
+      without_gil([&] { return session_->check_against_rounding(*qm_, copy_model(*source_.model), source); });
   calibrated_ = true;
   return stats_dict();
 }
@@ -252,6 +255,12 @@ py::dict PyQuantModel::stats_dict() const {
   d["batches"] = stats_->batches;
   d["seconds"] = stats_->seconds;
   d["mode"] = stats_->mode;
+  if (rounding_check_) {
+    const RoundingCheck& r = *rounding_check_;
+    d["rounding_check"] =
+        py::dict(py::arg("solver") = r.solver, py::arg("loss") = r.loss, py::arg("samples") = r.samples,
+                 py::arg("solved") = r.solved, py::arg("rounded") = r.rounded, py::arg("kept_solved") = r.kept_solved);
+  }
   return d;
 }
 

@@ -78,6 +78,7 @@ class PyQuantModel {
   PyModel source_;
   std::unique_ptr<QuantModel> qm_;
   std::optional<CalibrationStats> stats_;
+  std::optional<RoundingCheck> rounding_check_;
   bool calibrated_ = false;
   bool qat_ = false;        // init_qat() ran: forward builds autograd graphs
   bool torch_out_ = false;  // forward() returns torch tensors (Note [One LibTorch])

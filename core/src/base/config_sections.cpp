@@ -53,7 +53,8 @@ DataConfig data_preset(const std::string& name, const std::string& where) {
 }  // namespace
 
 void read_calibration(const Reader& r, const toml::table* t, Config& c) {
-  r.check_keys(*t, "calibration", {"batch_size", "count", "device", "mode", "cuda_graph", "range_samples"});
+  r.check_keys(*t, "calibration",
+               {"batch_size", "count", "device", "mode", "cuda_graph", "range_samples", "rounding_check"});
   // Checked against the int they are kept in: 2^32 + 2 must not become 2.
   std::int64_t bs = r.get<std::int64_t>(*t, "calibration", "batch_size", c.calibration.batch_size, "an integer");
   if (bs < 1 || bs > kMaxBatch)
@@ -76,6 +77,8 @@ void read_calibration(const Reader& r, const toml::table* t, Config& c) {
     throw Error(r.key_path("calibration", "range_samples") + " must be between 0 (off) and 1000000, got " +
                 std::to_string(rs));
   c.calibration.range_samples = static_cast<int>(rs);
+  c.calibration.rounding_check =
+      r.get<bool>(*t, "calibration", "rounding_check", c.calibration.rounding_check, "true or false");
   c.calibration.mode = r.get<std::string>(*t, "calibration", "mode", c.calibration.mode, "a string");
   if (c.calibration.mode != "streaming" && c.calibration.mode != "layerwise" && c.calibration.mode != "asym")
     throw Error(r.key_path("calibration", "mode") + " must be \"streaming\", \"layerwise\" or \"asym\"");

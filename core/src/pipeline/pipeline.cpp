@@ -273,6 +273,10 @@ QuantizeOutcome run_quantize(const QuantizeJob& given, const StepProgressFn& pro
     // Parameters are computed at the end of calibration: shown as their own phase.
     r.phase_seconds.back().second -= r.calibration.parameter_seconds;
     r.phase_seconds.emplace_back("parameters", r.calibration.parameter_seconds);
+    if (config.weight_only && !steps::weight_solver(config).empty()) {
+      r.rounding_check = session.check_against_rounding(qm, session.load(job.model, job.calib), source);
+      if (r.rounding_check) phase("rounding check");
+    }
   }
   log_coverage(r.input_coverage);
   r.latency_search = session.search_latency(qm, job.model, job.calib);

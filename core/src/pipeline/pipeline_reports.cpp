@@ -44,6 +44,11 @@ std::string report_json(const QuantizeOutcome& r) {
                         {"poor", r.agreement->poor},
                         {"outputs", outs}};
   }
+  if (r.rounding_check) {  // Note [Solved weights against rounding]
+    const RoundingCheck& c = *r.rounding_check;
+    rep["rounding_check"] = {{"solver", c.solver}, {"loss", c.loss},       {"samples", c.samples},
+                             {"solved", c.solved}, {"rounded", c.rounded}, {"kept_solved", c.kept_solved}};
+  }
   if (r.latency) {  // Note [Latency step]
     json rows = json::array();
     for (const auto& row : r.latency->rows)

@@ -88,6 +88,15 @@ AgreementCheck check_agreement(QuantModel& qm, const Config& config, const DataS
                                std::int64_t target_holdout);
 void log_agreement(const AgreementCheck& a);
 
+/// Note [Solved weights against rounding]: what solved a weight-only config's weights beyond
+/// plain rounding ("" where nothing did), and the config of round to nearest on the same grid.
+std::string weight_solver(const Config& config);
+Config rounding_config(const Config& config);
+/// `solved` and `rounded` (both calibrated) scored by the model's loss on `calib`'s first samples.
+RoundingCheck compare_with_rounding(QuantModel& solved, QuantModel& rounded, const Config& config,
+                                    const DataSource& calib);
+void log_rounding_check(const RoundingCheck& r);
+
 /// Note [Latency step]: `bytes` (the serialized export, `external` its external data if any)
 /// timed against the float model at `float_model`; measure_latency on a temporary copy.
 LatencyReport time_export(const Config& config, const std::string& float_model, const std::string& bytes,

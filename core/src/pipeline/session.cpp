@@ -1,5 +1,6 @@
 #include "sparsebit/core/session.h"
 
+#include "base/log.h"
 #include "pipeline_steps.h"
 #include "sparsebit/core/distributed.h"
 #include "sparsebit/sdk/error.h"
@@ -67,6 +68,22 @@ TargetReport Session::meet_target(QuantModel& qm, const DataSource& calib, std::
       steps::meet_target_step(qm, config_, source, labelled ? &*labelled : nullptr, holdout,
                               steps::calibration_source(source, holdout), stats, seen, *registry_, progress);
   if (coverage) *coverage = std::move(seen);
+  return r;
+}
+
+std::optional<RoundingCheck> Session::check_against_rounding(QuantModel& qm, Model float_model,
+                                                             const DataSource& calib) const {
+  const std::string solver = steps::weight_solver(config_);
+  if (!config_.weight_only || !config_.calibration.rounding_check || solver.empty()) return std::nullopt;
+  logs::info("checking the solved weights ({}) against round to nearest on the same grid", solver);
+  const DataSource source = calib.with_images(config_.data);
+  const Config plain = steps::rounding_config(config_);
+  QuantModel rounded(prepare(std::move(float_model), source), plain, *registry_, source);
+  steps::calibrate(rounded, source, plain, {});
+  RoundingCheck r = steps::compare_with_rounding(qm, rounded, config_, source);
+  r.solver = solver;
+  if (!r.kept_solved) qm = std::move(rounded);
+  steps::log_rounding_check(r);
   return r;
 }
 

@@ -223,6 +223,7 @@ QuantModel::QuantModel(Model model, Config config, const Registry& registry, con
 
 QuantModel::~QuantModel() = default;
 QuantModel::QuantModel(QuantModel&&) noexcept = default;
+QuantModel& QuantModel::operator=(QuantModel&&) noexcept = default;
 
 std::size_t QuantModel::set_enabled(const std::string& node_glob, bool enabled, std::optional<InputRole> role) {
   auto found = slots_->matching(node_glob, role);

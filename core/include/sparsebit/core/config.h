@@ -117,6 +117,10 @@ struct CalibrationConfig {
   /// choose one by their consuming layer's error (Note [Choosing ranges by the consuming
   /// layer]); 0 leaves the choice to the observer.
   int range_samples = 8;
+  /// Weight-only runs whose weights are solved (AWQ, GPTQ, a clip search) are checked against
+  /// round to nearest at the model's output and fall back to it where it does better (Note
+  /// [Solved weights against rounding]).
+  bool rounding_check = true;
 };
 
 /// `[qat]`: quantization-aware training by distillation (sparsebit/core/qat.h).

@@ -80,6 +80,17 @@ struct AgreementCheck {
   static constexpr double kPoorCosine = 0.99;
 };
 
+/// Note [Solved weights against rounding] (core/src/pipeline/rounding_check.cpp): a weight-only
+/// run whose weights were solved (a pass the config turned on, such as AWQ; GPTQ; a clip search)
+/// judged against round to nearest on the same grid by the model's loss on the calibration data.
+struct RoundingCheck {
+  std::string solver;  ///< what solved the weights, e.g. "awq, gptq"
+  std::string loss;    ///< "next-token loss" (nats per token) or "output error" (relative to float)
+  std::int64_t samples = 0;
+  double solved = 0, rounded = 0;
+  bool kept_solved = true;  ///< false: the export holds the rounded weights
+};
+
 /// The sizes the calibration data gave each model input with dimensions the model leaves open
 /// (symbolic or unknown), smallest and largest per dimension; the batch dimension is left out.
 struct InputCoverage {
@@ -153,7 +164,8 @@ struct QuantizeOutcome {
   std::optional<EvaluationResult> evaluation;
   std::optional<TargetReport> target;  ///< when [target] or --target asked for one
   std::optional<AgreementCheck> agreement;
-  std::vector<InputCoverage> input_coverage;  ///< inputs with open dimensions
+  std::optional<RoundingCheck> rounding_check;  ///< weight-only runs whose weights were solved
+  std::vector<InputCoverage> input_coverage;    ///< inputs with open dimensions
   bool external_data_written = false;
   std::optional<LatencyReport> latency;         ///< unless [latency] enabled = false
   std::optional<LatencySearch> latency_search;  ///< where [latency] search asked for one

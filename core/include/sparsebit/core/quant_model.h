@@ -154,6 +154,7 @@ class SPARSEBIT_API QuantModel {
   QuantModel(Model model, Config config, const Registry& registry, const DataSource& calibration = {});
   ~QuantModel();
   QuantModel(QuantModel&&) noexcept;
+  QuantModel& operator=(QuantModel&&) noexcept;
 
   /// Runs calibration over `data` (config's batch size, count and mode) and initialises every
   /// quantizer from its observer.

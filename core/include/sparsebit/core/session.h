@@ -9,10 +9,10 @@
 ///   to it and to a few utilities: atomic files, the distributed launch, graph drawings). A Session loads the plugins
 ///   its config names into a registry of its own and applies the config to each step, so two hosts given the same
 ///   config quantize the same network: the steps are load -> prepare (prune, BatchNorm re-estimation) -> quant_model
-///   (passes, placement) -> calibrate (bit allocation, then ranges; or meet_target) -> check_agreement ->
-///   search_latency -> export_onnx -> time_export, in that order (Note [Pipeline order]); `simplify` is the
-///   float-only path. Two Sessions with different plugin sets live side by side in
-///   one process. The QuantModels a Session makes refer to its registry: the Session outlives them.
+///   (passes, placement) -> calibrate (bit allocation, then ranges; or meet_target) -> check_against_rounding
+///   (weight-only) -> check_agreement -> search_latency -> export_onnx -> time_export, in that order (Note [Pipeline
+///   order]); `simplify` is the float-only path. Two Sessions with different plugin sets live side by side in one
+///   process. The QuantModels a Session makes refer to its registry: the Session outlives them.
 ///
 ///     sparsebit::Session session(sparsebit::Config::from_file("w8a8.toml"));
 ///     sparsebit::DataSource calib("calib/");
@@ -71,6 +71,12 @@ class SPARSEBIT_API Session {
   /// Quantization-aware training's start: calibrate as above, then weights and quantizer
   /// parameters become trainable (QuantModel::init_qat).
   CalibrationStats init_qat(QuantModel& qm, const DataSource& calib, const StepProgressFn& progress = {}) const;
+  /// Note [Solved weights against rounding]: where the run is weight-only and its weights were
+  /// solved, the calibrated `qm` against round to nearest on the same grid from `float_model` (as
+  /// load() gave it), each scored by the model's loss on `calib`; the rounded model takes the
+  /// place of `qm` where it scores better, logged with both losses. std::nullopt where nothing
+  /// was solved or [calibration] rounding_check is off.
+  std::optional<RoundingCheck> check_against_rounding(QuantModel& qm, Model float_model, const DataSource& calib) const;
   /// With [target] (Note [Accuracy target]): how many of `calib`'s first samples are kept apart
   /// to measure it on (0 without [target]); the passes and calibration then see
   /// calibration_samples(calib, holdout), the rest.

@@ -1,0 +1,158 @@
+// Note [Solved weights against rounding]
+// AWQ's scales and clips, GPTQ's updates and a clip search each lower a layer's output error on
+// the calibration data, and each counts plain rounding among its choices, so on that measure none
+// does worse than round to nearest. The model's loss is another measure: on a small language model
+// AWQ's clips lowered every layer's error and the divergence from float's predictions, yet raised
+// the perplexity in every grid tried (docs/WEIGHT_ONLY.md). So a weight-only run whose weights
+// were solved is scored against round to nearest on the same grid by the model's own loss on the
+// calibration samples: for a language model (one [batch, time] input of token ids, a first output
+// of [batch, time, vocabulary] scores) the next-token loss, the labels being the inputs shifted by
+// one; for any other model the output error relative to float. Where the rounded model scores
+// better it replaces the solved one, and the log and the report say so with both losses.
+// "Solved" is anything beyond the default schedule and plain rounding: a pass the config turns on,
+// a [w] quantizer other than rtn, rtn's clip search. The rounded model is built from the float
+// model with those left out and calibrated as the config says; scoring costs three forward passes
+// over at most kMaxSamples calibration samples (two for a language model).
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <variant>
+
+#include "base/log.h"
+#include "pipeline/pipeline_steps.h"
+#include "sparsebit/sdk/error.h"
+
+namespace sparsebit::steps {
+
+namespace {
+
+constexpr std::int64_t kMaxSamples = 128;
+
+bool plain_rounding(const std::string& quantizer) { return quantizer == "rtn" || quantizer == "uniform"; }
+
+bool clip_search(const Options& o) {
+  auto it = o.values().find("clip_search");
+  if (it == o.values().end()) return false;
+  const bool* on = std::get_if<bool>(&it->second);
+  return on && *on;
+}
+
+/// Sum of -log p(next token) over every position but the last, and how many: where `out` scores
+/// the vocabulary at each position of `ids`; std::nullopt where the shapes say it does not.
+std::optional<std::pair<double, std::int64_t>> next_token_loss(const at::Tensor& ids, const at::Tensor& out) {
+  if (!at::isIntegralType(ids.scalar_type(), false) || ids.dim() != 2 || ids.size(1) < 2) return std::nullopt;
+  if (!out.defined() || !out.is_floating_point() || out.dim() != 3 || out.size(0) != ids.size(0) ||
+      out.size(1) != ids.size(1))
+    return std::nullopt;
+  const at::Tensor t = ids.to(out.device(), at::kLong);
+  if (t.min().item<std::int64_t>() < 0 || t.max().item<std::int64_t>() >= out.size(2)) return std::nullopt;
+  const at::Tensor logp = at::log_softmax(out.slice(1, 0, -1).to(at::kDouble), -1);
+  const at::Tensor picked = logp.gather(-1, t.slice(1, 1).unsqueeze(-1));
+  return std::make_pair(-picked.sum().item<double>(), picked.numel());
+}
+
+}  // namespace
+
+std::string weight_solver(const Config& config) {
+  std::vector<std::string> parts;
+  for (const auto& [pass, on] : config.passes.switches)
+    if (on) parts.push_back(pass);
+  for (const auto& pass : config.passes.extra) parts.push_back(pass);
+  if (!plain_rounding(config.w.quantizer)) parts.push_back(config.w.quantizer);
+  else if (clip_search(config.w.quantizer_options)) parts.push_back(config.w.quantizer + " clip search");
+  std::string s;
+  for (const auto& p : parts) s += (s.empty() ? "" : ", ") + p;
+  return s;
+}
+
+Config rounding_config(const Config& config) {
+  Config c = config;
+  for (auto it = c.passes.switches.begin(); it != c.passes.switches.end();) {
+    if (it->second) c.passes.options.erase(it->first), it = c.passes.switches.erase(it);
+    else ++it;
+  }
+  for (const auto& pass : c.passes.extra) c.passes.options.erase(pass);
+  c.passes.extra.clear();
+  c.w.quantizer = "rtn";
+  c.w.quantizer_options = Options(config.w.quantizer_options.where());
+  // Plain rounding needs no layer's inputs: streaming calibration keeps no cached activations
+  // beside the solved model.
+  c.calibration.mode = "streaming";
+  c.calibration.rounding_check = false;
+  return c;
+}
+
+RoundingCheck compare_with_rounding(QuantModel& solved, QuantModel& rounded, const Config& config,
+                                    const DataSource& calib) {
+  c10::InferenceMode guard;
+  const auto& inputs = solved.graph().inputs;
+  std::int64_t take = kMaxSamples;
+  if (config.calibration.count > 0) take = std::min<std::int64_t>(take, config.calibration.count);
+  SampleWindow window(calib.open(inputs), inputs, 0, take);
+  Batcher batches(window, inputs, std::max(1, config.calibration.batch_size), take);
+  const at::Device device(config.calibration.device);
+  RoundingCheck r;
+  std::optional<bool> language_model;  // decided by the first batch
+  double solved_sum = 0, rounded_sum = 0, float_sum = 0;
+  std::int64_t positions = 0;
+  while (auto b = batches.next()) {
+    std::vector<at::Tensor> in;
+    for (auto& t : b->inputs) in.push_back(t.to(device));
+    solved.set_quant(true, true);
+    rounded.set_quant(true, true);
+    const auto s = solved.forward(in), q = rounded.forward(in);
+    if (s.empty() || q.empty()) throw Error("the rounding check: the model returned no outputs");
+    if (!language_model) language_model = in.size() == 1 && next_token_loss(in[0], s[0]).has_value();
+    if (*language_model) {
+      const auto ls = next_token_loss(in[0], s[0]), lq = next_token_loss(in[0], q[0]);
+      if (!ls || !lq)
+        throw Error("the rounding check: a batch of '" + inputs[0].name + "' is not token ids the model scores");
+      solved_sum += ls->first, rounded_sum += lq->first, positions += ls->second;
+    } else {
+      rounded.set_quant(false, false);
+      const auto f = rounded.forward(in);
+      for (std::size_t i = 0; i < f.size() && i < s.size() && i < q.size(); ++i) {
+        if (!f[i].defined() || !f[i].is_floating_point() || f[i].sizes() != s[i].sizes() ||
+            f[i].sizes() != q[i].sizes())
+          continue;
+        const at::Tensor fd = f[i].to(at::kDouble);
+        float_sum += fd.pow(2).sum().item<double>();
+        solved_sum += (s[i].to(at::kDouble) - fd).pow(2).sum().item<double>();
+        rounded_sum += (q[i].to(at::kDouble) - fd).pow(2).sum().item<double>();
+      }
+    }
+    r.samples += b->rows;
+  }
+  solved.set_quant(true, true);
+  rounded.set_quant(true, true);
+  if (r.samples == 0) throw Error("the rounding check: the calibration data gave no samples");
+  if (*language_model) {
+    r.loss = "next-token loss";
+    r.solved = solved_sum / static_cast<double>(positions);
+    r.rounded = rounded_sum / static_cast<double>(positions);
+  } else {
+    r.loss = "output error";
+    r.solved = float_sum > 0 ? solved_sum / float_sum : solved_sum;
+    r.rounded = float_sum > 0 ? rounded_sum / float_sum : rounded_sum;
+  }
+  r.kept_solved = !(r.rounded < r.solved);
+  return r;
+}
+
+void log_rounding_check(const RoundingCheck& r) {
+  const std::string scores = fmt::format("{} on {} calibration samples: {} {:.6g}, round to nearest {:.6g}", r.loss,
+                                         r.samples, r.solver, r.solved, r.rounded);
+  if (r.kept_solved) {
+    logs::info("weights checked against rounding: {}", scores);
+    return;
+  }
+  logs::warn(
+      "weights checked against rounding: {}; the export keeps round to nearest, whose loss is lower. "
+      "The solved weights fit each layer's calibration inputs better but not the model's output on them: "
+      "try more calibration samples, or rounding_check = false under [calibration] to keep them",
+      scores);
+}
+
+}  // namespace sparsebit::steps
