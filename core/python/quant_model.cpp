@@ -95,8 +95,10 @@ py::dict PyQuantModel::calibrate(py::handle data, const py::object& progress) {
   const StepProgressFn steps = calibration_progress(progress);
   stats_ = without_gil([&] { return session_->calibrate(*qm_, source, steps); });
   // Note [Solved weights against rounding], as `sparsebit quantize` does it.
-  rounding_check_ =
-      without_gil([&] { return session_->check_against_rounding(*qm_, copy_model(*source_.model), source); });
+  rounding_check_.reset();
+  if (config_.weight_only)
+    rounding_check_ =
+        without_gil([&] { return session_->check_against_rounding(*qm_, copy_model(*source_.model), source); });
   calibrated_ = true;
   return stats_dict();
 }
@@ -259,7 +261,8 @@ py::dict PyQuantModel::stats_dict() const {
     const RoundingCheck& r = *rounding_check_;
     d["rounding_check"] =
         py::dict(py::arg("solver") = r.solver, py::arg("loss") = r.loss, py::arg("samples") = r.samples,
-                 py::arg("solved") = r.solved, py::arg("rounded") = r.rounded, py::arg("kept_solved") = r.kept_solved);
+                 py::arg("held_out") = r.held_out, py::arg("solved") = r.solved, py::arg("rounded") = r.rounded,
+                 py::arg("kept_solved") = r.kept_solved);
   }
   return d;
 }

@@ -112,11 +112,27 @@ TEST(RoundingCheck, ScoresALanguageModelByItsNextTokenLoss) {
   EXPECT_EQ(r->solver, "gptq");
   EXPECT_EQ(r->loss, "next-token loss");
   EXPECT_EQ(r->samples, kSamples);
+  EXPECT_FALSE(r->held_out);
   EXPECT_NEAR(r->solved, solved, 1e-6 * solved);
   EXPECT_NEAR(r->rounded, rounded, 1e-6 * rounded);
   EXPECT_EQ(r->kept_solved, solved <= rounded);
   EXPECT_LT(solved, std::log(static_cast<double>(kVocab))) << "the head predicts the next token";
   if (!r->kept_solved) EXPECT_TRUE(at::equal(quantized_forward(qm, ids), rounded_logits));
+
+  // With samples past [calibration] count, the scores come from those: the weights never saw them.
+  Config counted = config("bits = 4\nquantizer = \"gptq\"\n");
+  counted.calibration.count = 8;
+  const Session held(counted);
+  QuantModel solved_on_8 = held.quant_model(held.prepare(Model{language_model(), {}}, calib), calib);
+  held.calibrate(solved_on_8, calib);
+  const at::Tensor rest = ids.slice(0, 8);
+  const double solved_rest = next_token_loss(quantized_forward(solved_on_8, rest), rest);
+  const auto h = held.check_against_rounding(solved_on_8, Model{language_model(), {}}, calib);
+  ASSERT_TRUE(h);
+  EXPECT_TRUE(h->held_out);
+  EXPECT_EQ(h->samples, kSamples - 8);
+  EXPECT_NEAR(h->solved, solved_rest, 1e-6 * solved_rest);
+  EXPECT_NEAR(h->rounded, next_token_loss(rounded_logits.slice(0, 8), rest), 1e-6 * h->rounded);
 
   EXPECT_FALSE(plain.check_against_rounding(reference, Model{language_model(), {}}, calib))
       << "plain rounding has nothing to check";

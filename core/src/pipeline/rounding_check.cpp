@@ -3,16 +3,17 @@
 // the calibration data, and each counts plain rounding among its choices, so on that measure none
 // does worse than round to nearest. The model's loss is another measure: on a small language model
 // AWQ's clips lowered every layer's error and the divergence from float's predictions, yet raised
-// the perplexity in every grid tried (docs/WEIGHT_ONLY.md). So a weight-only run whose weights
-// were solved is scored against round to nearest on the same grid by the model's own loss on the
-// calibration samples: for a language model (one [batch, time] input of token ids, a first output
-// of [batch, time, vocabulary] scores) the next-token loss, the labels being the inputs shifted by
-// one; for any other model the output error relative to float. Where the rounded model scores
-// better it replaces the solved one, and the log and the report say so with both losses.
-// "Solved" is anything beyond the default schedule and plain rounding: a pass the config turns on,
-// a [w] quantizer other than rtn, rtn's clip search. The rounded model is built from the float
-// model with those left out and calibrated as the config says; scoring costs three forward passes
-// over at most kMaxSamples calibration samples (two for a language model).
+// the perplexity (docs/WEIGHT_ONLY.md). So a weight-only run whose weights were solved is scored
+// against round to nearest on the same grid by the model's own loss: for a language model (one
+// [batch, time] input of token ids, a first output of [batch, time, vocabulary] scores) the
+// next-token loss, the labels being the inputs shifted by one; for any other model the output
+// error relative to float. The scores are taken on samples the weights were not solved on where
+// the data holds them (those past [calibration] count), else on the calibration samples. Where
+// the rounded model scores better it replaces the solved one, and the log and the report say so
+// with both losses. "Solved" is anything beyond the default schedule and plain rounding: a pass
+// the config turns on, a [w] quantizer other than rtn, rtn's clip search. The rounded model is
+// built from the float model with those left out; scoring costs round to nearest's calibration
+// and three forward passes over at most kMaxSamples samples (two for a language model).
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -88,12 +89,18 @@ RoundingCheck compare_with_rounding(QuantModel& solved, QuantModel& rounded, con
                                     const DataSource& calib) {
   c10::InferenceMode guard;
   const auto& inputs = solved.graph().inputs;
-  std::int64_t take = kMaxSamples;
-  if (config.calibration.count > 0) take = std::min<std::int64_t>(take, config.calibration.count);
-  SampleWindow window(calib.open(inputs), inputs, 0, take);
+  RoundingCheck r;
+  // Samples the weights were not solved on where the data has them (after [calibration] count),
+  // as the agreement check takes them; else the calibration samples.
+  std::int64_t first = 0, take = kMaxSamples;
+  if (config.calibration.count > 0) {
+    const auto n = calib.open(inputs)->num_samples();
+    if (n && *n > config.calibration.count) first = config.calibration.count, r.held_out = true;
+    else take = std::min<std::int64_t>(take, config.calibration.count);
+  }
+  SampleWindow window(calib.open(inputs), inputs, first, take);
   Batcher batches(window, inputs, std::max(1, config.calibration.batch_size), take);
   const at::Device device(config.calibration.device);
-  RoundingCheck r;
   std::optional<bool> language_model;  // decided by the first batch
   double solved_sum = 0, rounded_sum = 0, float_sum = 0;
   std::int64_t positions = 0;
@@ -142,8 +149,8 @@ RoundingCheck compare_with_rounding(QuantModel& solved, QuantModel& rounded, con
 }
 
 void log_rounding_check(const RoundingCheck& r) {
-  const std::string scores = fmt::format("{} on {} calibration samples: {} {:.6g}, round to nearest {:.6g}", r.loss,
-                                         r.samples, r.solver, r.solved, r.rounded);
+  const std::string scores = fmt::format("{} on {} {} samples: {} {:.6g}, round to nearest {:.6g}", r.loss, r.samples,
+                                         r.held_out ? "held-out" : "calibration", r.solver, r.solved, r.rounded);
   if (r.kept_solved) {
     logs::info("weights checked against rounding: {}", scores);
     return;

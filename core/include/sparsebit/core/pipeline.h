@@ -87,6 +87,7 @@ struct RoundingCheck {
   std::string solver;  ///< what solved the weights, e.g. "awq, gptq"
   std::string loss;    ///< "next-token loss" (nats per token) or "output error" (relative to float)
   std::int64_t samples = 0;
+  bool held_out = false;  ///< the samples came after [calibration] count: the weights were not solved on them
   double solved = 0, rounded = 0;
   bool kept_solved = true;  ///< false: the export holds the rounded weights
 };
