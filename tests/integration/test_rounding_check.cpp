@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "data_testing.h"
 #include "sparsebit/core/session.h"
 #include "test_support.h"
 
@@ -48,32 +49,6 @@ Graph two_layers() {
   return g;
 }
 
-/// One batch of `x`, from the first sample each time it is opened (Note [Data sources]).
-DataSource rows(const at::Tensor& x) {
-  return DataSource("test rows", [x](const std::vector<ValueInfo>&) -> std::unique_ptr<Dataset> {
-    class Rows final : public Dataset {
-     public:
-      explicit Rows(at::Tensor t) : t_(std::move(t)) {}
-      std::string describe() const override { return "test rows"; }
-      std::optional<std::int64_t> num_samples() const override { return t_.size(0); }
-      std::optional<Batch> next() override {
-        if (done_) return std::nullopt;
-        done_ = true;
-        Batch b;
-        b.inputs = {t_};
-        b.batched = true;
-        b.source = "test rows";
-        return b;
-      }
-
-     private:
-      at::Tensor t_;
-      bool done_ = false;
-    };
-    return std::make_unique<Rows>(x);
-  });
-}
-
 Config config(const std::string& w) {
   Config c = Config::from_string("[w]\nqscheme = \"per-group-symmetric\"\ngroup_size = 16\n" + w +
                                      "[calibration]\nmode = \"layerwise\"\nbatch_size = 4\n",
@@ -96,7 +71,7 @@ at::Tensor quantized_forward(QuantModel& qm, const at::Tensor& x) {
 TEST(RoundingCheck, ScoresALanguageModelByItsNextTokenLoss) {
   // Text the head predicts: each token follows the one before it.
   const at::Tensor ids = (at::randint(0, kVocab, {kSamples, 1}, at::kLong) + at::arange(kTime)).remainder(kVocab);
-  const DataSource calib = rows(ids);
+  const DataSource calib = testing::one_batch_source(ids);
   const Session session(config("bits = 4\nquantizer = \"gptq\"\n"));
   QuantModel qm = session.quant_model(session.prepare(Model{language_model(), {}}, calib), calib);
   session.calibrate(qm, calib);
@@ -143,7 +118,7 @@ TEST(RoundingCheck, ScoresALanguageModelByItsNextTokenLoss) {
 
 TEST(RoundingCheck, RoundingTakesThePlaceOfWeightsThatDoWorseAtTheOutput) {
   const at::Tensor x = at::randn({kSamples, kWidth});
-  const DataSource calib = rows(x);
+  const DataSource calib = testing::one_batch_source(x);
   // The weights to check: 2-bit, where the session's grid is 4-bit with a clip search; round to
   // nearest at 4 bits is closer to float at the output by far, so it must take their place.
   const Session two_bits(config("bits = 2\nquantizer = \"rtn\"\n"));

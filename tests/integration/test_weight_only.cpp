@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "data_testing.h"
 #include "quant/quant_model_access.h"
 #include "sparsebit/core/matmul_nbits.h"
 #include "sparsebit/core/quant_model.h"
@@ -31,26 +32,6 @@ Graph tied_layers() {
   return g;
 }
 
-class Rows final : public Dataset {
- public:
-  explicit Rows(at::Tensor x) : x_(std::move(x)) {}
-  std::string describe() const override { return "test rows"; }
-  std::optional<std::int64_t> num_samples() const override { return x_.size(0); }
-  std::optional<Batch> next() override {
-    if (done_) return std::nullopt;
-    done_ = true;
-    Batch b;
-    b.inputs = {x_};
-    b.batched = true;
-    b.source = "test rows";
-    return b;
-  }
-
- private:
-  at::Tensor x_;
-  bool done_ = false;
-};
-
 TEST(WeightOnly, GptqRoundsATiedWeightPerLayerAndTheExportKeepsBoth) {
   const Config c = Config::from_string(R"(
 [w]
@@ -67,7 +48,7 @@ batch_size = 256
   QuantModel qm(Model{tied_layers(), {}}, c, testing::shipped_registry());
   at::manual_seed(12);
   const at::Tensor x = at::randn({256, 32}).mm(at::randn({32, 32}) * 0.4 + at::eye(32));
-  Rows data(x);
+  testing::OneBatch data(x);
   const CalibrationStats stats = qm.calibrate(data);
   ASSERT_EQ(stats.reconstructions.size(), 2u);
   for (const auto& r : stats.reconstructions) {
@@ -130,7 +111,7 @@ TEST(WeightOnly, MatMulNBitsExportRunsToTheSimulation) {
     QuantModel qm(Model{matmul_then_gemm(t.k), {}}, c, testing::shipped_registry());
     at::manual_seed(22);
     const at::Tensor x = at::randn({64, t.k});
-    Rows data(x);
+    testing::OneBatch data(x);
     qm.calibrate(data);
     const Graph g = qm.export_graph();
     int nbits = 0, dq = 0;
@@ -193,7 +174,7 @@ TEST(WeightOnly, GptqInStreamingModeSaysWhichModeItNeeds) {
       "quantizer = \"gptq\"\n",
       "test.toml");
   QuantModel qm(Model{tied_layers(), {}}, c, testing::shipped_registry());
-  Rows data(at::randn({16, 32}));
+  testing::OneBatch data(at::randn({16, 32}));
   const std::string msg = testing::error_of([&] { qm.calibrate(data); });
   EXPECT_NE(msg.find("quantizer 'gptq', which solves the weight from the layer's inputs"), std::string::npos) << msg;
   EXPECT_NE(msg.find("mode = \"layerwise\" or \"asym\""), std::string::npos) << msg;
@@ -252,7 +233,7 @@ at::Tensor affine_groups(const at::Tensor& x, std::int64_t axis, std::int64_t gr
 TEST(WeightOnly, EmbeddingTablesAreGroupedAlongTheirRowsWhenAsked) {
   const std::string w = "[w]\nqscheme = \"per-group-affine\"\nbits = 4\ngroup_size = 16\nquantizer = \"rtn\"\n";
   const at::Tensor ids = at::randint(0, 50, {4, 5}, at::kLong);
-  Rows data(ids);
+  testing::OneBatch data(ids);
   {  // by default embeddings stay float
     QuantModel qm(Model{embedding_model(), {}}, Config::from_string(w, "test.toml"), testing::shipped_registry());
     for (const auto& s : qm.slots()) EXPECT_NE(s.node_name, "embed") << "embeddings stay float unless asked";
@@ -283,7 +264,7 @@ TEST(WeightOnly, EmbeddingTablesAreGroupedAlongTheirRowsWhenAsked) {
         Model{embedding_model(), {}},
         Config::from_string(w + "embeddings = true\n[export]\nweight_format = \"" + format + "\"\n", "test.toml"),
         testing::shipped_registry());
-    Rows again(ids);
+    testing::OneBatch again(ids);
     m.calibrate(again);
     Graph out = m.export_graph();
     const Node* gather = out.find_node("embed");
