@@ -262,7 +262,7 @@ py::dict PyQuantModel::stats_dict() const {
     d["rounding_check"] =
         py::dict(py::arg("solver") = r.solver, py::arg("loss") = r.loss, py::arg("samples") = r.samples,
                  py::arg("held_out") = r.held_out, py::arg("solved") = r.solved, py::arg("rounded") = r.rounded,
-                 py::arg("kept_solved") = r.kept_solved);
+                 py::arg("standard_error") = r.standard_error, py::arg("kept_solved") = r.kept_solved);
   }
   return d;
 }

@@ -46,8 +46,13 @@ std::string report_json(const QuantizeOutcome& r) {
   }
   if (r.rounding_check) {  // Note [Solved weights against rounding]
     const RoundingCheck& c = *r.rounding_check;
-    rep["rounding_check"] = {{"solver", c.solver},          {"loss", c.loss},     {"samples", c.samples},
-                             {"held_out", c.held_out},      {"solved", c.solved}, {"rounded", c.rounded},
+    rep["rounding_check"] = {{"solver", c.solver},
+                             {"loss", c.loss},
+                             {"samples", c.samples},
+                             {"held_out", c.held_out},
+                             {"solved", c.solved},
+                             {"rounded", c.rounded},
+                             {"standard_error", c.standard_error},
                              {"kept_solved", c.kept_solved}};
   }
   if (r.latency) {  // Note [Latency step]

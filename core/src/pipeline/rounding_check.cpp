@@ -8,17 +8,21 @@
 // [batch, time] input of token ids, a first output of [batch, time, vocabulary] scores) the
 // next-token loss, the labels being the inputs shifted by one; for any other model the output
 // error relative to float. The scores are taken on samples the weights were not solved on where
-// the data holds them (those past [calibration] count), else on the calibration samples. Where
-// the rounded model scores better it replaces the solved one, and the log and the report say so
-// with both losses. "Solved" is anything beyond the default schedule and plain rounding: a pass
-// the config turns on, a [w] quantizer other than rtn, rtn's clip search. The rounded model is
-// built from the float model with those left out; scoring costs round to nearest's calibration
-// and three forward passes over at most kMaxSamples samples (two for a language model).
+// the data holds them (those past [calibration] count), else on the calibration samples, and
+// compared sample by sample: the rounded model replaces the solved one only where its loss is
+// lower by more than two standard errors of the mean difference, so a margin the samples' scatter
+// explains keeps what the solver chose (on a small model trained on its calibration text, its
+// loss there favoured rounding while AWQ did better on held-out text). The log and the report give
+// both losses. "Solved" is anything beyond the default schedule and plain rounding: a pass the
+// config turns on, a [w] quantizer other than rtn, rtn's clip search. The rounded model is built
+// from the float model with those left out; scoring costs round to nearest's calibration and
+// three forward passes over at most kMaxSamples samples (two for a language model).
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <variant>
 
 #include "base/log.h"
@@ -40,9 +44,10 @@ bool clip_search(const Options& o) {
   return on && *on;
 }
 
-/// Sum of -log p(next token) over every position but the last, and how many: where `out` scores
-/// the vocabulary at each position of `ids`; std::nullopt where the shapes say it does not.
-std::optional<std::pair<double, std::int64_t>> next_token_loss(const at::Tensor& ids, const at::Tensor& out) {
+/// Each sample's mean -log p(next token) over every position but the last, [batch] in double:
+/// where `out` scores the vocabulary at each position of `ids`; std::nullopt where the shapes say
+/// it does not.
+std::optional<at::Tensor> next_token_losses(const at::Tensor& ids, const at::Tensor& out) {
   if (!at::isIntegralType(ids.scalar_type(), false) || ids.dim() != 2 || ids.size(1) < 2) return std::nullopt;
   if (!out.defined() || !out.is_floating_point() || out.dim() != 3 || out.size(0) != ids.size(0) ||
       out.size(1) != ids.size(1))
@@ -50,8 +55,15 @@ std::optional<std::pair<double, std::int64_t>> next_token_loss(const at::Tensor&
   const at::Tensor t = ids.to(out.device(), at::kLong);
   if (t.min().item<std::int64_t>() < 0 || t.max().item<std::int64_t>() >= out.size(2)) return std::nullopt;
   const at::Tensor logp = at::log_softmax(out.slice(1, 0, -1).to(at::kDouble), -1);
-  const at::Tensor picked = logp.gather(-1, t.slice(1, 1).unsqueeze(-1));
-  return std::make_pair(-picked.sum().item<double>(), picked.numel());
+  return -logp.gather(-1, t.slice(1, 1).unsqueeze(-1)).squeeze(-1).mean(1).cpu();
+}
+
+/// Each sample's sum of squared differences [rows] (the whole batch as one where dim 0 is not
+/// the samples).
+at::Tensor squared_error(const at::Tensor& a, const at::Tensor& b, std::int64_t rows) {
+  const at::Tensor e = (a.to(at::kDouble) - b.to(at::kDouble)).pow(2);
+  if (e.dim() == 0 || e.size(0) != rows) return e.sum().reshape({1}).cpu();
+  return e.reshape({rows, -1}).sum(1).cpu();
 }
 
 }  // namespace
@@ -102,8 +114,10 @@ RoundingCheck compare_with_rounding(QuantModel& solved, QuantModel& rounded, con
   Batcher batches(window, inputs, std::max(1, config.calibration.batch_size), take);
   const at::Device device(config.calibration.device);
   std::optional<bool> language_model;  // decided by the first batch
+  // Per sample: the solved model's loss less the rounded one's (output errors before dividing by
+  // the float outputs' energy).
+  std::vector<at::Tensor> differences;
   double solved_sum = 0, rounded_sum = 0, float_sum = 0;
-  std::int64_t positions = 0;
   while (auto b = batches.next()) {
     std::vector<at::Tensor> in;
     for (auto& t : b->inputs) in.push_back(t.to(device));
@@ -111,52 +125,65 @@ RoundingCheck compare_with_rounding(QuantModel& solved, QuantModel& rounded, con
     rounded.set_quant(true, true);
     const auto s = solved.forward(in), q = rounded.forward(in);
     if (s.empty() || q.empty()) throw Error("the rounding check: the model returned no outputs");
-    if (!language_model) language_model = in.size() == 1 && next_token_loss(in[0], s[0]).has_value();
+    if (!language_model) language_model = in.size() == 1 && next_token_losses(in[0], s[0]).has_value();
     if (*language_model) {
-      const auto ls = next_token_loss(in[0], s[0]), lq = next_token_loss(in[0], q[0]);
+      const auto ls = next_token_losses(in[0], s[0]), lq = next_token_losses(in[0], q[0]);
       if (!ls || !lq)
         throw Error("the rounding check: a batch of '" + inputs[0].name + "' is not token ids the model scores");
-      solved_sum += ls->first, rounded_sum += lq->first, positions += ls->second;
+      solved_sum += ls->sum().item<double>(), rounded_sum += lq->sum().item<double>();
+      differences.push_back(*ls - *lq);
     } else {
       rounded.set_quant(false, false);
       const auto f = rounded.forward(in);
+      at::Tensor d;
       for (std::size_t i = 0; i < f.size() && i < s.size() && i < q.size(); ++i) {
         if (!f[i].defined() || !f[i].is_floating_point() || f[i].sizes() != s[i].sizes() ||
             f[i].sizes() != q[i].sizes())
           continue;
-        const at::Tensor fd = f[i].to(at::kDouble);
-        float_sum += fd.pow(2).sum().item<double>();
-        solved_sum += (s[i].to(at::kDouble) - fd).pow(2).sum().item<double>();
-        rounded_sum += (q[i].to(at::kDouble) - fd).pow(2).sum().item<double>();
+        float_sum += f[i].to(at::kDouble).pow(2).sum().item<double>();
+        const at::Tensor es = squared_error(s[i], f[i], b->rows), eq = squared_error(q[i], f[i], b->rows);
+        solved_sum += es.sum().item<double>(), rounded_sum += eq.sum().item<double>();
+        const at::Tensor di = es - eq;
+        if (!d.defined()) d = di;
+        else if (d.sizes() == di.sizes()) d = d + di;
+        else d = (d.sum() + di.sum()).reshape({1});  // outputs that do not all count samples
       }
+      if (d.defined()) differences.push_back(d);
     }
     r.samples += b->rows;
   }
   solved.set_quant(true, true);
   rounded.set_quant(true, true);
   if (r.samples == 0) throw Error("the rounding check: the calibration data gave no samples");
+  at::Tensor d = differences.empty() ? at::zeros({1}, at::kDouble) : at::cat(differences);
   if (*language_model) {
     r.loss = "next-token loss";
-    r.solved = solved_sum / static_cast<double>(positions);
-    r.rounded = rounded_sum / static_cast<double>(positions);
+    r.solved = solved_sum / static_cast<double>(r.samples);
+    r.rounded = rounded_sum / static_cast<double>(r.samples);
   } else {
     r.loss = "output error";
-    r.solved = float_sum > 0 ? solved_sum / float_sum : solved_sum;
-    r.rounded = float_sum > 0 ? rounded_sum / float_sum : rounded_sum;
+    const double energy = float_sum > 0 ? float_sum : 1;
+    r.solved = solved_sum / energy, r.rounded = rounded_sum / energy;
+    d = d * (static_cast<double>(d.numel()) / energy);  // their mean: r.solved - r.rounded
   }
-  r.kept_solved = !(r.rounded < r.solved);
+  // Rounding replaces the solved weights only where it does better beyond the samples' scatter:
+  // the mean difference at least two standard errors above zero.
+  if (d.numel() >= 2) r.standard_error = (d.std() / std::sqrt(static_cast<double>(d.numel()))).item<double>();
+  r.kept_solved = !(d.numel() >= 2 && d.mean().item<double>() > 2 * r.standard_error);
   return r;
 }
 
 void log_rounding_check(const RoundingCheck& r) {
-  const std::string scores = fmt::format("{} on {} {} samples: {} {:.6g}, round to nearest {:.6g}", r.loss, r.samples,
-                                         r.held_out ? "held-out" : "calibration", r.solver, r.solved, r.rounded);
+  const std::string scores = fmt::format(
+      "{} on {} {} samples: {} {:.6g}, round to nearest {:.6g} (standard error of the difference {:.2g})", r.loss,
+      r.samples, r.held_out ? "held-out" : "calibration", r.solver, r.solved, r.rounded, r.standard_error);
   if (r.kept_solved) {
     logs::info("weights checked against rounding: {}", scores);
     return;
   }
   logs::warn(
-      "weights checked against rounding: {}; the export keeps round to nearest, whose loss is lower. "
+      "weights checked against rounding: {}; the export keeps round to nearest, whose loss is lower by more than two "
+      "standard errors. "
       "The solved weights fit each layer's calibration inputs better but not the model's output on them: "
       "try more calibration samples, or rounding_check = false under [calibration] to keep them",
       scores);

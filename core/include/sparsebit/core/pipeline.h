@@ -89,7 +89,9 @@ struct RoundingCheck {
   std::int64_t samples = 0;
   bool held_out = false;  ///< the samples came after [calibration] count: the weights were not solved on them
   double solved = 0, rounded = 0;
-  bool kept_solved = true;  ///< false: the export holds the rounded weights
+  double standard_error = 0;  ///< of the per-sample difference solved - rounded (0 with one sample)
+  bool kept_solved = true;  ///< false: rounded was lower by more than two standard errors  ///< false: the export holds
+                            ///< the rounded weights
 };
 
 /// The sizes the calibration data gave each model input with dimensions the model leaves open
